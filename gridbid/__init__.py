@@ -1,0 +1,1 @@
+"""GridBid: an open marketplace for GPU compute."""

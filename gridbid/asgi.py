@@ -1,0 +1,13 @@
+"""HTTP and WebSocket entry point (served by uvicorn under `gridbid up`)."""
+
+import os
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gridbid.settings")
+
+from django.core.asgi import get_asgi_application  # noqa: E402
+
+django_asgi = get_asgi_application()
+
+from channels.routing import ProtocolTypeRouter  # noqa: E402
+
+application = ProtocolTypeRouter({"http": django_asgi})

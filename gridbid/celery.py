@@ -1,0 +1,33 @@
+"""The Celery app. Queue names live in `Queue`; beat's schedule is built from settings."""
+
+from __future__ import annotations
+
+import enum
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gridbid.settings")
+
+
+class Queue(enum.StrEnum):
+    DEFAULT = "default"
+    ROUNDS = "rounds"
+    CHAIN = "chain"
+
+
+app = Celery("gridbid")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.conf.task_default_queue = Queue.DEFAULT
+app.autodiscover_tasks(["market", "ledger", "providers"])
+
+
+@app.on_after_finalize.connect
+def _schedule(sender: Celery, **_: object) -> None:
+    from django.conf import settings
+
+    sender.conf.beat_schedule = {
+        "expire-bids": {"task": "market.tasks.bids_expire", "schedule": 30.0, "options": {"queue": Queue.DEFAULT}},
+        "machines-offline": {"task": "providers.tasks.machines_mark_offline", "schedule": 10.0},
+        "idempotency-prune": {"task": "market.tasks.idempotency_prune", "schedule": 3600.0},
+    }

@@ -1,0 +1,89 @@
+"""The `gridbid` command: run the marketplace and operate it.
+
+    gridbid up [--demo]     server + in-process worker and beat (embedded), or server only with Redis
+    gridbid worker          a Celery worker (production)
+    gridbid beat            the Celery scheduler (production; run exactly one)
+    gridbid round replay N  re-run a stored auction round and compare
+    gridbid manage ...      any Django management command
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+
+def configure_or_exit() -> None:
+    """Load settings; on a bad environment print one line and exit 2."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gridbid.settings")
+    from gridbid.config import ConfigError
+
+    try:
+        import django
+
+        django.setup()
+    except ConfigError as exc:
+        click.echo(f"gridbid: configuration error: {exc}", err=True)
+        sys.exit(2)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """GridBid: an open marketplace for GPU compute."""
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.pass_context
+def manage(ctx: click.Context) -> None:
+    """Run a Django management command (migrate, createsuperuser, ...)."""
+    configure_or_exit()
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(["gridbid manage", *ctx.args])
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, envvar="GRIDBID_HOST", help="Address to listen on.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535), envvar="GRIDBID_PORT", help="Port to listen on.")
+@click.option("--demo", is_flag=True, envvar="GRIDBID_DEMO", help="Load a demo market (providers, offers, bids) if the database is empty.")
+@click.option("--no-worker", is_flag=True, envvar="GRIDBID_NO_WORKER", help="Do not run Celery inside this process.")
+def up(host: str, port: int, demo: bool, no_worker: bool) -> None:
+    """Start the marketplace: migrate, then serve HTTP and WebSocket."""
+    configure_or_exit()
+    from gridbid.runner import serve
+
+    serve(host=host, port=port, demo=demo, worker=not no_worker)
+
+
+@main.command()
+@click.option("--concurrency", "-c", default=2, show_default=True, type=click.IntRange(1, 64), envvar="GRIDBID_WORKER_CONCURRENCY")
+@click.option("--queues", "-Q", default="default,rounds,chain", show_default=True, envvar="GRIDBID_WORKER_QUEUES")
+def worker(concurrency: int, queues: str) -> None:
+    """Run a Celery worker (needs REDIS_URL)."""
+    configure_or_exit()
+    from django.conf import settings
+
+    if settings.CONFIG.embedded:
+        raise click.UsageError("REDIS_URL is unset: workers need a broker. Use `gridbid up` for the embedded mode.")
+    from gridbid.celery import app
+
+    app.worker_main(["worker", f"--concurrency={concurrency}", f"--queues={queues}", "--loglevel=INFO"])
+
+
+@main.command()
+def beat() -> None:
+    """Run the Celery beat scheduler (needs REDIS_URL; run exactly one)."""
+    configure_or_exit()
+    from django.conf import settings
+
+    if settings.CONFIG.embedded:
+        raise click.UsageError("REDIS_URL is unset: beat needs a broker. Use `gridbid up` for the embedded mode.")
+    from gridbid.celery import app
+
+    app.start(["beat", "--loglevel=INFO"])
+
+
+if __name__ == "__main__":
+    main()

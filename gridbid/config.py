@@ -1,0 +1,212 @@
+"""Every setting GridBid reads from its environment, read and checked in one place.
+
+A bad value stops start-up with one line that names the variable and says what
+is expected (`ConfigError`); the CLI prints that line and exits with status 2.
+The README's configuration table is the user-facing copy of `VARIABLES`.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+
+class ConfigError(Exception):
+    """A setting is missing or malformed; str() is the one line to show."""
+
+
+@dataclass(frozen=True)
+class Variable:
+    name: str
+    default: str
+    help: str
+
+
+VARIABLES: tuple[Variable, ...] = (
+    Variable("GRIDBID_DATA_DIR", "./.gridbid", "Where the embedded database, secret key, chain state and logs live."),
+    Variable("DATABASE_URL", "sqlite:///$GRIDBID_DATA_DIR/gridbid.sqlite3", "Database URL: sqlite:///path or postgres://user:pass@host:5432/db."),
+    Variable("REDIS_URL", "(unset)", "redis://host:6379/0. Unset: in-memory channel layer, Celery runs inside the server process."),
+    Variable("SECRET_KEY", "(generated)", "Django secret key. Unset: generated once and kept in $GRIDBID_DATA_DIR/secret_key."),
+    Variable("DEBUG", "false", "true/false. Never true in production."),
+    Variable("ALLOWED_HOSTS", "127.0.0.1,localhost", "Comma-separated host names the server answers to."),
+    Variable("CSRF_TRUSTED_ORIGINS", "(empty)", "Comma-separated origins (https://market.example.com) allowed to post forms and open sockets."),
+    Variable("SECURE_COOKIES", "false", "true behind HTTPS: secure cookies, HSTS, redirect to https."),
+    Variable("ROUND_SECONDS", "5", "Seconds between auction rounds (1-3600)."),
+    Variable("PRICING_RULE", "uniform", "Auction price rule: uniform (clearing price per bucket) or pay_as_ask."),
+    Variable("FAIR_SHARE_CAP", "1.0", "Largest fraction (0-1] of a scarce bucket's GPUs one buyer may take in one round."),
+    Variable("CHAIN_RPC_URL", "(unset: local dev chain)", "JSON-RPC URL of the settlement chain (http:// or https://)."),
+    Variable("CHAIN_ID", "31337", "Expected chain id; start-up refuses a node that reports another."),
+    Variable("CHAIN_CONFIRMATIONS", "1", "Blocks a transaction must be buried under before it counts (0-100)."),
+    Variable("OPERATOR_KEY", "(dev key on the local chain)", "Hex private key of the operator account (dev only; use OPERATOR_KEYSTORE in production)."),
+    Variable("OPERATOR_KEYSTORE", "(unset)", "Path of an encrypted JSON keystore holding the operator key."),
+    Variable("OPERATOR_KEYSTORE_PASSPHRASE", "(unset)", "Passphrase of OPERATOR_KEYSTORE."),
+    Variable("MARKET_ADDRESS", "(deployed on first start)", "Address of the GridBidMarket contract on CHAIN_RPC_URL."),
+    Variable("TOKEN_ADDRESS", "(deployed on first start)", "Address of the ERC-20 stablecoin (6 decimals)."),
+    Variable("LOG_LEVEL", "INFO", "DEBUG, INFO, WARNING or ERROR."),
+)
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigError(f"{name}={raw!r} is not a boolean: use true or false")
+
+
+def _number(env: Mapping[str, str], name: str, default: float, lo: float, hi: float, kind: type = float) -> float:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = kind(raw.strip())
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a {'whole ' if kind is int else ''}number between {lo:g} and {hi:g}") from None
+    if not lo <= value <= hi or value != value:
+        raise ConfigError(f"{name}={raw!r} is out of range: expected a number between {lo:g} and {hi:g}")
+    return value
+
+
+def _list(env: Mapping[str, str], name: str, default: list[str]) -> list[str]:
+    raw = env.get(name)
+    if raw is None:
+        return default
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
+    raw = env.get(name, default).strip()
+    if raw not in choices:
+        raise ConfigError(f"{name}={raw!r} is not one of: {', '.join(choices)}")
+    return raw
+
+
+def _url(env: Mapping[str, str], name: str, schemes: tuple[str, ...]) -> str | None:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    raw = raw.strip()
+    try:
+        parts = urlsplit(raw)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as exc:
+        raise ConfigError(f"{name}={raw!r} is not a valid URL ({exc})") from None
+    if parts.scheme not in schemes:
+        raise ConfigError(f"{name}={raw!r} has scheme {parts.scheme or '(none)'!r}; expected one of: {', '.join(schemes)}")
+    if parts.scheme != "sqlite" and not parts.hostname:
+        raise ConfigError(f"{name}={raw!r} has no host: expected {schemes[0]}://host:port/...")
+    return raw
+
+
+@dataclass(frozen=True)
+class Config:
+    data_dir: Path
+    database_url: str
+    redis_url: str | None
+    secret_key: str
+    debug: bool
+    allowed_hosts: list[str]
+    csrf_trusted_origins: list[str]
+    secure_cookies: bool
+    round_seconds: float
+    pricing_rule: str
+    fair_share_cap: float
+    chain_rpc_url: str | None
+    chain_id: int
+    chain_confirmations: int
+    operator_key: str | None
+    operator_keystore: Path | None
+    operator_keystore_passphrase: str | None
+    market_address: str | None
+    token_address: str | None
+    log_level: str
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def embedded(self) -> bool:
+        """True when no Redis is configured: everything runs in one process."""
+        return self.redis_url is None
+
+
+def _address(env: Mapping[str, str], name: str) -> str | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    body = raw[2:] if raw.lower().startswith("0x") else ""
+    if len(body) != 40 or any(c not in "0123456789abcdefABCDEF" for c in body):
+        raise ConfigError(f"{name}={raw!r} is not an address: expected 0x followed by 40 hex digits")
+    return raw
+
+
+def _secret_key(env: Mapping[str, str], data_dir: Path) -> str:
+    raw = env.get("SECRET_KEY", "").strip()
+    if raw:
+        if len(raw) < 32:
+            raise ConfigError("SECRET_KEY is too short: use at least 50 random characters")
+        return raw
+    path = data_dir / "secret_key"
+    try:
+        if path.exists():
+            return path.read_text().strip()
+        data_dir.mkdir(parents=True, exist_ok=True)
+        key = secrets.token_urlsafe(50)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(key)
+        return key
+    except FileExistsError:  # another process created it first
+        return path.read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"GRIDBID_DATA_DIR={str(data_dir)!r} is not writable ({exc.strerror}); set it to a writable folder") from None
+
+
+def load(env: Mapping[str, str] | None = None) -> Config:
+    env = os.environ if env is None else env
+    data_dir = Path(env.get("GRIDBID_DATA_DIR", "./.gridbid")).expanduser().resolve()
+    if data_dir.exists() and not data_dir.is_dir():
+        raise ConfigError(f"GRIDBID_DATA_DIR={str(data_dir)!r} is a file; it must be a folder")
+    database_url = _url(env, "DATABASE_URL", ("postgres", "postgresql", "sqlite")) or (
+        f"sqlite:///{data_dir / 'gridbid.sqlite3'}"
+    )
+    keystore = env.get("OPERATOR_KEYSTORE", "").strip()
+    if keystore and not Path(keystore).is_file():
+        raise ConfigError(f"OPERATOR_KEYSTORE={keystore!r} does not exist; point it at an encrypted JSON keystore")
+    operator_key = env.get("OPERATOR_KEY", "").strip() or None
+    if operator_key is not None:
+        body = operator_key[2:] if operator_key.startswith("0x") else operator_key
+        if len(body) != 64 or any(c not in "0123456789abcdefABCDEF" for c in body):
+            raise ConfigError("OPERATOR_KEY is not a private key: expected 64 hex digits (0x optional)")
+    log_level = _choice(env, "LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
+    return Config(
+        data_dir=data_dir,
+        database_url=database_url,
+        redis_url=_url(env, "REDIS_URL", ("redis", "rediss")),
+        secret_key=_secret_key(env, data_dir),
+        debug=_bool(env, "DEBUG", False),
+        allowed_hosts=_list(env, "ALLOWED_HOSTS", ["127.0.0.1", "localhost"]),
+        csrf_trusted_origins=_list(env, "CSRF_TRUSTED_ORIGINS", []),
+        secure_cookies=_bool(env, "SECURE_COOKIES", False),
+        round_seconds=_number(env, "ROUND_SECONDS", 5.0, 1, 3600),
+        pricing_rule=_choice(env, "PRICING_RULE", "uniform", ("uniform", "pay_as_ask")),
+        fair_share_cap=_number(env, "FAIR_SHARE_CAP", 1.0, 0.01, 1.0),
+        chain_rpc_url=_url(env, "CHAIN_RPC_URL", ("http", "https")),
+        chain_id=int(_number(env, "CHAIN_ID", 31337, 1, 2**53, int)),
+        chain_confirmations=int(_number(env, "CHAIN_CONFIRMATIONS", 1, 0, 100, int)),
+        operator_key=operator_key,
+        operator_keystore=Path(keystore) if keystore else None,
+        operator_keystore_passphrase=env.get("OPERATOR_KEYSTORE_PASSPHRASE") or None,
+        market_address=_address(env, "MARKET_ADDRESS"),
+        token_address=_address(env, "TOKEN_ADDRESS"),
+        log_level=log_level,
+    )

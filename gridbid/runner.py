@@ -1,0 +1,100 @@
+"""`gridbid up`: migrate, optionally load the demo, start Celery in-process, serve.
+
+In the embedded mode (no REDIS_URL) the Celery worker and beat run as threads
+of this process on kombu's in-memory transport, so rounds, settlement and the
+in-memory channel layer all share one process: nothing else to install. With
+REDIS_URL set, `gridbid up` serves HTTP/WebSocket only unless --worker is
+wanted too; run `gridbid worker` and `gridbid beat` beside it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from django.conf import settings
+from rich.console import Console
+
+log = logging.getLogger("gridbid.runner")
+console = Console(stderr=True)
+
+
+class EmbeddedCelery:
+    """A Celery worker and beat running as daemon threads of this process."""
+
+    def __init__(self) -> None:
+        from gridbid.celery import Queue, app
+
+        self.app = app
+        self.queues = [q.value for q in Queue]
+        self.worker: Any = None
+        self.beat: Any = None
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        from celery.beat import EmbeddedService
+        from celery.worker import WorkController
+
+        self.app.finalize()
+        self.worker = WorkController(
+            app=self.app,
+            concurrency=1,
+            pool="solo",
+            queues=self.queues,
+            hostname="embedded@gridbid",
+            loglevel=settings.CONFIG.log_level,
+            without_heartbeat=True,
+            without_mingle=True,
+            without_gossip=True,
+        )
+        self.thread = threading.Thread(target=self.worker.start, name="celery-worker", daemon=True)
+        self.thread.start()
+        self.beat = EmbeddedService(self.app, thread=True, schedule_filename=str(settings.CONFIG.data_dir / "celerybeat-schedule"))
+        self.beat.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        from celery.worker import state
+
+        if self.beat is not None:
+            self.beat.stop()
+        state.should_terminate = 0
+        if self.thread is not None:
+            self.thread.join(timeout)
+
+
+def prepare(*, demo: bool) -> None:
+    from django.core.management import call_command
+
+    with console.status("Applying database migrations…"):
+        call_command("migrate", interactive=False, verbosity=0)
+    console.print("[green]✓[/] database ready")
+    if demo:
+        from market.demo import demo_load
+
+        with console.status("Loading the demo market…"):
+            summary = demo_load()
+        console.print(f"[green]✓[/] demo: {summary}")
+
+
+def serve(*, host: str, port: int, demo: bool, worker: bool) -> None:
+    import uvicorn
+
+    prepare(demo=demo)
+    celery = None
+    if worker and settings.CONFIG.embedded:
+        celery = EmbeddedCelery()
+        celery.start()
+        console.print(f"[green]✓[/] Celery worker and beat running in-process (rounds every {settings.GRIDBID['ROUND_SECONDS']:g} s)")
+    elif settings.CONFIG.embedded:
+        console.print("[yellow]![/] no worker: rounds will not clear (drop --no-worker, or set REDIS_URL and run `gridbid worker`)")
+    console.print(f"[bold]GridBid[/] at [link]http://{host}:{port}/[/]  ·  API docs http://{host}:{port}/api/docs/  ·  Ctrl-C stops")
+    config = uvicorn.Config("gridbid.asgi:application", host=host, port=port, lifespan="off", log_level="warning", ws="websockets-sansio", proxy_headers=True)
+    server = uvicorn.Server(config)
+    try:
+        server.run()
+    finally:
+        if celery is not None:
+            with console.status("Stopping the worker…"):
+                celery.stop()
+        console.print("stopped")

@@ -1,0 +1,36 @@
+from django.contrib import admin
+from django.http import HttpRequest, HttpResponse
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from market.api.errors import api_not_found, api_server_error
+
+
+def healthz(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("ok", content_type="text/plain")
+
+
+urlpatterns = [
+    path("api/v1/", include("market.api.urls")),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("admin/", admin.site.urls),
+    path("healthz", healthz),
+    path("", include("market.web.urls")),
+]
+
+
+def handler404(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    if request.path.startswith("/api/"):
+        return api_not_found(request, exception)
+    from django.views.defaults import page_not_found
+
+    return page_not_found(request, exception)
+
+
+def handler500(request: HttpRequest) -> HttpResponse:
+    if request.path.startswith("/api/"):
+        return api_server_error(request)
+    from django.views.defaults import server_error
+
+    return server_error(request)

@@ -1,0 +1,95 @@
+"""One error format for every API error: {"error": {"code", "message", "fields"}}.
+
+Domain exceptions are mapped to HTTP statuses in `DOMAIN_STATUS`, the one
+table that decides how a failure of the business rules looks on the wire.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import PermissionDenied
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import Http404, HttpRequest, JsonResponse
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_handler
+
+from market.errors import Conflict, DomainError, NotAllowed, NotFound
+from market.states import InvalidTransition
+
+DOMAIN_STATUS: dict[type[Exception], int] = {
+    NotFound: status.HTTP_404_NOT_FOUND,
+    NotAllowed: status.HTTP_403_FORBIDDEN,
+    Conflict: status.HTTP_409_CONFLICT,
+    InvalidTransition: status.HTTP_409_CONFLICT,
+    DomainError: status.HTTP_400_BAD_REQUEST,
+}
+
+
+def error_body(code: str, message: str, fields: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "fields": fields or {}}}
+
+
+def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:
+    """DRF's nested error detail -> {"field.sub": ["message", ...]}."""
+    out: dict[str, list[str]] = {}
+    if isinstance(detail, dict):
+        for key, value in detail.items():
+            name = key if not prefix else f"{prefix}.{key}"
+            if key == "non_field_errors":
+                name = prefix or "non_field_errors"
+            for k, v in _flatten(value, name).items():
+                out.setdefault(k, []).extend(v)
+    elif isinstance(detail, list):
+        if all(not isinstance(item, dict | list) for item in detail):
+            out[prefix or "non_field_errors"] = [str(item) for item in detail]
+        else:
+            for i, item in enumerate(detail):
+                for k, v in _flatten(item, f"{prefix}[{i}]").items():
+                    out.setdefault(k, []).extend(v)
+    else:
+        out[prefix or "non_field_errors"] = [str(detail)]
+    return out
+
+
+def _summary(fields: dict[str, list[str]]) -> str:
+    parts = [f"{name}: {msgs[0]}" for name, msgs in fields.items()]
+    head = "; ".join(parts[:3])
+    more = f" (and {len(parts) - 3} more)" if len(parts) > 3 else ""
+    return f"Invalid input. {head}{more}"
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    for kind, code in DOMAIN_STATUS.items():
+        if isinstance(exc, kind):
+            if isinstance(exc, DomainError):
+                return Response(error_body(exc.code, exc.message, exc.fields), status=code)
+            return Response(error_body("conflict", str(exc)), status=code)
+    if isinstance(exc, DjangoValidationError):
+        fields = _flatten(exc.message_dict if hasattr(exc, "error_dict") else exc.messages)
+        return Response(error_body("invalid", _summary(fields), fields), status=400)
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    elif isinstance(exc, PermissionDenied):
+        exc = exceptions.PermissionDenied()
+    response = drf_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, exceptions.ValidationError):
+        fields = _flatten(exc.detail)
+        response.data = error_body("invalid", _summary(fields), fields)
+    elif isinstance(exc, exceptions.APIException):
+        detail = exc.detail
+        message = str(detail) if not isinstance(detail, dict | list) else "; ".join(f"{k}: {v}" for k, v in _flatten(detail).items())
+        code = exc.get_codes() if isinstance(exc.get_codes(), str) else exc.default_code
+        response.data = error_body(str(code), message)
+    return response
+
+
+def api_not_found(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    return JsonResponse(error_body("not_found", f"No API resource at {request.path}. See /api/docs/ for the resources."), status=404)
+
+
+def api_server_error(request: HttpRequest) -> JsonResponse:
+    return JsonResponse(error_body("server_error", "The server failed to handle this request; it has been logged."), status=500)

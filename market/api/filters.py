@@ -1,0 +1,40 @@
+from django_filters import rest_framework as filters
+
+from market.models import Bid, Offer, Trade
+
+
+class OfferFilter(filters.FilterSet):
+    gpu_model = filters.CharFilter(field_name="gpu_model_id", help_text="Catalogue model id, e.g. H100-SXM-80GB")
+    region = filters.CharFilter(field_name="machine__region_id")
+    min_gpus = filters.NumberFilter(field_name="gpus_free", lookup_expr="gte", min_value=0, help_text="At least this many free GPUs")
+    min_memory_gib = filters.NumberFilter(field_name="gpu_model__memory_gib", lookup_expr="gte", min_value=0)
+    min_compute_units = filters.NumberFilter(field_name="gpu_model__compute_units", lookup_expr="gte", min_value=0)
+    max_price = filters.NumberFilter(field_name="price", lookup_expr="lte", min_value=0)
+    min_reliability = filters.NumberFilter(field_name="machine__reliability", lookup_expr="gte", min_value=0, max_value=1)
+    vendor = filters.CharFilter(field_name="gpu_model__vendor")
+    machine = filters.NumberFilter(field_name="machine_id", min_value=1)
+    state = filters.ChoiceFilter(choices=Offer._meta.get_field("state").choices)
+
+    class Meta:
+        model = Offer
+        fields: list[str] = []
+
+
+class BidFilter(filters.FilterSet):
+    state = filters.ChoiceFilter(choices=Bid._meta.get_field("state").choices)
+    klass = filters.ChoiceFilter(choices=Bid._meta.get_field("klass").choices)
+    client_order_id = filters.CharFilter()
+
+    class Meta:
+        model = Bid
+        fields: list[str] = []
+
+
+class TradeFilter(filters.FilterSet):
+    state = filters.ChoiceFilter(choices=Trade._meta.get_field("state").choices)
+    bid = filters.NumberFilter(field_name="bid_id", min_value=1)
+    round = filters.NumberFilter(field_name="round__number", min_value=0)
+
+    class Meta:
+        model = Trade
+        fields: list[str] = []

@@ -1,0 +1,51 @@
+"""Scopes, roles and object ownership in one place.
+
+Views declare `scopes = {"list": "read", "create": "trade", ...}` by action
+and may set `public_read = True` for market data anyone can see. A token
+carries its own scopes; a browser session has every scope its role allows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import permissions
+from rest_framework.request import Request
+
+from market.models import ApiToken, Role, Scope
+
+ROLE_SCOPES: dict[str, frozenset[str]] = {
+    Role.BUYER: frozenset({Scope.READ, Scope.TRADE}),
+    Role.PROVIDER: frozenset({Scope.READ, Scope.TRADE, Scope.PROVIDE}),
+    Role.OPERATOR: frozenset({Scope.READ, Scope.TRADE, Scope.PROVIDE, Scope.OPERATE}),
+}
+
+
+def granted_scopes(request: Request) -> frozenset[str]:
+    user = request.user
+    if not user or not user.is_authenticated:
+        return frozenset()
+    role_scopes = ROLE_SCOPES[Role.OPERATOR] if user.is_superuser else ROLE_SCOPES.get(user.role, frozenset())
+    if isinstance(request.auth, ApiToken):
+        return role_scopes & frozenset(request.auth.scopes)
+    return role_scopes
+
+
+def is_operator(request: Request) -> bool:
+    return Scope.OPERATE in granted_scopes(request)
+
+
+class ScopedAccess(permissions.BasePermission):
+    message = "You are not allowed to do this."
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        action = getattr(view, "action", None) or request.method.lower()
+        if getattr(view, "public_read", False) and request.method in permissions.SAFE_METHODS:
+            return True
+        if not request.user or not request.user.is_authenticated:
+            return False
+        needed = getattr(view, "scopes", {}).get(action, Scope.READ if request.method in permissions.SAFE_METHODS else Scope.OPERATE)
+        if needed in granted_scopes(request):
+            return True
+        self.message = f"This needs the '{needed}' scope, which your token or role does not have."
+        return False

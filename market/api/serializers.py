@@ -1,0 +1,296 @@
+"""Input and output serializers. Inputs validate everything a client can send."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError as DjangoValidationError
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from market.models import ApiToken, AuctionRound, Bid, BidClass, Job, Offer, Scope, Trade
+from market.states import OfferState
+from providers.models import Gpu, GpuModel, Interconnect, Machine, Provider, Region
+
+MAX_PRICE = 10**15  # base units per GPU-hour: a billion dollars an hour is a typo
+MAX_DURATION_S = 365 * 24 * 3600
+ADDRESS_RE = re.compile(r"^0x[0-9a-fA-F]{40}$")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+
+
+# --- catalogue -----------------------------------------------------------------
+class RegionSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Region
+        fields = ["id", "name", "country", "lat", "lon", "carbon_g_per_kwh"]
+
+
+class GpuModelSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = GpuModel
+        fields = ["id", "vendor", "name", "memory_gib", "bf16_tflops", "memory_bandwidth_tbs", "tdp_watts", "compute_capability", "compute_units"]
+
+
+class MarketSerializer(serializers.Serializer):
+    key = serializers.CharField(help_text="<gpu_model>.<region>")
+    gpu_model = serializers.CharField()
+    region = serializers.CharField()
+    offers = serializers.IntegerField()
+    gpus_free = serializers.IntegerField()
+    best_ask = serializers.IntegerField(allow_null=True)
+    best_bid = serializers.IntegerField(allow_null=True)
+    open_bids = serializers.IntegerField()
+    last_price = serializers.IntegerField(allow_null=True)
+    change_pct = serializers.FloatField(allow_null=True)
+
+
+# --- accounts ------------------------------------------------------------------
+class SignupSerializer(serializers.Serializer):
+    username = serializers.RegexField(r"^[A-Za-z0-9_.-]{3,32}$", error_messages={"invalid": "3-32 letters, digits, '_', '.' or '-'."})
+    password = serializers.CharField(write_only=True, min_length=10, max_length=128)
+    email = serializers.EmailField(required=False, allow_blank=True, max_length=254)
+    role = serializers.ChoiceField(choices=["buyer", "provider"], default="buyer")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        try:
+            validate_password(attrs["password"])
+        except DjangoValidationError as exc:
+            raise serializers.ValidationError({"password": list(exc.messages)}) from None
+        return attrs
+
+
+class TokenCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=64)
+    scopes = serializers.ListField(child=serializers.ChoiceField(choices=Scope.values), min_length=1, max_length=4)
+    expires_at = serializers.DateTimeField(required=False, allow_null=True)
+
+
+class TokenSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ApiToken
+        fields = ["id", "name", "prefix", "scopes", "created_at", "last_used_at", "expires_at", "revoked_at"]
+
+
+class TokenCreatedSerializer(TokenSerializer):
+    token = serializers.CharField(help_text="Shown once. Store it now: only its hash is kept.")
+
+    class Meta(TokenSerializer.Meta):
+        fields = [*TokenSerializer.Meta.fields, "token"]
+
+
+class MeSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    username = serializers.CharField()
+    role = serializers.CharField()
+    chain_address = serializers.CharField()
+
+
+# --- providers -----------------------------------------------------------------
+class ProviderSerializer(serializers.ModelSerializer):
+    machines = serializers.IntegerField(source="machines.count", read_only=True)
+
+    class Meta:
+        model = Provider
+        fields = ["id", "display_name", "chain_address", "bls_public_key", "created_at", "machines"]
+        read_only_fields = ["id", "created_at"]
+
+    def validate_chain_address(self, value: str) -> str:
+        if value and not ADDRESS_RE.match(value):
+            raise serializers.ValidationError("Expected 0x followed by 40 hex digits.")
+        return value
+
+    def validate_bls_public_key(self, value: str) -> str:
+        if value and not re.fullmatch(r"[0-9a-f]{96}", value):
+            raise serializers.ValidationError("Expected a 48-byte compressed BLS12-381 G1 key as 96 lower-case hex digits.")
+        return value
+
+
+class GpuInSerializer(serializers.Serializer):
+    index = serializers.IntegerField(min_value=0, max_value=255)
+    uuid = serializers.CharField(max_length=64)
+    model = serializers.PrimaryKeyRelatedField(queryset=GpuModel.objects.all(), help_text="Catalogue model id")
+    memory_gib = serializers.IntegerField(min_value=1, max_value=4096, required=False)
+
+
+class GpuSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Gpu
+        fields = ["index", "uuid", "model", "memory_gib"]
+
+
+class MachineSerializer(serializers.ModelSerializer):
+    gpus = GpuSerializer(many=True, read_only=True)
+    provider = serializers.CharField(source="provider.display_name", read_only=True)
+
+    class Meta:
+        model = Machine
+        fields = ["id", "provider", "name", "region", "public_endpoint", "interconnect", "reliability", "measured_tflops", "state", "last_heartbeat", "created_at", "gpus"]
+
+
+class MachineCreateSerializer(serializers.Serializer):
+    name = serializers.RegexField(r"^[A-Za-z0-9_.-]{1,64}$", error_messages={"invalid": "1-64 letters, digits, '_', '.' or '-'."})
+    region = serializers.PrimaryKeyRelatedField(queryset=Region.objects.all())
+    public_endpoint = serializers.CharField(max_length=255, required=False, allow_blank=True, default="")
+    interconnect = serializers.ChoiceField(choices=Interconnect.choices, default=Interconnect.PCIE)
+    measured_tflops = serializers.FloatField(min_value=0, max_value=100000, required=False, allow_null=True)
+    gpus = GpuInSerializer(many=True, min_length=1, max_length=64)
+
+    def validate_gpus(self, gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        idx = [g["index"] for g in gpus]
+        uuids = [g["uuid"] for g in gpus]
+        if len(set(idx)) != len(idx):
+            raise serializers.ValidationError("GPU indexes must be unique.")
+        if len(set(uuids)) != len(uuids):
+            raise serializers.ValidationError("GPU uuids must be unique.")
+        return gpus
+
+
+# --- offers ----------------------------------------------------------------------
+class OfferSerializer(serializers.ModelSerializer):
+    region = serializers.CharField(source="machine.region_id", read_only=True)
+    provider = serializers.IntegerField(source="machine.provider_id", read_only=True)
+    reliability = serializers.FloatField(source="machine.reliability", read_only=True)
+    memory_gib = serializers.IntegerField(source="gpu_model.memory_gib", read_only=True)
+    compute_units = serializers.FloatField(source="gpu_model.compute_units", read_only=True)
+    price_per_compute_unit = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Offer
+        fields = ["id", "machine", "provider", "region", "gpu_model", "gpus", "gpus_free", "price", "min_duration_s", "max_duration_s", "available_from", "available_until", "spot_allowed", "reserved_only", "state", "reliability", "memory_gib", "compute_units", "price_per_compute_unit", "created_at", "updated_at"]
+
+    @extend_schema_field(serializers.FloatField())
+    def get_price_per_compute_unit(self, offer: Offer) -> float:
+        return round(offer.price / offer.gpu_model.compute_units, 2)
+
+
+class OfferCreateSerializer(serializers.Serializer):
+    machine = serializers.PrimaryKeyRelatedField(queryset=Machine.objects.all())
+    gpu_model = serializers.PrimaryKeyRelatedField(queryset=GpuModel.objects.all())
+    gpus = serializers.IntegerField(min_value=1, max_value=64)
+    price = serializers.IntegerField(min_value=1, max_value=MAX_PRICE, help_text="Token base units per GPU-hour (6 decimals: 2500000 = 2.50)")
+    min_duration_s = serializers.IntegerField(min_value=60, max_value=MAX_DURATION_S, default=60)
+    max_duration_s = serializers.IntegerField(min_value=60, max_value=MAX_DURATION_S, default=30 * 24 * 3600)
+    available_from = serializers.DateTimeField(required=False, allow_null=True)
+    available_until = serializers.DateTimeField(required=False, allow_null=True)
+    spot_allowed = serializers.BooleanField(default=True)
+    reserved_only = serializers.BooleanField(default=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        errors: dict[str, str] = {}
+        if attrs.get("max_duration_s", 0) < attrs.get("min_duration_s", 0):
+            errors["max_duration_s"] = "Must be at least min_duration_s."
+        start, end = attrs.get("available_from"), attrs.get("available_until")
+        if start and end and end <= start:
+            errors["available_until"] = "Must be after available_from."
+        if errors:
+            raise serializers.ValidationError(errors)
+        return attrs
+
+
+class OfferUpdateSerializer(serializers.Serializer):
+    gpus = serializers.IntegerField(min_value=1, max_value=64, required=False)
+    price = serializers.IntegerField(min_value=1, max_value=MAX_PRICE, required=False)
+    min_duration_s = serializers.IntegerField(min_value=60, max_value=MAX_DURATION_S, required=False)
+    max_duration_s = serializers.IntegerField(min_value=60, max_value=MAX_DURATION_S, required=False)
+    available_until = serializers.DateTimeField(required=False, allow_null=True)
+    spot_allowed = serializers.BooleanField(required=False)
+    reserved_only = serializers.BooleanField(required=False)
+    state = serializers.ChoiceField(choices=[OfferState.OPEN, OfferState.PAUSED], required=False)
+
+
+# --- bids ------------------------------------------------------------------------
+class JobInputSerializer(serializers.Serializer):
+    url = serializers.URLField(max_length=2048)
+    sha256 = serializers.RegexField(SHA256_RE, error_messages={"invalid": "64 lower-case hex digits."})
+    path = serializers.RegexField(r"^[A-Za-z0-9_.-][A-Za-z0-9_./-]{0,254}$", required=False, error_messages={"invalid": "A relative path inside the job's directory."})
+
+    def validate_path(self, value: str) -> str:
+        if ".." in value.split("/"):
+            raise serializers.ValidationError("'..' is not allowed: paths stay inside the job's directory.")
+        return value
+
+
+class JobSpecSerializer(serializers.Serializer):
+    """What the provider's agent runs. Either a container image or a command."""
+
+    image = serializers.CharField(max_length=255, required=False, allow_blank=False)
+    command = serializers.ListField(child=serializers.CharField(max_length=4096, allow_blank=True), max_length=256, required=False)
+    env = serializers.DictField(child=serializers.CharField(max_length=4096, allow_blank=True), required=False, default=dict)
+    inputs = JobInputSerializer(many=True, required=False, default=list, max_length=64)
+    output_dir = serializers.RegexField(r"^[A-Za-z0-9_.-][A-Za-z0-9_./-]{0,254}$", required=False, default="outputs")
+    checkpoint_interval_s = serializers.IntegerField(min_value=10, max_value=86400, required=False, allow_null=True)
+
+    def validate_env(self, env: dict[str, str]) -> dict[str, str]:
+        if len(env) > 128:
+            raise serializers.ValidationError("At most 128 variables.")
+        bad = [k for k in env if not ENV_NAME_RE.match(k)]
+        if bad:
+            raise serializers.ValidationError(f"Not valid variable names: {', '.join(map(repr, bad[:5]))}.")
+        return env
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if not attrs.get("image") and not attrs.get("command"):
+            raise serializers.ValidationError("Give an image (container) or a command (list of arguments), or both.")
+        return attrs
+
+
+class WeightsSerializer(serializers.Serializer):
+    latency_per_ms = serializers.FloatField(min_value=0, max_value=1e12, required=False)
+    non_preferred_region = serializers.FloatField(min_value=0, max_value=1e15, required=False)
+    carbon_per_kg = serializers.FloatField(min_value=0, max_value=1e12, required=False)
+    reliability = serializers.FloatField(min_value=0, max_value=1e15, required=False)
+
+
+class BidCreateSerializer(serializers.Serializer):
+    client_order_id = serializers.RegexField(r"^[A-Za-z0-9_.:-]{1,64}$", required=False, allow_null=True, error_messages={"invalid": "1-64 letters, digits, '_', '.', ':' or '-'."})
+    job_spec = JobSpecSerializer()
+    gpus = serializers.IntegerField(min_value=1, max_value=1024)
+    gpu_models = serializers.ListField(child=serializers.CharField(max_length=48), max_length=32, required=False, default=list)
+    min_memory_gib = serializers.IntegerField(min_value=0, max_value=4096, default=0)
+    min_compute_units = serializers.FloatField(min_value=0, max_value=100000, default=0)
+    vendor = serializers.ChoiceField(choices=["", "nvidia", "amd", "google", "huawei"], default="", required=False)
+    same_machine = serializers.BooleanField(default=True)
+    allowed_regions = serializers.ListField(child=serializers.CharField(max_length=32), max_length=64, required=False, default=list)
+    preferred_regions = serializers.ListField(child=serializers.CharField(max_length=32), max_length=64, required=False, default=list)
+    location_region = serializers.PrimaryKeyRelatedField(queryset=Region.objects.all(), required=False, allow_null=True, default=None)
+    max_latency_ms = serializers.FloatField(min_value=0.1, max_value=10000, required=False, allow_null=True, default=None)
+    max_price = serializers.IntegerField(min_value=1, max_value=MAX_PRICE, help_text="Most you pay, token base units per GPU-hour")
+    duration_s = serializers.IntegerField(min_value=60, max_value=MAX_DURATION_S)
+    deadline = serializers.DateTimeField(required=False, allow_null=True, default=None)
+    klass = serializers.ChoiceField(choices=BidClass.choices, default=BidClass.ON_DEMAND, help_text="reserved, on_demand or spot")
+    min_reliability = serializers.FloatField(min_value=0, max_value=1, default=0)
+    weights = WeightsSerializer(required=False, default=dict)
+
+
+class BidSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Bid
+        fields = ["id", "client_order_id", "buyer", "job_spec", "gpus", "gpu_models", "min_memory_gib", "min_compute_units", "vendor", "same_machine", "allowed_regions", "preferred_regions", "location_region", "max_latency_ms", "max_price", "duration_s", "deadline", "klass", "min_reliability", "weights", "state", "explanation", "created_at", "updated_at"]
+
+
+# --- rounds, trades, jobs ---------------------------------------------------------
+class RoundSerializer(serializers.ModelSerializer):
+    trades = serializers.IntegerField(source="trades.count", read_only=True)
+
+    class Meta:
+        model = AuctionRound
+        fields = ["id", "number", "state", "scheduled_for", "started_at", "cleared_at", "engine_version", "input_digest", "result_digest", "prices", "stats", "trades"]
+
+
+class TradeSerializer(serializers.ModelSerializer):
+    round = serializers.IntegerField(source="round.number", read_only=True)
+
+    class Meta:
+        model = Trade
+        fields = ["id", "round", "bid", "offer", "buyer", "provider", "gpu_model", "region", "price", "gpus", "duration_s", "amount", "state", "reason", "created_at"]
+
+
+class JobSerializer(serializers.ModelSerializer):
+    machine = serializers.IntegerField(source="trade.offer.machine_id", read_only=True)
+
+    class Meta:
+        model = Job
+        fields = ["id", "trade", "machine", "state", "progress", "started_at", "ended_at", "exit_code", "gpu_seconds", "checkpoint", "updated_at"]

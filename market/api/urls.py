@@ -1,0 +1,22 @@
+from django.urls import include, path
+from rest_framework.routers import DefaultRouter
+
+from market.api import views
+
+router = DefaultRouter(trailing_slash="/?")
+router.register("regions", views.RegionViewSet, basename="region")
+router.register("gpu-models", views.GpuModelViewSet, basename="gpumodel")
+router.register("tokens", views.TokenViewSet, basename="token")
+router.register("machines", views.MachineViewSet, basename="machine")
+router.register("offers", views.OfferViewSet, basename="offer")
+router.register("bids", views.BidViewSet, basename="bid")
+router.register("trades", views.TradeViewSet, basename="trade")
+router.register("jobs", views.JobViewSet, basename="job")
+
+urlpatterns = [
+    path("markets/", views.MarketsView.as_view(), name="markets"),
+    path("accounts/signup/", views.SignupView.as_view(), name="signup"),
+    path("me/", views.MeView.as_view(), name="me"),
+    path("providers/me/", views.ProviderMeView.as_view(), name="provider-me"),
+    path("", include(router.urls)),
+]

@@ -1,0 +1,237 @@
+"""Thin DRF views: validate input, call one service, serialize the result."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth import login
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.generics import get_object_or_404
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from market import selectors, services
+from market.api import serializers as s
+from market.api.filters import BidFilter, OfferFilter, TradeFilter
+from market.api.idempotency import idempotent
+from market.models import ApiToken, Scope
+from providers.models import GpuModel, Region
+
+IDEMPOTENCY_PARAM = OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False, description="Retry-safe POST: the same key and body return the first response for 24 h.")
+
+
+class CatalogueViewSet(viewsets.ReadOnlyModelViewSet):
+    public_read = True
+    pagination_class = None
+
+
+class RegionViewSet(CatalogueViewSet):
+    """The regions providers can sit in, with coordinates and grid carbon intensity."""
+
+    queryset = Region.objects.all()
+    serializer_class = s.RegionSerializer
+
+
+class GpuModelViewSet(CatalogueViewSet):
+    """The GPU catalogue: public specs and GridBid compute units (A100 SXM 80GB = 100)."""
+
+    queryset = GpuModel.objects.all()
+    serializer_class = s.GpuModelSerializer
+
+
+class MarketsView(APIView):
+    """Every GPU model x region bucket with offers: best ask, best bid, GPUs free, last clearing price."""
+
+    public_read = True
+
+    @extend_schema(
+        parameters=[OpenApiParameter("gpu_model", str), OpenApiParameter("region", str)],
+        responses=s.MarketSerializer(many=True),
+    )
+    def get(self, request: Request) -> Response:
+        gpu_model = request.query_params.get("gpu_model") or None
+        region = request.query_params.get("region") or None
+        buckets = selectors.market_buckets(gpu_model=gpu_model, region=region)
+        data = [
+            {"key": b.key, "gpu_model": b.gpu_model, "region": b.region, "offers": b.offers, "gpus_free": b.gpus_free, "best_ask": b.best_ask, "best_bid": b.best_bid, "open_bids": b.open_bids, "last_price": b.last_price, "change_pct": b.change_pct}
+            for b in buckets
+        ]
+        return Response(s.MarketSerializer(data, many=True).data)
+
+
+# --- accounts ------------------------------------------------------------------
+class SignupView(APIView):
+    """Create a buyer or provider account. Signs the browser in; use /tokens/ for API access."""
+
+    permission_classes: list[Any] = []
+    authentication_classes: list[Any] = []
+
+    @extend_schema(request=s.SignupSerializer, responses={201: s.MeSerializer})
+    def post(self, request: Request) -> Response:
+        data = s.SignupSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        user = services.user_signup(**data.validated_data)
+        return Response({"id": user.pk, "username": user.username, "role": user.role, "chain_address": user.chain_address}, status=status.HTTP_201_CREATED)
+
+
+class MeView(APIView):
+    scopes = {"get": Scope.READ}
+
+    @extend_schema(responses=s.MeSerializer)
+    def get(self, request: Request) -> Response:
+        u = request.user
+        return Response({"id": u.pk, "username": u.username, "role": u.role, "chain_address": u.chain_address})
+
+
+class TokenViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    """Your API tokens. The token itself is shown once, when created."""
+
+    serializer_class = s.TokenSerializer
+    scopes = {"list": Scope.READ, "create": Scope.READ, "revoke": Scope.READ}
+
+    def get_queryset(self) -> Any:
+        return ApiToken.objects.filter(user=self.request.user)
+
+    @extend_schema(request=s.TokenCreateSerializer, responses={201: s.TokenCreatedSerializer}, parameters=[IDEMPOTENCY_PARAM])
+    @idempotent
+    def create(self, request: Request) -> Response:
+        data = s.TokenCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        token, raw = services.token_create(user=request.user, **data.validated_data)
+        body = s.TokenSerializer(token).data | {"token": raw}
+        return Response(body, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses=s.TokenSerializer)
+    @action(detail=True, methods=["post"])
+    def revoke(self, request: Request, pk: str) -> Response:
+        token = services.token_revoke(user=request.user, token_id=int(pk))
+        return Response(s.TokenSerializer(token).data)
+
+
+# --- providers -------------------------------------------------------------------
+class ProviderMeView(APIView):
+    """Your provider profile: settlement address and BLS key."""
+
+    scopes = {"get": Scope.PROVIDE, "patch": Scope.PROVIDE}
+
+    @extend_schema(responses=s.ProviderSerializer)
+    def get(self, request: Request) -> Response:
+        return Response(s.ProviderSerializer(services.provider_for(request.user)).data)
+
+    @extend_schema(request=s.ProviderSerializer, responses=s.ProviderSerializer)
+    def patch(self, request: Request) -> Response:
+        provider = services.provider_for(request.user)
+        data = s.ProviderSerializer(provider, data=request.data, partial=True)
+        data.is_valid(raise_exception=True)
+        data.save()
+        return Response(data.data)
+
+
+class MachineViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
+    """Your machines and their GPUs."""
+
+    serializer_class = s.MachineSerializer
+    scopes = {"list": Scope.READ, "retrieve": Scope.READ, "create": Scope.PROVIDE}
+    ordering_fields = ["id", "name", "created_at"]
+
+    def get_queryset(self) -> Any:
+        return selectors.machines_visible(self.request.user)
+
+    @extend_schema(request=s.MachineCreateSerializer, responses={201: s.MachineSerializer}, parameters=[IDEMPOTENCY_PARAM])
+    @idempotent
+    def create(self, request: Request) -> Response:
+        data = s.MachineCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        machine = services.machine_register(user=request.user, **data.validated_data)
+        return Response(s.MachineSerializer(machine).data, status=status.HTTP_201_CREATED)
+
+
+class OfferViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
+    """GPU offers. Open offers are public; providers publish, reprice and withdraw their own."""
+
+    serializer_class = s.OfferSerializer
+    filterset_class = OfferFilter
+    ordering_fields = ["price", "id", "gpus_free", "created_at"]
+    public_read = True
+    scopes = {"create": Scope.PROVIDE, "partial_update": Scope.PROVIDE, "withdraw": Scope.PROVIDE}
+    http_method_names = ["get", "post", "patch", "head", "options"]
+
+    def get_queryset(self) -> Any:
+        return selectors.offers_visible(self.request.user)
+
+    @extend_schema(request=s.OfferCreateSerializer, responses={201: s.OfferSerializer}, parameters=[IDEMPOTENCY_PARAM])
+    @idempotent
+    def create(self, request: Request) -> Response:
+        data = s.OfferCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        offer = services.offer_publish(user=request.user, **data.validated_data)
+        return Response(s.OfferSerializer(offer).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.OfferUpdateSerializer, responses=s.OfferSerializer)
+    def partial_update(self, request: Request, pk: str) -> Response:
+        offer = get_object_or_404(selectors.offers_owned(request.user), pk=pk)
+        data = s.OfferUpdateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        offer = services.offer_update(user=request.user, offer=offer, **data.validated_data)
+        return Response(s.OfferSerializer(offer).data)
+
+    @extend_schema(request=None, responses=s.OfferSerializer)
+    @action(detail=True, methods=["post"])
+    def withdraw(self, request: Request, pk: str) -> Response:
+        offer = get_object_or_404(selectors.offers_owned(request.user), pk=pk)
+        return Response(s.OfferSerializer(services.offer_withdraw(user=request.user, offer=offer)).data)
+
+
+class BidViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
+    """Your bids: place, list, read (with why the last round did not match it), cancel."""
+
+    serializer_class = s.BidSerializer
+    filterset_class = BidFilter
+    ordering_fields = ["id", "created_at", "max_price"]
+    scopes = {"list": Scope.READ, "retrieve": Scope.READ, "create": Scope.TRADE, "cancel": Scope.TRADE}
+
+    def get_queryset(self) -> Any:
+        return selectors.bids_visible(self.request.user)
+
+    @extend_schema(request=s.BidCreateSerializer, responses={201: s.BidSerializer}, parameters=[IDEMPOTENCY_PARAM])
+    @idempotent
+    def create(self, request: Request) -> Response:
+        data = s.BidCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        bid = services.bid_place(user=request.user, data=dict(data.validated_data))
+        return Response(s.BidSerializer(bid).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses=s.BidSerializer, parameters=[IDEMPOTENCY_PARAM])
+    @action(detail=True, methods=["post"])
+    @idempotent
+    def cancel(self, request: Request, pk: str) -> Response:
+        bid = get_object_or_404(self.get_queryset(), pk=pk)
+        return Response(s.BidSerializer(services.bid_cancel(user=request.user, bid=bid)).data)
+
+
+class TradeViewSet(viewsets.ReadOnlyModelViewSet):
+    """Trades you bought or sold (operators: all)."""
+
+    serializer_class = s.TradeSerializer
+    filterset_class = TradeFilter
+    ordering_fields = ["id", "created_at", "price"]
+
+    def get_queryset(self) -> Any:
+        return selectors.trades_visible(self.request.user)
+
+
+class JobViewSet(viewsets.ReadOnlyModelViewSet):
+    """Jobs running your trades, with progress from the provider's heartbeats."""
+
+    serializer_class = s.JobSerializer
+    ordering_fields = ["id", "updated_at"]
+
+    def get_queryset(self) -> Any:
+        return selectors.jobs_visible(self.request.user)
+
+
+def session_login(request: Any, user: Any) -> None:
+    login(request, user, backend="django.contrib.auth.backends.ModelBackend")

@@ -1,0 +1,333 @@
+"""Winner determination: which bids get which machines.
+
+The problem is a multiple-knapsack with assignment restrictions (each bid is
+an item of ``gpus`` size that fits only its feasible machines, taken whole or
+not at all), NP-hard in general, so the engine combines three parts:
+
+1. A greedy pass in priority order: class (reserved, on-demand, spot), then
+   the bid's best score per GPU (surplus per unit of the scarce resource),
+   then the documented tie-breaks - higher max price, older bid, lower id.
+   Each bid takes its best-scoring offer that still has room; bids whose
+   candidate list ran dry scan their views for the cheapest offer with room.
+2. An improvement pass: an unmatched bid may take the place of matched bids
+   of the same class on one machine when its score beats theirs and the
+   displaced bids can move to other machines or lose less than it gains.
+3. For small rounds, an exact depth-first branch and bound over each class
+   (bids in priority order, best option first, bounded by the sum of each
+   remaining bid's best score), seeded with the greedy solution so it only
+   replaces it with a strictly better one: tie-breaks survive.
+
+The LP relaxation (``bound.py``) certifies the gap when asked.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .market import Candidates, Market
+
+Part = tuple[int, int, int]  # offer index, GPUs, score
+
+
+@dataclass
+class State:
+    free: list[int]
+    used: dict[tuple[int, int, int], int] = field(default_factory=dict)
+    limits: dict[tuple[int, int], int] = field(default_factory=dict)  # scarce bucket -> cap
+
+    def fair_ok(self, buyer: int, bucket: tuple[int, int], gpus: int) -> bool:
+        lim = self.limits.get(bucket)
+        if lim is None:
+            return True
+        return self.used.get((buyer, *bucket), 0) + gpus <= lim
+
+    def take(self, buyer: int, bucket: tuple[int, int], parts: list[Part]) -> None:
+        for o, g, _ in parts:
+            self.free[o] -= g
+        key = (buyer, *bucket)
+        self.used[key] = self.used.get(key, 0) + sum(g for _, g, _ in parts)
+
+    def give(self, buyer: int, bucket: tuple[int, int], parts: list[Part]) -> None:
+        for o, g, _ in parts:
+            self.free[o] += g
+        key = (buyer, *bucket)
+        self.used[key] -= sum(g for _, g, _ in parts)
+
+
+@dataclass
+class Solver:
+    mkt: Market
+    cand: Candidates
+    state: State
+    scan_limit: int = 64
+    ptr: dict[tuple[int, int, int], int] = field(default_factory=dict)
+    assigned: dict[int, list[Part]] = field(default_factory=dict)
+    buyer: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.buyer = [b.buyer_id for b in self.mkt.bids]
+
+    def bucket(self, o: int) -> tuple[int, int]:
+        return int(self.mkt.o_model[o]), int(self.mkt.o_region[o])
+
+    def score_of(self, b: int, o: int, gpus: int) -> int:
+        v = self.mkt.value(b, o)
+        return round(float(gpus) * float(self.mkt.b_hours[b]) * v)
+
+    # options ---------------------------------------------------------------
+
+    def best_single(self, b: int) -> list[Part] | None:
+        """Best offer with room for same-machine bid ``b``."""
+        g = int(self.mkt.b_gpus[b])
+        st = self.state
+        for o, s in zip(self.cand.offers[b], self.cand.scores[b], strict=True):
+            if st.free[o] >= g and st.fair_ok(self.buyer[b], self.bucket(o), g):
+                return [(o, g, s)]
+        if not self.cand.truncated[b]:
+            return None
+        return self._scan_single(b, g)
+
+    def _scan_single(self, b: int, g: int) -> list[Part] | None:
+        mkt, st = self.mkt, self.state
+        best: tuple[int, int, int, int] | None = None  # -score, ask, id, o
+        maxp = int(mkt.b_maxp[b])
+        for key in self.cand.views[b]:
+            view = mkt.views[key]
+            t = key[2]
+            p = self.ptr.get(key, 0)
+            while p < len(view) and st.free[int(view[p])] < t:
+                p += 1
+            self.ptr[key] = p
+            if not st.fair_ok(self.buyer[b], (key[0], key[1]), g):
+                continue
+            seen = 0
+            while p < len(view) and seen < self.scan_limit:
+                o = int(view[p])
+                p += 1
+                if mkt.o_ask[o] > maxp:
+                    break
+                if st.free[o] < g or not mkt.offer_ok(b, o):
+                    continue
+                seen += 1
+                s = self.score_of(b, o, g)
+                if s <= 0:
+                    continue
+                k = (-s, int(mkt.o_ask[o]), int(mkt.o_id[o]), o)
+                if best is None or k < best:
+                    best = k
+        if best is None:
+            return None
+        return [(best[3], g, -best[0])]
+
+    def best_multi(self, b: int) -> list[Part] | None:
+        """Best single-bucket fill for a bid that may span machines."""
+        mkt, st = self.mkt, self.state
+        g = int(mkt.b_gpus[b])
+        maxp = int(mkt.b_maxp[b])
+        best: tuple[int, list[Part]] | None = None
+        for key in self.cand.views[b]:
+            if not st.fair_ok(self.buyer[b], (key[0], key[1]), g):
+                continue
+            rows: list[tuple[float, int, int, int]] = []
+            for o in mkt.views[key].tolist():
+                if mkt.o_ask[o] > maxp:
+                    break
+                if st.free[o] <= 0 or not mkt.offer_ok(b, o, check_gpus=False):
+                    continue
+                v = mkt.value(b, o)
+                if v > 0:
+                    rows.append((-v, int(mkt.o_ask[o]), int(mkt.o_id[o]), o))
+            rows.sort()
+            need, parts = g, []
+            for _, _, _, o in rows:
+                take = min(need, st.free[o])
+                parts.append((o, take, self.score_of(b, o, take)))
+                need -= take
+                if need == 0:
+                    break
+            if need:
+                continue
+            total = sum(s for _, _, s in parts)
+            if total > 0 and (best is None or total > best[0]):
+                best = (total, parts)
+        return None if best is None else best[1]
+
+    def option(self, b: int) -> list[Part] | None:
+        return self.best_single(b) if self.mkt.b_same[b] else self.best_multi(b)
+
+    # passes ----------------------------------------------------------------
+
+    def place(self, b: int, parts: list[Part]) -> None:
+        self.state.take(self.buyer[b], self.bucket(parts[0][0]), parts)
+        self.assigned[b] = parts
+
+    def unplace(self, b: int) -> list[Part]:
+        parts = self.assigned.pop(b)
+        self.state.give(self.buyer[b], self.bucket(parts[0][0]), parts)
+        return parts
+
+    def greedy(self, order: list[int]) -> None:
+        for b in order:
+            parts = self.option(b)
+            if parts is not None:
+                self.place(b, parts)
+
+    def improve(self, order: list[int], klass: int) -> None:
+        """Let an unmatched bid evict cheaper same-class work from one machine."""
+        mkt, st = self.mkt, self.state
+        on: dict[int, list[int]] = {}
+        for b2, parts in self.assigned.items():
+            if mkt.b_klass[b2] == klass and len(parts) == 1:
+                on.setdefault(parts[0][0], []).append(b2)
+        for b in order:
+            if b in self.assigned or not mkt.b_same[b]:
+                continue
+            g = int(mkt.b_gpus[b])
+            done = False
+            for o, s in zip(self.cand.offers[b], self.cand.scores[b], strict=True):
+                here = sorted(on.get(o, ()), key=lambda x: self.assigned[x][0][2] / mkt.b_gpus[x])
+                need = g - st.free[o]
+                evict: list[int] = []
+                lost = 0
+                for b2 in here:
+                    if need <= 0:
+                        break
+                    evict.append(b2)
+                    need -= int(mkt.b_gpus[b2])
+                    lost += self.assigned[b2][0][2]
+                if need > 0 or not evict or lost >= s:
+                    continue
+                saved = {b2: self.unplace(b2) for b2 in evict}
+                if not st.fair_ok(self.buyer[b], self.bucket(o), g):
+                    for b2, parts in saved.items():
+                        self.place(b2, parts)
+                    continue
+                self.place(b, [(o, g, s)])
+                moved: dict[int, list[Part]] = {}
+                gain = s
+                for b2 in evict:
+                    alt = self.option(b2)
+                    if alt is not None:
+                        self.place(b2, alt)
+                        moved[b2] = alt
+                        gain += sum(x[2] for x in alt)
+                if gain > lost:
+                    on.setdefault(o, []).append(b)
+                    for b2 in evict:
+                        on[o].remove(b2)
+                        if b2 in moved:
+                            on.setdefault(moved[b2][0][0], []).append(b2)
+                    done = True
+                    break
+                # undo
+                for b2 in moved:
+                    self.unplace(b2)
+                self.unplace(b)
+                for b2, parts in saved.items():
+                    self.place(b2, parts)
+            if done:
+                continue
+
+    def exact(self, order: list[int], node_limit: int) -> bool:
+        """Branch and bound over ``order``; True when it proved optimality."""
+        mkt = self.mkt
+        bids = [b for b in order if self.cand.offers[b]]
+        for b in bids:
+            if b in self.assigned:
+                self.unplace(b)
+        best_sc = [max(self.cand.scores[b]) if mkt.b_same[b] else self._multi_cap(b) for b in bids]
+        suffix = [0] * (len(bids) + 1)
+        for i in range(len(bids) - 1, -1, -1):
+            suffix[i] = suffix[i + 1] + best_sc[i]
+        # incumbent: greedy on the same bids
+        self.greedy(bids)
+        inc_val = sum(sum(p[2] for p in self.assigned.get(b, ())) for b in bids)
+        inc = {b: self.assigned[b] for b in bids if b in self.assigned}
+        for b in list(inc):
+            self.unplace(b)
+        nodes = 0
+        chosen: dict[int, list[Part]] = {}
+        aborted = False
+
+        def dfs(i: int, val: int) -> None:
+            nonlocal nodes, inc_val, inc, aborted
+            nodes += 1
+            if nodes > node_limit:
+                aborted = True
+                return
+            if val + suffix[i] <= inc_val:
+                return
+            if i == len(bids):
+                inc_val = val
+                inc = dict(chosen)
+                return
+            b = bids[i]
+            for parts in self._options(b):
+                self.place(b, parts)
+                chosen[b] = parts
+                dfs(i + 1, val + sum(p[2] for p in parts))
+                del chosen[b]
+                self.unplace(b)
+                if aborted:
+                    return
+            dfs(i + 1, val)
+
+        dfs(0, 0)
+        for b, parts in sorted(inc.items()):
+            self.place(b, parts)
+        return not aborted
+
+    def _multi_cap(self, b: int) -> int:
+        # optimistic: the bid's best per-GPU pair for all its GPUs
+        g = int(self.mkt.b_gpus[b])
+        # plus one base unit per part for rounding each part separately
+        return max(self.cand.scores[b], default=0) + g
+
+    def _options(self, b: int) -> list[list[Part]]:
+        st = self.state
+        if not self.mkt.b_same[b]:
+            one = self.best_multi(b)
+            return [] if one is None else [one]
+        g = int(self.mkt.b_gpus[b])
+        return [
+            [(o, g, s)]
+            for o, s in zip(self.cand.offers[b], self.cand.scores[b], strict=True)
+            if st.free[o] >= g and st.fair_ok(self.buyer[b], self.bucket(o), g)
+        ]
+
+
+def priority_order(mkt: Market, cand: Candidates, bids: list[int]) -> list[int]:
+    """Class, then best score per GPU, then higher max price, older, lower id."""
+
+    def key(b: int) -> tuple[int, float, int, int, int]:
+        best = cand.scores[b][0] if cand.scores[b] else 0
+        return (
+            int(mkt.b_klass[b]),
+            -best / int(mkt.b_gpus[b]),
+            -int(mkt.b_maxp[b]),
+            mkt.bids[b].created_at,
+            mkt.bids[b].id,
+        )
+
+    return sorted(bids, key=key)
+
+
+def fair_share_limits(
+    mkt: Market, cand: Candidates, cap: float
+) -> dict[tuple[int, int], int]:
+    """Per scarce bucket, the most GPUs one buyer may take this round."""
+    if cap >= 1.0:
+        return {}
+    demand: dict[tuple[int, int], int] = {}
+    for b, keys in enumerate(cand.views):
+        if not cand.offers[b]:
+            continue
+        for m, r in sorted({(k[0], k[1]) for k in keys}):
+            demand[(m, r)] = demand.get((m, r), 0) + int(mkt.b_gpus[b])
+    out: dict[tuple[int, int], int] = {}
+    for (m, r), d in sorted(demand.items()):
+        supply = int(mkt.bucket_supply[m, r])
+        if d > supply:
+            out[(m, r)] = math.ceil(cap * supply)
+    return out

@@ -1,0 +1,382 @@
+"""The round as arrays, and the feasible (bid, offer) pairs with their scores.
+
+Hard constraints split in two. Those that depend on the bid and only the
+offer's *bucket* (GPU model, region) - model or minimum specs, allowed
+regions, latency - are decided once per bid and bucket as small boolean
+matrices. Offers are then grouped into *views*: one per bucket and capacity
+tier (a power of two), holding the offers available now with at least that
+many free GPUs, sorted by ask. A same-machine bid for g GPUs looks only at
+the view of the largest tier <= g, so an 8-GPU job never scans the 1-GPU
+machines that could not host it. Within a view the offer-level constraints
+(price, capacity, reliability, duration window, class rules) and the score
+are evaluated for many bids at once with numpy.
+
+Score of a pair, in base units, rounded half-to-even to an integer so that
+every later comparison is exact::
+
+    value/GPU-hour = (max_price - ask) + w.reliability * reliability
+                     - w.latency_per_ms * latency_ms(location -> region)
+                     - w.non_preferred_region * [region not preferred]
+                     - w.carbon_per_kg * kg CO2 per GPU-hour(model, region)
+    score          = round(gpus * hours * value)
+
+Only pairs with a positive score are candidates: a pair the buyer values at
+or below nothing adds no surplus.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from .types import CLASSES, Bid, Offer, RoundInput
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+BoolA = npt.NDArray[np.bool_]
+
+NEVER = np.int64(2**62)
+CHUNK_CELLS = 1 << 19  # cells of one bids x offers block: bounds peak memory
+
+
+def _tier(g: int) -> int:
+    return 1 << (g.bit_length() - 1)
+
+
+@dataclass
+class Market:
+    """Read-only arrays describing one round; bids and offers sorted by id."""
+
+    now: int
+    offers: tuple[Offer, ...]
+    bids: tuple[Bid, ...]
+    model_ids: tuple[str, ...]
+    region_ids: tuple[str, ...]
+    # offers
+    o_model: I64
+    o_region: I64
+    o_gpus: I64
+    o_ask: I64
+    o_rel: F64
+    o_from: I64
+    o_until: I64
+    o_min_dur: I64
+    o_max_dur: I64
+    o_spot: BoolA
+    o_resv: BoolA
+    o_id: I64
+    # bids
+    b_gpus: I64
+    b_maxp: I64
+    b_dur: I64
+    b_hours: F64
+    b_klass: I64
+    b_minrel: F64
+    b_wrel: F64
+    b_wc: F64
+    b_same: BoolA
+    b_deadline_ok: BoolA
+    b_tier: I64
+    # bid x model / bid x region
+    model_ok: BoolA
+    region_allowed: BoolA
+    latency_ok: BoolA
+    latency: F64
+    pen: F64  # latency and region penalty per GPU-hour
+    carbon_kg_gh: F64  # model x region: kg CO2 per GPU-hour
+    views: dict[tuple[int, int, int], I64]
+    bucket_supply: I64  # model x region: GPUs offered
+
+    def value(self, b: int, o: int) -> float:
+        """Per-GPU-hour value of one pair, in the same float steps as ``pair_scores``."""
+        m, r = int(self.o_model[o]), int(self.o_region[o])
+        v = float(self.b_maxp[b] - self.o_ask[o]) + float(self.b_wrel[b]) * float(self.o_rel[o])
+        v = v - float(self.pen[b, r])
+        return v - float(self.b_wc[b]) * float(self.carbon_kg_gh[m, r])
+
+    def offer_ok(self, b: int, o: int, *, check_gpus: bool = True) -> bool:
+        """Offer-level hard constraints for one pair (bucket-level ones aside)."""
+        dur = int(self.b_dur[b])
+        k = int(self.b_klass[b])
+        return bool(
+            self.o_ask[o] <= self.b_maxp[b]
+            and (not check_gpus or self.o_gpus[o] >= self.b_gpus[b])
+            and self.o_rel[o] >= self.b_minrel[b]
+            and self.o_min_dur[o] <= dur <= self.o_max_dur[o]
+            and self.o_from[o] <= self.now
+            and self.o_until[o] >= self.now + dur
+            and (not self.o_resv[o] or k == 0)
+            and (k != 2 or self.o_spot[o])
+        )
+
+
+def build_market(inp: RoundInput) -> Market:
+    offers = tuple(sorted(inp.offers, key=lambda o: o.id))
+    bids = tuple(sorted(inp.bids, key=lambda b: b.id))
+    models = sorted(inp.gpu_models, key=lambda m: m.id)
+    regions = sorted(inp.regions, key=lambda r: r.id)
+    model_ids = tuple(m.id for m in models)
+    region_ids = tuple(r.id for r in regions)
+    mi = {m: i for i, m in enumerate(model_ids)}
+    ri = {r: i for i, r in enumerate(region_ids)}
+    nm, nr, nb = len(models), len(regions), len(bids)
+
+    lat = np.full((nr, nr), np.inf)
+    for a, b_, ms in sorted(inp.latency_ms):
+        lat[ri[a], ri[b_]] = ms
+    # a one-way measurement serves both directions when the other is missing
+    lat = np.where(np.isinf(lat), lat.T, lat)
+
+    def ia(xs: list[int]) -> I64:
+        return np.asarray(xs, dtype=np.int64).reshape(-1)
+
+    o_until = ia([NEVER if o.available_until is None else o.available_until for o in offers])
+    mkt_o = dict(
+        o_model=ia([mi[o.gpu_model] for o in offers]),
+        o_region=ia([ri[o.region] for o in offers]),
+        o_gpus=ia([o.gpus for o in offers]),
+        o_ask=ia([o.ask for o in offers]),
+        o_rel=np.asarray([o.reliability for o in offers], dtype=np.float64).reshape(-1),
+        o_from=ia([o.available_from for o in offers]),
+        o_until=o_until,
+        o_min_dur=ia([o.min_duration_s for o in offers]),
+        o_max_dur=ia([o.max_duration_s for o in offers]),
+        o_spot=np.asarray([o.spot_allowed for o in offers], dtype=np.bool_).reshape(-1),
+        o_resv=np.asarray([o.reserved_only for o in offers], dtype=np.bool_).reshape(-1),
+        o_id=ia([o.id for o in offers]),
+    )
+
+    m_vendor = [m.vendor for m in models]
+    m_mem = np.asarray([m.memory_gib for m in models], dtype=np.int64)
+    m_cu = np.asarray([m.compute_units for m in models], dtype=np.float64)
+    model_ok = np.zeros((nb, nm), dtype=np.bool_)
+    region_allowed = np.ones((nb, nr), dtype=np.bool_)
+    latency = np.zeros((nb, nr), dtype=np.float64)
+    latency_ok = np.ones((nb, nr), dtype=np.bool_)
+    pen = np.zeros((nb, nr), dtype=np.float64)
+    for i, b in enumerate(bids):
+        if b.gpu_models:
+            row = np.zeros(nm, dtype=np.bool_)
+            row[[mi[m] for m in b.gpu_models]] = True
+        else:
+            row = np.ones(nm, dtype=np.bool_)
+        row &= (m_mem >= b.min_memory_gib) & (m_cu >= b.min_compute_units)
+        if b.vendor is not None:
+            row &= np.asarray([v == b.vendor for v in m_vendor], dtype=np.bool_)
+        model_ok[i] = row
+        if b.allowed_regions:
+            region_allowed[i] = False
+            region_allowed[i, [ri[r] for r in b.allowed_regions]] = True
+        if b.location_region is not None:
+            latency[i] = lat[ri[b.location_region]]
+            if b.max_latency_ms is not None:
+                latency_ok[i] = latency[i] <= b.max_latency_ms
+            else:
+                latency_ok[i] = np.isfinite(latency[i])
+            pen[i] = b.weights.latency_per_ms * np.where(np.isfinite(latency[i]), latency[i], 0.0)
+        if b.preferred_regions:
+            nonpref = np.ones(nr, dtype=np.bool_)
+            nonpref[[ri[r] for r in b.preferred_regions]] = False
+            pen[i] = pen[i] + b.weights.non_preferred_region * nonpref
+
+    tdp = np.asarray([m.tdp_watts for m in models], dtype=np.float64)
+    carb = np.asarray([r.carbon_g_per_kwh for r in regions], dtype=np.float64)
+    carbon_kg_gh = (tdp[:, None] / 1000.0) * (carb[None, :] / 1000.0)
+
+    b_dur = ia([b.duration_s for b in bids])
+    b_gpus = ia([b.gpus for b in bids])
+    b_same = np.asarray([b.same_machine for b in bids], dtype=np.bool_).reshape(-1)
+    mkt_b = dict(
+        b_gpus=b_gpus,
+        b_maxp=ia([b.max_price for b in bids]),
+        b_dur=b_dur,
+        b_hours=b_dur.astype(np.float64) / 3600.0,
+        b_klass=ia([CLASSES.index(b.klass) for b in bids]),
+        b_minrel=np.asarray([b.min_reliability for b in bids], dtype=np.float64).reshape(-1),
+        b_wrel=np.asarray([b.weights.reliability for b in bids], dtype=np.float64).reshape(-1),
+        b_wc=np.asarray([b.weights.carbon_per_kg for b in bids], dtype=np.float64).reshape(-1),
+        b_same=b_same,
+        b_deadline_ok=np.asarray(
+            [b.deadline is None or inp.now + b.duration_s <= b.deadline for b in bids],
+            dtype=np.bool_,
+        ).reshape(-1),
+        b_tier=ia([_tier(b.gpus) if b.same_machine else 1 for b in bids]),
+    )
+
+    # views: offers available now, by (model, region, tier), sorted by ask then id
+    o_model, o_region, o_gpus = mkt_o["o_model"], mkt_o["o_region"], mkt_o["o_gpus"]
+    avail = mkt_o["o_from"] <= inp.now
+    bucket_supply = np.zeros((nm, nr), dtype=np.int64)
+    np.add.at(bucket_supply, (o_model[avail], o_region[avail]), o_gpus[avail])
+    order = np.lexsort((mkt_o["o_id"], mkt_o["o_ask"], o_region, o_model))
+    order = order[avail[order]]
+    views: dict[tuple[int, int, int], I64] = {}
+    if len(order):
+        key = o_model[order] * nr + o_region[order]
+        cuts = np.flatnonzero(np.diff(key)) + 1
+        for seg in np.split(order, cuts):
+            m, r = int(o_model[seg[0]]), int(o_region[seg[0]])
+            t = 1
+            top = int(o_gpus[seg].max())
+            while t <= top:
+                sub = seg[o_gpus[seg] >= t]
+                views[(m, r, t)] = sub.astype(np.int64)
+                t *= 2
+
+    return Market(
+        now=inp.now,
+        offers=offers,
+        bids=bids,
+        model_ids=model_ids,
+        region_ids=region_ids,
+        model_ok=model_ok,
+        region_allowed=region_allowed,
+        latency_ok=latency_ok,
+        latency=latency,
+        pen=pen,
+        carbon_kg_gh=carbon_kg_gh,
+        views=views,
+        bucket_supply=bucket_supply,
+        **mkt_o,
+        **mkt_b,
+    )
+
+
+@dataclass
+class Candidates:
+    """Per bid, its best feasible offers: ``offers[b]`` by descending score."""
+
+    offers: list[list[int]]
+    scores: list[list[int]]
+    truncated: list[bool]  # more feasible offers exist than were kept
+    views: list[list[tuple[int, int, int]]]  # views the bid may draw from
+    feasible_pairs: int
+    pair_bid: I64  # every kept pair, for the LP bound
+    pair_offer: I64
+    pair_score: I64
+
+
+def bid_views(mkt: Market) -> list[list[tuple[int, int, int]]]:
+    nb = len(mkt.bids)
+    out: list[list[tuple[int, int, int]]] = [[] for _ in range(nb)]
+    ok_b = mkt.b_deadline_ok
+    for key in sorted(mkt.views):
+        m, r, t = key
+        sel = ok_b & mkt.model_ok[:, m] & mkt.region_allowed[:, r] & mkt.latency_ok[:, r]
+        sel &= mkt.b_tier == t
+        for b in np.flatnonzero(sel).tolist():
+            out[b].append(key)
+    return out
+
+
+def pair_scores(mkt: Market, bids: I64, offs: I64, same: bool = True) -> tuple[I64, BoolA]:
+    """Scores and feasibility of the block ``bids x offs`` (offers of one bucket)."""
+    bc = bids[:, None]
+    ask = mkt.o_ask[offs][None, :]
+    dur = mkt.b_dur[bc]
+    ok = ask <= mkt.b_maxp[bc]
+    if same:
+        ok &= mkt.o_gpus[offs][None, :] >= mkt.b_gpus[bc]
+    ok &= mkt.o_rel[offs][None, :] >= mkt.b_minrel[bc]
+    ok &= (mkt.o_min_dur[offs][None, :] <= dur) & (dur <= mkt.o_max_dur[offs][None, :])
+    ok &= mkt.o_until[offs][None, :] >= mkt.now + dur
+    klass = mkt.b_klass[bc]
+    ok &= ~mkt.o_resv[offs][None, :] | (klass == 0)
+    ok &= (klass != 2) | mkt.o_spot[offs][None, :]
+    m = mkt.o_model[offs]
+    r = mkt.o_region[offs]
+    v = (mkt.b_maxp[bc] - ask).astype(np.float64) + mkt.b_wrel[bc] * mkt.o_rel[offs][None, :]
+    v = v - mkt.pen[bc, r[None, :]]
+    v = v - mkt.b_wc[bc] * mkt.carbon_kg_gh[m, r][None, :]
+    gh = mkt.b_gpus[bc].astype(np.float64) * mkt.b_hours[bc]
+    score = np.rint(gh * v).astype(np.int64)
+    ok &= score > 0
+    return score, ok
+
+
+def candidates(mkt: Market, max_candidates: int, group_scan: int) -> Candidates:
+    nb = len(mkt.bids)
+    views_of = bid_views(mkt)
+    by_view: dict[tuple[int, int, int], list[int]] = {}
+    for b, keys in enumerate(views_of):
+        for key in keys:
+            by_view.setdefault(key, []).append(b)
+    truncated = [False] * nb
+    pb: list[I64] = []
+    po: list[I64] = []
+    ps: list[I64] = []
+    feasible = 0
+    kmax = max_candidates if max_candidates > 0 else 1 << 30
+    for key in sorted(by_view):
+        view = mkt.views[key]
+        bids_all = np.asarray(by_view[key], dtype=np.int64)
+        scan = len(view) if group_scan <= 0 else min(len(view), group_scan)
+        offs = view[:scan]
+        if scan < len(view):
+            # price-feasible offers beyond the scanned prefix: more exist
+            more = mkt.o_ask[view[scan]] <= mkt.b_maxp[bids_all]
+            for b in bids_all[more].tolist():
+                truncated[b] = True
+        step = max(1, CHUNK_CELLS // max(1, scan))
+        for lo in range(0, len(bids_all), step):
+            bids = bids_all[lo : lo + step]
+            same_rows = mkt.b_same[bids]
+            score, ok = pair_scores(mkt, bids, offs, same=True)
+            if not same_rows.all():
+                s2, ok2 = pair_scores(mkt, bids, offs, same=False)
+                ok = np.where(same_rows[:, None], ok, ok2)
+                score = np.where(same_rows[:, None], score, s2)
+            feasible += int(ok.sum())
+            masked = np.where(ok, score, np.int64(-1))
+            if scan > kmax:
+                # keep the best kmax per row (by score, then ask order = column)
+                part = np.argsort(-masked, axis=1, kind="stable")[:, :kmax]
+                masked = np.take_along_axis(masked, part, axis=1)
+                cols = part
+                rows_over = ok.sum(axis=1) > kmax
+                for b in bids[rows_over].tolist():
+                    truncated[b] = True
+            else:
+                cols = np.broadcast_to(np.arange(scan), masked.shape)
+            rr, cc = np.nonzero(masked > 0)
+            pb.append(bids[rr])
+            po.append(offs[cols[rr, cc]])
+            ps.append(masked[rr, cc])
+    if pb:
+        pair_bid = np.concatenate(pb)
+        pair_offer = np.concatenate(po)
+        pair_score = np.concatenate(ps)
+    else:
+        pair_bid = np.zeros(0, dtype=np.int64)
+        pair_offer = np.zeros(0, dtype=np.int64)
+        pair_score = np.zeros(0, dtype=np.int64)
+    # per bid: descending score, then cheaper ask, then lower offer id
+    order = np.lexsort((mkt.o_id[pair_offer], mkt.o_ask[pair_offer], -pair_score, pair_bid))
+    pair_bid, pair_offer, pair_score = pair_bid[order], pair_offer[order], pair_score[order]
+    offers_l: list[list[int]] = [[] for _ in range(nb)]
+    scores_l: list[list[int]] = [[] for _ in range(nb)]
+    if len(pair_bid):
+        starts = np.flatnonzero(np.r_[True, pair_bid[1:] != pair_bid[:-1]])
+        ends = np.r_[starts[1:], len(pair_bid)]
+        keep = np.zeros(len(pair_bid), dtype=np.bool_)
+        for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+            b = int(pair_bid[s])
+            e2 = min(e, s + kmax)
+            if e2 < e:
+                truncated[b] = True
+            keep[s:e2] = True
+            offers_l[b] = pair_offer[s:e2].tolist()
+            scores_l[b] = pair_score[s:e2].tolist()
+        pair_bid, pair_offer, pair_score = pair_bid[keep], pair_offer[keep], pair_score[keep]
+    return Candidates(
+        offers=offers_l,
+        scores=scores_l,
+        truncated=truncated,
+        views=views_of,
+        feasible_pairs=feasible,
+        pair_bid=pair_bid,
+        pair_offer=pair_offer,
+        pair_score=pair_score,
+    )

@@ -1,0 +1,225 @@
+"""The engine's vocabulary: input and output dataclasses and its one error.
+
+Money is integer token base units (a 6-decimal stablecoin: 2_000_000 = 2.00
+USD); prices are per GPU-hour. Times are unix seconds, passed in by the
+caller: nothing in the engine reads the clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+CLASSES: tuple[str, ...] = ("reserved", "on_demand", "spot")
+"""Priority classes, highest first."""
+
+PRICING_RULES: tuple[str, ...] = ("uniform", "pay_as_ask")
+
+Klass = Literal["reserved", "on_demand", "spot"]
+
+
+class EngineInputError(ValueError):
+    """A round input the engine refuses; ``field`` names the offending value."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class GpuModel:
+    id: str
+    vendor: str
+    memory_gib: int
+    compute_units: float
+    tdp_watts: int
+
+
+@dataclass(frozen=True, slots=True)
+class Region:
+    id: str
+    carbon_g_per_kwh: float
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """One machine's free GPUs of one model at one ask (per GPU-hour)."""
+
+    id: int
+    provider_id: int
+    machine_id: int
+    region: str
+    gpu_model: str
+    gpus: int
+    ask: int
+    min_duration_s: int
+    max_duration_s: int
+    available_from: int
+    available_until: int | None
+    spot_allowed: bool
+    reserved_only: bool
+    reliability: float
+    created_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class Weights:
+    """A buyer's scoring weights, in token base units.
+
+    ``latency_per_ms``, ``non_preferred_region`` and ``reliability`` are per
+    GPU-hour, so they compare directly with prices: a latency weight of 1,000
+    makes 100 ms cost the buyer 0.10 USD per GPU-hour. ``carbon_per_kg`` is per
+    kilogram of CO2 the whole job is estimated to emit. The reliability term
+    is a bonus: weight x the provider's reliability (0..1) per GPU-hour.
+    """
+
+    latency_per_ms: float
+    non_preferred_region: float
+    carbon_per_kg: float
+    reliability: float
+
+
+DEFAULT_WEIGHTS = Weights(
+    latency_per_ms=1_000.0,  # 0.001 USD per ms per GPU-hour
+    non_preferred_region=100_000.0,  # 0.10 USD per GPU-hour
+    carbon_per_kg=50_000.0,  # 0.05 USD per kg, about 50 USD a tonne
+    reliability=200_000.0,  # up to 0.20 USD per GPU-hour for a perfect record
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Bid:
+    id: int
+    buyer_id: int
+    gpus: int
+    gpu_models: tuple[str, ...]
+    min_memory_gib: int
+    min_compute_units: float
+    vendor: str | None
+    same_machine: bool
+    allowed_regions: tuple[str, ...]
+    preferred_regions: tuple[str, ...]
+    location_region: str | None
+    max_latency_ms: float | None
+    max_price: int
+    duration_s: int
+    deadline: int | None
+    klass: str
+    min_reliability: float
+    weights: Weights
+    created_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunningJob:
+    """Work already placed by an earlier round, for preemption suggestions."""
+
+    trade_id: int
+    offer_id: int
+    machine_id: int
+    gpus: int
+    klass: str
+    price: int
+
+
+@dataclass(frozen=True, slots=True)
+class RoundConfig:
+    """How a round clears.
+
+    ``fair_share_cap`` is the largest fraction of a scarce bucket's GPUs (a
+    bucket is GPU model x region; scarce when the GPUs bid for it exceed the
+    GPUs offered) that one buyer may take in one round; 1.0 switches it off.
+    ``max_candidates`` and ``group_scan`` bound the candidate pairs kept per
+    bid and the offers scanned per bid in one bucket (0 = no bound): the
+    upper bound in the statistics always covers every feasible pair that was
+    scanned. ``exact_node_limit`` is the branch-and-bound budget that makes
+    small rounds provably optimal.
+    """
+
+    pricing: str = "uniform"
+    fair_share_cap: float = 1.0
+    max_candidates: int = 16
+    group_scan: int = 48
+    exact_node_limit: int = 20_000
+    certify: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RoundInput:
+    now: int
+    offers: tuple[Offer, ...]
+    bids: tuple[Bid, ...]
+    gpu_models: tuple[GpuModel, ...]
+    regions: tuple[Region, ...]
+    latency_ms: tuple[tuple[str, str, float], ...]
+    running: tuple[RunningJob, ...] = ()
+    config: RoundConfig = field(default_factory=RoundConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class Trade:
+    bid_id: int
+    offer_id: int
+    machine_id: int
+    provider_id: int
+    buyer_id: int
+    gpu_model: str
+    region: str
+    gpus: int
+    price: int
+    duration_s: int
+    amount: int
+    reason: str
+    score: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BucketPrice:
+    gpu_model: str
+    region: str
+    price: int | None
+    volume_gpus: int
+    volume_gpu_hours: float
+    trades: int
+    best_ask: int | None
+    best_bid: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Unmatched:
+    bid_id: int
+    reasons: tuple[str, ...]
+    nearest: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    trade_id: int
+    for_bid_id: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RoundStats:
+    bids: int
+    offers: int
+    matched_bids: int
+    trades: int
+    matched_gpus: int
+    offered_gpus: int
+    feasible_pairs: int
+    candidate_pairs: int
+    surplus: int
+    method: str
+    upper_bound: int | None
+    gap: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class RoundResult:
+    trades: tuple[Trade, ...]
+    prices: tuple[BucketPrice, ...]
+    unmatched: tuple[Unmatched, ...]
+    preemptions: tuple[Preemption, ...]
+    stats: RoundStats

@@ -1,0 +1,199 @@
+"""Input validation: one typed error naming the first bad field.
+
+Field paths index the input as given (``bids[3].max_price``), before the
+engine sorts anything, so the API can point at what the caller sent.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .types import (
+    CLASSES,
+    PRICING_RULES,
+    Bid,
+    EngineInputError,
+    Offer,
+    RoundInput,
+    RunningJob,
+    Weights,
+)
+
+MAX_PRICE = 10**12  # a million USD per GPU-hour: beyond this it is a typo
+MAX_GPUS = 1_000_000
+MAX_DURATION_S = 10 * 365 * 86_400
+
+
+def _int(path: str, value: object, lo: int, hi: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise EngineInputError(path, f"must be an integer, got {type(value).__name__}")
+    if value < lo:
+        raise EngineInputError(path, f"must be at least {lo:,}, got {value:,}")
+    if value > hi:
+        raise EngineInputError(path, f"must be at most {hi:,}, got {value:,}")
+
+
+def _float(path: str, value: object, lo: float, hi: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise EngineInputError(path, f"must be a number, got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise EngineInputError(path, f"must be a finite number, got {value}")
+    if value < lo or value > hi:
+        raise EngineInputError(path, f"must be between {lo} and {hi}, got {value}")
+
+
+def _str(path: str, value: object) -> None:
+    if not isinstance(value, str) or not value:
+        raise EngineInputError(path, "must be a non-empty string")
+
+
+def _bool(path: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise EngineInputError(path, f"must be true or false, got {type(value).__name__}")
+
+
+def _known(path: str, value: object, known: set[str], what: str) -> None:
+    _str(path, value)
+    if value not in known:
+        raise EngineInputError(path, f"unknown {what} {value!r}")
+
+
+def validate(inp: RoundInput) -> None:
+    """Raise EngineInputError for the first thing wrong with ``inp``."""
+    _int("now", inp.now, 0, 2**62)
+    model_ids: set[str] = set()
+    for i, m in enumerate(inp.gpu_models):
+        p = f"gpu_models[{i}]"
+        _str(f"{p}.id", m.id)
+        if m.id in model_ids:
+            raise EngineInputError(f"{p}.id", f"duplicate GPU model {m.id!r}")
+        model_ids.add(m.id)
+        _str(f"{p}.vendor", m.vendor)
+        _int(f"{p}.memory_gib", m.memory_gib, 1, 100_000)
+        _float(f"{p}.compute_units", m.compute_units, 0.0, 1e9)
+        _int(f"{p}.tdp_watts", m.tdp_watts, 0, 100_000)
+    region_ids: set[str] = set()
+    for i, r in enumerate(inp.regions):
+        p = f"regions[{i}]"
+        _str(f"{p}.id", r.id)
+        if r.id in region_ids:
+            raise EngineInputError(f"{p}.id", f"duplicate region {r.id!r}")
+        region_ids.add(r.id)
+        _float(f"{p}.carbon_g_per_kwh", r.carbon_g_per_kwh, 0.0, 1e5)
+    seen_pairs: set[tuple[str, str]] = set()
+    for i, row in enumerate(inp.latency_ms):
+        p = f"latency_ms[{i}]"
+        if not isinstance(row, tuple) or len(row) != 3:
+            raise EngineInputError(p, "must be a (from_region, to_region, ms) triple")
+        _known(f"{p}[0]", row[0], region_ids, "region")
+        _known(f"{p}[1]", row[1], region_ids, "region")
+        _float(f"{p}[2]", row[2], 0.0, 1e6)
+        if (row[0], row[1]) in seen_pairs:
+            raise EngineInputError(p, f"duplicate latency for {row[0]} -> {row[1]}")
+        seen_pairs.add((row[0], row[1]))
+    offer_ids: set[int] = set()
+    for i, o in enumerate(inp.offers):
+        _offer(f"offers[{i}]", o, model_ids, region_ids)
+        if o.id in offer_ids:
+            raise EngineInputError(f"offers[{i}].id", f"duplicate offer id {o.id}")
+        offer_ids.add(o.id)
+    bid_ids: set[int] = set()
+    for i, b in enumerate(inp.bids):
+        _bid(f"bids[{i}]", b, model_ids, region_ids)
+        if b.id in bid_ids:
+            raise EngineInputError(f"bids[{i}].id", f"duplicate bid id {b.id}")
+        bid_ids.add(b.id)
+    for i, j in enumerate(inp.running):
+        _running(f"running[{i}]", j)
+    c = inp.config
+    if c.pricing not in PRICING_RULES:
+        raise EngineInputError("config.pricing", f"must be one of {', '.join(PRICING_RULES)}")
+    _float("config.fair_share_cap", c.fair_share_cap, 0.0, 1.0)
+    if c.fair_share_cap <= 0.0:
+        raise EngineInputError("config.fair_share_cap", "must be above 0")
+    _int("config.max_candidates", c.max_candidates, 0, 10**9)
+    _int("config.group_scan", c.group_scan, 0, 10**9)
+    _int("config.exact_node_limit", c.exact_node_limit, 0, 10**9)
+    _bool("config.certify", c.certify)
+
+
+def _offer(p: str, o: Offer, models: set[str], regions: set[str]) -> None:
+    if not isinstance(o, Offer):
+        raise EngineInputError(p, "must be an Offer")
+    _int(f"{p}.id", o.id, 0, 2**62)
+    _int(f"{p}.provider_id", o.provider_id, 0, 2**62)
+    _int(f"{p}.machine_id", o.machine_id, 0, 2**62)
+    _known(f"{p}.region", o.region, regions, "region")
+    _known(f"{p}.gpu_model", o.gpu_model, models, "GPU model")
+    _int(f"{p}.gpus", o.gpus, 1, MAX_GPUS)
+    _int(f"{p}.ask", o.ask, 0, MAX_PRICE)
+    _int(f"{p}.min_duration_s", o.min_duration_s, 0, MAX_DURATION_S)
+    _int(f"{p}.max_duration_s", o.max_duration_s, 1, MAX_DURATION_S)
+    if o.max_duration_s < o.min_duration_s:
+        raise EngineInputError(f"{p}.max_duration_s", "must not be below min_duration_s")
+    _int(f"{p}.available_from", o.available_from, 0, 2**62)
+    if o.available_until is not None:
+        _int(f"{p}.available_until", o.available_until, 0, 2**62)
+        if o.available_until <= o.available_from:
+            raise EngineInputError(f"{p}.available_until", "must be after available_from")
+    _bool(f"{p}.spot_allowed", o.spot_allowed)
+    _bool(f"{p}.reserved_only", o.reserved_only)
+    _float(f"{p}.reliability", o.reliability, 0.0, 1.0)
+    _int(f"{p}.created_at", o.created_at, 0, 2**62)
+
+
+def _weights(p: str, w: Weights) -> None:
+    if not isinstance(w, Weights):
+        raise EngineInputError(p, "must be Weights")
+    for name in ("latency_per_ms", "non_preferred_region", "carbon_per_kg", "reliability"):
+        _float(f"{p}.{name}", getattr(w, name), 0.0, 1e12)
+
+
+def _bid(p: str, b: Bid, models: set[str], regions: set[str]) -> None:
+    if not isinstance(b, Bid):
+        raise EngineInputError(p, "must be a Bid")
+    _int(f"{p}.id", b.id, 0, 2**62)
+    _int(f"{p}.buyer_id", b.buyer_id, 0, 2**62)
+    _int(f"{p}.gpus", b.gpus, 1, MAX_GPUS)
+    if not isinstance(b.gpu_models, tuple):
+        raise EngineInputError(f"{p}.gpu_models", "must be a tuple of GPU model ids")
+    for k, m in enumerate(b.gpu_models):
+        _known(f"{p}.gpu_models[{k}]", m, models, "GPU model")
+    _int(f"{p}.min_memory_gib", b.min_memory_gib, 0, 100_000)
+    _float(f"{p}.min_compute_units", b.min_compute_units, 0.0, 1e9)
+    if b.vendor is not None:
+        _str(f"{p}.vendor", b.vendor)
+    _bool(f"{p}.same_machine", b.same_machine)
+    for name in ("allowed_regions", "preferred_regions"):
+        seq = getattr(b, name)
+        if not isinstance(seq, tuple):
+            raise EngineInputError(f"{p}.{name}", "must be a tuple of region ids")
+        for k, r in enumerate(seq):
+            _known(f"{p}.{name}[{k}]", r, regions, "region")
+    if b.location_region is not None:
+        _known(f"{p}.location_region", b.location_region, regions, "region")
+    if b.max_latency_ms is not None:
+        _float(f"{p}.max_latency_ms", b.max_latency_ms, 0.0, 1e6)
+        if b.location_region is None:
+            raise EngineInputError(f"{p}.max_latency_ms", "needs location_region to measure from")
+    _int(f"{p}.max_price", b.max_price, 0, MAX_PRICE)
+    _int(f"{p}.duration_s", b.duration_s, 1, MAX_DURATION_S)
+    if b.deadline is not None:
+        _int(f"{p}.deadline", b.deadline, 0, 2**62)
+    if b.klass not in CLASSES:
+        raise EngineInputError(f"{p}.klass", f"must be one of {', '.join(CLASSES)}")
+    _float(f"{p}.min_reliability", b.min_reliability, 0.0, 1.0)
+    _weights(f"{p}.weights", b.weights)
+    _int(f"{p}.created_at", b.created_at, 0, 2**62)
+
+
+def _running(p: str, j: RunningJob) -> None:
+    if not isinstance(j, RunningJob):
+        raise EngineInputError(p, "must be a RunningJob")
+    _int(f"{p}.trade_id", j.trade_id, 0, 2**62)
+    _int(f"{p}.offer_id", j.offer_id, 0, 2**62)
+    _int(f"{p}.machine_id", j.machine_id, 0, 2**62)
+    _int(f"{p}.gpus", j.gpus, 1, MAX_GPUS)
+    if j.klass not in CLASSES:
+        raise EngineInputError(f"{p}.klass", f"must be one of {', '.join(CLASSES)}")
+    _int(f"{p}.price", j.price, 0, MAX_PRICE)

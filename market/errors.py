@@ -1,0 +1,24 @@
+"""Domain errors raised by services; the API maps each to one HTTP status in one table."""
+
+from __future__ import annotations
+
+
+class DomainError(Exception):
+    code = "invalid"
+
+    def __init__(self, message: str, *, fields: dict[str, list[str]] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fields = fields or {}
+
+
+class NotAllowed(DomainError):
+    code = "forbidden"
+
+
+class NotFound(DomainError):
+    code = "not_found"
+
+
+class Conflict(DomainError):
+    code = "conflict"

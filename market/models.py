@@ -1,0 +1,228 @@
+"""Accounts, API tokens, offers, bids, auction rounds, trades and jobs.
+
+Money is integer token base units (the stablecoin has 6 decimals, so
+2_500_000 is 2.50); prices are per GPU-hour. Durations are whole seconds.
+Constraints live in the database as well as in the serializers, so no code
+path can write a negative price or a bid for zero GPUs.
+"""
+
+from __future__ import annotations
+
+from django.contrib.auth.models import AbstractUser
+from django.db import models
+from django.db.models import F, Q
+
+from market.states import BidState, JobState, OfferState, RoundState, TradeState
+from providers.models import GpuModel, Machine, Provider, Region
+
+
+class Role(models.TextChoices):
+    BUYER = "buyer"
+    PROVIDER = "provider"
+    OPERATOR = "operator"
+
+
+class User(AbstractUser):
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.BUYER)
+    chain_address = models.CharField(max_length=42, blank=True, default="", help_text="The user's settlement address, 0x...")
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=Q(role__in=Role.values), name="user_role_valid")]
+
+    @property
+    def is_operator(self) -> bool:
+        return self.role == Role.OPERATOR or self.is_superuser
+
+
+class Scope(models.TextChoices):
+    READ = "read", "read: see markets, your own orders, trades and jobs"
+    TRADE = "trade", "trade: place and cancel bids"
+    PROVIDE = "provide", "provide: register machines, publish offers, report jobs"
+    OPERATE = "operate", "operate: see everything, run rounds and settlement"
+
+
+class ApiToken(models.Model):
+    """A bearer token. Only its SHA-256 is stored; the token is shown once."""
+
+    user = models.ForeignKey(User, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=64)
+    prefix = models.CharField(max_length=12, db_index=True)
+    digest = models.CharField(max_length=64, unique=True)
+    scopes = models.JSONField(default=list)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.name})"
+
+
+class Offer(models.Model):
+    machine = models.ForeignKey(Machine, on_delete=models.PROTECT, related_name="offers")
+    gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="offers")
+    gpus = models.PositiveSmallIntegerField(help_text="GPUs offered")
+    gpus_free = models.PositiveSmallIntegerField(help_text="GPUs not taken by running trades")
+    price = models.BigIntegerField(help_text="Ask, token base units per GPU-hour")
+    min_duration_s = models.PositiveIntegerField(default=60)
+    max_duration_s = models.PositiveIntegerField(default=30 * 24 * 3600)
+    available_from = models.DateTimeField()
+    available_until = models.DateTimeField(null=True, blank=True)
+    spot_allowed = models.BooleanField(default=True)
+    reserved_only = models.BooleanField(default=False)
+    state = models.CharField(max_length=16, choices=OfferState.choices, default=OfferState.OPEN)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["price", "id"]
+        indexes = [models.Index(fields=["state", "gpu_model", "price"])]
+        constraints = [
+            models.CheckConstraint(condition=Q(gpus__gte=1), name="offer_gpus_positive"),
+            models.CheckConstraint(condition=Q(gpus_free__lte=F("gpus")), name="offer_free_within_offered"),
+            models.CheckConstraint(condition=Q(price__gt=0), name="offer_price_positive"),
+            models.CheckConstraint(condition=Q(min_duration_s__gte=1, max_duration_s__gte=F("min_duration_s")), name="offer_duration_range"),
+            models.CheckConstraint(condition=Q(available_until__isnull=True) | Q(available_until__gt=F("available_from")), name="offer_window_ordered"),
+            models.CheckConstraint(condition=~Q(reserved_only=True, spot_allowed=True), name="offer_reserved_only_excludes_spot"),
+            models.CheckConstraint(condition=Q(state__in=OfferState.values), name="offer_state_valid"),
+            # one live offer per machine and model: an offer is a machine's capacity
+            models.UniqueConstraint(
+                fields=["machine", "gpu_model"],
+                condition=Q(state__in=[OfferState.OPEN, OfferState.PAUSED]),
+                name="offer_one_live_per_machine_model",
+            ),
+        ]
+
+    @property
+    def provider_id(self) -> int:
+        return self.machine.provider_id
+
+
+class BidClass(models.TextChoices):
+    RESERVED = "reserved"
+    ON_DEMAND = "on_demand"
+    SPOT = "spot"
+
+
+class Bid(models.Model):
+    buyer = models.ForeignKey(User, on_delete=models.PROTECT, related_name="bids")
+    client_order_id = models.CharField(max_length=64, null=True, blank=True)
+    job_spec = models.JSONField()
+    gpus = models.PositiveSmallIntegerField()
+    gpu_models = models.JSONField(default=list, blank=True, help_text="Acceptable catalogue model ids; empty = any model meeting the minimum specs")
+    min_memory_gib = models.PositiveIntegerField(default=0)
+    min_compute_units = models.FloatField(default=0)
+    vendor = models.CharField(max_length=16, blank=True, default="")
+    same_machine = models.BooleanField(default=True)
+    allowed_regions = models.JSONField(default=list, blank=True)
+    preferred_regions = models.JSONField(default=list, blank=True)
+    location_region = models.ForeignKey(Region, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    max_latency_ms = models.FloatField(null=True, blank=True)
+    max_price = models.BigIntegerField(help_text="Most the buyer pays, token base units per GPU-hour")
+    duration_s = models.PositiveIntegerField()
+    deadline = models.DateTimeField(null=True, blank=True, help_text="The job must have finished by then")
+    klass = models.CharField("class", max_length=16, choices=BidClass.choices, default=BidClass.ON_DEMAND)
+    min_reliability = models.FloatField(default=0)
+    weights = models.JSONField(default=dict, blank=True)
+    state = models.CharField(max_length=16, choices=BidState.choices, default=BidState.OPEN)
+    explanation = models.JSONField(default=dict, blank=True, help_text="Why the last round did not match it")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["state", "created_at"]), models.Index(fields=["buyer", "state"])]
+        constraints = [
+            models.CheckConstraint(condition=Q(gpus__gte=1, gpus__lte=1024), name="bid_gpus_range"),
+            models.CheckConstraint(condition=Q(max_price__gt=0), name="bid_max_price_positive"),
+            models.CheckConstraint(condition=Q(duration_s__gte=60), name="bid_duration_at_least_a_minute"),
+            models.CheckConstraint(condition=Q(min_reliability__gte=0, min_reliability__lte=1), name="bid_min_reliability_0_1"),
+            models.CheckConstraint(condition=Q(max_latency_ms__isnull=True) | Q(max_latency_ms__gt=0), name="bid_max_latency_positive"),
+            models.CheckConstraint(condition=Q(klass__in=BidClass.values), name="bid_class_valid"),
+            models.CheckConstraint(condition=Q(state__in=BidState.values), name="bid_state_valid"),
+            models.UniqueConstraint(fields=["buyer", "client_order_id"], condition=Q(client_order_id__isnull=False), name="bid_unique_client_order_id"),
+        ]
+
+
+class AuctionRound(models.Model):
+    number = models.PositiveBigIntegerField(unique=True)
+    state = models.CharField(max_length=16, choices=RoundState.choices, default=RoundState.CLEARING)
+    scheduled_for = models.DateTimeField(help_text="The round's clock: the engine is given this time")
+    started_at = models.DateTimeField(auto_now_add=True)
+    cleared_at = models.DateTimeField(null=True, blank=True)
+    engine_version = models.CharField(max_length=32, blank=True, default="")
+    input_digest = models.CharField(max_length=64, blank=True, default="")
+    result_digest = models.CharField(max_length=64, blank=True, default="")
+    inputs = models.JSONField(default=dict, blank=True)
+    prices = models.JSONField(default=list, blank=True)
+    stats = models.JSONField(default=dict, blank=True)
+    error = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["-number"]
+
+    def __str__(self) -> str:
+        return f"round {self.number}"
+
+
+class Trade(models.Model):
+    round = models.ForeignKey(AuctionRound, on_delete=models.PROTECT, related_name="trades")
+    bid = models.ForeignKey(Bid, on_delete=models.PROTECT, related_name="trades")
+    offer = models.ForeignKey(Offer, on_delete=models.PROTECT, related_name="trades")
+    buyer = models.ForeignKey(User, on_delete=models.PROTECT, related_name="trades_bought")
+    provider = models.ForeignKey(Provider, on_delete=models.PROTECT, related_name="trades_sold")
+    gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="+")
+    region = models.ForeignKey(Region, on_delete=models.PROTECT, related_name="+")
+    price = models.BigIntegerField(help_text="Token base units per GPU-hour")
+    gpus = models.PositiveSmallIntegerField()
+    duration_s = models.PositiveIntegerField()
+    amount = models.BigIntegerField(help_text="price x GPUs x hours, what the buyer's escrow locks")
+    state = models.CharField(max_length=16, choices=TradeState.choices, default=TradeState.PENDING)
+    reason = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(price__gt=0, gpus__gte=1, duration_s__gte=1, amount__gte=0), name="trade_positive_terms"),
+            models.CheckConstraint(condition=Q(state__in=TradeState.values), name="trade_state_valid"),
+            models.UniqueConstraint(fields=["bid", "offer"], name="trade_unique_bid_offer"),
+        ]
+
+
+class Job(models.Model):
+    trade = models.OneToOneField(Trade, on_delete=models.PROTECT, related_name="job")
+    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.ASSIGNED)
+    progress = models.FloatField(default=0)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    gpu_seconds = models.PositiveBigIntegerField(default=0)
+    checkpoint = models.JSONField(default=dict, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(progress__gte=0, progress__lte=1), name="job_progress_0_1"),
+            models.CheckConstraint(condition=Q(state__in=JobState.values), name="job_state_valid"),
+        ]
+
+
+class IdempotencyRecord(models.Model):
+    """The first response to a POST carrying an Idempotency-Key, kept 24 hours."""
+
+    user = models.ForeignKey(User, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=128)
+    method = models.CharField(max_length=8)
+    path = models.CharField(max_length=255)
+    request_hash = models.CharField(max_length=64)
+    status_code = models.PositiveSmallIntegerField(null=True)
+    body = models.JSONField(null=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "key"], name="idempotency_unique_key_per_user")]

@@ -1,0 +1,192 @@
+"""Writes for the market: accounts, tokens, offers and bids.
+
+Each function takes keyword-only arguments, runs in one transaction, and
+raises a `market.errors.DomainError` (mapped to a 4xx by the API) when a
+business rule says no. Publishing to streams happens after commit.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from market import states
+from market.api.auth import TOKEN_PREFIX, token_digest
+from market.errors import Conflict, DomainError, NotAllowed
+from market.models import ApiToken, Bid, Offer, Role, Scope, User
+from market.states import BidState, OfferState
+from providers.models import GpuModel, Machine, Provider, Region
+
+
+# --- accounts -----------------------------------------------------------------
+@transaction.atomic
+def user_signup(*, username: str, password: str, email: str = "", role: str = Role.BUYER) -> User:
+    if role not in (Role.BUYER, Role.PROVIDER):
+        raise DomainError("Sign-up is for buyers and providers; operators are made by an administrator.", fields={"role": ["Choose buyer or provider."]})
+    if User.objects.filter(username__iexact=username).exists():
+        raise Conflict("That username is taken.", fields={"username": ["That username is taken; choose another."]})
+    user = User.objects.create_user(username=username, password=password, email=email, role=role)
+    if role == Role.PROVIDER:
+        Provider.objects.create(user=user, display_name=username)
+    return user
+
+
+def token_create(*, user: User, name: str, scopes: Iterable[str], expires_at: datetime | None = None) -> tuple[ApiToken, str]:
+    """Create a token; returns the row and the plaintext, which is never stored."""
+    wanted = sorted(set(scopes))
+    from market.api.permissions import ROLE_SCOPES
+
+    allowed = ROLE_SCOPES[Role.OPERATOR] if user.is_superuser else ROLE_SCOPES.get(user.role, frozenset())
+    refused = [s for s in wanted if s not in allowed]
+    if refused:
+        raise NotAllowed(
+            f"A {user.role} account cannot hold the scope(s) {', '.join(refused)}.",
+            fields={"scopes": [f"Allowed for your role: {', '.join(sorted(allowed))}."]},
+        )
+    if not wanted:
+        raise DomainError("A token needs at least one scope.", fields={"scopes": [f"Choose from: {', '.join(Scope.values)}."]})
+    prefix = secrets.token_hex(4)
+    raw = f"{TOKEN_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
+    token = ApiToken.objects.create(user=user, name=name, prefix=prefix, digest=token_digest(raw), scopes=wanted, expires_at=expires_at)
+    return token, raw
+
+
+def token_revoke(*, user: User, token_id: int) -> ApiToken:
+    updated = ApiToken.objects.filter(pk=token_id, user=user, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    token = ApiToken.objects.filter(pk=token_id, user=user).first()
+    if token is None:
+        from market.errors import NotFound
+
+        raise NotFound("No such token.")
+    if not updated:
+        raise Conflict("This token was already revoked.")
+    return token
+
+
+# --- providers: machines --------------------------------------------------------
+def provider_for(user: User) -> Provider:
+    try:
+        return user.provider
+    except Provider.DoesNotExist:
+        raise NotAllowed("This account is not a provider. Sign up as a provider to sell GPUs.") from None
+
+
+@transaction.atomic
+def machine_register(*, user: User, name: str, region: Region, gpus: list[dict[str, Any]], public_endpoint: str = "", interconnect: str = "pcie", measured_tflops: float | None = None) -> Machine:
+    provider = provider_for(user)
+    if Machine.objects.filter(provider=provider, name=name).exists():
+        raise Conflict(f"You already have a machine named {name!r}.", fields={"name": ["Choose another name, or update the existing machine."]})
+    machine = Machine.objects.create(provider=provider, name=name, region=region, public_endpoint=public_endpoint, interconnect=interconnect, measured_tflops=measured_tflops)
+    from providers.models import Gpu
+
+    uuids = [g["uuid"] for g in gpus]
+    taken = list(Gpu.objects.filter(uuid__in=uuids).values_list("uuid", flat=True))
+    if taken:
+        raise Conflict("Some GPUs are already registered on another machine.", fields={"gpus": [f"GPU {u} is registered already." for u in taken]})
+    Gpu.objects.bulk_create(Gpu(machine=machine, index=g["index"], uuid=g["uuid"], model=g["model"], memory_gib=g.get("memory_gib") or g["model"].memory_gib) for g in gpus)
+    return machine
+
+
+# --- offers ----------------------------------------------------------------------
+@transaction.atomic
+def offer_publish(*, user: User, machine: Machine, gpu_model: GpuModel, gpus: int, price: int, min_duration_s: int = 60, max_duration_s: int = 30 * 24 * 3600, available_from: datetime | None = None, available_until: datetime | None = None, spot_allowed: bool = True, reserved_only: bool = False) -> Offer:
+    provider = provider_for(user)
+    if machine.provider_id != provider.pk:
+        raise NotAllowed("That machine is not yours.")
+    installed = machine.gpus.filter(model=gpu_model).count()
+    if installed == 0:
+        raise DomainError(f"Machine {machine.name!r} has no {gpu_model.id} GPUs.", fields={"gpu_model": [f"This machine has: {', '.join(sorted(set(machine.gpus.values_list('model_id', flat=True)))) or 'no GPUs'}."]})
+    if gpus > installed:
+        raise DomainError(f"Machine {machine.name!r} has {installed} x {gpu_model.id}; you offered {gpus}.", fields={"gpus": [f"At most {installed}."]})
+    if reserved_only and spot_allowed:
+        raise DomainError("A reserved-only offer cannot also allow spot.", fields={"spot_allowed": ["Set spot_allowed to false for reserved-only offers."]})
+    start = available_from or timezone.now()
+    try:
+        with transaction.atomic():
+            return Offer.objects.create(
+                machine=machine, gpu_model=gpu_model, gpus=gpus, gpus_free=gpus, price=price,
+                min_duration_s=min_duration_s, max_duration_s=max_duration_s, available_from=start,
+                available_until=available_until, spot_allowed=spot_allowed, reserved_only=reserved_only,
+            )
+    except IntegrityError:
+        raise Conflict(
+            f"Machine {machine.name!r} already has a live {gpu_model.id} offer.",
+            fields={"gpu_model": ["Update or withdraw the existing offer instead."]},
+        ) from None
+
+
+@transaction.atomic
+def offer_update(*, user: User, offer: Offer, **changes: Any) -> Offer:
+    provider = provider_for(user)
+    offer = Offer.objects.select_for_update().select_related("machine").get(pk=offer.pk)
+    if offer.machine.provider_id != provider.pk:
+        raise NotAllowed("That offer is not yours.")
+    if offer.state == OfferState.WITHDRAWN:
+        raise Conflict("This offer was withdrawn; publish a new one.")
+    if "gpus" in changes:
+        taken = offer.gpus - offer.gpus_free
+        installed = offer.machine.gpus.filter(model_id=offer.gpu_model_id).count()
+        if not taken <= changes["gpus"] <= installed:
+            raise DomainError("GPUs out of range.", fields={"gpus": [f"Between {max(taken, 1)} (in use by trades) and {installed} (installed)."]})
+        offer.gpus_free = changes["gpus"] - taken
+    if "state" in changes and changes["state"] != offer.state:
+        states.advance("offer", offer, changes.pop("state"))
+    for key, value in changes.items():
+        setattr(offer, key, value)
+    if offer.reserved_only and offer.spot_allowed:
+        raise DomainError("A reserved-only offer cannot also allow spot.", fields={"spot_allowed": ["Set spot_allowed to false for reserved-only offers."]})
+    if offer.max_duration_s < offer.min_duration_s:
+        raise DomainError("max_duration_s is below min_duration_s.", fields={"max_duration_s": ["Must be at least min_duration_s."]})
+    offer.save()
+    return offer
+
+
+@transaction.atomic
+def offer_withdraw(*, user: User, offer: Offer) -> Offer:
+    return offer_update(user=user, offer=offer, state=OfferState.WITHDRAWN)
+
+
+# --- bids ----------------------------------------------------------------------
+@transaction.atomic
+def bid_place(*, user: User, data: dict[str, Any]) -> Bid:
+    if user.role == Role.PROVIDER and not hasattr(user, "provider"):
+        raise NotAllowed("This account cannot place bids.")
+    known_models = set(GpuModel.objects.values_list("id", flat=True))
+    bad = [m for m in data.get("gpu_models", []) if m not in known_models]
+    if bad:
+        raise DomainError("Unknown GPU model.", fields={"gpu_models": [f"{m!r} is not in the catalogue; see /api/v1/gpu-models/." for m in bad]})
+    if not data.get("gpu_models") and not (data.get("min_memory_gib") or data.get("min_compute_units") or data.get("vendor")):
+        # an unconstrained bid is legal: "any GPU" is a real request for cheap inference
+        pass
+    known_regions = set(Region.objects.values_list("id", flat=True))
+    for fld in ("allowed_regions", "preferred_regions"):
+        bad = [r for r in data.get(fld, []) if r not in known_regions]
+        if bad:
+            raise DomainError("Unknown region.", fields={fld: [f"{r!r} is not a region; see /api/v1/regions/." for r in bad]})
+    if data.get("max_latency_ms") is not None and data.get("location_region") is None:
+        raise DomainError("A latency limit needs your location.", fields={"location_region": ["Set location_region to the region you measure latency from."]})
+    deadline = data.get("deadline")
+    if deadline is not None and deadline <= timezone.now() + timezone.timedelta(seconds=data["duration_s"]):
+        raise DomainError("The deadline is too soon for the duration.", fields={"deadline": ["Must be later than now plus duration_s."]})
+    client_order_id = data.get("client_order_id")
+    if client_order_id and Bid.objects.filter(buyer=user, client_order_id=client_order_id).exists():
+        raise Conflict(f"You already placed a bid with client_order_id {client_order_id!r}.", fields={"client_order_id": ["Use a new id for a new order."]})
+    return Bid.objects.create(buyer=user, **data)
+
+
+@transaction.atomic
+def bid_cancel(*, user: User, bid: Bid) -> Bid:
+    # claim the row: a round that matched it in the meantime wins, and we say so
+    bid = Bid.objects.select_for_update().get(pk=bid.pk)
+    if bid.buyer_id != user.pk:
+        raise NotAllowed("That bid is not yours.")
+    if bid.state != BidState.OPEN:
+        raise Conflict(f"This bid is {bid.state} and can no longer be cancelled.")
+    states.advance("bid", bid, BidState.CANCELLED)
+    bid.save(update_fields=["state", "updated_at"])
+    return bid

@@ -1,0 +1,14 @@
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from market.web import views
+
+app_name = "web"
+urlpatterns = [
+    path("", views.markets, name="markets"),
+    path("markets/<str:gpu_model>/<str:region>/", views.market_detail, name="market"),
+    path("offers/", views.offers, name="offers"),
+    path("signup/", views.signup, name="signup"),
+    path("login/", auth_views.LoginView.as_view(template_name="market/login.html", redirect_authenticated_user=True), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+]

@@ -1,0 +1,100 @@
+"""Server-rendered pages. Each page works without JavaScript; live updates layer on top."""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib.auth import login
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+
+from market import selectors, services
+from market.errors import DomainError
+from providers.models import GpuModel, Region
+
+SORTS = {"price": "price", "-price": "-price", "gpus": "-gpus_free", "reliability": "-machine__reliability", "compute": "-gpu_model__compute_units"}
+
+
+class SignupForm(forms.Form):
+    username = forms.RegexField(regex=r"^[A-Za-z0-9_.-]{3,32}$", max_length=32, error_messages={"invalid": "Use 3-32 letters, digits, '_', '.' or '-'."})
+    email = forms.EmailField(required=False)
+    password = forms.CharField(widget=forms.PasswordInput, min_length=10, help_text="At least 10 characters.")
+    role = forms.ChoiceField(choices=[("buyer", "I want to rent GPUs"), ("provider", "I want to sell GPU time")], widget=forms.RadioSelect, initial="buyer")
+
+    def clean_password(self) -> str:
+        from django.contrib.auth.password_validation import validate_password
+
+        pw = self.cleaned_data["password"]
+        validate_password(pw)
+        return pw
+
+
+def signup(request: HttpRequest) -> HttpResponse:
+    form = SignupForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            user = services.user_signup(**form.cleaned_data)
+        except DomainError as exc:
+            for field, msgs in exc.fields.items():
+                for msg in msgs:
+                    form.add_error(field if field in form.fields else None, msg)
+        else:
+            login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+            return redirect("web:markets")
+    return render(request, "market/signup.html", {"form": form})
+
+
+def markets(request: HttpRequest) -> HttpResponse:
+    buckets = selectors.market_buckets()
+    models = {m.id: m for m in GpuModel.objects.all()}
+    regions = {r.id: r for r in Region.objects.all()}
+    rows = [{"b": b, "model": models.get(b.gpu_model), "region": regions.get(b.region)} for b in buckets]
+    return render(request, "market/markets.html", {"rows": rows, "stats": selectors.offer_stats()})
+
+
+def market_detail(request: HttpRequest, gpu_model: str, region: str) -> HttpResponse:
+    model = GpuModel.objects.filter(pk=gpu_model).first()
+    reg = Region.objects.filter(pk=region).first()
+    if model is None or reg is None:
+        raise Http404("No such market")
+    offers = selectors.offers_open().filter(gpu_model=model, machine__region=reg).order_by("price", "id")
+    min_gpus = request.GET.get("min_gpus", "")
+    if min_gpus.isdigit():
+        offers = offers.filter(gpus_free__gte=int(min_gpus))
+    buckets = selectors.market_buckets(gpu_model=model.id, region=reg.id)
+    depth = _depth(offers)
+    history = selectors.bucket_price_history(model.id, reg.id)
+    return render(
+        request,
+        "market/market_detail.html",
+        {"model": model, "region": reg, "offers": offers[:200], "bucket": buckets[0] if buckets else None, "depth": depth, "history": history, "history_prices": [p for _, p in history], "min_gpus": min_gpus},
+    )
+
+
+def _depth(offers) -> list[dict[str, int]]:  # type: ignore[no-untyped-def]
+    """Ask depth by price level: GPUs available at or below each price."""
+    levels: dict[int, int] = {}
+    for price, free in offers.values_list("price", "gpus_free"):
+        levels[price] = levels.get(price, 0) + free
+    out, total = [], 0
+    peak = max(levels.values(), default=0)
+    for price in sorted(levels):
+        total += levels[price]
+        out.append({"price": price, "gpus": levels[price], "cumulative": total, "pct": int(100 * levels[price] / peak) if peak else 0})
+    return out
+
+
+def offers(request: HttpRequest) -> HttpResponse:
+    qs = selectors.offers_open()
+    q = request.GET
+    if q.get("gpu_model"):
+        qs = qs.filter(gpu_model_id=q["gpu_model"])
+    if q.get("region"):
+        qs = qs.filter(machine__region_id=q["region"])
+    for key, lookup, cast in (("min_gpus", "gpus_free__gte", int), ("min_memory_gib", "gpu_model__memory_gib__gte", int), ("max_price", "price__lte", int), ("min_reliability", "machine__reliability__gte", float)):
+        try:
+            if q.get(key):
+                qs = qs.filter(**{lookup: cast(q[key])})
+        except ValueError:
+            pass  # a malformed filter is ignored and shown unapplied in the form
+    qs = qs.order_by(SORTS.get(q.get("sort", "price"), "price"), "id")
+    return render(request, "market/offers.html", {"offers": qs[:300], "models": GpuModel.objects.all(), "regions": Region.objects.all(), "q": q})
