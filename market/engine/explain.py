@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .market import BoolA, I64, Market
+from .market import I64, BoolA, Market
 
 
 def money(v: int) -> str:

@@ -27,6 +27,7 @@ or below nothing adds no surplus.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -37,7 +38,7 @@ F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 BoolA = npt.NDArray[np.bool_]
 
-NEVER = np.int64(2**62)
+NEVER = 2**62
 CHUNK_CELLS = 1 << 19  # cells of one bids x offers block: bounds peak memory
 
 
@@ -133,7 +134,7 @@ def build_market(inp: RoundInput) -> Market:
         return np.asarray(xs, dtype=np.int64).reshape(-1)
 
     o_until = ia([NEVER if o.available_until is None else o.available_until for o in offers])
-    mkt_o = dict(
+    mkt_o: dict[str, Any] = dict(
         o_model=ia([mi[o.gpu_model] for o in offers]),
         o_region=ia([ri[o.region] for o in offers]),
         o_gpus=ia([o.gpus for o in offers]),
@@ -188,7 +189,7 @@ def build_market(inp: RoundInput) -> Market:
     b_dur = ia([b.duration_s for b in bids])
     b_gpus = ia([b.gpus for b in bids])
     b_same = np.asarray([b.same_machine for b in bids], dtype=np.bool_).reshape(-1)
-    mkt_b = dict(
+    mkt_b: dict[str, Any] = dict(
         b_gpus=b_gpus,
         b_maxp=ia([b.max_price for b in bids]),
         b_dur=b_dur,

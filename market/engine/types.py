@@ -214,6 +214,7 @@ class RoundStats:
     method: str
     upper_bound: int | None
     gap: float | None
+    bound_scope: str = "none"
 
 
 @dataclass(frozen=True, slots=True)

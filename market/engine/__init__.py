@@ -1,0 +1,52 @@
+"""GridBid's matching engine: a pure function from a round's orders to trades.
+
+No Django, Celery or web3 here, and no clock: the caller passes the time in.
+``clear_round`` validates its input, then clears it deterministically.
+"""
+
+from .clear import clear_round
+from .types import (
+    CLASSES,
+    DEFAULT_WEIGHTS,
+    PRICING_RULES,
+    Bid,
+    BucketPrice,
+    EngineInputError,
+    GpuModel,
+    Offer,
+    Preemption,
+    Region,
+    RoundConfig,
+    RoundInput,
+    RoundResult,
+    RoundStats,
+    RunningJob,
+    Trade,
+    Unmatched,
+    Weights,
+)
+
+ENGINE_VERSION = "1.0.0"
+
+__all__ = [
+    "CLASSES",
+    "DEFAULT_WEIGHTS",
+    "ENGINE_VERSION",
+    "PRICING_RULES",
+    "Bid",
+    "BucketPrice",
+    "EngineInputError",
+    "GpuModel",
+    "Offer",
+    "Preemption",
+    "Region",
+    "RoundConfig",
+    "RoundInput",
+    "RoundResult",
+    "RoundStats",
+    "RunningJob",
+    "Trade",
+    "Unmatched",
+    "Weights",
+    "clear_round",
+]

@@ -1,0 +1,214 @@
+"""One auction round: validate, find candidates, assign, price, explain."""
+
+from __future__ import annotations
+
+from .assign import Solver, State, fair_share_limits, priority_order
+from .bound import lp_bound
+from .explain import Explainer, money, trade_reason
+from .market import Market, build_market, candidates
+from .pricing import bucket_prices
+from .types import (
+    BucketPrice,
+    Preemption,
+    RoundInput,
+    RoundResult,
+    RoundStats,
+    Trade,
+    Unmatched,
+)
+from .validate import validate
+
+SMALL_PAIRS = 50_000  # below this many bid x offer pairs nothing is pruned
+EXACT_MAX_BIDS = 40  # per class; branch and bound above this rarely finishes
+
+
+def clear_round(inp: RoundInput) -> RoundResult:
+    """Clear one sealed-bid round. Same input, same result, byte for byte."""
+    validate(inp)
+    mkt = build_market(inp)
+    cfg = inp.config
+    small = len(mkt.bids) * len(mkt.offers) <= SMALL_PAIRS
+    kmax, scan = (0, 0) if small else (cfg.max_candidates, cfg.group_scan)
+    cand = candidates(mkt, kmax, scan)
+    state = State(free=mkt.o_gpus.tolist(), limits=fair_share_limits(mkt, cand, cfg.fair_share_cap))
+    solver = Solver(mkt, cand, state)
+    live = [b for b in range(len(mkt.bids)) if cand.offers[b] or cand.truncated[b]]
+    order = priority_order(mkt, cand, live)
+    proven = True
+    for k in range(3):
+        cls = [b for b in order if mkt.b_klass[b] == k]
+        if not cls:
+            continue
+        exact_ok = (
+            cfg.exact_node_limit > 0
+            and len(cls) <= EXACT_MAX_BIDS
+            and not any(cand.truncated[b] for b in cls)
+        )
+        if exact_ok and solver.exact(cls, cfg.exact_node_limit):
+            continue
+        proven = False
+        if not exact_ok:
+            solver.greedy(cls)
+        solver.improve(cls, k)
+    assigned = solver.assigned
+    surplus = sum(p[2] for parts in assigned.values() for p in parts)
+
+    bucket_bids: dict[tuple[int, int], list[int]] = {}
+    for b, keys in enumerate(cand.views):
+        for m, r in sorted({(key[0], key[1]) for key in keys}):
+            bucket_bids.setdefault((m, r), []).append(b)
+    quotes, pay = bucket_prices(mkt, assigned, bucket_bids, cfg.pricing)
+
+    trades: list[Trade] = []
+    for b in sorted(assigned):
+        bid = mkt.bids[b]
+        for o, g, s in sorted(assigned[b], key=lambda p: int(mkt.o_id[p[0]])):
+            off = mkt.offers[o]
+            price = pay[(b, o)]
+            rank = cand.offers[b].index(o) if o in cand.offers[b] else 1
+            reason = trade_reason(mkt, b, o, rank, s)
+            if cfg.pricing == "uniform":
+                reason += f"; pays the {off.gpu_model} {off.region} clearing price {money(price)}"
+            else:
+                reason += f"; pays the ask {money(price)}"
+            trades.append(
+                Trade(
+                    bid_id=bid.id,
+                    offer_id=off.id,
+                    machine_id=off.machine_id,
+                    provider_id=off.provider_id,
+                    buyer_id=bid.buyer_id,
+                    gpu_model=off.gpu_model,
+                    region=off.region,
+                    gpus=g,
+                    price=price,
+                    duration_s=bid.duration_s,
+                    amount=price * g * bid.duration_s // 3600,
+                    reason=reason,
+                    score=s,
+                )
+            )
+
+    vol: dict[tuple[int, int], list[int]] = {}
+    gh: dict[tuple[int, int], float] = {}
+    for b, parts in assigned.items():
+        for o, g, _ in parts:
+            key = (int(mkt.o_model[o]), int(mkt.o_region[o]))
+            v = vol.setdefault(key, [0, 0])
+            v[0] += g
+            v[1] += 1
+            gh[key] = gh.get(key, 0.0) + g * mkt.bids[b].duration_s
+    prices = tuple(
+        BucketPrice(
+            gpu_model=mkt.model_ids[m],
+            region=mkt.region_ids[r],
+            price=q.price,
+            volume_gpus=vol.get((m, r), [0, 0])[0],
+            volume_gpu_hours=round(gh.get((m, r), 0.0) / 3600, 6),
+            trades=vol.get((m, r), [0, 0])[1],
+            best_ask=q.best_ask,
+            best_bid=q.best_bid,
+        )
+        for (m, r), q in sorted(quotes.items())
+    )
+
+    unmatched = _unmatched(mkt, solver, state)
+    preemptions = _preemptions(inp, mkt, state, unmatched)
+
+    feasible_all = cand.feasible_pairs
+    bound: int | None = None
+    gap: float | None = None
+    scope = "none"
+    if proven:
+        bound, gap, scope = surplus, 0.0, "exact per class in priority order"
+    elif cfg.certify:
+        bound = lp_bound(mkt, cand.pair_bid, cand.pair_offer, cand.pair_score)
+        pruned = any(cand.truncated)
+        scope = "LP relaxation over candidate pairs" if pruned else "LP relaxation over all pairs"
+        if bound is not None:
+            gap = 0.0 if bound <= 0 else max(0.0, round((bound - surplus) / bound, 9))
+    stats = RoundStats(
+        bids=len(mkt.bids),
+        offers=len(mkt.offers),
+        matched_bids=len(assigned),
+        trades=len(trades),
+        matched_gpus=sum(t.gpus for t in trades),
+        offered_gpus=int(mkt.o_gpus.sum()),
+        feasible_pairs=feasible_all,
+        candidate_pairs=len(cand.pair_bid),
+        surplus=surplus,
+        method="exact" if proven else "greedy+improve",
+        upper_bound=bound,
+        gap=gap,
+        bound_scope=scope,
+    )
+    return RoundResult(
+        trades=tuple(trades),
+        prices=prices,
+        unmatched=unmatched,
+        preemptions=preemptions,
+        stats=stats,
+    )
+
+
+def _unmatched(mkt: Market, solver: Solver, state: State) -> tuple[Unmatched, ...]:
+    ex = Explainer(mkt)
+    out: list[Unmatched] = []
+    for b in range(len(mkt.bids)):
+        if b in solver.assigned:
+            continue
+        capped = False
+        if state.limits:
+            g = int(mkt.b_gpus[b])
+            for key in solver.cand.views[b]:
+                lim = state.limits.get((key[0], key[1]))
+                used = state.used.get((int(mkt.bids[b].buyer_id), key[0], key[1]), 0)
+                if lim is not None and used + g > lim:
+                    capped = True
+        had = len(solver.cand.offers[b]) + int(solver.cand.truncated[b])
+        reasons, nearest = ex.unmatched(b, outbid=had, capped=capped)
+        out.append(Unmatched(bid_id=mkt.bids[b].id, reasons=reasons, nearest=nearest))
+    return tuple(out)
+
+
+def _preemptions(
+    inp: RoundInput, mkt: Market, state: State, unmatched: tuple[Unmatched, ...]
+) -> tuple[Preemption, ...]:
+    """Spot work a waiting higher-class bid could take over, cheapest first."""
+    if not inp.running or not unmatched:
+        return ()
+    by_offer = {int(i): o for o, i in enumerate(mkt.o_id.tolist())}
+    jobs = sorted((j for j in inp.running if j.klass == "spot"), key=lambda j: (j.price, j.trade_id))
+    bid_index = {bid.id: i for i, bid in enumerate(mkt.bids)}
+    waiting = [bid_index[u.bid_id] for u in unmatched]
+    waiting = [b for b in waiting if mkt.b_klass[b] < 2 and mkt.b_same[b] and mkt.b_deadline_ok[b]]
+    waiting.sort(key=lambda b: (int(mkt.b_klass[b]), -int(mkt.b_maxp[b]), mkt.bids[b].created_at, mkt.bids[b].id))
+    used: set[int] = set()
+    out: list[Preemption] = []
+    for b in waiting:
+        bid = mkt.bids[b]
+        for j in jobs:
+            o = by_offer.get(j.offer_id)
+            if j.trade_id in used or o is None:
+                continue
+            m, r = int(mkt.o_model[o]), int(mkt.o_region[o])
+            if not (mkt.model_ok[b, m] and mkt.region_allowed[b, r] and mkt.latency_ok[b, r]):
+                continue
+            if not mkt.offer_ok(b, o, check_gpus=False) or state.free[o] + j.gpus < bid.gpus:
+                continue
+            if mkt.value(b, o) <= 0:
+                continue
+            used.add(j.trade_id)
+            out.append(
+                Preemption(
+                    trade_id=j.trade_id,
+                    for_bid_id=bid.id,
+                    reason=(
+                        f"spot job of {j.gpus} GPUs at {money(j.price)} on machine {j.machine_id} "
+                        f"({mkt.model_ids[m]}, {mkt.region_ids[r]}) blocks {bid.klass} bid "
+                        f"{bid.id} for {bid.gpus} GPUs at up to {money(bid.max_price)}"
+                    ),
+                )
+            )
+            break
+    return tuple(out)
