@@ -36,7 +36,10 @@ def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     if isinstance(detail, dict):
         for key, value in detail.items():
-            name = key if not prefix else f"{prefix}.{key}"
+            if isinstance(key, int) or (isinstance(key, str) and key.isdigit()):
+                name = f"{prefix}[{key}]"
+            else:
+                name = key if not prefix else f"{prefix}.{key}"
             if key == "non_field_errors":
                 name = prefix or "non_field_errors"
             for k, v in _flatten(value, name).items():
