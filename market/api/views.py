@@ -17,13 +17,15 @@ from market import selectors, services
 from market.api import serializers as s
 from market.api.filters import BidFilter, OfferFilter, TradeFilter
 from market.api.idempotency import idempotent
-from market.models import ApiToken, Scope
+from market.models import ApiToken, Bid, Job, Offer, Scope, Trade
+from providers.models import Machine
 from providers.models import GpuModel, Region
 
 IDEMPOTENCY_PARAM = OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False, description="Retry-safe POST: the same key and body return the first response for 24 h.")
 
 
 class CatalogueViewSet(viewsets.ReadOnlyModelViewSet):
+    lookup_value_regex = r"[A-Za-z0-9_.-]+"
     public_read = True
     pagination_class = None
 
@@ -89,10 +91,14 @@ class MeView(APIView):
 class TokenViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     """Your API tokens. The token itself is shown once, when created."""
 
+    lookup_value_regex = r"\d+"
+
     serializer_class = s.TokenSerializer
     scopes = {"list": Scope.READ, "create": Scope.READ, "revoke": Scope.READ}
 
     def get_queryset(self) -> Any:
+        if getattr(self, "swagger_fake_view", False):
+            return ApiToken.objects.none()
         return ApiToken.objects.filter(user=self.request.user)
 
     @extend_schema(request=s.TokenCreateSerializer, responses={201: s.TokenCreatedSerializer}, parameters=[IDEMPOTENCY_PARAM])
@@ -133,11 +139,15 @@ class ProviderMeView(APIView):
 class MachineViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     """Your machines and their GPUs."""
 
+    lookup_value_regex = r"\d+"
+
     serializer_class = s.MachineSerializer
     scopes = {"list": Scope.READ, "retrieve": Scope.READ, "create": Scope.PROVIDE}
     ordering_fields = ["id", "name", "created_at"]
 
     def get_queryset(self) -> Any:
+        if getattr(self, "swagger_fake_view", False):
+            return Machine.objects.none()
         return selectors.machines_visible(self.request.user)
 
     @extend_schema(request=s.MachineCreateSerializer, responses={201: s.MachineSerializer}, parameters=[IDEMPOTENCY_PARAM])
@@ -152,6 +162,8 @@ class MachineViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
 class OfferViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     """GPU offers. Open offers are public; providers publish, reprice and withdraw their own."""
 
+    lookup_value_regex = r"\d+"
+
     serializer_class = s.OfferSerializer
     filterset_class = OfferFilter
     ordering_fields = ["price", "id", "gpus_free", "created_at"]
@@ -160,6 +172,8 @@ class OfferViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     http_method_names = ["get", "post", "patch", "head", "options"]
 
     def get_queryset(self) -> Any:
+        if getattr(self, "swagger_fake_view", False):
+            return Offer.objects.none()
         return selectors.offers_visible(self.request.user)
 
     @extend_schema(request=s.OfferCreateSerializer, responses={201: s.OfferSerializer}, parameters=[IDEMPOTENCY_PARAM])
@@ -188,12 +202,16 @@ class OfferViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
 class BidViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     """Your bids: place, list, read (with why the last round did not match it), cancel."""
 
+    lookup_value_regex = r"\d+"
+
     serializer_class = s.BidSerializer
     filterset_class = BidFilter
     ordering_fields = ["id", "created_at", "max_price"]
     scopes = {"list": Scope.READ, "retrieve": Scope.READ, "create": Scope.TRADE, "cancel": Scope.TRADE}
 
     def get_queryset(self) -> Any:
+        if getattr(self, "swagger_fake_view", False):
+            return Bid.objects.none()
         return selectors.bids_visible(self.request.user)
 
     @extend_schema(request=s.BidCreateSerializer, responses={201: s.BidSerializer}, parameters=[IDEMPOTENCY_PARAM])
@@ -215,21 +233,29 @@ class BidViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
 class TradeViewSet(viewsets.ReadOnlyModelViewSet):
     """Trades you bought or sold (operators: all)."""
 
+    lookup_value_regex = r"\d+"
+
     serializer_class = s.TradeSerializer
     filterset_class = TradeFilter
     ordering_fields = ["id", "created_at", "price"]
 
     def get_queryset(self) -> Any:
+        if getattr(self, "swagger_fake_view", False):
+            return Trade.objects.none()
         return selectors.trades_visible(self.request.user)
 
 
 class JobViewSet(viewsets.ReadOnlyModelViewSet):
     """Jobs running your trades, with progress from the provider's heartbeats."""
 
+    lookup_value_regex = r"\d+"
+
     serializer_class = s.JobSerializer
     ordering_fields = ["id", "updated_at"]
 
     def get_queryset(self) -> Any:
+        if getattr(self, "swagger_fake_view", False):
+            return Job.objects.none()
         return selectors.jobs_visible(self.request.user)
 
 

@@ -25,9 +25,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from .bound import lp_solve
 from .market import Candidates, Market
 
 Part = tuple[int, int, int]  # offer index, GPUs, score
+FIT_TOLERANCE = 0.0
 
 
 @dataclass
@@ -81,9 +85,23 @@ class Solver:
         """Best offer with room for same-machine bid ``b``."""
         g = int(self.mkt.b_gpus[b])
         st = self.state
-        for o, s in zip(self.cand.offers[b], self.cand.scores[b], strict=True):
-            if st.free[o] >= g and st.fair_ok(self.buyer[b], self.bucket(o), g):
-                return [(o, g, s)]
+        pick: tuple[int, int, int] | None = None  # leftover, rank, offer
+        floor = 0
+        for i, (o, s) in enumerate(zip(self.cand.offers[b], self.cand.scores[b], strict=True)):
+            if pick is not None and s < floor:
+                break
+            f = st.free[o]
+            if f >= g and st.fair_ok(self.buyer[b], self.bucket(o), g):
+                if pick is None:
+                    floor = s - int(s * FIT_TOLERANCE)
+                key = (f - g, i, o)
+                if pick is None or key < pick:
+                    pick = key
+                if f == g:
+                    break
+        if pick is not None:
+            i, o = pick[1], pick[2]
+            return [(o, g, self.cand.scores[b][i])]
         if not self.cand.truncated[b]:
             return None
         return self._scan_single(b, g)
@@ -172,6 +190,48 @@ class Solver:
             parts = self.option(b)
             if parts is not None:
                 self.place(b, parts)
+
+    def lp_round(self, bids: list[int]) -> int | None:
+        """Solve the LP relaxation for ``bids`` on what is free, then round it.
+
+        Pairs are taken in order of their LP weight, then their score net of
+        the offer's shadow price; what rounding leaves out is placed greedily
+        by that net score. Returns the LP bound for these bids.
+        """
+        mkt, cand = self.mkt, self.cand
+        pb_l: list[int] = []
+        po_l: list[int] = []
+        ps_l: list[int] = []
+        for b in bids:
+            if not mkt.b_same[b]:
+                continue
+            pb_l.extend([b] * len(cand.offers[b]))
+            po_l.extend(cand.offers[b])
+            ps_l.extend(cand.scores[b])
+        pb = np.asarray(pb_l, dtype=np.int64)
+        po = np.asarray(po_l, dtype=np.int64)
+        ps = np.asarray(ps_l, dtype=np.int64)
+        sol = lp_solve(mkt, pb, po, ps, np.asarray(self.state.free, dtype=np.int64))
+        if sol is None:
+            self.greedy(bids)
+            return None
+        bound, x, price = sol
+        net = ps - mkt.b_gpus[pb] * price[po]
+        xr = np.round(x, 6)
+        order = np.lexsort((mkt.o_id[po], mkt.bids_id[pb], -ps, -net, -xr))
+        st = self.state
+        for i in order.tolist():
+            if xr[i] <= 0:
+                break
+            b, o = int(pb[i]), int(po[i])
+            g = int(mkt.b_gpus[b])
+            if b in self.assigned or st.free[o] < g:
+                continue
+            if not st.fair_ok(self.buyer[b], self.bucket(o), g):
+                continue
+            self.place(b, [(o, g, int(ps[i]))])
+        self.greedy([b for b in bids if b not in self.assigned])
+        return bound
 
     def improve(self, order: list[int], klass: int) -> None:
         """Let an unmatched bid evict cheaper same-class work from one machine."""

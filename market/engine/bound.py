@@ -18,22 +18,30 @@ import numpy as np
 from scipy.optimize import linprog
 from scipy.sparse import coo_matrix
 
-from .market import I64, Market
+from .market import F64, I64, Market
 
 
 def lp_bound(mkt: Market, pair_bid: I64, pair_offer: I64, pair_score: I64) -> int | None:
     """Ceiling of the LP relaxation's optimum, or None if HiGHS gave up."""
+    sol = lp_solve(mkt, pair_bid, pair_offer, pair_score, mkt.o_gpus)
+    return None if sol is None else sol[0]
+
+
+def lp_solve(
+    mkt: Market, pair_bid: I64, pair_offer: I64, pair_score: I64, free: I64
+) -> tuple[int, F64, F64] | None:
+    """(bound, x per pair, shadow price per offer GPU) of the LP relaxation."""
     n = len(pair_bid)
     if n == 0:
-        return 0
+        return 0, np.zeros(0), np.zeros(len(mkt.offers))
     nb, no = len(mkt.bids), len(mkt.offers)
     g = mkt.b_gpus[pair_bid].astype(np.float64)
     rows = np.concatenate([pair_bid, nb + pair_offer])
     cols = np.concatenate([np.arange(n), np.arange(n)])
     vals = np.concatenate([np.ones(n), g])
     a = coo_matrix((vals, (rows, cols)), shape=(nb + no, n)).tocsr()
-    rhs = np.concatenate([np.ones(nb), mkt.o_gpus.astype(np.float64)])
-    upper = np.minimum(1.0, mkt.o_gpus[pair_offer].astype(np.float64) / g)
+    rhs = np.concatenate([np.ones(nb), free.astype(np.float64)])
+    upper = np.minimum(1.0, np.maximum(free[pair_offer], 0).astype(np.float64) / g)
     res = linprog(
         -pair_score.astype(np.float64),
         A_ub=a,
@@ -45,4 +53,5 @@ def lp_bound(mkt: Market, pair_bid: I64, pair_offer: I64, pair_score: I64) -> in
         return None
     # HiGHS's tolerance is relative; round outwards generously
     val = -float(res.fun)
-    return math.ceil(val * (1 + 1e-9) + 1)
+    duals = -np.asarray(res.ineqlin.marginals, dtype=np.float64)[nb:]
+    return math.ceil(val * (1 + 1e-9) + 1), np.asarray(res.x, dtype=np.float64), duals

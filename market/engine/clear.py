@@ -48,7 +48,7 @@ def clear_round(inp: RoundInput) -> RoundResult:
             continue
         proven = False
         if not exact_ok:
-            solver.greedy(cls)
+            solver.lp_round(cls)
         solver.improve(cls, k)
     assigned = solver.assigned
     surplus = sum(p[2] for parts in assigned.values() for p in parts)

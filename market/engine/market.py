@@ -68,6 +68,7 @@ class Market:
     o_spot: BoolA
     o_resv: BoolA
     o_id: I64
+    bids_id: I64
     # bids
     b_gpus: I64
     b_maxp: I64
@@ -147,6 +148,7 @@ def build_market(inp: RoundInput) -> Market:
         o_spot=np.asarray([o.spot_allowed for o in offers], dtype=np.bool_).reshape(-1),
         o_resv=np.asarray([o.reserved_only for o in offers], dtype=np.bool_).reshape(-1),
         o_id=ia([o.id for o in offers]),
+        bids_id=ia([b.id for b in bids]),
     )
 
     m_vendor = [m.vendor for m in models]
