@@ -1,0 +1,82 @@
+"""Configuration: every variable parsed in one place; a bad value is one clear line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gridbid.config import ConfigError, load
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def env(tmp_path: Path, **values: str) -> dict[str, str]:
+    return {"GRIDBID_DATA_DIR": str(tmp_path), **values}
+
+
+def test_defaults_are_embedded_sqlite_and_a_generated_secret(tmp_path):
+    cfg = load(env(tmp_path))
+    assert cfg.database_url.startswith("sqlite:///") and str(tmp_path) in cfg.database_url
+    assert cfg.embedded and cfg.redis_url is None
+    assert len(cfg.secret_key) >= 50
+    assert (tmp_path / "secret_key").stat().st_mode & 0o777 == 0o600
+    assert load(env(tmp_path)).secret_key == cfg.secret_key, "the generated key must survive restarts"
+
+
+@pytest.mark.parametrize(
+    "name,value,expected",
+    [
+        ("DATABASE_URL", "mysql://x/y", "DATABASE_URL"),
+        ("DATABASE_URL", "postgres://:99999999/x", "DATABASE_URL"),
+        ("REDIS_URL", "http://localhost:6379", "REDIS_URL"),
+        ("DEBUG", "maybe", "DEBUG"),
+        ("ROUND_SECONDS", "0", "ROUND_SECONDS"),
+        ("ROUND_SECONDS", "fast", "ROUND_SECONDS"),
+        ("PRICING_RULE", "vickrey", "PRICING_RULE"),
+        ("FAIR_SHARE_CAP", "2", "FAIR_SHARE_CAP"),
+        ("CHAIN_RPC_URL", "ws://x", "CHAIN_RPC_URL"),
+        ("CHAIN_CONFIRMATIONS", "-1", "CHAIN_CONFIRMATIONS"),
+        ("MARKET_ADDRESS", "0x123", "MARKET_ADDRESS"),
+        ("OPERATOR_KEY", "not-a-key", "OPERATOR_KEY"),
+        ("SECRET_KEY", "short", "SECRET_KEY"),
+        ("LOG_LEVEL", "LOUD", "LOG_LEVEL"),
+    ],
+)
+def test_a_bad_value_names_the_variable(tmp_path, name, value, expected):
+    with pytest.raises(ConfigError) as err:
+        load(env(tmp_path, **{name: value}))
+    assert str(err.value).startswith(expected)
+    assert "\n" not in str(err.value)
+
+
+def test_production_values_are_read(tmp_path):
+    cfg = load(env(tmp_path, DATABASE_URL="postgres://u:p@db:5432/gridbid", REDIS_URL="redis://cache:6379/0", ALLOWED_HOSTS="a.example, b.example", ROUND_SECONDS="2.5", DEBUG="false"))
+    assert not cfg.embedded
+    assert cfg.allowed_hosts == ["a.example", "b.example"]
+    assert cfg.round_seconds == 2.5
+
+
+def test_cli_prints_one_line_and_exits_2_on_bad_config(tmp_path):
+    run_env = {**os.environ, "GRIDBID_DATA_DIR": str(tmp_path), "ROUND_SECONDS": "never", "DJANGO_SETTINGS_MODULE": "gridbid.settings"}
+    proc = subprocess.run([sys.executable, "-m", "gridbid.cli", "manage", "check"], cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "ROUND_SECONDS" in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_check_deploy_passes_with_production_settings(tmp_path):
+    run_env = {
+        **os.environ,
+        "GRIDBID_DATA_DIR": str(tmp_path),
+        "DJANGO_SETTINGS_MODULE": "gridbid.settings",
+        "SECRET_KEY": "x7#k2!q9@zL4$wP0&vB8*nR3^tY6(uI1)oE5-aS9+dF2=gH7_jK4~lZ0",
+        "DEBUG": "false",
+        "SECURE_COOKIES": "true",
+        "ALLOWED_HOSTS": "market.example.com",
+    }
+    proc = subprocess.run([sys.executable, "-m", "gridbid.cli", "manage", "check", "--deploy", "--fail-level", "WARNING"], cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
