@@ -1,0 +1,54 @@
+"""The server-rendered pages: markets, market detail, offers, sign-up and log-in."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from tests.conftest import PASSWORD
+
+pytestmark = pytest.mark.django_db
+
+
+def test_markets_page_lists_buckets_with_best_ask(provider_user, make_offer):
+    make_offer(provider_user, price=2_345_000)
+    html = Client().get("/").content.decode()
+    assert "NVIDIA H100 SXM 80GB" in html and "2.35" in html
+    assert 'data-bucket="H100-SXM-80GB.us-east"' in html
+
+
+def test_empty_market_says_what_to_do():
+    html = Client().get("/").content.decode()
+    assert "No offers yet" in html and "gridbid up --demo" in html
+
+
+def test_market_detail_shows_depth_and_offers(provider_user, make_offer):
+    make_offer(provider_user, price=2_000_000, count=8)
+    make_offer(provider_user, price=2_500_000, count=4)
+    html = Client().get("/markets/H100-SXM-80GB/us-east/").content.decode()
+    assert "Ask depth" in html and "2.00" in html and "2.50" in html
+    assert Client().get("/markets/NOPE/us-east/").status_code == 404
+
+
+def test_offers_page_filters_and_ignores_malformed_numbers(provider_user, make_offer):
+    make_offer(provider_user, price=2_000_000)
+    make_offer(provider_user, model="L4-24GB", region="eu-west", price=300_000, count=1)
+    c = Client()
+    assert "/markets/L4-24GB/" not in c.get("/offers/?gpu_model=H100-SXM-80GB").content.decode()
+    assert "/markets/L4-24GB/" in c.get("/offers/").content.decode()
+    assert c.get("/offers/?min_gpus=abc").status_code == 200
+
+
+def test_signup_logs_the_user_in_and_shows_field_errors():
+    c = Client()
+    bad = c.post("/signup/", {"username": "x", "password": "1", "role": "buyer"})
+    assert bad.status_code == 200 and "3-32 letters" in bad.content.decode()
+    ok = c.post("/signup/", {"username": "carol", "password": PASSWORD, "role": "provider"})
+    assert ok.status_code == 302
+    assert "carol" in c.get("/").content.decode()
+
+
+def test_login_with_wrong_password_says_so(buyer):
+    r = Client().post("/login/", {"username": "buyer", "password": "wrong"})
+    assert "do not match" in r.content.decode()
+    assert Client().post("/login/", {"username": "buyer", "password": PASSWORD}).status_code == 302
