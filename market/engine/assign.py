@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .bound import lp_solve
+from .bound import lp_solve, milp_pick
 from .market import Candidates, Market
 
 Part = tuple[int, int, int]  # offer index, GPUs, score
@@ -65,6 +65,8 @@ class Solver:
     cand: Candidates
     state: State
     scan_limit: int = 64
+    milp_nodes: int = 2_000
+    milp_pairs: int = 20_000
     ptr: dict[tuple[int, int, int], int] = field(default_factory=dict)
     assigned: dict[int, list[Part]] = field(default_factory=dict)
     buyer: list[int] = field(default_factory=list)
@@ -212,26 +214,51 @@ class Solver:
         po = np.asarray(po_l, dtype=np.int64)
         ps = np.asarray(ps_l, dtype=np.int64)
         sol = lp_solve(mkt, pb, po, ps, np.asarray(self.state.free, dtype=np.int64))
-        if sol is None:
+        if sol is None:  # pragma: no cover - HiGHS failing on a feasible LP
             self.greedy(bids)
             return None
         bound, x, price = sol
+        st = self.state
+        # 1. the integral part of the LP solution stands as it is
+        sure = np.flatnonzero(x >= 0.999)
+        for i in sure[np.lexsort((mkt.o_id[po[sure]], mkt.bids_id[pb[sure]]))].tolist():
+            self._try(int(pb[i]), int(po[i]), int(ps[i]))
+        # 2. the fractional rest is small: solve it as a MILP on what is left
+        frac = np.unique(pb[(x > 1e-6) & (x < 0.999)])
+        frac = frac[[int(b) not in self.assigned for b in frac.tolist()]]
+        if len(frac):
+            # free the machines the fractional bids compete for, so the MILP
+            # may rearrange their current tenants too (the LP's integral part
+            # is not always the MILP's)
+            touched = set(po[np.isin(pb, frac)].tolist())
+            tenants = sorted(b for b, q in self.assigned.items() if q[0][0] in touched)
+            grp = np.union1d(frac, np.asarray(tenants, dtype=np.int64))
+            if int(np.isin(pb, grp).sum()) <= self.milp_pairs:
+                for b in tenants:
+                    self.unplace(b)
+                frac = grp
+            keep = np.isin(pb, frac)
+            qb, qo, qs = pb[keep], po[keep], ps[keep]
+            pick = milp_pick(mkt, qb, qo, qs, np.asarray(st.free, dtype=np.int64), self.milp_nodes)
+            for i in pick.tolist():
+                self._try(int(qb[i]), int(qo[i]), int(qs[i]))
+        # 3. whatever is still open: by LP weight, then score net of shadow price
         net = ps - mkt.b_gpus[pb] * price[po]
         xr = np.round(x, 6)
         order = np.lexsort((mkt.o_id[po], mkt.bids_id[pb], -ps, -net, -xr))
-        st = self.state
         for i in order.tolist():
             if xr[i] <= 0:
                 break
-            b, o = int(pb[i]), int(po[i])
-            g = int(mkt.b_gpus[b])
-            if b in self.assigned or st.free[o] < g:
-                continue
-            if not st.fair_ok(self.buyer[b], self.bucket(o), g):
-                continue
-            self.place(b, [(o, g, int(ps[i]))])
+            self._try(int(pb[i]), int(po[i]), int(ps[i]))
         self.greedy([b for b in bids if b not in self.assigned])
         return bound
+
+    def _try(self, b: int, o: int, s: int) -> None:
+        g = int(self.mkt.b_gpus[b])
+        st = self.state
+        if b in self.assigned or st.free[o] < g or not st.fair_ok(self.buyer[b], self.bucket(o), g):
+            return
+        self.place(b, [(o, g, s)])
 
     def improve(self, order: list[int], klass: int) -> None:
         """Let an unmatched bid evict cheaper same-class work from one machine."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.optimize import linprog
+from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 from scipy.sparse import coo_matrix
 
 from .market import F64, I64, Market
@@ -55,3 +55,32 @@ def lp_solve(
     val = -float(res.fun)
     duals = -np.asarray(res.ineqlin.marginals, dtype=np.float64)[nb:]
     return math.ceil(val * (1 + 1e-9) + 1), np.asarray(res.x, dtype=np.float64), duals
+
+
+def milp_pick(
+    mkt: Market, pair_bid: I64, pair_offer: I64, pair_score: I64, free: I64, node_limit: int
+) -> I64:
+    """Indices of the pairs an exact MILP (HiGHS) picks; a node limit, not a
+    time limit, bounds it so the answer does not depend on the machine."""
+    n = len(pair_bid)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    bids, bi = np.unique(pair_bid, return_inverse=True)
+    offs, oi = np.unique(pair_offer, return_inverse=True)
+    nb, no = len(bids), len(offs)
+    g = mkt.b_gpus[pair_bid].astype(np.float64)
+    a = coo_matrix(
+        (np.concatenate([np.ones(n), g]), (np.concatenate([bi, nb + oi]), np.r_[np.arange(n), np.arange(n)])),
+        shape=(nb + no, n),
+    ).tocsr()
+    rhs = np.concatenate([np.ones(nb), np.maximum(free[offs], 0).astype(np.float64)])
+    res = milp(
+        -pair_score.astype(np.float64),
+        constraints=LinearConstraint(a, -np.inf, rhs),
+        integrality=np.ones(n),
+        bounds=Bounds(0, 1),
+        options={"node_limit": node_limit, "mip_rel_gap": 1e-6},
+    )
+    if res.x is None:
+        return np.zeros(0, dtype=np.int64)
+    return np.flatnonzero(np.asarray(res.x) > 0.5).astype(np.int64)

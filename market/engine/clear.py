@@ -137,7 +137,7 @@ def clear_round(inp: RoundInput) -> RoundResult:
         feasible_pairs=feasible_all,
         candidate_pairs=len(cand.pair_bid),
         surplus=surplus,
-        method="exact" if proven else "greedy+improve",
+        method="exact" if proven else "lp-rounding+milp+improve",
         upper_bound=bound,
         gap=gap,
         bound_scope=scope,
