@@ -1,0 +1,70 @@
+"""`gridbid up --demo` on the embedded defaults (SQLite, in-process Celery) serves
+the market over a real socket: pages, API docs and a populated market."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def embedded_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    data = tmp_path_factory.mktemp("embedded")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
+    env.update(GRIDBID_DATA_DIR=str(data), ROUND_SECONDS="2", PYTHONUNBUFFERED="1")
+    log = open(data / "server.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "gridbid.cli", "up", "--demo", "--port", str(port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                pytest.fail(f"server exited: {(data / 'server.log').read_text()}")
+            try:
+                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.5)
+        else:
+            pytest.fail(f"server did not start: {(data / 'server.log').read_text()}")
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def test_demo_market_is_populated(embedded_server):
+    markets = httpx.get(f"{embedded_server}/api/v1/markets/").json()
+    assert len(markets) >= 10
+    assert sum(m["gpus_free"] for m in markets) > 50
+    assert len({m["region"] for m in markets}) >= 6
+
+
+def test_markets_page_and_api_docs_are_served(embedded_server):
+    page = httpx.get(embedded_server + "/")
+    assert page.status_code == 200 and "GPU markets" in page.text
+    docs = httpx.get(embedded_server + "/api/docs/")
+    assert docs.status_code == 200
+    css = httpx.get(embedded_server + "/static/gridbid/app.css")
+    assert css.status_code == 200 and "--accent" in css.text

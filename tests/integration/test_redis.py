@@ -1,0 +1,56 @@
+"""Celery over the real Redis broker and the channels_redis layer, each with a round trip."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+
+import pytest
+
+from tests.conftest import service_missing
+
+REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> str:
+    import redis
+
+    try:
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
+    except Exception as exc:
+        service_missing(f"Redis at {REDIS_URL} is unreachable ({exc}); set TEST_REDIS_URL")
+    return REDIS_URL
+
+
+def test_celery_task_round_trips_through_the_redis_broker(redis_url):
+    from celery import Celery
+    from celery.contrib.testing.worker import start_worker
+
+    app = Celery(f"gridbid-test-{uuid.uuid4().hex[:6]}", broker=redis_url, backend=redis_url)
+    app.conf.task_default_queue = f"test-{uuid.uuid4().hex[:8]}"
+
+    @app.task(name="tests.price_total")
+    def price_total(price: int, gpus: int, seconds: int) -> int:
+        return price * gpus * seconds // 3600
+
+    app.loader.import_module("celery.contrib.testing.tasks")
+    with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=20):
+        assert price_total.delay(2_000_000, 8, 5400).get(timeout=20) == 24_000_000
+
+
+def test_channels_redis_layer_delivers_a_group_message(redis_url):
+    from channels_redis.core import RedisChannelLayer
+
+    async def round_trip() -> dict:
+        layer = RedisChannelLayer(hosts=[redis_url], prefix=f"gbtest{uuid.uuid4().hex[:6]}")
+        channel = await layer.new_channel()
+        await layer.group_add("book.H100-SXM-80GB.us-east", channel)
+        await layer.group_send("book.H100-SXM-80GB.us-east", {"type": "book.update", "seq": 1, "best_ask": 2_100_000})
+        message = await asyncio.wait_for(layer.receive(channel), timeout=5)
+        await layer.group_discard("book.H100-SXM-80GB.us-east", channel)
+        await layer.flush()
+        return message
+
+    assert asyncio.run(round_trip()) == {"type": "book.update", "seq": 1, "best_ask": 2_100_000}

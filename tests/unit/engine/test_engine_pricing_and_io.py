@@ -1,0 +1,146 @@
+"""Pricing rules, explanations, validation, empty rounds, determinism."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+
+import pytest
+
+from market.engine import (
+    Bid,
+    EngineInputError,
+    RunningJob,
+    Weights,
+    clear_round,
+)
+from market.engine.serialize import digest, input_from_dict, input_to_dict, result_to_dict
+from tests.bench.instances import make_round
+from tests.unit.engine.engine_builders import bid, offer, round_of, with_config
+
+
+def market_round() -> object:
+    offers = [offer(i, gpus=1, ask=1_000_000 + 100_000 * i) for i in range(1, 6)]
+    # a pure price market: no reliability bonus lifting a bid above its max
+    flat = Weights(0.0, 0.0, 0.0, 0.0)
+    bids = [bid(i, max_price=1_050_000 + 150_000 * i, weights=flat) for i in range(1, 6)]
+    return round_of(offers, bids)
+
+
+@pytest.mark.parametrize("rule", ["uniform", "pay_as_ask"])
+def test_every_trade_is_individually_rational_and_budget_balanced(rule: str) -> None:
+    inp = with_config(make_round(120, 120, seed=3), pricing=rule)
+    res = clear_round(inp)
+    offers = {o.id: o for o in inp.offers}
+    bids = {b.id: b for b in inp.bids}
+    assert res.trades
+    for t in res.trades:
+        assert offers[t.offer_id].ask <= t.price <= bids[t.bid_id].max_price
+        assert t.amount == t.price * t.gpus * t.duration_s // 3600
+
+
+def test_uniform_price_is_one_price_between_marginal_orders() -> None:
+    inp = market_round()
+    res = clear_round(inp)  # type: ignore[arg-type]
+    prices = {t.price for t in res.trades}
+    assert len(prices) == 1
+    price = prices.pop()
+    matched_bids = {t.bid_id for t in res.trades}
+    matched_offers = {t.offer_id for t in res.trades}
+    for b in inp.bids:  # type: ignore[attr-defined]
+        if b.id not in matched_bids:
+            assert b.max_price < price, "an unmatched bid would have paid the price"
+    for o in inp.offers:  # type: ignore[attr-defined]
+        if o.id not in matched_offers:
+            assert o.ask > price, "an unmatched offer would have accepted the price"
+    bucket = [p for p in res.prices if p.price is not None]
+    assert bucket[0].price == price and bucket[0].volume_gpus == len(res.trades)
+
+
+def test_pay_as_ask_charges_each_offer_its_ask() -> None:
+    res = clear_round(with_config(market_round(), pricing="pay_as_ask"))  # type: ignore[arg-type]
+    assert all(t.price == 1_000_000 + 100_000 * t.offer_id for t in res.trades)
+
+
+def test_unmatched_bid_hears_price_and_latency_reasons_with_nearest_offer() -> None:
+    offers = [offer(1, ask=2_400_000), offer(2, ask=2_000_000, region="us-east")]
+    b = bid(1, gpus=8, max_price=2_100_000, location_region="eu-west", max_latency_ms=40.0)
+    res = clear_round(round_of(offers, [b]))
+    (u,) = res.unmatched
+    text = " | ".join(u.reasons)
+    assert "cheapest ask 2,400,000/h" in text and "your max 2,100,000/h" in text
+    assert "85 ms" in text and "40 ms" in text
+    assert u.nearest is not None and "offer 1" in u.nearest
+
+
+def test_outbid_bid_is_told_it_lost_to_higher_scoring_bids() -> None:
+    res = clear_round(round_of([offer(1, gpus=1)], [bid(1, max_price=5_000_000), bid(2)]))
+    (u,) = res.unmatched
+    assert any("outbid" in r for r in u.reasons)
+
+
+def test_trade_says_why_its_offer_won() -> None:
+    res = clear_round(round_of([offer(1)], [bid(1)]))
+    assert "ask 2,000,000/h within your max 3,000,000/h" in res.trades[0].reason
+
+
+def test_spot_job_is_suggested_for_preemption_by_a_waiting_reserved_bid() -> None:
+    running = (RunningJob(trade_id=77, offer_id=1, machine_id=1001, gpus=4, klass="spot", price=1),)
+    inp = dataclasses.replace(round_of([offer(1, gpus=4)], [bid(1, gpus=8, klass="reserved")]), running=running)
+    res = clear_round(inp)
+    assert [(p.trade_id, p.for_bid_id) for p in res.preemptions] == [(77, 1)]
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (lambda b: dataclasses.replace(b, max_price=-1), "bids[0].max_price"),
+        (lambda b: dataclasses.replace(b, gpus=0), "bids[0].gpus"),
+        (lambda b: dataclasses.replace(b, allowed_regions=("mars",)), "bids[0].allowed_regions[0]"),
+        (
+            lambda b: dataclasses.replace(b, weights=Weights(math.nan, 0.0, 0.0, 0.0)),
+            "bids[0].weights.latency_per_ms",
+        ),
+        (lambda b: dataclasses.replace(b, klass="vip"), "bids[0].klass"),
+    ],
+)
+def test_bad_bid_raises_one_error_naming_the_field(change: object, field: str) -> None:
+    bad: Bid = change(bid(1))  # type: ignore[operator]
+    with pytest.raises(EngineInputError) as err:
+        clear_round(round_of([offer(1)], [bad]))
+    assert err.value.field == field
+
+
+def test_bad_offer_raises_naming_the_field() -> None:
+    with pytest.raises(EngineInputError) as err:
+        clear_round(round_of([offer(1), offer(2, ask=-5)], []))
+    assert err.value.field == "offers[1].ask"
+
+
+def test_bad_shape_from_dict_raises_naming_the_field() -> None:
+    d = input_to_dict(round_of([offer(1)], [bid(1)]))
+    del d["bids"][0]["max_price"]
+    with pytest.raises(EngineInputError) as err:
+        input_from_dict(d)
+    assert err.value.field == "input.bids[0].max_price"
+
+
+@pytest.mark.parametrize(("n_offers", "n_bids"), [(0, 0), (0, 3), (3, 0)])
+def test_round_without_both_sides_is_a_valid_empty_round(n_offers: int, n_bids: int) -> None:
+    res = clear_round(round_of([offer(i) for i in range(1, n_offers + 1)], [bid(i) for i in range(1, n_bids + 1)]))
+    assert res.trades == () and res.stats.surplus == 0
+    assert len(res.unmatched) == n_bids
+
+
+def test_same_input_in_any_order_gives_the_same_digest() -> None:
+    inp = make_round(150, 150, seed=5)
+    first = digest(result_to_dict(clear_round(inp)))
+    rng = random.Random(1)
+    offers, bids = list(inp.offers), list(inp.bids)
+    rng.shuffle(offers)
+    rng.shuffle(bids)
+    shuffled = dataclasses.replace(inp, offers=tuple(offers), bids=tuple(bids))
+    assert digest(result_to_dict(clear_round(shuffled))) == first
+    replayed = input_from_dict(input_to_dict(inp))
+    assert digest(result_to_dict(clear_round(replayed))) == first
