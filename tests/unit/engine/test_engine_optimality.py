@@ -1,0 +1,104 @@
+"""The assignment against independent solvers: brute force and an exact MILP."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import coo_matrix
+
+from market.engine import Bid, Offer, RoundInput, clear_round
+from market.engine.market import build_market, candidates
+from tests.bench.instances import make_round
+from tests.unit.engine.engine_builders import bid, offer, round_of
+
+
+def pair_table(inp: RoundInput) -> tuple[list[int], list[int], dict[tuple[int, int], int]]:
+    """Every feasible (bid, offer) pair with the engine's score, nothing pruned."""
+    mkt = build_market(inp)
+    c = candidates(mkt, 0, 0)
+    scores = {
+        (int(b), int(o)): int(s)
+        for b, o, s in zip(c.pair_bid.tolist(), c.pair_offer.tolist(), c.pair_score.tolist(), strict=True)
+    }
+    return mkt.b_gpus.tolist(), mkt.o_gpus.tolist(), scores
+
+
+def brute_force(inp: RoundInput) -> int:
+    gpus, cap, scores = pair_table(inp)
+    best = 0
+    choices: list[list[int | None]] = [
+        [None, *[o for (b2, o) in scores if b2 == b]] for b in range(len(gpus))
+    ]
+    for combo in itertools.product(*choices):
+        used = [0] * len(cap)
+        total = 0
+        for b, o in enumerate(combo):
+            if o is not None:
+                used[o] += gpus[b]
+                total += scores[(b, o)]
+        if all(u <= c for u, c in zip(used, cap, strict=True)):
+            best = max(best, total)
+    return best
+
+
+small_offer = st.builds(
+    lambda g, ask, region, model: offer(0, gpus=g, ask=ask, region=region, gpu_model=model),
+    st.sampled_from([1, 2, 4, 8]), st.integers(1_000_000, 3_000_000),
+    st.sampled_from(["eu-west", "us-east"]), st.sampled_from(["H100", "A100"]),
+)
+small_bid = st.builds(
+    lambda g, maxp, hours, models, loc: bid(
+        0, gpus=g, max_price=maxp, duration_s=3600 * hours, gpu_models=models, location_region=loc
+    ),
+    st.sampled_from([1, 2, 4, 8]), st.integers(1_000_000, 3_500_000), st.integers(1, 24),
+    st.sampled_from([("H100",), ("A100",), ("A100", "H100")]),
+    st.sampled_from([None, "eu-west", "us-east"]),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(small_offer, min_size=1, max_size=4), st.lists(small_bid, min_size=1, max_size=5))
+def test_small_rounds_reach_the_brute_force_optimum(offers: list[Offer], bids: list[Bid]) -> None:
+    offers = [dataclasses.replace(o, id=i + 1, machine_id=i + 1) for i, o in enumerate(offers)]
+    bids = [dataclasses.replace(b, id=i + 1) for i, b in enumerate(bids)]
+    inp = round_of(offers, bids)
+    res = clear_round(inp)
+    assert res.stats.method == "exact"
+    assert res.stats.surplus == brute_force(inp)
+
+
+def exact_milp(inp: RoundInput) -> float:
+    gpus, cap, scores = pair_table(inp)
+    keys = sorted(scores)
+    n, nb, no = len(keys), len(gpus), len(cap)
+    rows = [b for b, _ in keys] + [nb + o for _, o in keys]
+    vals = [1.0] * n + [float(gpus[b]) for b, _ in keys]
+    a = coo_matrix((vals, (rows, list(range(n)) * 2)), shape=(nb + no, n))
+    res = milp(
+        -np.asarray([scores[k] for k in keys], dtype=float),
+        constraints=LinearConstraint(a, -np.inf, np.r_[np.ones(nb), cap]),
+        integrality=np.ones(n),
+        bounds=Bounds(0, 1),
+    )
+    return float(-res.fun)
+
+
+def one_class_same_machine(inp: RoundInput) -> RoundInput:
+    bids = tuple(
+        dataclasses.replace(b, klass="on_demand", same_machine=True, gpus=min(b.gpus, 8))
+        for b in inp.bids
+    )
+    return dataclasses.replace(inp, bids=bids)
+
+
+def test_medium_round_is_within_half_a_percent_of_the_milp_optimum() -> None:
+    inp = one_class_same_machine(make_round(300, 300, seed=11))
+    res = clear_round(inp)
+    opt = exact_milp(inp)
+    assert res.stats.surplus <= opt + 1
+    assert res.stats.surplus >= 0.995 * opt
