@@ -231,7 +231,10 @@ class Solver:
             # may rearrange their current tenants too (the LP's integral part
             # is not always the MILP's)
             touched = set(po[np.isin(pb, frac)].tolist())
-            tenants = sorted(b for b, q in self.assigned.items() if q[0][0] in touched)
+            mine = set(pb.tolist())
+            tenants = sorted(
+                b for b, q in self.assigned.items() if b in mine and q[0][0] in touched
+            )
             grp = np.union1d(frac, np.asarray(tenants, dtype=np.int64))
             if int(np.isin(pb, grp).sum()) <= self.milp_pairs:
                 for b in tenants:

@@ -56,7 +56,6 @@ def make_round(n_offers: int, n_bids: int, seed: int = 0, config: RoundConfig | 
     mw = np.array([3 if m in INFERENCE else 2 for m in model_ids], dtype=float)
     mw = mw / mw.sum()
     offers = []
-    machine = 0
     for i in range(n_offers):
         m = model_ids[int(rng.choice(len(model_ids), p=mw))]
         size = int(rng.choice([1, 2, 4], p=[0.5, 0.3, 0.2])) if m in CONSUMER else int(
@@ -65,9 +64,8 @@ def make_round(n_offers: int, n_bids: int, seed: int = 0, config: RoundConfig | 
         base = specs[m].usd_per_hour * 1e6
         ask = int(round(base * rng.lognormal(0.0, 0.15), -3))
         until = None if rng.random() < 0.6 else NOW + int(rng.integers(86_400, 30 * 86_400))
-        machine += 1
         offers.append(Offer(
-            id=i + 1, provider_id=int(rng.integers(1, max(2, n_offers // 20))), machine_id=machine,
+            id=i + 1, provider_id=int(rng.integers(1, max(2, n_offers // 20))), machine_id=i + 1,
             region=region_ids[int(rng.choice(len(region_ids), p=rw))], gpu_model=m, gpus=free,
             ask=ask, min_duration_s=0 if rng.random() < 0.9 else 3600,
             max_duration_s=30 * 86_400, available_from=NOW - int(rng.integers(0, 86_400)),

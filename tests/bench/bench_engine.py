@@ -1,0 +1,140 @@
+"""Engine benchmark: `python tests/bench/bench_engine.py [--sizes 1000,10000,100000] [--quick]`.
+
+Each size runs in a fresh subprocess (so peak RSS is that size's own) and
+prints: median clearing time, peak memory, matched fraction, total surplus,
+the ratio to the exact optimum (MILP) or to an upper bound (LP relaxation),
+and the ratio to a greedy baseline (highest bid first, cheapest feasible
+offer). Exits non-zero if a target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+TARGETS = {10_000: (1.0, 0.995, None), 100_000: (15.0, None, 2048.0)}  # seconds, ratio, MiB
+
+
+def greedy_baseline(inp: object) -> int:
+    from market.engine.market import build_market, candidates
+
+    mkt = build_market(inp)  # type: ignore[arg-type]
+    cand = candidates(mkt, 64, 64)
+    free = mkt.o_gpus.tolist()
+    total = 0
+    order = sorted(range(len(mkt.bids)), key=lambda b: (-int(mkt.b_maxp[b]), mkt.bids[b].id))
+    for b in order:
+        if not mkt.b_same[b]:
+            continue
+        g = int(mkt.b_gpus[b])
+        opts = sorted(zip(cand.offers[b], cand.scores[b], strict=True), key=lambda p: (int(mkt.o_ask[p[0]]), p[0]))
+        for o, s in opts:
+            if free[o] >= g:
+                free[o] -= g
+                total += s
+                break
+    return total
+
+
+def optimum(inp: object, res: object) -> tuple[float | None, str]:
+    from market.engine.bound import lp_bound
+    from market.engine.market import build_market, candidates
+
+    mkt = build_market(inp)  # type: ignore[arg-type]
+    n = len(mkt.bids)
+    cand = candidates(mkt, 0, 0) if n <= 10_000 else candidates(mkt, 16, 48)
+    if n <= 1_000:
+        import numpy as np
+        from scipy.optimize import Bounds, LinearConstraint, milp
+        from scipy.sparse import coo_matrix
+
+        pb, po, ps = cand.pair_bid, cand.pair_offer, cand.pair_score
+        nb, no, m = n, len(mkt.offers), len(pb)
+        g = mkt.b_gpus[pb]
+        a = coo_matrix((np.r_[np.ones(m), g], (np.r_[pb, nb + po], np.r_[np.arange(m), np.arange(m)])), shape=(nb + no, m))
+        r = milp(-ps.astype(float), constraints=LinearConstraint(a, -np.inf, np.r_[np.ones(nb), mkt.o_gpus]),
+                 integrality=mkt.b_same[pb].astype(int), bounds=Bounds(0, np.minimum(1, mkt.o_gpus[po] / g)),
+                 options={"time_limit": 120})
+        if r.status == 0:
+            return float(-r.fun), "MILP optimum (multi-machine bids relaxed, no class priority)"
+        return float(-r.mip_dual_bound), "MILP dual bound"
+    if n <= 10_000:
+        ub = lp_bound(mkt, cand.pair_bid, cand.pair_offer, cand.pair_score)
+        return (None if ub is None else float(ub)), "LP relaxation, all feasible pairs"
+    return None, "not computed"
+
+
+def one(n: int, runs: int, seed: int) -> dict[str, object]:
+    from market.engine import RoundConfig, clear_round
+    from tests.bench.instances import make_round
+
+    inp = make_round(n, n, seed=seed, config=RoundConfig())
+    times = []
+    res = None
+    for _ in range(runs):
+        t = time.perf_counter()
+        res = clear_round(inp)
+        times.append(time.perf_counter() - t)
+    assert res is not None
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    opt, how = optimum(inp, res) if n <= 10_000 else (None, "not computed")
+    base = greedy_baseline(inp)
+    return {
+        "n": n, "time_s": statistics.median(times), "peak_mib": rss,
+        "matched": res.stats.matched_bids / max(1, n), "surplus": res.stats.surplus,
+        "opt": opt, "opt_how": how, "greedy": base, "method": res.stats.method,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="1000,10000,100000")
+    ap.add_argument("--quick", action="store_true", help="1k only, one run")
+    ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=1)
+    a = ap.parse_args()
+    if a.one:
+        print(json.dumps(one(a.one, a.runs, a.seed)))
+        return 0
+    sizes = [1000] if a.quick else [int(x) for x in a.sizes.split(",")]
+    ok = True
+    print(f"{'orders/side':>11} {'time (s)':>9} {'peak MiB':>9} {'matched':>8} {'surplus':>18} "
+          f"{'/optimum':>9} {'/greedy':>8}  bound")
+    for n in sizes:
+        runs = 1 if a.quick or n >= 100_000 else a.runs
+        out = subprocess.run([sys.executable, __file__, "--one", str(n), "--runs", str(runs),
+                              "--seed", str(a.seed)], capture_output=True, text=True, check=False)
+        if out.returncode:
+            print(out.stderr[-2000:])
+            return 2
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        ratio = r["surplus"] / r["opt"] if r["opt"] else None
+        vs_greedy = r["surplus"] / r["greedy"] if r["greedy"] else None
+        print(f"{n:>11,} {r['time_s']:>9.2f} {r['peak_mib']:>9.0f} {r['matched']:>8.1%} "
+              f"{r['surplus']:>18,} {'n/a' if ratio is None else f'{ratio:.4f}':>9} "
+              f"{'n/a' if vs_greedy is None else f'{vs_greedy:.3f}':>8}  {r['opt_how']}")
+        t_max, r_min, mem_max = TARGETS.get(n, (None, None, None))
+        if t_max is not None and r["time_s"] > t_max:
+            print(f"  MISSED: {n:,} took {r['time_s']:.2f} s > {t_max} s")
+            ok = False
+        if r_min is not None and (ratio is None or ratio < r_min):
+            print(f"  MISSED: {n:,} surplus ratio {ratio} < {r_min}")
+            ok = False
+        if mem_max is not None and r["peak_mib"] > mem_max:
+            print(f"  MISSED: {n:,} peak {r['peak_mib']:.0f} MiB > {mem_max} MiB")
+            ok = False
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
