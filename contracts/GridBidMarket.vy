@@ -39,11 +39,13 @@ from ethereum.ercs import IERC20
 import bls12_381 as bls
 
 # ---------------------------------------------------------------- limits
+# Vyper copies array arguments into memory at their maximum size and memory
+# is priced quadratically, so the bounds are as small as the batches allow.
 MAX_TRADES: constant(uint256) = 512
-MAX_ORDERS: constant(uint256) = 512
-MAX_SIGNERS: constant(uint256) = 256
-MAX_SEGMENTS: constant(uint256) = 64
-MAX_FILLERS: constant(uint256) = 4096
+MAX_ORDERS: constant(uint256) = 256
+MAX_SIGNERS: constant(uint256) = 128
+MAX_SEGMENTS: constant(uint256) = 16
+MAX_FILLERS: constant(uint256) = 512
 MAX_DEPTH: constant(uint256) = 16
 
 # ------------------------------------------------------- trade statuses
@@ -56,6 +58,11 @@ CLOSED: constant(uint256) = 3
 # are 2,900-gas updates instead of 20,000-gas fresh slots
 TOUCHED: constant(uint256) = 1 << 128
 AMOUNT_MASK: constant(uint256) = (1 << 128) - 1
+U128: constant(uint256) = (1 << 128) - 1
+U64: constant(uint256) = (1 << 64) - 1
+U32: constant(uint256) = (1 << 32) - 1
+U16: constant(uint256) = (1 << 16) - 1
+S_MASK: constant(uint256) = (1 << 255) - 1
 
 SECP256K1_N_HALF: constant(uint256) = 57896044618658097711785492504343953926418782139537452191302581570759080747168
 
@@ -70,23 +77,24 @@ VERSION_HASH: constant(bytes32) = keccak256("1")
 SETTLEMENT_TAG: constant(bytes32) = keccak256("GridBid.settlement.v1")
 
 # ---------------------------------------------------------------- types
+# Calldata and memory are the bill at scale, so the batch structs pack their
+# small fields into words (contracts/batches.py builds them):
+#   order terms: max_price << 128 | gpus << 96 | duration << 64 | deadline
+#   trade terms: order index << 160 | price << 32 | gpus
+#   receipt terms: price << 128 | gpus << 96 | duration << 64 | deadline
+#   receipt place: gpu_seconds << 128 | signer index << 96 | position << 64 | batch
+# The signature is EIP-2098 compact: vs = (v - 27) << 255 | s.
 struct SignedOrder:
     order_id: uint256
     buyer: address
-    max_price: uint256
-    gpus: uint256
-    duration: uint256
-    deadline: uint256
-    v: uint8
+    terms: uint256
     r: bytes32
-    s: bytes32
+    vs: bytes32
 
 struct TradeIn:
     trade_id: uint256
-    order: uint256
     provider: address
-    price: uint256
-    gpus: uint256
+    terms: uint256
 
 struct Trade:
     trade_id: uint256
@@ -98,12 +106,11 @@ struct Trade:
     deadline: uint256
 
 struct Receipt:
-    trade: Trade
-    batch: uint256
-    position: uint256
-    gpu_seconds: uint256
+    trade_id: uint256
+    buyer: address
+    terms: uint256
+    place: uint256
     digest: bytes32
-    signer: uint256
 
 struct Coverage:
     batch: uint256
@@ -144,25 +151,11 @@ event ProviderExited:
     provider: indexed(address)
     stake: uint256
 
-event OrderConsumed:
-    order_id: indexed(uint256)
-    buyer: indexed(address)
-    locked: uint256
-
-event TradeRecorded:
-    trade_id: indexed(uint256)
-    locked: uint256
-
 event TradesRecorded:
     batch: indexed(uint256)
     root: bytes32
     trades: uint256
     locked: uint256
-
-event TradeSettled:
-    trade_id: indexed(uint256)
-    paid: uint256
-    refunded: uint256
 
 event BatchSettled:
     root: indexed(bytes32)
@@ -195,9 +188,6 @@ event OperatorChanged:
 
 event ArbiterChanged:
     arbiter: indexed(address)
-
-event AdminChanged:
-    admin: indexed(address)
 
 # -------------------------------------------------------------- storage
 token: public(immutable(IERC20))
@@ -249,7 +239,6 @@ def __init__(
     self.admin = _admin
     self.operator = _operator
     self.arbiter = _arbiter
-    log AdminChanged(admin=_admin)
     log OperatorChanged(operator=_operator)
     log ArbiterChanged(arbiter=_arbiter)
 
@@ -324,7 +313,7 @@ def withdraw(amount: uint256):
     """
     assert amount > 0, "market: zero amount"
     word: uint256 = self._balances[msg.sender]
-    assert word & AMOUNT_MASK >= amount, "market: insufficient balance"
+    assert word & AMOUNT_MASK >= amount, "market: low balance"
     self._balances[msg.sender] = word - amount
     log Withdrawn(account=msg.sender, amount=amount)
     assert extcall token.transfer(msg.sender, amount, default_return_value=True), "market: transfer failed"
@@ -343,7 +332,7 @@ def register(pubkey: Bytes[128], pop: Bytes[256], stake: uint256):
     assert self.providers[msg.sender].state == 0, "market: already registered"
     assert stake >= min_stake, "market: stake below minimum"
     assert len(pubkey) == 128 and len(pop) == 256, "market: bad key encoding"
-    assert bls.pop_verify(pubkey, pop), "market: bad proof of possession"
+    assert bls.pop_verify(pubkey, pop), "market: bad pop"
     x_hi: uint256 = convert(slice(pubkey, 0, 32), uint256)
     y_hi: uint256 = convert(slice(pubkey, 64, 32), uint256)
     self.providers[msg.sender] = Provider(
@@ -369,7 +358,7 @@ def request_exit():
     """
     state: uint256 = self.providers[msg.sender].state
     assert state != 0, "market: not provider"
-    assert state == 1, "market: exit already requested"
+    assert state == 1, "market: exiting"
     exit_at: uint256 = block.timestamp + exit_delay
     self.providers[msg.sender].state = exit_at
     log ExitRequested(provider=msg.sender, exit_at=exit_at)
@@ -385,7 +374,7 @@ def exit():
     state: uint256 = self.providers[msg.sender].state
     assert state != 0, "market: not provider"
     assert state > 1, "market: exit not requested"
-    assert block.timestamp >= state, "market: exit delay running"
+    assert block.timestamp >= state, "market: too early"
     stake: uint256 = self.providers[msg.sender].stake
     self.providers[msg.sender] = empty(Provider)
     self.total_staked -= stake
@@ -412,18 +401,24 @@ def record_trades(orders: DynArray[SignedOrder, MAX_ORDERS], trades: DynArray[Tr
     assert len(trades) > 0, "market: empty batch"
     domain: bytes32 = self._domain()
 
-    # consent: one ecrecover per order, orders used once
+    # consent: one ecrecover per order, each order id used once
     filled: DynArray[uint256, MAX_ORDERS] = []
     locked: DynArray[uint256, MAX_ORDERS] = []
     word_key: uint256 = max_value(uint256)
     word: uint256 = 0
-    for o: SignedOrder in orders:
-        assert block.timestamp < o.deadline, "market: order expired"
-        assert convert(o.s, uint256) <= SECP256K1_N_HALF, "market: bad order signature"
+    for oi: uint256 in range(len(orders), bound=MAX_ORDERS):
+        # index loops: a by-value loop over an argument copies it whole
+        o: SignedOrder = orders[oi]
+        assert block.timestamp < o.terms & U64, "market: order expired"
+        vs: uint256 = convert(o.vs, uint256)
         struct_hash: bytes32 = keccak256(
-            abi_encode(ORDER_TYPEHASH, o.order_id, o.buyer, o.max_price, o.gpus, o.duration, o.deadline)
+            abi_encode(
+                ORDER_TYPEHASH, o.order_id, o.buyer, o.terms >> 128, (o.terms >> 96) & U32, (o.terms >> 64) & U32, o.terms & U64
+            )
         )
-        signer: address = ecrecover(keccak256(concat(b"\x19\x01", domain, struct_hash)), o.v, o.r, o.s)
+        signer: address = ecrecover(
+            keccak256(concat(b"\x19\x01", domain, struct_hash)), 27 + (vs >> 255), o.r, vs & S_MASK
+        )
         assert signer == o.buyer and signer != empty(address), "market: bad order signature"
         key: uint256 = o.order_id >> 8
         if key != word_key:
@@ -444,17 +439,21 @@ def record_trades(orders: DynArray[SignedOrder, MAX_ORDERS], trades: DynArray[Tr
     word_key = max_value(uint256)
     word = 0
     last_provider: address = empty(address)
-    for t: TradeIn in trades:
-        assert t.order < len(orders), "market: unknown order"
-        o: SignedOrder = orders[t.order]
-        assert t.price <= o.max_price, "market: price above order"
-        assert t.gpus > 0, "market: zero gpus"
+    for ti: uint256 in range(len(trades), bound=MAX_TRADES):
+        t: TradeIn = trades[ti]
+        oi: uint256 = t.terms >> 160
+        assert oi < len(orders), "market: unknown order"
+        o: SignedOrder = orders[oi]
+        price: uint256 = (t.terms >> 32) & U128
+        gpus: uint256 = t.terms & U32
+        duration: uint256 = (o.terms >> 64) & U32
+        assert price <= o.terms >> 128, "market: price above order"
+        assert gpus > 0, "market: zero gpus"
         if t.provider != last_provider:
-            assert self.providers[t.provider].state == 1, "market: provider not active"
+            assert self.providers[t.provider].state == 1, "market: bad provider"
             last_provider = t.provider
-        filled[t.order] += t.gpus
-        lock: uint256 = t.price * t.gpus * o.duration // 3600
-        locked[t.order] += lock
+        filled[oi] += gpus
+        locked[oi] += price * gpus * duration // 3600
 
         key: uint256 = t.trade_id >> 7
         if key != word_key:
@@ -466,8 +465,7 @@ def record_trades(orders: DynArray[SignedOrder, MAX_ORDERS], trades: DynArray[Tr
         assert (word >> offset) & 3 == UNKNOWN, "market: trade exists"
         word |= OPEN << offset
 
-        leaves.append(self._trade_leaf(t.trade_id, o.buyer, t.provider, t.price, t.gpus, o.duration, o.deadline))
-        log TradeRecorded(trade_id=t.trade_id, locked=lock)
+        leaves.append(self._trade_leaf(t.trade_id, o.buyer, t.provider, price, gpus, duration, o.terms & U64))
     self.trade_status_words[word_key] = word
 
     # debit buyers once per run of equal buyers
@@ -475,20 +473,33 @@ def record_trades(orders: DynArray[SignedOrder, MAX_ORDERS], trades: DynArray[Tr
     run_buyer: address = empty(address)
     run_amount: uint256 = 0
     for i: uint256 in range(len(orders), bound=MAX_ORDERS):
-        o: SignedOrder = orders[i]
         assert filled[i] > 0, "market: order not filled"
-        assert filled[i] <= o.gpus, "market: order over-filled"
-        log OrderConsumed(order_id=o.order_id, buyer=o.buyer, locked=locked[i])
-        if o.buyer != run_buyer:
+        assert filled[i] <= (orders[i].terms >> 96) & U32, "market: order over-filled"
+        buyer: address = orders[i].buyer
+        if buyer != run_buyer:
             self._debit(run_buyer, run_amount)
-            run_buyer = o.buyer
+            run_buyer = buyer
             run_amount = 0
         run_amount += locked[i]
         total += locked[i]
     self._debit(run_buyer, run_amount)
 
+    # Merkle root, in place (contracts/merkle.py): index-ordered pairs, an odd
+    # last node pairs with zero
+    n: uint256 = len(leaves)
+    for _: uint256 in range(MAX_DEPTH):
+        if n <= 1:
+            break
+        half: uint256 = (n + 1) >> 1
+        for k: uint256 in range(half, bound=MAX_TRADES):
+            right: bytes32 = empty(bytes32)
+            if 2 * k + 1 < n:
+                right = leaves[2 * k + 1]
+            leaves[k] = keccak256(concat(b"\x01", leaves[2 * k], right))
+        n = half
+    root: bytes32 = leaves[0]
+
     batch: uint256 = self.record_batches
-    root: bytes32 = self._merkle_root(leaves)
     self.record_roots[batch] = root
     self.record_batches = batch + 1
     self.total_locked += total
@@ -525,13 +536,14 @@ def settle_batch(
     n: uint256 = len(receipts)
     assert n > 0, "market: empty batch"
     assert len(signers) > 0, "market: no signers"
-    assert self.settled_at[root] == 0, "market: root already settled"
+    assert self.settled_at[root] == 0, "market: root settled"
 
     # signers strictly ascending: no duplicate key in the aggregate
     previous: uint256 = 0
-    for s: address in signers:
-        assert convert(s, uint256) > previous, "market: signers not sorted"
-        previous = convert(s, uint256)
+    for si: uint256 in range(len(signers), bound=MAX_SIGNERS):
+        s: uint256 = convert(signers[si], uint256)
+        assert s > previous, "market: unsorted signers"
+        previous = s
 
     credits: DynArray[uint256, MAX_SIGNERS] = []
     for _: uint256 in range(len(signers), bound=MAX_SIGNERS):
@@ -546,50 +558,78 @@ def settle_batch(
     word: uint256 = 0
     ri: uint256 = 0
     fi: uint256 = 0
+    n_leaves: uint256 = 0
 
-    for seg: Coverage in coverage:
+    # one pass per record batch touched, then a last pass for the completion root
+    for ci: uint256 in range(len(coverage) + 1, bound=MAX_SEGMENTS + 1):
         leaves: DynArray[bytes32, MAX_TRADES] = []
+        expected: bytes32 = root
+        seg: Coverage = empty(Coverage)
+        if ci < len(coverage):
+            seg = coverage[ci]
+            expected = self.record_roots[seg.batch]
+        else:
+            assert ri == n, "market: stray receipt"
+            assert fi == len(fillers), "market: unused filler"
+            leaves = receipt_leaves
         for pos: uint256 in range(seg.size, bound=MAX_TRADES):
-            if ri < n and receipts[ri].batch == seg.batch and receipts[ri].position == pos:
+            if ri < n and receipts[ri].place & U64 == seg.batch and (receipts[ri].place >> 64) & U32 == pos:
                 r: Receipt = receipts[ri]
                 ri += 1
-                t: Trade = r.trade
-                leaves.append(self._trade_leaf(t.trade_id, t.buyer, t.provider, t.price, t.gpus, t.duration, t.deadline))
-                receipt_leaves.append(keccak256(concat(b"\x00", abi_encode(t.trade_id, r.gpu_seconds, r.digest))))
-                assert block.timestamp <= t.deadline + grace_period, "market: trade expired"
-                assert r.signer < len(signers) and signers[r.signer] == t.provider, "market: provider not a signer"
-                seen |= 1 << r.signer
+                signer: uint256 = (r.place >> 96) & U32
+                assert signer < len(signers), "market: bad signer"
+                price: uint256 = r.terms >> 128
+                gpus: uint256 = (r.terms >> 96) & U32
+                duration: uint256 = (r.terms >> 64) & U32
+                deadline: uint256 = r.terms & U64
+                gpu_seconds: uint256 = r.place >> 128
+                leaves.append(self._trade_leaf(r.trade_id, r.buyer, signers[signer], price, gpus, duration, deadline))
+                receipt_leaves.append(keccak256(concat(b"\x00", abi_encode(r.trade_id, gpu_seconds, r.digest))))
+                assert block.timestamp <= deadline + grace_period, "market: trade expired"
+                seen |= 1 << signer
 
-                key: uint256 = t.trade_id >> 7
+                key: uint256 = r.trade_id >> 7
                 if key != word_key:
                     if word_key != max_value(uint256):
                         self.trade_status_words[word_key] = word
                     word_key = key
                     word = self.trade_status_words[key]
-                offset: uint256 = (t.trade_id & 127) << 1
+                offset: uint256 = (r.trade_id & 127) << 1
                 assert (word >> offset) & 3 == OPEN, "market: trade not open"
                 word ^= (OPEN ^ SETTLED) << offset
 
-                lock: uint256 = t.price * t.gpus * t.duration // 3600
-                paid: uint256 = min(lock, t.price * r.gpu_seconds // 3600)
-                credits[r.signer] += paid
+                lock: uint256 = price * gpus * duration // 3600
+                paid: uint256 = min(lock, price * gpu_seconds // 3600)
+                credits[signer] += paid
                 total_paid += paid
-                if t.buyer != run_buyer:
+                if r.buyer != run_buyer:
                     self._credit(run_buyer, run_amount)
-                    run_buyer = t.buyer
+                    run_buyer = r.buyer
                     run_amount = 0
                 run_amount += lock - paid
                 total_refunded += lock - paid
-                log TradeSettled(trade_id=t.trade_id, paid=paid, refunded=lock - paid)
             else:
-                assert fi < len(fillers), "market: missing filler"
+                assert fi < len(fillers), "market: no filler"
                 leaves.append(fillers[fi])
                 fi += 1
-        assert len(leaves) > 0 and self._merkle_root(leaves) == self.record_roots[seg.batch], "market: trade not recorded"
-    assert ri == n, "market: receipt outside coverage"
-    assert fi == len(fillers), "market: unused filler"
-    assert self._merkle_root(receipt_leaves) == root, "market: root mismatch"
-    assert seen == (1 << len(signers)) - 1, "market: signer without receipt"
+        # rebuild the root in place (contracts/merkle.py)
+        m: uint256 = len(leaves)
+        assert m > 0, "market: unknown trade"
+        for _: uint256 in range(MAX_DEPTH):
+            if m <= 1:
+                break
+            half: uint256 = (m + 1) >> 1
+            for k: uint256 in range(half, bound=MAX_TRADES):
+                right: bytes32 = empty(bytes32)
+                if 2 * k + 1 < m:
+                    right = leaves[2 * k + 1]
+                leaves[k] = keccak256(concat(b"\x01", leaves[2 * k], right))
+            m = half
+        if ci < len(coverage):
+            assert leaves[0] == expected, "market: unknown trade"
+        else:
+            assert leaves[0] == expected, "market: root mismatch"
+    assert seen == (1 << len(signers)) - 1, "market: idle signer"
     self.trade_status_words[word_key] = word
     self._credit(run_buyer, run_amount)
 
@@ -598,7 +638,7 @@ def settle_batch(
     for i: uint256 in range(len(signers), bound=MAX_SIGNERS):
         p: address = signers[i]
         pk0: uint256 = self.providers[p].pk0
-        assert pk0 != 0, "market: signer not registered"
+        assert pk0 != 0, "market: unknown signer"
         pk: Bytes[128] = concat(
             convert(pk0 >> 128, bytes32),
             convert(self.providers[p].pk1, bytes32),
@@ -611,7 +651,7 @@ def settle_batch(
             agg = bls.g1_add(agg, pk)
         self._credit(p, credits[i])
     message: bytes32 = self._settlement_message(root)
-    assert bls.verify(agg, concat(message, b""), aggregate_signature), "market: bad aggregate signature"
+    assert bls.verify(agg, concat(message, b""), aggregate_signature), "market: bad signature"
 
     self.settled_at[root] = block.timestamp
     self.total_locked -= total_paid + total_refunded
@@ -632,7 +672,7 @@ def refund_expired(trade: Trade, batch: uint256, position: uint256, proof: DynAr
         proof,
         self.record_roots[batch],
         position,
-        "market: trade not recorded",
+        "market: unknown trade",
     )
     self._set_status(trade.trade_id, OPEN, CLOSED, "market: trade not open")
     lock: uint256 = trade.price * trade.gpus * trade.duration // 3600
@@ -663,20 +703,20 @@ def dispute(
     assert msg.sender == trade.buyer, "market: not buyer"
     settled: uint256 = self.settled_at[root]
     assert settled != 0, "market: root not settled"
-    assert block.timestamp <= settled + dispute_window, "market: dispute window closed"
+    assert block.timestamp <= settled + dispute_window, "market: window closed"
     self._prove(
         self._trade_leaf(trade.trade_id, trade.buyer, trade.provider, trade.price, trade.gpus, trade.duration, trade.deadline),
         record_proof,
         self.record_roots[batch],
         position,
-        "market: trade not recorded",
+        "market: unknown trade",
     )
     self._prove(
         keccak256(concat(b"\x00", abi_encode(trade.trade_id, gpu_seconds, digest))),
         receipt_proof,
         root,
         index,
-        "market: receipt not settled",
+        "market: not in root",
     )
     self._set_status(trade.trade_id, SETTLED, CLOSED, "market: trade not settled")
     lock: uint256 = trade.price * trade.gpus * trade.duration // 3600
@@ -713,13 +753,8 @@ def resolve_dispute(trade_id: uint256, pay_provider: bool, slash: uint256):
     slashed: uint256 = 0
     if pay_provider:
         assert slash == 0, "market: slash without fault"
-        if self.providers[d.provider].state != 0:
-            # the stake part returns to the stake it came from
-            self.providers[d.provider].stake += d.from_stake
-            self.total_staked += d.from_stake
-            self._credit(d.provider, d.held - d.from_stake)
-        else:
-            self._credit(d.provider, d.held)
+        # the provider was right: what was held (balance and stake) becomes free balance
+        self._credit(d.provider, d.held)
     else:
         slashed = min(slash, self.providers[d.provider].stake)
         if slashed > 0:
@@ -763,17 +798,6 @@ def set_arbiter(arbiter: address):
     log ArbiterChanged(arbiter=arbiter)
 
 
-@external
-def set_admin(admin: address):
-    """
-    @notice Hand the admin role over.
-    """
-    assert msg.sender == self.admin, "market: not admin"
-    assert admin != empty(address), "market: zero address"
-    self.admin = admin
-    log AdminChanged(admin=admin)
-
-
 # --------------------------------------------------------------- internals
 @internal
 def _credit(account: address, amount: uint256):
@@ -789,7 +813,7 @@ def _debit(account: address, amount: uint256):
     if account == empty(address):
         return
     word: uint256 = self._balances[account]
-    assert word & AMOUNT_MASK >= amount, "market: insufficient balance"
+    assert word & AMOUNT_MASK >= amount, "market: low balance"
     self._balances[account] = word - amount
 
 
@@ -808,25 +832,6 @@ def _trade_leaf(
     trade_id: uint256, buyer: address, provider: address, price: uint256, gpus: uint256, duration: uint256, deadline: uint256
 ) -> bytes32:
     return keccak256(concat(b"\x02", abi_encode(trade_id, buyer, provider, price, gpus, duration, deadline)))
-
-
-@internal
-@pure
-def _merkle_root(leaves: DynArray[bytes32, MAX_TRADES]) -> bytes32:
-    # index-ordered pairs, an odd last node pairs with zero (contracts/merkle.py)
-    level: DynArray[bytes32, MAX_TRADES] = leaves
-    n: uint256 = len(level)
-    for _: uint256 in range(MAX_DEPTH):
-        if n <= 1:
-            break
-        half: uint256 = (n + 1) >> 1
-        for i: uint256 in range(half, bound=MAX_TRADES):
-            right: bytes32 = empty(bytes32)
-            if 2 * i + 1 < n:
-                right = level[2 * i + 1]
-            level[i] = keccak256(concat(b"\x01", level[2 * i], right))
-        n = half
-    return level[0]
 
 
 @internal

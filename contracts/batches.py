@@ -87,8 +87,11 @@ def record_args(
     for fill in fills:
         i = index[fill.order_id]
         order = orders[i].order
+        if fill.price >= 2**128 or fill.gpus >= 2**32:
+            raise ValueError("batches: price or gpus too large for the packed trade")
+        # packed TradeIn: (trade_id, provider, order index << 160 | price << 32 | gpus)
         trades_abi.append(
-            (fill.trade_id, i, to_checksum_address(fill.provider), fill.price, fill.gpus)
+            (fill.trade_id, to_checksum_address(fill.provider), (i << 160) | (fill.price << 32) | fill.gpus)
         )
         recorded.append(
             RecordedTrade(
@@ -158,17 +161,14 @@ def settlement_args(
         trades = record_batches[batch]
         coverage.append((batch, len(trades)))
         fillers.extend(t.leaf for pos, t in enumerate(trades) if pos not in by_batch[batch])
-    receipts = [
-        (
-            c.trade.as_abi(),
-            c.batch,
-            c.position,
-            c.gpu_seconds,
-            c.digest,
-            signer_index[to_checksum_address(c.trade.provider)],
-        )
-        for c in done
-    ]
+    # packed Receipt: (trade_id, buyer, terms, place, digest), see GridBidMarket.vy
+    receipts = []
+    for c in done:
+        t = c.trade
+        terms = (t.price << 128) | (t.gpus << 96) | (t.duration << 64) | t.deadline
+        signer = signer_index[to_checksum_address(t.provider)]
+        place = (c.gpu_seconds << 128) | (signer << 96) | (c.position << 64) | c.batch
+        receipts.append((t.trade_id, to_checksum_address(t.buyer), terms, place, c.digest))
     tree = MerkleTree([receipt_leaf(c.trade.trade_id, c.gpu_seconds, c.digest) for c in done])
     return Settlement(
         root=tree.root,

@@ -83,9 +83,16 @@ class SignedOrder:
         return self.r + self.s + bytes([self.v])
 
     def as_abi(self) -> tuple[Any, ...]:
-        """The ``SignedOrder`` struct of ``GridBidMarket.record_trades``."""
+        """The packed ``SignedOrder`` struct of ``GridBidMarket.record_trades``:
+        (order_id, buyer, terms, r, vs) with
+        terms = max_price << 128 | gpus << 96 | duration << 64 | deadline and
+        the EIP-2098 compact signature vs = (v - 27) << 255 | s."""
         o = self.order
-        return (o.order_id, o.buyer, o.max_price, o.gpus, o.duration, o.deadline, self.v, self.r, self.s)
+        if o.max_price >= 2**128 or o.gpus >= 2**32 or o.duration >= 2**32 or o.deadline >= 2**64:
+            raise ValueError("orders: a field is too large for the packed on-chain order")
+        terms = (o.max_price << 128) | (o.gpus << 96) | (o.duration << 64) | o.deadline
+        vs = ((self.v - 27) << 255) | int.from_bytes(self.s, "big")
+        return (o.order_id, o.buyer, terms, self.r, vs.to_bytes(32, "big"))
 
 
 def domain_separator(chain_id: int, market: str | bytes) -> bytes:
