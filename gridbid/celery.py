@@ -27,6 +27,11 @@ def _schedule(sender: Celery, **_: object) -> None:
     from django.conf import settings
 
     sender.conf.beat_schedule = {
+        "auction-round": {
+            "task": "market.tasks.round_run",
+            "schedule": settings.GRIDBID["ROUND_SECONDS"],
+            "options": {"queue": Queue.ROUNDS, "expires": settings.GRIDBID["ROUND_SECONDS"] * 2},
+        },
         "expire-bids": {"task": "market.tasks.bids_expire", "schedule": 30.0, "options": {"queue": Queue.DEFAULT}},
         "machines-offline": {"task": "providers.tasks.machines_mark_offline", "schedule": 10.0},
         "idempotency-prune": {"task": "market.tasks.idempotency_prune", "schedule": 3600.0},

@@ -85,5 +85,38 @@ def beat() -> None:
     app.start(["beat", "--loglevel=INFO"])
 
 
+@main.group(name="round")
+def round_group() -> None:
+    """Auction rounds."""
+
+
+@round_group.command()
+@click.argument("number", type=click.IntRange(1))
+def replay(number: int) -> None:
+    """Re-run stored round NUMBER from its stored inputs and report any difference."""
+    configure_or_exit()
+    from market.errors import DomainError
+    from market.rounds import round_replay
+
+    try:
+        with _console().status(f"Replaying round {number}…"):
+            result = round_replay(number=number)
+    except DomainError as exc:
+        raise click.ClickException(exc.message) from None
+    if result.matches:
+        click.echo(f"round {number}: replay matches (result digest {result.replayed_digest[:16]}…)")
+        return
+    click.echo(f"round {number}: replay DIFFERS (recorded {result.recorded_digest[:16]}…, replayed {result.replayed_digest[:16]}…)")
+    for line in result.differences:
+        click.echo(f"  {line}")
+    sys.exit(1)
+
+
+def _console():  # type: ignore[no-untyped-def]
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
 if __name__ == "__main__":
     main()

@@ -32,11 +32,13 @@ class EmbeddedCelery:
         self.beat: Any = None
         self.thread: threading.Thread | None = None
 
-    def start(self) -> None:
+    def start(self, *, demo: bool = False) -> None:
         from celery.beat import EmbeddedService
         from celery.worker import WorkController
 
         self.app.finalize()
+        if demo:
+            self.app.conf.beat_schedule["demo-tick"] = {"task": "market.tasks.demo_tick", "schedule": 3.0}
         self.worker = WorkController(
             app=self.app,
             concurrency=1,
@@ -84,7 +86,7 @@ def serve(*, host: str, port: int, demo: bool, worker: bool) -> None:
     celery = None
     if worker and settings.CONFIG.embedded:
         celery = EmbeddedCelery()
-        celery.start()
+        celery.start(demo=demo)
         console.print(f"[green]✓[/] Celery worker and beat running in-process (rounds every {settings.GRIDBID['ROUND_SECONDS']:g} s)")
     elif settings.CONFIG.embedded:
         console.print("[yellow]![/] no worker: rounds will not clear (drop --no-worker, or set REDIS_URL and run `gridbid worker`)")

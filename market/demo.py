@@ -11,6 +11,8 @@ import random
 from datetime import timedelta
 
 from django.db import transaction
+from django.db.models import F
+from django.db.models.functions import Least
 from django.utils import timezone
 
 from market import services
@@ -100,3 +102,66 @@ def demo_load(seed: int = 7) -> str:
             )
             n_bids += 1
     return f"{len(PROVIDERS)} providers, {n_offers} offers, {n_bids} bids; log in as operator / acme-llm / lambda-labs-east with password {DEMO_PASSWORD!r}"
+
+
+def demo_tick(seed: int | None = None) -> dict[str, int]:
+    """Keep the demo market alive: its simulated providers send heartbeats, jobs
+    whose time is up finish and free their GPUs, and buyers keep placing bids.
+
+    Runs from beat only under `gridbid up --demo`; it touches demo accounts only.
+    """
+    from market.models import Bid, Job, Offer
+    from market.states import BidState, JobState, OfferState
+    from providers.models import Machine, MachineState
+
+    rng = random.Random(seed)
+    now = timezone.now()
+    names = [p[0] for p in PROVIDERS]
+    machines = Machine.objects.filter(provider__user__username__in=names)
+    machines.update(last_heartbeat=now, state=MachineState.ONLINE)
+    Offer.objects.filter(machine__in=machines, state=OfferState.PAUSED).update(state=OfferState.OPEN)
+    finished = 0
+    with transaction.atomic():
+        for job in Job.objects.select_for_update().select_related("trade").filter(trade__provider__user__username__in=names, state__in=[JobState.ASSIGNED, JobState.RUNNING]):
+            t = job.trade
+            elapsed = (now - t.created_at).total_seconds()
+            # demo jobs run 60x faster than booked so the market turns over while you watch
+            if elapsed * 60 >= t.duration_s:
+                job.state, job.progress, job.ended_at, job.exit_code = JobState.COMPLETED, 1.0, now, 0
+                job.gpu_seconds = t.gpus * t.duration_s
+                job.save()
+                Offer.objects.filter(pk=t.offer_id).update(gpus_free=Least(F("gpus"), F("gpus_free") + t.gpus))
+                finished += 1
+            elif job.state == JobState.ASSIGNED:
+                job.state, job.started_at = JobState.RUNNING, now
+                job.save()
+            else:
+                job.progress = min(1.0, elapsed * 60 / t.duration_s)
+                job.save(update_fields=["progress", "updated_at"])
+    placed = 0
+    buyers = list(User.objects.filter(username__in=[b[0] for b in BUYERS]))
+    open_bids = Bid.objects.filter(buyer__in=buyers, state=BidState.OPEN).count()
+    regions = {r.id: r for r in Region.objects.all()}
+    for user in buyers:
+        if open_bids + placed >= 12 or rng.random() > 0.6:
+            continue
+        location = dict(BUYERS)[user.username]
+        model_id = rng.choice(["H100-SXM-80GB", "A100-SXM-80GB", "RTX-4090-24GB", "L40S-48GB", "H200-SXM-141GB", "L4-24GB"])
+        level = catalogue.gpu_models()[model_id].usd_per_hour
+        services.bid_place(
+            user=user,
+            data={
+                "job_spec": {"image": "ghcr.io/gridbid/examples/infer:latest", "command": ["python", "serve.py"], "env": {}, "inputs": [], "output_dir": "outputs"},
+                "gpus": rng.choice([1, 1, 2, 4, 8]),
+                "gpu_models": [model_id],
+                "location_region": regions[location],
+                "max_latency_ms": rng.choice([None, 100.0, 200.0]),
+                "max_price": int(level * rng.uniform(0.85, 1.35) * USD) // 1000 * 1000,
+                "duration_s": rng.choice([1, 2, 4, 8]) * 3600,
+                "klass": rng.choice(["on_demand", "on_demand", "spot", "reserved"]),
+            },
+        )
+        placed += 1
+    return {"finished": finished, "placed": placed}
+
+

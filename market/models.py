@@ -149,6 +149,7 @@ class Bid(models.Model):
 
 class AuctionRound(models.Model):
     number = models.PositiveBigIntegerField(unique=True)
+    slot = models.PositiveBigIntegerField(unique=True, null=True, blank=True, help_text="Schedule slot (unix time // ROUND_SECONDS); claims the round once")
     state = models.CharField(max_length=16, choices=RoundState.choices, default=RoundState.CLEARING)
     scheduled_for = models.DateTimeField(help_text="The round's clock: the engine is given this time")
     started_at = models.DateTimeField(auto_now_add=True)
@@ -159,6 +160,7 @@ class AuctionRound(models.Model):
     inputs = models.JSONField(default=dict, blank=True)
     prices = models.JSONField(default=list, blank=True)
     stats = models.JSONField(default=dict, blank=True)
+    result = models.JSONField(default=dict, blank=True, help_text="The engine's full result, for replay comparison")
     error = models.TextField(blank=True, default="")
 
     class Meta:

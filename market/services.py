@@ -152,17 +152,12 @@ def offer_withdraw(*, user: User, offer: Offer) -> Offer:
 
 
 # --- bids ----------------------------------------------------------------------
-@transaction.atomic
-def bid_place(*, user: User, data: dict[str, Any]) -> Bid:
-    if user.role == Role.PROVIDER and not hasattr(user, "provider"):
-        raise NotAllowed("This account cannot place bids.")
+def bid_validate(*, data: dict[str, Any]) -> None:
+    """Cross-object rules of a bid (catalogue ids, latency needs a location, deadline)."""
     known_models = set(GpuModel.objects.values_list("id", flat=True))
     bad = [m for m in data.get("gpu_models", []) if m not in known_models]
     if bad:
         raise DomainError("Unknown GPU model.", fields={"gpu_models": [f"{m!r} is not in the catalogue; see /api/v1/gpu-models/." for m in bad]})
-    if not data.get("gpu_models") and not (data.get("min_memory_gib") or data.get("min_compute_units") or data.get("vendor")):
-        # an unconstrained bid is legal: "any GPU" is a real request for cheap inference
-        pass
     known_regions = set(Region.objects.values_list("id", flat=True))
     for fld in ("allowed_regions", "preferred_regions"):
         bad = [r for r in data.get(fld, []) if r not in known_regions]
@@ -173,6 +168,11 @@ def bid_place(*, user: User, data: dict[str, Any]) -> Bid:
     deadline = data.get("deadline")
     if deadline is not None and deadline <= timezone.now() + timezone.timedelta(seconds=data["duration_s"]):
         raise DomainError("The deadline is too soon for the duration.", fields={"deadline": ["Must be later than now plus duration_s."]})
+
+
+@transaction.atomic
+def bid_place(*, user: User, data: dict[str, Any]) -> Bid:
+    bid_validate(data=data)
     client_order_id = data.get("client_order_id")
     if client_order_id and Bid.objects.filter(buyer=user, client_order_id=client_order_id).exists():
         raise Conflict(f"You already placed a bid with client_order_id {client_order_id!r}.", fields={"client_order_id": ["Use a new id for a new order."]})

@@ -25,3 +25,19 @@ def idempotency_prune() -> int:
     from market.api.idempotency import idempotency_prune as prune
 
     return prune()
+
+
+@shared_task(name="market.tasks.round_run", ignore_result=True)
+def round_run() -> int | None:
+    """Clear the round of the current schedule slot; a duplicate delivery is a no-op."""
+    from market.rounds import round_clear
+
+    rnd = round_clear()
+    return rnd.number if rnd else None
+
+
+@shared_task(name="market.tasks.demo_tick", ignore_result=True)
+def demo_tick() -> dict[str, int]:
+    from market.demo import demo_tick as tick
+
+    return tick()

@@ -15,6 +15,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
+from market.engine import EngineInputError
 from market.errors import Conflict, DomainError, NotAllowed, NotFound
 from market.states import InvalidTransition
 
@@ -64,6 +65,8 @@ def _summary(fields: dict[str, list[str]]) -> str:
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, EngineInputError):
+        return Response(error_body("invalid", f"Invalid input. {exc}", {exc.field: [exc.message]}), status=400)
     for kind, code in DOMAIN_STATUS.items():
         if isinstance(exc, kind):
             if isinstance(exc, DomainError):

@@ -277,7 +277,40 @@ class RoundSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = AuctionRound
-        fields = ["id", "number", "state", "scheduled_for", "started_at", "cleared_at", "engine_version", "input_digest", "result_digest", "prices", "stats", "trades"]
+        fields = ["id", "number", "state", "scheduled_for", "started_at", "cleared_at", "engine_version", "input_digest", "result_digest", "prices", "stats", "trades", "error"]
+
+
+class RoundTradeSerializer(serializers.ModelSerializer):
+    """A trade as public market data: no buyer, no job."""
+
+    class Meta:
+        model = Trade
+        fields = ["id", "gpu_model", "region", "price", "gpus", "duration_s", "amount", "reason"]
+
+
+class RoundDetailSerializer(RoundSerializer):
+    trade_list = RoundTradeSerializer(source="trades", many=True, read_only=True)
+
+    class Meta(RoundSerializer.Meta):
+        fields = [*RoundSerializer.Meta.fields, "trade_list"]
+
+
+class QuoteTradeSerializer(serializers.Serializer):
+    offer = serializers.IntegerField()
+    gpu_model = serializers.CharField()
+    region = serializers.CharField()
+    gpus = serializers.IntegerField()
+    price = serializers.IntegerField()
+    amount = serializers.IntegerField()
+    reason = serializers.CharField()
+
+
+class QuoteSerializer(serializers.Serializer):
+    would_match = serializers.BooleanField()
+    trades = QuoteTradeSerializer(many=True)
+    total_amount = serializers.IntegerField(help_text="What the escrow would lock, base units")
+    reasons = serializers.ListField(child=serializers.CharField(), help_text="Why it would not match")
+    nearest = serializers.CharField(allow_null=True, help_text="The closest thing that would match")
 
 
 class TradeSerializer(serializers.ModelSerializer):

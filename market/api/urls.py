@@ -12,11 +12,13 @@ router.register("offers", views.OfferViewSet, basename="offer")
 router.register("bids", views.BidViewSet, basename="bid")
 router.register("trades", views.TradeViewSet, basename="trade")
 router.register("jobs", views.JobViewSet, basename="job")
+router.register("rounds", views.RoundViewSet, basename="round")
 
 urlpatterns = [
     path("markets/", views.MarketsView.as_view(), name="markets"),
     path("accounts/signup/", views.SignupView.as_view(), name="signup"),
     path("me/", views.MeView.as_view(), name="me"),
+    path("quote/", views.QuoteView.as_view(), name="quote"),
     path("providers/me/", views.ProviderMeView.as_view(), name="provider-me"),
     path("", include(router.urls)),
 ]

@@ -13,11 +13,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from market import selectors, services
+from market import rounds, selectors, services
 from market.api import serializers as s
 from market.api.filters import BidFilter, OfferFilter, TradeFilter
 from market.api.idempotency import idempotent
-from market.models import ApiToken, Bid, Job, Offer, Scope, Trade
+from market.models import ApiToken, AuctionRound, Bid, Job, Offer, Scope, Trade
 from providers.models import Machine
 from providers.models import GpuModel, Region
 
@@ -243,6 +243,39 @@ class TradeViewSet(viewsets.ReadOnlyModelViewSet):
         if getattr(self, "swagger_fake_view", False):
             return Trade.objects.none()
         return selectors.trades_visible(self.request.user)
+
+
+class RoundViewSet(viewsets.ReadOnlyModelViewSet):
+    """Auction rounds: clearing prices and volume per bucket, statistics, and (detail) the trades."""
+
+    public_read = True
+    lookup_field = "number"
+    lookup_value_regex = r"\d+"
+    ordering_fields = ["number"]
+    ordering = ["-number"]
+    queryset = AuctionRound.objects.all()
+
+    def get_serializer_class(self) -> Any:
+        return s.RoundDetailSerializer if self.action == "retrieve" else s.RoundSerializer
+
+    def get_queryset(self) -> Any:
+        return AuctionRound.objects.order_by("-number").prefetch_related("trades") if self.action == "retrieve" else AuctionRound.objects.order_by("-number")
+
+
+class QuoteView(APIView):
+    """What a bid would pay if the round cleared now, or why it would not match. Places nothing."""
+
+    scopes = {"post": Scope.READ}
+
+    @extend_schema(request=s.BidCreateSerializer, responses=s.QuoteSerializer)
+    def post(self, request: Request) -> Response:
+        data = s.BidCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        fields = dict(data.validated_data)
+        fields.pop("client_order_id", None)
+        services.bid_validate(data=fields)
+        quote = rounds.bid_quote(user_id=request.user.pk, data=fields)
+        return Response(s.QuoteSerializer(quote.__dict__).data)
 
 
 class JobViewSet(viewsets.ReadOnlyModelViewSet):

@@ -1,0 +1,110 @@
+"""The one place where ORM rows become matching-engine objects.
+
+`snapshot()` reads the open book in one transaction and returns a pure
+`RoundInput`; nothing in `market/engine` ever sees a model instance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from market import engine
+from market.models import Bid, Offer, Trade
+from market.states import BidState, JobState, OfferState
+from providers import catalogue
+from providers.models import GpuModel, Region
+
+
+def _epoch(dt: datetime | None) -> int | None:
+    return None if dt is None else int(dt.timestamp())
+
+
+def weights_to_domain(overrides: dict[str, Any]) -> engine.Weights:
+    known = {f.name for f in dataclasses.fields(engine.Weights)}
+    return dataclasses.replace(engine.DEFAULT_WEIGHTS, **{k: float(v) for k, v in (overrides or {}).items() if k in known})
+
+
+def bid_to_domain(bid: Bid) -> engine.Bid:
+    return engine.Bid(
+        id=bid.pk,
+        buyer_id=bid.buyer_id,
+        gpus=bid.gpus,
+        gpu_models=tuple(bid.gpu_models),
+        min_memory_gib=bid.min_memory_gib,
+        min_compute_units=float(bid.min_compute_units),
+        vendor=bid.vendor or None,
+        same_machine=bid.same_machine,
+        allowed_regions=tuple(bid.allowed_regions),
+        preferred_regions=tuple(bid.preferred_regions),
+        location_region=bid.location_region_id,
+        max_latency_ms=bid.max_latency_ms,
+        max_price=bid.max_price,
+        duration_s=bid.duration_s,
+        deadline=_epoch(bid.deadline),
+        klass=bid.klass,
+        min_reliability=float(bid.min_reliability),
+        weights=weights_to_domain(bid.weights),
+        created_at=_epoch(bid.created_at) or 0,
+    )
+
+
+def offer_to_domain(offer: Offer) -> engine.Offer:
+    return engine.Offer(
+        id=offer.pk,
+        provider_id=offer.machine.provider_id,
+        machine_id=offer.machine_id,
+        region=offer.machine.region_id,
+        gpu_model=offer.gpu_model_id,
+        gpus=offer.gpus_free,
+        ask=offer.price,
+        min_duration_s=offer.min_duration_s,
+        max_duration_s=offer.max_duration_s,
+        available_from=_epoch(offer.available_from) or 0,
+        available_until=_epoch(offer.available_until),
+        spot_allowed=offer.spot_allowed,
+        reserved_only=offer.reserved_only,
+        reliability=float(offer.machine.reliability),
+        created_at=_epoch(offer.created_at) or 0,
+    )
+
+
+def catalogue_to_domain() -> tuple[tuple[engine.GpuModel, ...], tuple[engine.Region, ...], tuple[tuple[str, str, float], ...]]:
+    models = tuple(engine.GpuModel(m.id, m.vendor, m.memory_gib, float(m.compute_units), m.tdp_watts) for m in GpuModel.objects.order_by("id"))
+    regions = tuple(engine.Region(r.id, float(r.carbon_g_per_kwh)) for r in Region.objects.order_by("id"))
+    ids = {r.id for r in regions}
+    latency = tuple(sorted((a, b, ms) for (a, b), ms in catalogue.latency_matrix().items() if a in ids and b in ids))
+    return models, regions, latency
+
+
+def round_config() -> engine.RoundConfig:
+    return engine.RoundConfig(pricing=settings.GRIDBID["PRICING_RULE"], fair_share_cap=settings.GRIDBID["FAIR_SHARE_CAP"])
+
+
+@transaction.atomic
+def snapshot(*, now: datetime, extra_bids: tuple[engine.Bid, ...] = ()) -> engine.RoundInput:
+    """The open book at `now`, read in one transaction, as a pure engine input."""
+    bids = tuple(bid_to_domain(b) for b in Bid.objects.filter(state=BidState.OPEN).order_by("id"))
+    offers = tuple(
+        offer_to_domain(o)
+        for o in Offer.objects.filter(state=OfferState.OPEN, gpus_free__gt=0).select_related("machine").order_by("id")
+    )
+    running = tuple(
+        engine.RunningJob(trade_id=t.pk, offer_id=t.offer_id, machine_id=t.offer.machine_id, gpus=t.gpus, klass=t.bid.klass, price=t.price)
+        for t in Trade.objects.filter(bid__klass="spot", job__state__in=[JobState.ASSIGNED, JobState.RUNNING, JobState.CHECKPOINTED]).select_related("offer", "bid").order_by("id")
+    )
+    models, regions, latency = catalogue_to_domain()
+    return engine.RoundInput(
+        now=int(now.timestamp()),
+        offers=offers,
+        bids=bids + extra_bids,
+        gpu_models=models,
+        regions=regions,
+        latency_ms=latency,
+        running=running,
+        config=round_config(),
+    )

@@ -1,0 +1,191 @@
+"""Auction rounds around the pure engine: claim, snapshot, clear, write; replay; quote.
+
+A round is claimed by inserting its schedule slot under a unique constraint,
+so a beat tick delivered twice, or two workers racing, clear it once. The
+book is read in one transaction, the engine runs outside any transaction, and
+the result is written in one more, re-checking under row locks that every
+matched bid is still open and every offer still has the GPUs: a bid cancelled
+while the engine ran is dropped from the result, never half-written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from market import engine, repository
+from market.engine import serialize
+from market.models import AuctionRound, Bid, Job, Offer, Trade
+from market.states import BidState, OfferState, RoundState
+from providers.models import Provider
+
+log = logging.getLogger("gridbid.rounds")
+QUOTE_BID_ID = 2**62  # a hypothetical bid's id: far above any real row
+
+
+def slot_for(when: datetime) -> int:
+    return int(when.timestamp() // settings.GRIDBID["ROUND_SECONDS"])
+
+
+def _claim(*, slot: int | None, when: datetime) -> AuctionRound | None:
+    try:
+        with transaction.atomic():
+            number = (AuctionRound.objects.aggregate(n=Max("number"))["n"] or 0) + 1
+            return AuctionRound.objects.create(number=number, slot=slot, scheduled_for=when, engine_version=engine.ENGINE_VERSION)
+    except IntegrityError:
+        return None  # another worker (or an earlier delivery of this tick) has it
+
+
+def round_clear(*, now: datetime | None = None, slot: int | None = None) -> AuctionRound | None:
+    """Run one round at `now`. Returns the round, or None if the slot was already taken
+    or the book has no open bid (nothing could trade; no empty row is written)."""
+    now = now or timezone.now()
+    if not Bid.objects.filter(state=BidState.OPEN).exists():
+        return None
+    rnd = _claim(slot=slot_for(now) if slot is None else slot, when=now)
+    if rnd is None:
+        return None
+    try:
+        inp = repository.snapshot(now=now)
+        started = time.perf_counter()
+        result = engine.clear_round(inp)
+        elapsed_ms = round(1000 * (time.perf_counter() - started), 2)
+    except Exception as exc:  # the engine validated its input and said no, or crashed: record it
+        log.exception("round %s failed", rnd.number)
+        AuctionRound.objects.filter(pk=rnd.pk).update(state=RoundState.FAILED, error=f"{type(exc).__name__}: {exc}"[:2000])
+        return AuctionRound.objects.get(pk=rnd.pk)
+    _write(rnd=rnd, inp=inp, result=result, elapsed_ms=elapsed_ms)
+    rnd.refresh_from_db()
+    return rnd
+
+
+@transaction.atomic
+def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundResult, elapsed_ms: float) -> None:
+    bid_ids = sorted({t.bid_id for t in result.trades})
+    offer_ids = sorted({t.offer_id for t in result.trades})
+    bids = {b.pk: b for b in Bid.objects.select_for_update().filter(pk__in=bid_ids)}
+    offers = {o.pk: o for o in Offer.objects.select_for_update().filter(pk__in=offer_ids)}
+    providers = {p.pk: p for p in Provider.objects.filter(pk__in={t.provider_id for t in result.trades})}
+    by_bid: dict[int, list[engine.Trade]] = {}
+    for t in result.trades:
+        by_bid.setdefault(t.bid_id, []).append(t)
+    dropped: list[int] = []
+    trades: list[Trade] = []
+    for bid_id, parts in sorted(by_bid.items()):
+        bid = bids.get(bid_id)
+        still_ok = bid is not None and bid.state == BidState.OPEN and all(
+            offers[p.offer_id].state == OfferState.OPEN and offers[p.offer_id].gpus_free >= p.gpus for p in parts
+        )
+        if not still_ok:
+            dropped.append(bid_id)  # cancelled or withdrawn while the engine ran: the whole bid or nothing
+            continue
+        assert bid is not None
+        for p in parts:
+            offer = offers[p.offer_id]
+            offer.gpus_free -= p.gpus
+            trades.append(
+                Trade(
+                    round=rnd, bid=bid, offer=offer, buyer_id=bid.buyer_id, provider=providers[p.provider_id],
+                    gpu_model_id=p.gpu_model, region_id=p.region, price=p.price, gpus=p.gpus,
+                    duration_s=p.duration_s, amount=p.amount, reason=p.reason,
+                )
+            )
+        bid.state = BidState.MATCHED
+        bid.explanation = {"round": rnd.number, "matched": True, "reasons": [p.reason for p in parts]}
+    Trade.objects.bulk_create(trades)
+    Job.objects.bulk_create(Job(trade=t) for t in Trade.objects.filter(round=rnd).order_by("id"))
+    Offer.objects.bulk_update([o for o in offers.values()], ["gpus_free"])
+    matched = [b for b in bids.values() if b.state == BidState.MATCHED]
+    Bid.objects.bulk_update(matched, ["state", "explanation"])
+    unmatched = {u.bid_id: u for u in result.unmatched}
+    stale = list(Bid.objects.filter(pk__in=list(unmatched), state=BidState.OPEN))
+    for b in stale:
+        u = unmatched[b.pk]
+        b.explanation = {"round": rnd.number, "matched": False, "reasons": list(u.reasons), "nearest": u.nearest}
+    Bid.objects.bulk_update(stale, ["explanation"])
+    result_dict = serialize.result_to_dict(result)
+    stats = {**result_dict["stats"], "clear_ms": elapsed_ms, "dropped_bids": dropped, "preemptions": result_dict["preemptions"]}
+    AuctionRound.objects.filter(pk=rnd.pk).update(
+        state=RoundState.CLEARED,
+        cleared_at=timezone.now(),
+        inputs=serialize.input_to_dict(inp),
+        input_digest=serialize.digest(serialize.input_to_dict(inp)),
+        result=result_dict,
+        result_digest=serialize.digest(result_dict),
+        prices=result_dict["prices"],
+        stats=stats,
+    )
+
+
+@dataclass(frozen=True)
+class Replay:
+    number: int
+    matches: bool
+    recorded_digest: str
+    replayed_digest: str
+    differences: list[str]
+
+
+def round_replay(*, number: int) -> Replay:
+    """Re-run a stored round from its stored inputs and compare with what was recorded."""
+    from market.errors import Conflict, NotFound
+
+    rnd = AuctionRound.objects.filter(number=number).first()
+    if rnd is None:
+        raise NotFound(f"No round {number}.")
+    if rnd.state != RoundState.CLEARED:
+        raise Conflict(f"Round {number} is {rnd.state}; only cleared rounds can be replayed.")
+    result = serialize.result_to_dict(engine.clear_round(serialize.input_from_dict(rnd.inputs)))
+    replayed = serialize.digest(result)
+    diffs: list[str] = []
+    if rnd.engine_version != engine.ENGINE_VERSION:
+        diffs.append(f"engine version: recorded {rnd.engine_version}, running {engine.ENGINE_VERSION}")
+    recorded = rnd.result
+    for key in ("trades", "prices", "unmatched", "preemptions", "stats"):
+        a, b = recorded.get(key), result.get(key)
+        if a != b:
+            if isinstance(a, list) and isinstance(b, list):
+                missing = [x for x in a if x not in b]
+                extra = [x for x in b if x not in a]
+                diffs.append(f"{key}: {len(missing)} recorded entries not reproduced, {len(extra)} new entries")
+                diffs.extend(f"  - {x}" for x in missing[:5])
+                diffs.extend(f"  + {x}" for x in extra[:5])
+            else:
+                diffs.append(f"{key}: recorded {a!r} != replayed {b!r}")
+    return Replay(number, replayed == rnd.result_digest and not diffs, rnd.result_digest, replayed, diffs)
+
+
+@dataclass(frozen=True)
+class Quote:
+    would_match: bool
+    trades: list[dict[str, Any]]
+    total_amount: int
+    reasons: list[str]
+    nearest: str | None
+
+
+def bid_quote(*, user_id: int, data: dict[str, Any], now: datetime | None = None) -> Quote:
+    """Run the engine on the current book plus a hypothetical bid, without placing it.
+
+    The other open bids take part, so the quote accounts for competition; it is
+    an estimate of the next round, since the book may change before then."""
+    now = now or timezone.now()
+    hypothetical = Bid(buyer_id=user_id, created_at=now, **data)
+    domain = dataclasses.replace(repository.bid_to_domain(hypothetical), id=QUOTE_BID_ID)
+    inp = repository.snapshot(now=now, extra_bids=(domain,))
+    result = engine.clear_round(inp)
+    mine = [t for t in result.trades if t.bid_id == QUOTE_BID_ID]
+    if mine:
+        trades = [{"offer": t.offer_id, "gpu_model": t.gpu_model, "region": t.region, "gpus": t.gpus, "price": t.price, "amount": t.amount, "reason": t.reason} for t in mine]
+        return Quote(True, trades, sum(t.amount for t in mine), [], None)
+    why = next((u for u in result.unmatched if u.bid_id == QUOTE_BID_ID), None)
+    return Quote(False, [], 0, list(why.reasons) if why else ["No offer could take this bid."], why.nearest if why else None)
