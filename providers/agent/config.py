@@ -1,0 +1,129 @@
+"""The agent's home directory and its TOML configuration.
+
+Everything the agent keeps lives under one data directory: `GRIDBID_AGENT_HOME`
+or `~/.gridbid-agent`. The config file holds the market URL and API token, so it
+is written 0600 like the keys.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+CONFIG_NAME = "agent.toml"
+
+
+class ConfigError(Exception):
+    """The configuration is missing or wrong; the message says how to fix it."""
+
+
+def agent_home(explicit: str | os.PathLike[str] | None = None) -> Path:
+    raw = explicit or os.environ.get("GRIDBID_AGENT_HOME") or Path.home() / ".gridbid-agent"
+    return Path(raw).expanduser().resolve()
+
+
+@dataclass
+class PricingRule:
+    """How one GPU model is priced; amounts are token base units per GPU-hour."""
+
+    gpu_model: str
+    kind: str = "fixed"  # "fixed" or "utilisation"
+    price: int = 0  # fixed price, or the floor for "utilisation"
+    premium: int = 0  # added at full utilisation
+    exponent: float = 1.0  # premium x utilisation**exponent
+    min_duration_s: int = 60
+    max_duration_s: int = 30 * 24 * 3600
+    spot_allowed: bool = True
+
+
+@dataclass
+class AgentConfig:
+    market_url: str
+    token: str
+    machine_name: str
+    region: str = "us-east"
+    machine_id: int | None = None
+    inventory_file: str | None = None
+    runtime: str = "auto"  # auto, process, docker, podman
+    heartbeat_s: float = 5.0
+    poll_s: float = 5.0
+    grace_s: float = 30.0
+    max_output_bytes: int = 10 * 1024**3
+    accept_trade_states: list[str] = field(default_factory=lambda: ["recorded"])
+    require_buyer_signature: bool = False
+    measured_tflops: float | None = None
+    pricing: list[PricingRule] = field(default_factory=list)
+
+    @property
+    def api(self) -> str:
+        return self.market_url.rstrip("/") + "/api/v1"
+
+
+def config_path(home: Path) -> Path:
+    return home / CONFIG_NAME
+
+
+def load_config(home: Path) -> AgentConfig:
+    path = config_path(home)
+    if not path.exists():
+        raise ConfigError(f"No agent configuration at {path}. Run `gridbid-agent init --market URL --token T` first.")
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+    return config_from_dict(raw, source=str(path))
+
+
+def config_from_dict(raw: dict[str, Any], *, source: str = "config") -> AgentConfig:
+    known = {f.name for f in fields(AgentConfig)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f"{source}: unknown setting(s) {', '.join(unknown)}")
+    for required in ("market_url", "token", "machine_name"):
+        if not raw.get(required):
+            raise ConfigError(f"{source}: {required} is missing; run `gridbid-agent init` again")
+    data = dict(raw)
+    rules = []
+    rule_fields = {f.name for f in fields(PricingRule)}
+    for i, rule in enumerate(data.pop("pricing", []) or []):
+        extra = set(rule) - rule_fields
+        if extra or "gpu_model" not in rule:
+            raise ConfigError(f"{source}: pricing[{i}] has unknown keys {sorted(extra)} or no gpu_model")
+        rules.append(PricingRule(**rule))
+    return AgentConfig(**data, pricing=rules)
+
+
+def config_to_dict(config: AgentConfig) -> dict[str, Any]:
+    # TOML has no null: unset optional values are simply left out
+    def clean(d: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in d.items() if v is not None}
+
+    data = clean(asdict(config))
+    data["pricing"] = [clean(r) for r in data.get("pricing", [])]
+    return data
+
+
+def save_config(home: Path, config: AgentConfig) -> Path:
+    import tomli_w
+
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = config_path(home)
+    write_private(path, tomli_w.dumps(config_to_dict(config)).encode())
+    return path
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write `data` to `path` atomically with mode 0600 (it holds a secret)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
