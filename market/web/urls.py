@@ -8,6 +8,8 @@ urlpatterns = [
     path("", views.markets, name="markets"),
     path("markets/<str:gpu_model>/<str:region>/", views.market_detail, name="market"),
     path("offers/", views.offers, name="offers"),
+    path("rounds/", views.rounds, name="rounds"),
+    path("orders/", views.my_orders, name="orders"),
     path("signup/", views.signup, name="signup"),
     path("login/", auth_views.LoginView.as_view(template_name="market/login.html", redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib.auth import login
+from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
 from market import selectors, services
+from market.models import AuctionRound, Trade
 from market.errors import DomainError
 from providers.models import GpuModel, Region
 
@@ -63,10 +65,11 @@ def market_detail(request: HttpRequest, gpu_model: str, region: str) -> HttpResp
     buckets = selectors.market_buckets(gpu_model=model.id, region=reg.id)
     depth = _depth(offers)
     history = selectors.bucket_price_history(model.id, reg.id)
+    recent = Trade.objects.filter(gpu_model=model, region=reg).select_related("round").order_by("-id")[:20]
     return render(
         request,
         "market/market_detail.html",
-        {"model": model, "region": reg, "offers": offers[:200], "bucket": buckets[0] if buckets else None, "depth": depth, "history": history, "history_prices": [p for _, p in history], "min_gpus": min_gpus},
+        {"model": model, "region": reg, "offers": offers[:200], "bucket": buckets[0] if buckets else None, "depth": depth, "history": history, "history_prices": [p for _, p in history], "recent": recent, "min_gpus": min_gpus},
     )
 
 
@@ -98,3 +101,14 @@ def offers(request: HttpRequest) -> HttpResponse:
             pass  # a malformed filter is ignored and shown unapplied in the form
     qs = qs.order_by(SORTS.get(q.get("sort", "price"), "price"), "id")
     return render(request, "market/offers.html", {"offers": qs[:300], "models": GpuModel.objects.all(), "regions": Region.objects.all(), "q": q})
+
+
+def rounds(request: HttpRequest) -> HttpResponse:
+    recent = AuctionRound.objects.order_by("-number")[:50]
+    return render(request, "market/rounds.html", {"rounds": recent})
+
+
+@login_required
+def my_orders(request: HttpRequest) -> HttpResponse:
+    bids = selectors.bids_visible(request.user).filter(buyer=request.user).prefetch_related("trades", "trades__job")[:100]
+    return render(request, "market/orders.html", {"bids": bids})

@@ -52,3 +52,18 @@ def test_login_with_wrong_password_says_so(buyer):
     r = Client().post("/login/", {"username": "buyer", "password": "wrong"})
     assert "do not match" in r.content.decode()
     assert Client().post("/login/", {"username": "buyer", "password": PASSWORD}).status_code == 302
+
+
+def test_trades_show_on_the_market_page_rounds_page_and_my_orders(buyer, provider_user, make_offer, make_bid):
+    from market.rounds import round_clear
+
+    make_offer(provider_user, price=2_000_000)
+    make_bid(buyer, gpus=2, client_order_id="train-7")
+    rnd = round_clear()
+    assert "Recent trades" in Client().get("/markets/H100-SXM-80GB/us-east/").content.decode()
+    assert f"#{rnd.number}" in Client().get("/rounds/").content.decode()
+    c = Client()
+    c.force_login(buyer)
+    html = c.get("/orders/").content.decode()
+    assert "train-7" in html and "matched" in html
+    assert Client().get("/orders/").status_code == 302
