@@ -80,3 +80,11 @@ def test_check_deploy_passes_with_production_settings(tmp_path):
     }
     proc = subprocess.run([sys.executable, "-m", "gridbid.cli", "manage", "check", "--deploy", "--fail-level", "WARNING"], cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_readme_documents_every_variable():
+    from gridbid.config import VARIABLES
+
+    readme = (ROOT / "README.md").read_text()
+    missing = [v.name for v in VARIABLES if f"`{v.name}`" not in readme]
+    assert not missing, f"README configuration table lacks {missing}"
