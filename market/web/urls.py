@@ -10,6 +10,7 @@ urlpatterns = [
     path("offers/", views.offers, name="offers"),
     path("rounds/", views.rounds, name="rounds"),
     path("orders/", views.my_orders, name="orders"),
+    path("account/", views.account, name="account"),
     path("signup/", views.signup, name="signup"),
     path("login/", auth_views.LoginView.as_view(template_name="market/login.html", redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),

@@ -9,7 +9,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
 from market import selectors, services
-from market.models import AuctionRound, Trade
+from market.models import AuctionRound, Scope, Trade
 from market.errors import DomainError
 from providers.models import GpuModel, Region
 
@@ -112,3 +112,28 @@ def rounds(request: HttpRequest) -> HttpResponse:
 def my_orders(request: HttpRequest) -> HttpResponse:
     bids = selectors.bids_visible(request.user).filter(buyer=request.user).prefetch_related("trades", "trades__job")[:100]
     return render(request, "market/orders.html", {"bids": bids})
+
+
+class TokenForm(forms.Form):
+    name = forms.CharField(max_length=64, initial="my-bot")
+    scopes = forms.MultipleChoiceField(choices=[(s.value, s.label) for s in Scope], widget=forms.CheckboxSelectMultiple, initial=["read", "trade"])
+
+
+@login_required
+def account(request: HttpRequest) -> HttpResponse:
+    """API tokens: create (the token is shown once), list, revoke."""
+    from market.models import ApiToken
+
+    form = TokenForm(request.POST or None) if request.POST.get("action") == "create" else TokenForm()
+    created = None
+    if request.method == "POST":
+        try:
+            if request.POST.get("action") == "create" and form.is_valid():
+                _, created = services.token_create(user=request.user, name=form.cleaned_data["name"], scopes=form.cleaned_data["scopes"])
+            elif request.POST.get("action") == "revoke" and request.POST.get("token", "").isdigit():
+                services.token_revoke(user=request.user, token_id=int(request.POST["token"]))
+                return redirect("web:account")
+        except DomainError as exc:
+            form.add_error(None, exc.message)
+    tokens = ApiToken.objects.filter(user=request.user)
+    return render(request, "market/account.html", {"form": form, "tokens": tokens, "created": created})

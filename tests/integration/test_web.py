@@ -67,3 +67,19 @@ def test_trades_show_on_the_market_page_rounds_page_and_my_orders(buyer, provide
     html = c.get("/orders/").content.decode()
     assert "train-7" in html and "matched" in html
     assert Client().get("/orders/").status_code == 302
+
+
+def test_account_page_creates_a_token_once_and_revokes_it(buyer):
+    from market.models import ApiToken
+
+    c = Client()
+    c.force_login(buyer)
+    html = c.post("/account/", {"action": "create", "name": "bot", "scopes": ["read", "trade"]}).content.decode()
+    assert 'id="new-token">gb_' in html
+    token = ApiToken.objects.get(user=buyer, name="bot")
+    assert "new-token" not in c.get("/account/").content.decode()
+    c.post("/account/", {"action": "revoke", "token": token.id})
+    token.refresh_from_db()
+    assert token.revoked_at is not None
+    refused = c.post("/account/", {"action": "create", "name": "p", "scopes": ["provide"]}).content.decode()
+    assert "cannot hold" in refused
