@@ -16,7 +16,7 @@ def _operator(user: User) -> bool:
 
 
 def offers_open() -> QuerySet[Offer]:
-    return Offer.objects.filter(state=OfferState.OPEN).select_related("machine", "machine__region", "gpu_model")
+    return Offer.objects.filter(state=OfferState.OPEN).select_related("machine", "machine__region", "machine__provider", "gpu_model")
 
 
 def offers_visible(user: User) -> QuerySet[Offer]:

@@ -35,8 +35,10 @@ def pct(value: float | None) -> str:
 @register.simple_tag
 def sparkline(points: list[int], width: int = 120, height: int = 28) -> SafeString:
     """An inline SVG sparkline of clearing prices (no JavaScript needed)."""
-    if len(points) < 2:
+    if not points:
         return format_html('<span class="muted">no trades yet</span>')
+    if len(points) == 1:
+        points = [points[0], points[0]]
     lo, hi = min(points), max(points)
     span = (hi - lo) or 1
     step = width / (len(points) - 1)
