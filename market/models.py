@@ -96,6 +96,9 @@ class Offer(models.Model):
             ),
         ]
 
+    def __str__(self) -> str:
+        return f"offer {self.pk}: {self.gpus} x {self.gpu_model_id} at {self.price}/h"
+
     @property
     def provider_id(self) -> int:
         return self.machine.provider_id
@@ -109,7 +112,8 @@ class BidClass(models.TextChoices):
 
 class Bid(models.Model):
     buyer = models.ForeignKey(User, on_delete=models.PROTECT, related_name="bids")
-    client_order_id = models.CharField(max_length=64, null=True, blank=True)
+    # NULL, not "", so the per-buyer unique constraint ignores bids without one
+    client_order_id = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001
     job_spec = models.JSONField()
     gpus = models.PositiveSmallIntegerField()
     gpu_models = models.JSONField(default=list, blank=True, help_text="Acceptable catalogue model ids; empty = any model meeting the minimum specs")
@@ -145,6 +149,9 @@ class Bid(models.Model):
             models.CheckConstraint(condition=Q(state__in=BidState.values), name="bid_state_valid"),
             models.UniqueConstraint(fields=["buyer", "client_order_id"], condition=Q(client_order_id__isnull=False), name="bid_unique_client_order_id"),
         ]
+
+    def __str__(self) -> str:
+        return f"bid {self.pk}: {self.gpus} GPUs up to {self.max_price}/h ({self.state})"
 
 
 class AuctionRound(models.Model):
@@ -194,6 +201,9 @@ class Trade(models.Model):
             models.UniqueConstraint(fields=["bid", "offer"], name="trade_unique_bid_offer"),
         ]
 
+    def __str__(self) -> str:
+        return f"trade {self.pk}: {self.gpus} x {self.gpu_model_id} at {self.price}/h"
+
 
 class Job(models.Model):
     trade = models.OneToOneField(Trade, on_delete=models.PROTECT, related_name="job")
@@ -213,6 +223,9 @@ class Job(models.Model):
             models.CheckConstraint(condition=Q(state__in=JobState.values), name="job_state_valid"),
         ]
 
+    def __str__(self) -> str:
+        return f"job {self.pk} ({self.state})"
+
 
 class IdempotencyRecord(models.Model):
     """The first response to a POST carrying an Idempotency-Key, kept 24 hours."""
@@ -228,3 +241,6 @@ class IdempotencyRecord(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["user", "key"], name="idempotency_unique_key_per_user")]
+
+    def __str__(self) -> str:
+        return f"{self.method} {self.path} [{self.key}]"

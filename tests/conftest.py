@@ -140,8 +140,8 @@ def bid_body(**overrides: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def make_bid(db: Any) -> Callable[..., Any]:
-    from market.api.serializers import BidCreateSerializer
     from market import services
+    from market.api.serializers import BidCreateSerializer
 
     def make(user: Any, **overrides: Any) -> Any:
         data = BidCreateSerializer(data=bid_body(**overrides))

@@ -18,8 +18,7 @@ from market.api import serializers as s
 from market.api.filters import BidFilter, OfferFilter, TradeFilter
 from market.api.idempotency import idempotent
 from market.models import ApiToken, AuctionRound, Bid, Job, Offer, Scope, Trade
-from providers.models import Machine
-from providers.models import GpuModel, Region
+from providers.models import GpuModel, Machine, Region
 
 IDEMPOTENCY_PARAM = OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False, description="Retry-safe POST: the same key and body return the first response for 24 h.")
 

@@ -9,8 +9,8 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
 from market import selectors, services
-from market.models import AuctionRound, Scope, Trade
 from market.errors import DomainError
+from market.models import AuctionRound, Scope, Trade
 from providers.models import GpuModel, Region
 
 SORTS = {"price": "price", "-price": "-price", "gpus": "-gpus_free", "reliability": "-machine__reliability", "compute": "-gpu_model__compute_units"}

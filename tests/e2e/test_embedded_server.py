@@ -29,7 +29,7 @@ def embedded_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
     env.update(GRIDBID_DATA_DIR=str(data), ROUND_SECONDS="2", PYTHONUNBUFFERED="1")
-    log = open(data / "server.log", "w")
+    log = open(data / "server.log", "w")  # noqa: SIM115 - closed in the finally below
     proc = subprocess.Popen([sys.executable, "-m", "gridbid.cli", "up", "--demo", "--port", str(port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
