@@ -50,6 +50,7 @@ class AgentConfig:
     runtime: str = "auto"  # auto, process, docker, podman
     heartbeat_s: float = 5.0
     poll_s: float = 5.0
+    offer_sync_s: float = 30.0
     grace_s: float = 30.0
     max_output_bytes: int = 10 * 1024**3
     accept_trade_states: list[str] = field(default_factory=lambda: ["recorded"])

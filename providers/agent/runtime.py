@@ -66,6 +66,10 @@ class JobPaths:
         return self.work / "resume"
 
     @property
+    def progress(self) -> Path:
+        return self.work / ".gridbid-progress"
+
+    @property
     def log(self) -> Path:
         return self.root / "job.log"
 
@@ -108,6 +112,7 @@ def job_env(spec_env: Mapping[str, str], *, paths: JobPaths, output_dir: str, gp
         "GRIDBID_JOB_DIR": root,
         "GRIDBID_OUTPUT_DIR": f"{root}/{output_dir}",
         "GRIDBID_CHECKPOINT_DIR": f"{root}/checkpoint",
+        "GRIDBID_PROGRESS_FILE": f"{root}/.gridbid-progress",  # the job may write a fraction 0-1 here
     })
     if resume:
         env["GRIDBID_RESUME_FROM"] = f"{root}/resume"

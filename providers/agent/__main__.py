@@ -1,0 +1,3 @@
+from providers.agent.cli import main
+
+main(prog_name="gridbid-agent")

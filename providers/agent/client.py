@@ -1,0 +1,128 @@
+"""The market's REST API as the agent uses it, with errors sorted by what to do about them.
+
+* `Transient`: transport errors, 5xx and 429: back off with jitter and retry.
+* `AuthFailed`: 401/403: stop, the token or its scopes are wrong.
+* `Rejected`: any other 4xx: this request is wrong and retrying will not help.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+from providers.agent import __version__
+
+
+class MarketError(Exception):
+    def __init__(self, message: str, *, status: int | None = None, code: str = "", fields: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message, self.status, self.code, self.fields = message, status, code, fields or {}
+
+
+class Transient(MarketError):
+    pass
+
+
+class AuthFailed(MarketError):
+    pass
+
+
+class Rejected(MarketError):
+    pass
+
+
+def backoff_delays(base: float = 1.0, cap: float = 60.0, rng: random.Random | None = None) -> Iterator[float]:
+    """Full-jitter exponential backoff: uniform(0, min(cap, base * 2**n)), forever."""
+    rng = rng or random.Random()
+    n = 0
+    while True:
+        yield rng.uniform(0, min(cap, base * 2**n))
+        n = min(n + 1, 30)
+
+
+class MarketClient:
+    def __init__(self, market_url: str, token: str, *, timeout: float = 15.0, transport: httpx.BaseTransport | None = None) -> None:
+        self.base = market_url.rstrip("/")
+        self.http = httpx.Client(
+            base_url=self.base, timeout=timeout, transport=transport,
+            headers={"Authorization": f"Bearer {token}", "User-Agent": f"gridbid-agent/{__version__}"},
+        )
+
+    def close(self) -> None:
+        self.http.close()
+
+    def request(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            r = self.http.request(method, path, **kw)
+        except httpx.TransportError as exc:
+            raise Transient(f"cannot reach the market at {self.base}: {exc}") from exc
+        if r.status_code < 400:
+            return r.json() if r.content else None
+        try:
+            err = r.json()["error"]
+            message, code, fields = err.get("message", ""), err.get("code", ""), err.get("fields") or {}
+        except (ValueError, KeyError, TypeError):
+            message, code, fields = r.text[:200], "", {}
+        if r.status_code >= 500 or r.status_code == 429:
+            raise Transient(f"market answered {r.status_code}: {message}", status=r.status_code, code=code)
+        if r.status_code in (401, 403):
+            raise AuthFailed(f"the market refused our credentials ({r.status_code}): {message}", status=r.status_code, code=code)
+        raise Rejected(f"{method} {path} refused ({r.status_code}): {message}", status=r.status_code, code=code, fields=fields)
+
+    # --- accounts and provider ---
+    def me(self) -> dict[str, Any]:
+        return self.request("GET", "/api/v1/me/")
+
+    def provider(self) -> dict[str, Any]:
+        return self.request("GET", "/api/v1/providers/me/")
+
+    def provider_update(self, **fields: Any) -> dict[str, Any]:
+        return self.request("PATCH", "/api/v1/providers/me/", json=fields)
+
+    def challenge(self) -> dict[str, Any]:
+        return self.request("POST", "/api/v1/agent/challenge/", json={})
+
+    def challenge_verify(self, *, challenge: str, signature: str, address: str) -> dict[str, Any]:
+        return self.request("POST", "/api/v1/agent/challenge/verify/", json={"challenge": challenge, "signature": signature, "address": address})
+
+    # --- machines and offers ---
+    def machines(self) -> list[dict[str, Any]]:
+        return _items(self.request("GET", "/api/v1/machines/"))
+
+    def machine_register(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self.request("POST", "/api/v1/machines/", json=body)
+
+    def offers(self, machine_id: int) -> list[dict[str, Any]]:
+        return _items(self.request("GET", "/api/v1/offers/", params={"machine": machine_id, "page_size": 200}))
+
+    def offer_publish(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self.request("POST", "/api/v1/offers/", json=body)
+
+    def offer_update(self, offer_id: int, changes: dict[str, Any]) -> dict[str, Any]:
+        return self.request("PATCH", f"/api/v1/offers/{offer_id}/", json=changes)
+
+    def offer_withdraw(self, offer_id: int) -> dict[str, Any]:
+        return self.request("POST", f"/api/v1/offers/{offer_id}/withdraw/")
+
+    def trades(self) -> list[dict[str, Any]]:
+        return _items(self.request("GET", "/api/v1/trades/", params={"page_size": 200}))
+
+    # --- agent endpoints ---
+    def heartbeat(self, machine_id: int, body: dict[str, Any]) -> dict[str, Any]:
+        return self.request("POST", f"/api/v1/agent/machines/{machine_id}/heartbeat/", json=body)
+
+    def assignments(self, machine_id: int) -> list[dict[str, Any]]:
+        return self.request("GET", f"/api/v1/agent/machines/{machine_id}/assignments/")["assignments"]
+
+    def job_event(self, job_id: int, body: dict[str, Any]) -> dict[str, Any]:
+        return self.request("POST", f"/api/v1/agent/jobs/{job_id}/events/", json=body)
+
+    def job_receipt(self, job_id: int, body: dict[str, Any]) -> dict[str, Any]:
+        return self.request("POST", f"/api/v1/agent/jobs/{job_id}/receipt/", json=body)
+
+
+def _items(body: Any) -> list[dict[str, Any]]:
+    return body["results"] if isinstance(body, dict) and "results" in body else list(body)

@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import click
+
+from providers.agent.commands import fail, option
+
+
+@click.command("detect")
+@option("--inventory", type=click.Path(dir_okay=False, exists=True), default=None, help="Read a declared inventory (JSON/TOML) instead of NVML / rocm-smi.")
+@option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@option("--list-models", is_flag=True, help="List the catalogue's GPU model ids.")
+@click.pass_context
+def command(ctx: click.Context, inventory: str | None, as_json: bool, list_models: bool) -> None:
+    """Show this machine's GPUs: model, memory, UUID, driver and CUDA, topology, MIG."""
+    import json
+
+    from rich.table import Table
+
+    from providers import catalogue
+    from providers.agent.commands import console, home_of
+    from providers.agent.config import ConfigError, load_config
+    from providers.agent.inventory import InventoryError, detect
+
+    out = console()
+    if list_models:
+        t = Table("id", "vendor", "name", "GiB", "BF16 TFLOPS", title="Catalogue GPU models")
+        for m in catalogue.gpu_models().values():
+            t.add_row(m.id, m.vendor, m.name, str(m.memory_gib), f"{m.bf16_tflops:g}")
+        out.print(t)
+        return
+    if inventory is None:
+        try:
+            inventory = load_config(home_of(ctx)).inventory_file
+        except ConfigError:
+            pass
+    try:
+        inv = detect(inventory)
+    except InventoryError as exc:
+        fail(str(exc), 2)
+    if as_json:
+        click.echo(json.dumps(inv.as_dict(), indent=2))
+        return
+    if not inv.gpus:
+        fail("No GPUs found: NVML and rocm-smi see none. Declare them with --inventory FILE.", 1)
+    t = Table("#", "name", "catalogue model", "memory", "uuid", "MIG", title=f"GPUs ({inv.source}; driver {inv.driver_version or '?'}, CUDA {inv.cuda_version or '?'})")
+    for g in inv.gpus:
+        t.add_row(str(g.index), g.name, g.model or "[red]unmatched[/]", f"{g.memory_mib / 1024:.0f} GiB", g.uuid, g.mig or "-")
+    out.print(t)
+    for g in inv.gpus:
+        out.print(("  " if g.model else "  [yellow]![/] ") + g.match, highlight=False)
+    if inv.links:
+        out.print("Topology: " + ", ".join(f"{k} {v}" for k, v in sorted(inv.links.items())))

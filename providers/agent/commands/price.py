@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+import click
+
+from providers.agent.commands import fail, option
+
+
+@click.group("price")
+def command() -> None:
+    """Pricing per GPU model: fixed, or a floor plus a premium that rises with utilisation."""
+
+
+@command.command("set")
+@click.argument("gpu_model")
+@option("--fixed", default=None, help="Fixed price per GPU-hour, e.g. 2.50.")
+@option("--floor", default=None, help="Lowest price per GPU-hour (with --premium).")
+@option("--premium", default="0", help="Added at full utilisation.")
+@option("--exponent", type=float, default=1.0, show_default=True, help="Premium x utilisation**exponent.")
+@option("--min-duration", type=int, default=60, show_default=True, help="Seconds.")
+@option("--max-duration", type=int, default=30 * 24 * 3600, show_default=True, help="Seconds.")
+@option("--spot/--no-spot", default=True, show_default=True, help="Allow spot (preemptible) bids.")
+@option("--publish/--no-publish", default=True, show_default=True, help="Publish the offers now.")
+@click.pass_context
+def set_(ctx: click.Context, gpu_model: str, fixed: str | None, floor: str | None, premium: str, exponent: float, min_duration: int, max_duration: int, spot: bool, publish: bool) -> None:
+    """Set the pricing rule for GPU_MODEL (a catalogue id)."""
+    from providers import catalogue
+    from providers.agent.commands import home_of, load
+    from providers.agent.config import PricingRule, save_config
+    from providers.agent.pricing import PricingError, parse_amount, validate_rule
+
+    if gpu_model not in catalogue.gpu_models():
+        fail(f"{gpu_model!r} is not a catalogue model id (see `gridbid-agent detect --list-models`)", 2)
+    if (fixed is None) == (floor is None):
+        fail("Give either --fixed PRICE or --floor PRICE [--premium AMOUNT].", 2)
+    try:
+        if fixed is not None:
+            rule = PricingRule(gpu_model, "fixed", parse_amount(fixed), 0, 1.0, min_duration, max_duration, spot)
+        else:
+            rule = PricingRule(gpu_model, "utilisation", parse_amount(floor), parse_amount(premium), exponent, min_duration, max_duration, spot)  # type: ignore[arg-type]
+        validate_rule(rule)
+    except PricingError as exc:
+        fail(str(exc), 2)
+    config = load(ctx)
+    config.pricing = [r for r in config.pricing if r.gpu_model != gpu_model] + [rule]
+    save_config(home_of(ctx), config)
+    click.echo(f"Pricing for {gpu_model} saved.")
+    if publish:
+        ctx.invoke(sync)
+
+
+@command.command("remove")
+@click.argument("gpu_model")
+@option("--publish/--no-publish", default=True, show_default=True, help="Withdraw the offer now.")
+@click.pass_context
+def remove(ctx: click.Context, gpu_model: str, publish: bool) -> None:
+    """Stop selling GPU_MODEL."""
+    from providers.agent.commands import home_of, load
+    from providers.agent.config import save_config
+
+    config = load(ctx)
+    config.pricing = [r for r in config.pricing if r.gpu_model != gpu_model]
+    save_config(home_of(ctx), config)
+    if publish:
+        ctx.invoke(sync)
+
+
+@command.command("show")
+@click.pass_context
+def show(ctx: click.Context) -> None:
+    """Show the pricing rules and what each asks now."""
+    from rich.table import Table
+
+    from providers.agent.commands import console, load
+    from providers.agent.pricing import ask_price, format_amount
+
+    config = load(ctx)
+    t = Table("GPU model", "kind", "floor / price", "premium", "ask idle", "ask full", "duration", "spot", title="Pricing (per GPU-hour)")
+    for r in config.pricing:
+        t.add_row(r.gpu_model, r.kind, format_amount(r.price), format_amount(r.premium), format_amount(ask_price(r, 0)), format_amount(ask_price(r, 1)), f"{r.min_duration_s}-{r.max_duration_s}s", "yes" if r.spot_allowed else "no")
+    console().print(t)
+
+
+@command.command("sync")
+@click.pass_context
+def sync(ctx: click.Context) -> None:
+    """Publish, reprice or withdraw offers so they match the rules and the GPUs."""
+    from providers.agent.commands import client_for, console, load, market_call
+    from providers.agent.inventory import detect
+    from providers.agent.offers import offers_sync
+
+    config = load(ctx)
+    if not config.machine_id:
+        fail("Register the machine first: `gridbid-agent register`.", 2)
+    client = client_for(config)
+    actions = market_call(lambda: offers_sync(client, config, detect(config.inventory_file)))
+    out = console()
+    for a in actions:
+        out.print(f"  {a.describe()}")
+    out.print(f"Offers in step ({len(actions)} change(s)).")

@@ -1,0 +1,340 @@
+"""The daemon: one owner of the loop. Connect, authenticate, heartbeat, receive, run, report.
+
+Everything happens on one thread, in `Agent.tick()`, which never blocks for
+long: jobs run as supervised process groups that the tick polls; only the
+download of a job's inputs runs on a worker thread. Reports go through the
+SQLite outbox, so a report the market has not acknowledged is sent again after
+a crash. Transport errors and 5xx back off with jitter and retry forever; bad
+credentials stop the daemon with one message; a 4xx on one job's report is
+logged against that report and does not stop the others.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from providers.agent import __version__, inventory, keys, receipts
+from providers.agent.client import AuthFailed, MarketClient, Rejected, Transient, backoff_delays
+from providers.agent.config import AgentConfig
+from providers.agent.inputs import fetch_inputs, pack_checkpoint, unpack_checkpoint
+from providers.agent.runtime import ContainerRuntime, JobPaths, Limits, Outcome, ProcessRuntime, Supervised, job_env, pick_runtime, proc_start_ticks, process_alive, tree_size
+from providers.agent.state import State
+
+
+class Stop(Exception):
+    """The daemon cannot go on; the message says why and what to do."""
+
+
+def log(msg: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} {msg}", flush=True)
+
+
+@dataclass
+class Agent:
+    home: Path
+    config: AgentConfig
+    client: MarketClient
+    state: State
+    inventory: inventory.Inventory
+    bls_key: keys.BlsKey
+    account: Any = None  # eth-account LocalAccount, for the connect challenge
+    running: dict[int, Supervised] = field(default_factory=dict)
+    preparing: dict[int, Future[Any]] = field(default_factory=dict)
+    next_heartbeat: float = 0.0
+    next_poll: float = 0.0
+    next_offer_sync: float = 0.0
+    poll_now: threading.Event = field(default_factory=threading.Event)
+    pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(max_workers=2, thread_name_prefix="inputs"))
+
+    @property
+    def machine_id(self) -> int:
+        if not self.config.machine_id:
+            raise Stop("This machine is not registered yet. Run `gridbid-agent register` first.")
+        return self.config.machine_id
+
+    def job_paths(self, trade_id: int) -> JobPaths:
+        return JobPaths(self.home / "jobs" / str(trade_id))
+
+    # --- connect ---------------------------------------------------------------------
+    def connect(self) -> None:
+        """Check the token, prove we hold our Ethereum key, and re-attach to our jobs."""
+        me = self.client.me()
+        if me.get("role") not in ("provider", "operator"):
+            raise Stop(f"The token belongs to {me.get('username')!r}, a {me.get('role')} account; the agent needs a provider's token.")
+        if self.account is not None:
+            ch = self.client.challenge()
+            self.client.challenge_verify(challenge=ch["challenge"], signature=keys.sign_text(self.account, ch["challenge"]), address=self.account.address)
+        self.machine_id  # noqa: B018 - raises Stop when unregistered
+        self.recover()
+
+    def recover(self) -> None:
+        """After a crash or restart: re-attach to jobs still running, report the others."""
+        for job in self.state.jobs("running"):
+            trade = job["trade_id"]
+            if job["pid"] and process_alive(job["pid"], job["pid_ticks"]):
+                gpus = job["gpus"]
+                runtime = pick_runtime(job["runtime"], needs_image=job["runtime"] != "process")
+                self.running[trade] = Supervised(trade, job["pid"], job["pid_ticks"], job["started_at"], self.job_paths(trade), self._limits(job), runtime, None, 0)
+                log(f"trade {trade}: re-attached to running job (pid {job['pid']}, GPUs {gpus})")
+            else:
+                sup = Supervised(trade, job["pid"] or 0, job["pid_ticks"], job["started_at"] or time.time(), self.job_paths(trade), self._limits(job), ProcessRuntime())
+                code = sup._read_exit()
+                ended = time.time()
+                try:
+                    ended = float(json.loads(sup.paths.exit_file.read_text())["ended_at"])
+                except (OSError, ValueError, KeyError):
+                    pass
+                self._finish(job, Outcome(code, "exited" if code is not None else "lost", ended))
+                log(f"trade {trade}: job ended while the agent was down; reported it ({'exit ' + str(code) if code is not None else 'lost'})")
+        for job in self.state.jobs("accepted"):
+            self._prepare(job)
+
+    # --- the loop ------------------------------------------------------------------------
+    def run_forever(self, stop: threading.Event, tick_s: float = 0.25) -> None:
+        delays = None
+        connected = False
+        while not stop.is_set():
+            try:
+                if not connected:
+                    self.connect()
+                    connected = True
+                    log(f"connected to {self.config.market_url} as machine {self.machine_id}")
+                self.tick()
+                delays = None
+                stop.wait(tick_s)
+            except Transient as exc:
+                delays = delays or backoff_delays(1.0, 60.0)
+                delay = next(delays)
+                log(f"{exc.message}; retrying in {delay:.1f}s")
+                stop.wait(delay)
+                # the jobs keep being supervised while the market is away
+                self.supervise()
+            except AuthFailed as exc:
+                raise Stop(f"{exc.message}. Check the token in {self.home}/agent.toml (it needs the 'provide' scope) or run `gridbid-agent init` again.") from exc
+            except Rejected as exc:
+                raise Stop(f"The market rejected the agent: {exc.message}") from exc
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def tick(self, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        self.supervise(now)
+        self.flush()
+        if now >= self.next_heartbeat:
+            self.heartbeat()
+            self.next_heartbeat = now + self.config.heartbeat_s
+        if now >= self.next_poll or self.poll_now.is_set():
+            self.poll_now.clear()
+            self.poll()
+            self.next_poll = now + self.config.poll_s
+        if self.config.pricing and now >= self.next_offer_sync:
+            from providers.agent.offers import offers_sync
+
+            for action in offers_sync(self.client, self.config, self.inventory):
+                log(f"offers: {action.describe()}")
+            self.next_offer_sync = now + self.config.offer_sync_s
+        self.flush()
+
+    def heartbeat(self) -> dict[str, Any]:
+        busy = [i for t in self.running for i in self.state.job(t)["gpus"]]
+        jobs = []
+        for trade, sup in self.running.items():
+            job = self.state.job(trade)
+            jobs.append({"job": job["job_id"], "progress": self._progress(job, sup)})
+        body = {"agent_version": __version__, "gpus": [t.as_dict() for t in inventory.telemetry(self.inventory, busy)], "jobs": jobs}
+        return self.client.heartbeat(self.machine_id, body)
+
+    def _progress(self, job: dict[str, Any], sup: Supervised) -> float:
+        try:
+            p = float(sup.paths.progress.read_text().strip())
+            if math.isfinite(p):
+                return min(1.0, max(0.0, p))
+        except (OSError, ValueError):
+            pass
+        return min(0.99, max(0.0, (time.time() - sup.started_at) / max(1, job["duration_s"])))
+
+    # --- assignments ------------------------------------------------------------------
+    def poll(self) -> None:
+        for a in self.client.assignments(self.machine_id):
+            self.assign(a)
+
+    def assign(self, a: dict[str, Any]) -> str:
+        """Take one assignment; returns what was done (for logs and tests)."""
+        trade = int(a["trade"])
+        known = self.state.job(trade)
+        if known is not None:
+            if a.get("preempt") and trade in self.running and not self.running[trade].stopping:
+                self.running[trade].terminate("preempted", time.time(), self.config.grace_s)
+                log(f"trade {trade}: preempt order; SIGTERM sent, {self.config.grace_s:.0f}s to checkpoint")
+                return "preempting"
+            return "duplicate"
+        if a.get("trade_state") not in self.config.accept_trade_states:
+            return "waiting"  # not recorded on chain yet: neither run nor refuse
+        reason = self.refusal(a)
+        spec = a.get("job_spec") or {}
+        base = dict(trade_id=trade, job_id=int(a["job"]), spec=spec, spec_hash=receipts.spec_hash(spec), gpus=list(a.get("gpus") or []), duration_s=int(a.get("duration_s") or 60), runtime=self.config.runtime, resume=a.get("resume_from"))
+        if reason:
+            if self.state.job_accept(**base, state="refused", reason=reason):
+                self.state.report(trade_id=trade, job_id=base["job_id"], kind="event", body={"event": "failed", "reason": f"refused by the provider's agent: {reason}"})
+                log(f"trade {trade}: refused: {reason}")
+            return "refused"
+        if not self.state.job_accept(**base):
+            return "duplicate"
+        if a.get("preempt"):
+            # preempted before it started: nothing ran, nothing to checkpoint
+            self._finish(self.state.job(trade), Outcome(None, "preempted", time.time()))
+            return "preempted"
+        self._prepare(self.state.job(trade))
+        log(f"trade {trade}: accepted job {base['job_id']} on GPUs {base['gpus']}")
+        return "accepted"
+
+    def refusal(self, a: dict[str, Any]) -> str | None:
+        """Why this assignment must not run here, or None."""
+        if int(a.get("machine", -1)) != self.machine_id:
+            return f"trade {a['trade']} is for machine {a.get('machine')}, not this machine ({self.machine_id})"
+        spec = a.get("job_spec")
+        if not isinstance(spec, dict) or not (spec.get("command") or spec.get("image")):
+            return "the job spec has neither a command nor an image"
+        if a.get("spec_hash") and a["spec_hash"] != receipts.spec_hash(spec):
+            return "the job spec does not match its hash"
+        sig = a.get("spec_signature")
+        if sig:
+            try:
+                signer = receipts.spec_signer(spec, sig)
+            except Exception:
+                return "the buyer's signature over the job spec is malformed"
+            if not a.get("buyer_address") or signer.lower() != str(a["buyer_address"]).lower():
+                return "the buyer's signature over the job spec does not match the buyer"
+        elif self.config.require_buyer_signature:
+            return "the job spec is not signed by the buyer"
+        gpus = a.get("gpus") or []
+        have = {g.index for g in self.inventory.gpus}
+        missing = [i for i in gpus if i not in have]
+        if missing:
+            return f"GPU(s) {missing} do not exist on this machine"
+        busy = {i for t in self.running for i in self.state.job(t)["gpus"]}
+        if busy & set(gpus):
+            return f"GPU(s) {sorted(busy & set(gpus))} are running another job"
+        if spec.get("image") and self.config.runtime == "process" and not spec.get("command"):
+            return "the job needs a container image and this machine runs the process runtime only"
+        return None
+
+    # --- running -------------------------------------------------------------------------
+    def _limits(self, job: dict[str, Any]) -> Limits:
+        spec = job["spec"]
+        mem = spec.get("resources", {}).get("memory_bytes") if isinstance(spec.get("resources"), dict) else None
+        return Limits(time_limit_s=float(spec.get("time_limit_s") or job["duration_s"]), grace_s=self.config.grace_s, max_output_bytes=self.config.max_output_bytes, memory_bytes=mem)
+
+    def _prepare(self, job: dict[str, Any]) -> None:
+        trade = job["trade_id"]
+        paths = self.job_paths(trade)
+        paths.create()
+
+        def work() -> None:
+            fetch_inputs(job["spec"].get("inputs") or [], paths.work / "inputs")
+            resume = job.get("resume")
+            if resume:
+                (archive,) = fetch_inputs([{"url": resume["url"], "sha256": resume["sha256"], "path": "checkpoint.tar"}], paths.root)
+                unpack_checkpoint(archive, paths.resume)
+
+        self.preparing[trade] = self.pool.submit(work)
+
+    def _launch(self, job: dict[str, Any]) -> None:
+        trade, spec = job["trade_id"], job["spec"]
+        paths = self.job_paths(trade)
+        limits = self._limits(job)
+        output_dir = spec.get("output_dir") or "outputs"
+        runtime = pick_runtime(self.config.runtime, needs_image=bool(spec.get("image")))
+        env = job_env(spec.get("env") or {}, paths=paths, output_dir=output_dir, gpus=job["gpus"], trade_id=trade, resume=bool(job.get("resume")))
+        paths.output(output_dir).mkdir(parents=True, exist_ok=True)
+        baseline = tree_size(paths.work)
+        started = time.time()
+        if isinstance(runtime, ContainerRuntime) and spec.get("image"):
+            popen = runtime.launch_image(image=spec["image"], command=spec.get("command") or [], paths=paths, env=env, limits=limits, trade_id=trade, gpus=job["gpus"])
+        else:
+            runtime = ProcessRuntime() if isinstance(runtime, ContainerRuntime) else runtime
+            popen = runtime.launch(argv=spec["command"], paths=paths, env=env, limits=limits, trade_id=trade, gpus=job["gpus"])
+        ticks = proc_start_ticks(popen.pid)
+        self.state.job_update(trade, state="running", pid=popen.pid, pid_ticks=ticks, started_at=started, runtime=runtime.name)
+        self.running[trade] = Supervised(trade, popen.pid, ticks, started, paths, limits, runtime, popen, baseline)
+        self.state.report(trade_id=trade, job_id=job["job_id"], kind="event", body={"event": "started", "at": int(started)})
+        log(f"trade {trade}: started ({runtime.name}, pid {popen.pid})")
+
+    def supervise(self, now: float | None = None) -> None:
+        for trade, fut in list(self.preparing.items()):
+            if not fut.done():
+                continue
+            del self.preparing[trade]
+            job = self.state.job(trade)
+            exc = fut.exception()
+            if exc is not None:
+                log(f"trade {trade}: inputs failed: {exc}")
+                self._finish(job, Outcome(None, f"inputs: {exc}", time.time()))
+                continue
+            try:
+                self._launch(job)
+            except Exception as exc:  # a job that cannot start is reported, never retried blindly
+                log(f"trade {trade}: cannot start: {exc}")
+                self._finish(job, Outcome(None, f"start: {exc}", time.time()))
+        for trade, sup in list(self.running.items()):
+            outcome = sup.poll(now)
+            if outcome is not None:
+                del self.running[trade]
+                self._finish(self.state.job(trade), outcome)
+
+    def _finish(self, job: dict[str, Any], outcome: Any) -> receipts.Receipt:
+        """Meter, digest the outputs, pack any checkpoint, sign the receipt, queue the reports."""
+        trade = job["trade_id"]
+        paths = self.job_paths(trade)
+        started = job.get("started_at") or outcome.ended_at
+        ended = max(started, outcome.ended_at)
+        gpu_seconds = math.ceil((ended - started) * len(job["gpus"])) if job.get("started_at") else 0
+        files = receipts.output_manifest(paths.output(job["spec"].get("output_dir") or "outputs")) if paths.work.exists() else []
+        checkpoint = None
+        if outcome.reason in ("preempted", "timeout") and paths.checkpoint.exists():
+            checkpoint = pack_checkpoint(paths.checkpoint, self.home / "checkpoints" / f"trade-{trade}.tar")
+        if outcome.reason == "preempted":
+            result = "preempted"
+        elif outcome.reason == "exited" and outcome.exit_code == 0:
+            result = "completed"
+        else:
+            result = "failed"
+        receipt = receipts.Receipt(
+            trade_id=trade, job_spec_hash=job["spec_hash"], started_at=int(started), ended_at=int(math.ceil(ended)),
+            gpu_seconds=gpu_seconds, exit_code=outcome.exit_code, outputs_root=receipts.outputs_root(files), outcome=result, checkpoint=checkpoint,
+        )
+        signature = receipts.receipt_sign(receipt, self.bls_key)
+        self.state.job_update(trade, state="finished", ended_at=ended, exit_code=outcome.exit_code, reason=outcome.reason, gpu_seconds=gpu_seconds, checkpoint=checkpoint, receipt=receipt.body(), signature=signature)
+        event = {"event": result, "at": int(ended), "exit_code": outcome.exit_code, "gpu_seconds": gpu_seconds, "reason": outcome.reason}
+        if checkpoint:
+            event["checkpoint"] = checkpoint
+        if checkpoint and job.get("started_at"):
+            self.state.report(trade_id=trade, job_id=job["job_id"], kind="event", body={"event": "checkpointed", "at": int(ended), "checkpoint": checkpoint})
+        self.state.report(trade_id=trade, job_id=job["job_id"], kind="event", body=event)
+        self.state.report(trade_id=trade, job_id=job["job_id"], kind="receipt", body={"receipt": receipt.body(), "signature": signature, "outputs": [f.__dict__ for f in files]})
+        log(f"trade {trade}: {result} ({outcome.reason}, exit {outcome.exit_code}, {gpu_seconds} GPU-s); receipt signed")
+        return receipt
+
+    # --- reports ---------------------------------------------------------------------------
+    def flush(self) -> int:
+        """Send queued reports in order; stops at the first transient failure."""
+        sent = 0
+        for rep in self.state.pending_reports():
+            try:
+                if rep["kind"] == "receipt":
+                    self.client.job_receipt(rep["job_id"], rep["body"])
+                else:
+                    self.client.job_event(rep["job_id"], rep["body"])
+            except Rejected as exc:
+                log(f"trade {rep['trade_id']}: the market refused a {rep['kind']} report: {exc.message}")
+                self.state.report_done(rep["id"], error=exc.message)
+                continue
+            self.state.report_done(rep["id"])
+            sent += 1
+        return sent
