@@ -19,7 +19,7 @@ class NoDjango(importlib.abc.MetaPathFinder):
 
 sys.meta_path.insert(0, NoDjango())
 import providers.agent
-mods = [m.name for m in pkgutil.walk_packages(providers.agent.__path__, "providers.agent.")]
+mods = [m.name for m in pkgutil.walk_packages(providers.agent.__path__, "providers.agent.") if not m.name.endswith("__main__")]
 for name in mods:
     __import__(name)
 from providers.agent.cli import main
