@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "Installing Python packages into $(VENV) (first run takes a few minutes)..."
 	@$(PY) -m pip install --quiet --upgrade pip setuptools wheel
-	@$(PY) -m pip install --quiet --progress-bar on -e '.[dev,agent]'
+	@$(PY) -m pip install --quiet --progress-bar on -e '.[server,agent,dev]'
 	@touch $(STAMP)
 
 $(NODE_STAMP): package.json
