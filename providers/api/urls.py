@@ -1,3 +1,14 @@
-"""Agent-facing endpoints, mounted at /api/v1/agent/ (owned by the provider-agent work)."""
+"""Agent-facing endpoints, mounted at /api/v1/agent/."""
 
-urlpatterns: list = []
+from django.urls import path
+
+from providers.api import views
+
+urlpatterns = [
+    path("machines/<int:machine_id>/heartbeat/", views.HeartbeatView.as_view(), name="agent-heartbeat"),
+    path("machines/<int:machine_id>/assignments/", views.AssignmentsView.as_view(), name="agent-assignments"),
+    path("jobs/<int:job_id>/events/", views.JobEventView.as_view(), name="agent-job-events"),
+    path("jobs/<int:job_id>/receipt/", views.JobReceiptView.as_view(), name="agent-job-receipt"),
+    path("challenge/", views.ChallengeView.as_view(), name="agent-challenge"),
+    path("challenge/verify/", views.ChallengeVerifyView.as_view(), name="agent-challenge-verify"),
+]

@@ -1,0 +1,79 @@
+"""Agent-facing endpoints: thin views over `providers.jobs`."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from market.api.permissions import ScopedAccess
+from market.api.serializers import JobSerializer
+from market.models import Scope
+from providers import jobs
+from providers.api import serializers as s
+
+
+class AgentView(APIView):
+    permission_classes = [ScopedAccess]
+    scopes = {"get": Scope.PROVIDE, "post": Scope.PROVIDE}
+
+
+class HeartbeatView(AgentView):
+    """Per-GPU telemetry and job progress. Marks the machine online and reopens offers its silence paused."""
+
+    @extend_schema(request=s.HeartbeatSerializer, responses=inline_serializer("HeartbeatResult", {"machine": serializers.IntegerField(), "state": serializers.CharField(), "reopened_offers": serializers.IntegerField(), "jobs_updated": serializers.IntegerField(), "next_heartbeat_s": serializers.IntegerField()}))
+    def post(self, request: Request, machine_id: int) -> Response:
+        data = s.HeartbeatSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        return Response(jobs.machine_heartbeat(user=request.user, machine_id=machine_id, **data.validated_data))
+
+
+class AssignmentsView(AgentView):
+    """Jobs this machine should run: trade, job spec and its hash, GPU indexes, duration, preempt order."""
+
+    @extend_schema(responses=inline_serializer("Assignments", {"assignments": serializers.ListField(child=serializers.DictField())}))
+    def get(self, request: Request, machine_id: int) -> Response:
+        return Response({"assignments": jobs.machine_assignments(user=request.user, machine_id=machine_id)})
+
+
+class JobEventView(AgentView):
+    """started / progress / checkpointed / completed / failed / preempted. Repeating a report is harmless."""
+
+    @extend_schema(request=s.JobEventSerializer, responses=JobSerializer)
+    def post(self, request: Request, job_id: int) -> Response:
+        data = s.JobEventSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        job = jobs.job_event(user=request.user, job_id=job_id, **data.validated_data)
+        return Response(JobSerializer(job).data)
+
+
+class JobReceiptView(AgentView):
+    """The signed completion receipt; checked against the job and the provider's BLS key."""
+
+    @extend_schema(request=s.ReceiptSubmitSerializer, responses=JobSerializer)
+    def post(self, request: Request, job_id: int) -> Response:
+        data = s.ReceiptSubmitSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        job = jobs.job_receipt_submit(user=request.user, job_id=job_id, **data.validated_data)
+        return Response(JobSerializer(job).data)
+
+
+class ChallengeView(AgentView):
+    """A short-lived text for the agent to sign with its Ethereum key."""
+
+    @extend_schema(request=None, responses=inline_serializer("Challenge", {"challenge": serializers.CharField(), "expires_in_s": serializers.IntegerField()}))
+    def post(self, request: Request) -> Response:
+        return Response(jobs.agent_challenge_issue(user=request.user))
+
+
+class ChallengeVerifyView(AgentView):
+    """Prove the agent holds the key of `address`; binds it as the provider's chain address."""
+
+    @extend_schema(request=s.ChallengeVerifySerializer, responses=inline_serializer("ChallengeVerified", {"chain_address": serializers.CharField()}))
+    def post(self, request: Request) -> Response:
+        data = s.ChallengeVerifySerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        provider = jobs.agent_challenge_verify(user=request.user, **data.validated_data)
+        return Response({"chain_address": provider.chain_address})

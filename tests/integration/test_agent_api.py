@@ -1,0 +1,281 @@
+"""The agent-facing API: heartbeats, assignments, job events, receipts, key challenges.
+
+Trades and jobs are created directly with the ORM here; the last tests drive the
+real agent daemon in-process against these endpoints through an httpx transport.
+"""
+
+from __future__ import annotations
+
+import itertools
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from market.models import AuctionRound, Job, Offer, Trade
+
+pytestmark = pytest.mark.django_db
+
+_rounds = itertools.count(1)
+
+
+@pytest.fixture
+def make_job(make_offer, make_bid, buyer):
+    def make(user, *, offer=None, gpus=2, duration_s=3600, trade_state="recorded", job_spec=None, count=4) -> Job:
+        offer = offer or make_offer(user, count=count)
+        bid = make_bid(buyer, gpus=gpus, duration_s=duration_s, **({"job_spec": job_spec} if job_spec else {}))
+        rnd = AuctionRound.objects.create(number=next(_rounds), scheduled_for=timezone.now())
+        trade = Trade.objects.create(
+            round=rnd, bid=bid, offer=offer, buyer=buyer, provider=offer.machine.provider, gpu_model=offer.gpu_model,
+            region=offer.machine.region, price=offer.price, gpus=gpus, duration_s=duration_s,
+            amount=offer.price * gpus * duration_s // 3600, state=trade_state,
+        )
+        return Job.objects.create(trade=trade)
+
+    return make
+
+
+def telemetry(index: int, **kw: Any) -> dict[str, Any]:
+    return {"index": index, "utilisation": 50.0, "memory_used_mib": 1000, "memory_total_mib": 81559, "temperature_c": 60.0, "power_w": 300.0, **kw}
+
+
+# --- heartbeats ----------------------------------------------------------------------------
+def test_heartbeat_brings_an_offline_machine_back_and_reopens_its_paused_offers(provider_user, client_for, make_offer):
+    from providers.tasks import machines_mark_offline
+
+    offer = make_offer(provider_user, count=2)
+    machine = offer.machine
+    client = client_for(provider_user)
+    assert client.post(f"/api/v1/agent/machines/{machine.id}/heartbeat/", {"gpus": [telemetry(0), telemetry(1)]}, format="json").status_code == 200
+    machine.refresh_from_db()
+    assert machine.state == "online" and machine.last_heartbeat is not None
+    # silence: the periodic task takes it offline, pauses the offer, lowers reliability
+    type(machine).objects.filter(pk=machine.pk).update(last_heartbeat=timezone.now() - timedelta(minutes=5))
+    assert machines_mark_offline() == 1
+    offer.refresh_from_db()
+    machine.refresh_from_db()
+    assert offer.state == "paused" and machine.state == "offline" and machine.reliability < 0.9
+    r = client.post(f"/api/v1/agent/machines/{machine.id}/heartbeat/", {"gpus": [telemetry(0)]}, format="json")
+    assert r.status_code == 200 and r.json()["reopened_offers"] == 1
+    offer.refresh_from_db()
+    assert offer.state == "open"
+
+
+def test_heartbeat_carries_job_progress(provider_user, client_for, make_job):
+    job = make_job(provider_user)
+    Job.objects.filter(pk=job.pk).update(state="running")
+    machine_id = job.trade.offer.machine_id
+    r = client_for(provider_user).post(f"/api/v1/agent/machines/{machine_id}/heartbeat/", {"jobs": [{"job": job.id, "progress": 0.25}]}, format="json")
+    assert r.json()["jobs_updated"] == 1
+    job.refresh_from_db()
+    assert job.progress == 0.25
+
+
+@pytest.mark.parametrize("gpu,field", [
+    (telemetry(7), "gpus"),
+    (telemetry(0, utilisation=150), "gpus[0].utilisation"),
+    (telemetry(0, memory_used_mib=10**9), "gpus[0].memory_used_mib"),
+    (telemetry(0, temperature_c="hot"), "gpus[0].temperature_c"),
+])
+def test_heartbeat_with_bad_telemetry_is_refused_naming_the_field(provider_user, client_for, make_machine, gpu, field):
+    machine = make_machine(provider_user, count=2)
+    r = client_for(provider_user).post(f"/api/v1/agent/machines/{machine.id}/heartbeat/", {"gpus": [gpu]}, format="json")
+    assert r.status_code == 400
+    assert any(k.startswith(field) for k in r.json()["error"]["fields"]), r.json()
+
+
+def test_a_provider_cannot_heartbeat_another_providers_machine(provider_user, other_provider_user, client_for, make_machine):
+    machine = make_machine(other_provider_user)
+    r = client_for(provider_user).post(f"/api/v1/agent/machines/{machine.id}/heartbeat/", {}, format="json")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+
+
+def test_agent_endpoints_need_the_provide_scope(provider_user, buyer, client_for, make_machine):
+    machine = make_machine(provider_user)
+    r = client_for(provider_user, scopes=["read"]).post(f"/api/v1/agent/machines/{machine.id}/heartbeat/", {}, format="json")
+    assert r.status_code == 403 and "provide" in r.json()["error"]["message"]
+    assert client_for(buyer, scopes=["read"]).get(f"/api/v1/agent/machines/{machine.id}/assignments/").status_code == 403
+
+
+def test_anonymous_agent_is_refused(anon):
+    assert anon.post("/api/v1/agent/challenge/").status_code in (401, 403)
+
+
+# --- assignments -----------------------------------------------------------------------------
+def test_assignments_name_the_trade_spec_and_stable_distinct_gpus(provider_user, other_provider_user, client_for, make_job, make_offer):
+    offer = make_offer(provider_user, count=4)
+    a = make_job(provider_user, offer=offer, gpus=2)
+    b = make_job(provider_user, offer=offer, gpus=2)
+    make_job(other_provider_user)  # someone else's
+    done = make_job(provider_user, offer=offer, gpus=1)
+    Job.objects.filter(pk=done.pk).update(state="completed")
+    client = client_for(provider_user)
+    first = client.get(f"/api/v1/agent/machines/{offer.machine_id}/assignments/").json()["assignments"]
+    assert [x["job"] for x in first] == [a.id, b.id]
+    assert first[0]["gpus"] == [0, 1] and first[1]["gpus"] == [2, 3]
+    assert first[0]["trade"] == a.trade_id and first[0]["trade_state"] == "recorded" and first[0]["machine"] == offer.machine_id
+    from providers.agent.receipts import spec_hash
+
+    assert first[0]["spec_hash"] == spec_hash(first[0]["job_spec"]) and first[0]["preempt"] is False
+    again = client.get(f"/api/v1/agent/machines/{offer.machine_id}/assignments/").json()["assignments"]
+    assert [x["gpus"] for x in again] == [[0, 1], [2, 3]]
+
+
+def test_a_preempt_order_shows_in_the_assignment(provider_user, client_for, make_job):
+    from providers.jobs import job_preempt_request
+
+    job = make_job(provider_user)
+    job_preempt_request(job=job, reason="spot capacity reclaimed")
+    (a,) = client_for(provider_user).get(f"/api/v1/agent/machines/{job.trade.offer.machine_id}/assignments/").json()["assignments"]
+    assert a["preempt"] is True
+
+
+# --- job events ---------------------------------------------------------------------------------
+def post_event(client, job, **body):
+    return client.post(f"/api/v1/agent/jobs/{job.id}/events/", body, format="json")
+
+
+def test_job_moves_through_its_states_as_the_agent_reports(provider_user, client_for, make_job):
+    job = make_job(provider_user)
+    client = client_for(provider_user)
+    r = post_event(client, job, event="started", at=1_700_000_000)
+    assert r.status_code == 200 and r.json()["state"] == "running"
+    assert post_event(client, job, event="started").status_code == 200  # a duplicate changes nothing
+    assert post_event(client, job, event="progress", progress=0.5).json()["progress"] == 0.5
+    ck = {"size": 1234, "sha256": "ab" * 32, "url": "file:///ck.tar"}
+    r = post_event(client, job, event="checkpointed", checkpoint=ck)
+    assert r.json()["state"] == "checkpointed" and r.json()["checkpoint"]["latest_checkpoint"] == ck
+    r = post_event(client, job, event="completed", exit_code=0, gpu_seconds=600)
+    body = r.json()
+    assert (body["state"], body["exit_code"], body["gpu_seconds"], body["progress"]) == ("completed", 0, 600, 1.0)
+    job.refresh_from_db()
+    assert job.started_at.timestamp() == 1_700_000_000 and job.ended_at is not None
+
+
+def test_an_impossible_job_transition_is_a_conflict(provider_user, client_for, make_job):
+    job = make_job(provider_user)
+    client = client_for(provider_user)
+    post_event(client, job, event="started")
+    post_event(client, job, event="failed", exit_code=1, gpu_seconds=10)
+    r = post_event(client, job, event="started")
+    assert r.status_code == 409 and r.json()["error"]["code"] == "conflict"
+    assert post_event(client, job, event="progress", progress=0.1).status_code == 409
+
+
+def test_a_job_cannot_bill_more_gpu_seconds_than_its_trade_bought(provider_user, client_for, make_job):
+    job = make_job(provider_user, gpus=2, duration_s=600)
+    client = client_for(provider_user)
+    post_event(client, job, event="started")
+    r = post_event(client, job, event="completed", exit_code=0, gpu_seconds=1201)
+    assert r.status_code == 400 and "gpu_seconds" in r.json()["error"]["fields"]
+
+
+def test_a_preempted_job_keeps_its_checkpoint_for_resumption(provider_user, client_for, make_job):
+    job = make_job(provider_user)
+    client = client_for(provider_user)
+    post_event(client, job, event="started")
+    ck = {"size": 10, "sha256": "cd" * 32}
+    r = post_event(client, job, event="preempted", exit_code=0, gpu_seconds=60, checkpoint=ck)
+    assert r.json()["state"] == "preempted" and r.json()["checkpoint"]["latest_checkpoint"] == ck
+
+
+def test_events_for_another_providers_job_are_not_found(provider_user, other_provider_user, client_for, make_job):
+    job = make_job(other_provider_user)
+    assert post_event(client_for(provider_user), job, event="started").status_code == 404
+
+
+@pytest.mark.parametrize("body,field", [({"event": "exploded"}, "event"), ({"event": "progress"}, "progress"), ({"event": "checkpointed"}, "checkpoint"), ({"event": "failed", "exit_code": 10**6}, "exit_code")])
+def test_malformed_events_are_refused(provider_user, client_for, make_job, body, field):
+    job = make_job(provider_user)
+    r = post_event(client_for(provider_user), job, **body)
+    assert r.status_code == 400 and field in r.json()["error"]["fields"]
+
+
+# --- receipts -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def bls_key():
+    from contracts import bls
+    from providers.agent.keys import BlsKey
+
+    sk = bls.keygen(b"\x05" * 32)
+    return BlsKey(sk, bls.public_key(sk), b"")
+
+
+def signed_receipt(job, key, **changes):
+    from providers.agent.receipts import Receipt, receipt_sign, spec_hash
+
+    body = dict(trade_id=job.trade_id, job_spec_hash=spec_hash(job.trade.bid.job_spec), started_at=100, ended_at=400, gpu_seconds=600, exit_code=0, outputs_root="ef" * 32, outcome="completed")
+    body.update(changes)
+    r = Receipt(**body)
+    return {"receipt": r.body(), "signature": receipt_sign(r, key), "outputs": [{"path": "out.txt", "size": 3, "sha256": "aa" * 32}]}
+
+
+def test_signed_receipt_is_verified_and_kept(provider_user, client_for, make_job, bls_key):
+    job = make_job(provider_user)
+    job.trade.provider.__class__.objects.filter(pk=job.trade.provider_id).update(bls_public_key=bls_key.public_key.hex())
+    client = client_for(provider_user)
+    post_event(client, job, event="started")
+    post_event(client, job, event="completed", exit_code=0, gpu_seconds=600)
+    body = signed_receipt(job, bls_key)
+    r = client.post(f"/api/v1/agent/jobs/{job.id}/receipt/", body, format="json")
+    assert r.status_code == 200, r.json()
+    held = r.json()["checkpoint"]["receipt"]
+    assert held["body"] == body["receipt"] and len(held["leaf"]) == 64 and held["outputs"][0]["path"] == "out.txt"
+    assert client.post(f"/api/v1/agent/jobs/{job.id}/receipt/", body, format="json").status_code == 200  # idempotent
+    other = signed_receipt(job, bls_key, gpu_seconds=500)
+    assert client.post(f"/api/v1/agent/jobs/{job.id}/receipt/", other, format="json").status_code == 409
+
+
+def test_receipt_with_a_bad_signature_or_wrong_spec_is_refused(provider_user, client_for, make_job, bls_key):
+    job = make_job(provider_user)
+    job.trade.provider.__class__.objects.filter(pk=job.trade.provider_id).update(bls_public_key=bls_key.public_key.hex())
+    client = client_for(provider_user)
+    post_event(client, job, event="started")
+    post_event(client, job, event="completed", exit_code=0, gpu_seconds=600)
+    forged = signed_receipt(job, bls_key)
+    forged["receipt"]["gpu_seconds"] = 700  # changed after signing
+    r = client.post(f"/api/v1/agent/jobs/{job.id}/receipt/", forged, format="json")
+    assert r.status_code == 400 and "signature" in r.json()["error"]["fields"]
+    wrong_spec = signed_receipt(job, bls_key, job_spec_hash="00" * 32)
+    r = client.post(f"/api/v1/agent/jobs/{job.id}/receipt/", wrong_spec, format="json")
+    assert r.status_code == 400 and "receipt.job_spec_hash" in r.json()["error"]["fields"]
+
+
+def test_receipt_before_a_bls_key_is_registered_is_a_conflict(provider_user, client_for, make_job, bls_key):
+    job = make_job(provider_user)
+    r = client_for(provider_user).post(f"/api/v1/agent/jobs/{job.id}/receipt/", signed_receipt(job, bls_key), format="json")
+    assert r.status_code == 409 and "BLS" in r.json()["error"]["message"]
+
+
+# --- challenge ------------------------------------------------------------------------------------
+def test_signed_challenge_binds_the_providers_chain_address(provider_user, client_for):
+    from eth_account import Account
+
+    from providers.agent.keys import sign_text
+
+    acct = Account.create()
+    client = client_for(provider_user)
+    ch = client.post("/api/v1/agent/challenge/").json()["challenge"]
+    wrong = client.post("/api/v1/agent/challenge/verify/", {"challenge": ch, "signature": sign_text(acct, ch), "address": Account.create().address}, format="json")
+    assert wrong.status_code == 400
+    r = client.post("/api/v1/agent/challenge/verify/", {"challenge": ch, "signature": sign_text(acct, ch), "address": acct.address}, format="json")
+    assert r.status_code == 200 and r.json()["chain_address"] == acct.address
+    provider_user.provider.refresh_from_db()
+    assert provider_user.provider.chain_address == acct.address
+    again = client.post("/api/v1/agent/challenge/verify/", {"challenge": ch, "signature": sign_text(acct, ch), "address": acct.address}, format="json")
+    assert again.status_code == 409
+
+
+def test_a_forged_or_foreign_challenge_is_refused(provider_user, other_provider_user, client_for):
+    from eth_account import Account
+
+    from providers.agent.keys import sign_text
+
+    acct = Account.create()
+    forged = "GridBid agent sign-in. user=1 nonce=00:1abc:xyz"
+    r = client_for(provider_user).post("/api/v1/agent/challenge/verify/", {"challenge": forged, "signature": sign_text(acct, forged), "address": acct.address}, format="json")
+    assert r.status_code == 400 and "challenge" in r.json()["error"]["fields"]
+    theirs = client_for(other_provider_user).post("/api/v1/agent/challenge/").json()["challenge"]
+    r = client_for(provider_user).post("/api/v1/agent/challenge/verify/", {"challenge": theirs, "signature": sign_text(acct, theirs), "address": acct.address}, format="json")
+    assert r.status_code == 400
