@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .bound import lp_solve, milp_pick
-from .market import Candidates, Market
+from .market import Candidates, Market, top_candidates
 
 Part = tuple[int, int, int]  # offer index, GPUs, score
 FIT_TOLERANCE = 0.0
@@ -67,6 +67,7 @@ class Solver:
     scan_limit: int = 64
     milp_nodes: int = 2_000
     milp_pairs: int = 20_000
+    scan_fallback: bool = True  # large rounds refill lists in bulk instead
     ptr: dict[tuple[int, int, int], int] = field(default_factory=dict)
     assigned: dict[int, list[Part]] = field(default_factory=dict)
     buyer: list[int] = field(default_factory=list)
@@ -104,7 +105,7 @@ class Solver:
         if pick is not None:
             i, o = pick[1], pick[2]
             return [(o, g, self.cand.scores[b][i])]
-        if not self.cand.truncated[b]:
+        if not self.cand.truncated[b] or not self.scan_fallback:
             return None
         return self._scan_single(b, g)
 
@@ -255,6 +256,25 @@ class Solver:
             self._try(int(pb[i]), int(po[i]), int(ps[i]))
         self.greedy([b for b in bids if b not in self.assigned])
         return bound
+
+    def refill(self, bids: list[int], kmax: int) -> None:
+        """Give bids whose lists ran dry fresh lists over what is still free.
+
+        One vectorised candidate search for all of them at once, then the
+        greedy again in the same order; replaces per-bid scans of the views.
+        """
+        waiting = [b for b in bids if b not in self.assigned and self.cand.truncated[b]]
+        if not waiting:
+            return
+        only = np.zeros(len(self.mkt.bids), dtype=np.bool_)
+        only[waiting] = True
+        free = np.asarray(self.state.free, dtype=np.int64)
+        fresh = top_candidates(self.mkt, kmax, only=only, cap=free)
+        for b in waiting:
+            self.cand.offers[b] = fresh.offers[b]
+            self.cand.scores[b] = fresh.scores[b]
+            self.cand.truncated[b] = fresh.truncated[b]
+        self.greedy(waiting)
 
     def _try(self, b: int, o: int, s: int) -> None:
         g = int(self.mkt.b_gpus[b])

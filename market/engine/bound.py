@@ -18,7 +18,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 from scipy.sparse import coo_matrix
 
-from .market import F64, I64, Market
+from .market import F64, I64, Candidates, Market
 
 
 def lp_bound(mkt: Market, pair_bid: I64, pair_offer: I64, pair_score: I64) -> int | None:
@@ -84,3 +84,81 @@ def milp_pick(
     if res.x is None:
         return np.zeros(0, dtype=np.int64)
     return np.flatnonzero(np.asarray(res.x) > 0.5).astype(np.int64)
+
+
+def dual_bound(
+    mkt: Market, cand: Candidates, lower: int, iters: int = 60
+) -> tuple[int, I64]:
+    """A Lagrangian upper bound on the best surplus over *every* feasible pair.
+
+    Price each offer's GPUs at ``lam[o] >= 0`` and drop the capacity rows:
+    each bid then takes, alone, its pair of best ``score - gpus * lam[o]``
+    (or nothing), so for any such prices::
+
+        UB(lam) = sum_b max(0, max_o score[b, o] - gpus[b] * lam[o], rest[b])
+                  + sum_o gpus[o] * lam[o]
+
+    bounds every assignment that respects capacity: whole-or-nothing, class
+    priority and the fair-share cap only remove assignments. ``rest[b]``
+    bounds the pairs the candidate search pruned (their price is at least 0),
+    and a multi-machine bid adds ``gpus + 1`` for rounding each part's score
+    separately. The prices are improved by projected subgradient steps
+    (Polyak's rule, aiming at ``lower``); the bound is evaluated in integers
+    at the best integral prices found, so it is exact arithmetic, not a
+    floating-point estimate.
+    """
+    rest = cand.rest if cand.rest is not None else np.zeros(len(mkt.bids), dtype=np.int64)
+    cap = mkt.o_gpus
+    no = len(mkt.offers)
+    pb, po, ps = cand.pair_bid, cand.pair_offer, cand.pair_score
+    slack = np.where(mkt.b_same, 0, mkt.b_gpus + 1).astype(np.int64)
+    base = int(slack.sum())
+    if len(pb) == 0:
+        return int(np.maximum(rest, 0).sum()) + base, np.zeros(no, dtype=np.int64)
+    starts = np.flatnonzero(np.r_[True, pb[1:] != pb[:-1]])
+    owners = pb[starts]
+    g = mkt.b_gpus[pb]
+    floor_b = np.maximum(rest, 0)
+    lone = int(floor_b.sum()) - int(floor_b[owners].sum())  # bids with no kept pair
+    floor_o = floor_b[owners]
+
+    def evaluate(lam: I64) -> tuple[int, I64, I64]:
+        red = ps - g * lam[po]
+        best = np.maximum.reduceat(red, starts)
+        term = np.maximum(best, floor_o)
+        return int(term.sum()) + lone + base + int((cap * lam).sum()), red, best
+
+    lam_f = np.zeros(no, dtype=np.float64)
+    lam = np.zeros(no, dtype=np.int64)
+    ub, red, best = evaluate(lam)
+    best_lam = lam
+    mu = 1.0
+    stall = 0
+    for _ in range(iters):
+        # each bid's chosen pair: the first (best-ranked) attaining its max
+        take = (red == np.repeat(best, np.diff(np.r_[starts, len(pb)]))) & (
+            red > np.repeat(floor_o, np.diff(np.r_[starts, len(pb)]))
+        )
+        idx = np.flatnonzero(take)
+        if len(idx):
+            first = np.r_[True, pb[idx][1:] != pb[idx][:-1]]
+            idx = idx[first]
+        use = np.bincount(po[idx], weights=g[idx].astype(np.float64), minlength=no)
+        sub = cap.astype(np.float64) - use
+        sub = np.where((lam_f <= 0) & (sub > 0), 0.0, sub)
+        norm = float(sub @ sub)
+        if norm <= 0:
+            break
+        step = mu * max(ub - lower, 1) / norm
+        lam_f = np.maximum(0.0, lam_f - step * sub)
+        cur, red_c, best_c = evaluate(np.floor(lam_f).astype(np.int64))
+        if cur < ub:
+            ub, red, best, best_lam = cur, red_c, best_c, np.floor(lam_f).astype(np.int64)
+            stall = 0
+        else:
+            red, best = red_c, best_c
+            stall += 1
+            if stall >= 3:
+                mu /= 2
+                stall = 0
+    return ub, best_lam

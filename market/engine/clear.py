@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from .assign import Solver, State, fair_share_limits, priority_order
-from .bound import lp_bound
+from .bound import dual_bound
 from .explain import Explainer, money, trade_reason
-from .market import Market, build_market, candidates
+from .market import BidViews, Market, build_market, candidates, top_candidates
 from .pricing import bucket_prices
 from .types import (
     BucketPrice,
@@ -20,6 +20,7 @@ from .validate import validate
 
 SMALL_PAIRS = 50_000  # below this many bid x offer pairs nothing is pruned
 EXACT_MAX_BIDS = 40  # per class; branch and bound above this rarely finishes
+LP_PAIRS = 50_000  # above this many candidate pairs, greedy + refill replaces LP rounding
 
 
 def clear_round(inp: RoundInput) -> RoundResult:
@@ -28,10 +29,11 @@ def clear_round(inp: RoundInput) -> RoundResult:
     mkt = build_market(inp)
     cfg = inp.config
     small = len(mkt.bids) * len(mkt.offers) <= SMALL_PAIRS
-    kmax, scan = (0, 0) if small else (cfg.max_candidates, cfg.group_scan)
-    cand = candidates(mkt, kmax, scan)
+    kmax = cfg.max_candidates if cfg.max_candidates > 0 else 16
+    cand = candidates(mkt, 0, 0) if small else top_candidates(mkt, kmax)
+    large = len(cand.pair_bid) > LP_PAIRS
     state = State(free=mkt.o_gpus.tolist(), limits=fair_share_limits(mkt, cand, cfg.fair_share_cap))
-    solver = Solver(mkt, cand, state)
+    solver = Solver(mkt, cand, state, scan_fallback=not large)
     live = [b for b in range(len(mkt.bids)) if cand.offers[b] or cand.truncated[b]]
     order = priority_order(mkt, cand, live)
     proven = True
@@ -47,16 +49,22 @@ def clear_round(inp: RoundInput) -> RoundResult:
         if exact_ok and solver.exact(cls, cfg.exact_node_limit):
             continue
         proven = False
-        if not exact_ok:
+        if large:
+            solver.greedy(cls)
+            solver.refill(cls, kmax)
+        elif not exact_ok:
             solver.lp_round(cls)
         solver.improve(cls, k)
     assigned = solver.assigned
     surplus = sum(p[2] for parts in assigned.values() for p in parts)
 
     bucket_bids: dict[tuple[int, int], list[int]] = {}
-    for b, keys in enumerate(cand.views):
-        for m, r in sorted({(key[0], key[1]) for key in keys}):
-            bucket_bids.setdefault((m, r), []).append(b)
+    if isinstance(cand.views, BidViews):
+        bucket_bids = {k: v.tolist() for k, v in cand.views.buckets().items()}
+    else:
+        for b, keys in enumerate(cand.views):
+            for m, r in sorted({(key[0], key[1]) for key in keys}):
+                bucket_bids.setdefault((m, r), []).append(b)
     quotes, pay = bucket_prices(mkt, assigned, bucket_bids, cfg.pricing)
 
     trades: list[Trade] = []
@@ -121,12 +129,13 @@ def clear_round(inp: RoundInput) -> RoundResult:
     scope = "none"
     if proven:
         bound, gap, scope = surplus, 0.0, "exact per class in priority order"
-    elif cfg.certify:
-        bound = lp_bound(mkt, cand.pair_bid, cand.pair_offer, cand.pair_score)
-        pruned = any(cand.truncated)
-        scope = "LP relaxation over candidate pairs" if pruned else "LP relaxation over all pairs"
-        if bound is not None:
-            gap = 0.0 if bound <= 0 else max(0.0, round((bound - surplus) / bound, 9))
+    else:
+        bound, _ = dual_bound(mkt, cand, surplus)
+        scope = (
+            "joint problem, all classes together, over every feasible pair (Lagrangian "
+            "dual; class priority and fair-share cap relaxed)"
+        )
+        gap = 0.0 if bound <= 0 else max(0.0, round((bound - surplus) / bound, 9))
     stats = RoundStats(
         bids=len(mkt.bids),
         offers=len(mkt.offers),
@@ -137,7 +146,7 @@ def clear_round(inp: RoundInput) -> RoundResult:
         feasible_pairs=feasible_all,
         candidate_pairs=len(cand.pair_bid),
         surplus=surplus,
-        method="exact" if proven else "lp-rounding+milp+improve",
+        method="exact" if proven else ("greedy+refill+improve" if large else "lp-rounding+milp+improve"),
         upper_bound=bound,
         gap=gap,
         bound_scope=scope,

@@ -27,6 +27,7 @@ or below nothing adds no surplus.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -254,11 +255,12 @@ class Candidates:
     offers: list[list[int]]
     scores: list[list[int]]
     truncated: list[bool]  # more feasible offers exist than were kept
-    views: list[list[tuple[int, int, int]]]  # views the bid may draw from
+    views: Sequence[list[tuple[int, int, int]]]  # views the bid may draw from
     feasible_pairs: int
     pair_bid: I64  # every kept pair, for the LP bound
     pair_offer: I64
     pair_score: I64
+    rest: I64 | None = None  # per bid, a bound on the score of any pair not kept
 
 
 def bid_views(mkt: Market) -> list[list[tuple[int, int, int]]]:
@@ -274,14 +276,16 @@ def bid_views(mkt: Market) -> list[list[tuple[int, int, int]]]:
     return out
 
 
-def pair_scores(mkt: Market, bids: I64, offs: I64, same: bool = True) -> tuple[I64, BoolA]:
+def pair_scores(
+    mkt: Market, bids: I64, offs: I64, same: bool = True, cap: I64 | None = None
+) -> tuple[I64, BoolA]:
     """Scores and feasibility of the block ``bids x offs`` (offers of one bucket)."""
     bc = bids[:, None]
     ask = mkt.o_ask[offs][None, :]
     dur = mkt.b_dur[bc]
     ok = ask <= mkt.b_maxp[bc]
     if same:
-        ok &= mkt.o_gpus[offs][None, :] >= mkt.b_gpus[bc]
+        ok &= (mkt.o_gpus if cap is None else cap)[offs][None, :] >= mkt.b_gpus[bc]
     ok &= mkt.o_rel[offs][None, :] >= mkt.b_minrel[bc]
     ok &= (mkt.o_min_dur[offs][None, :] <= dur) & (dur <= mkt.o_max_dur[offs][None, :])
     ok &= mkt.o_until[offs][None, :] >= mkt.now + dur
@@ -382,4 +386,168 @@ def candidates(mkt: Market, max_candidates: int, group_scan: int) -> Candidates:
         pair_bid=pair_bid,
         pair_offer=pair_offer,
         pair_score=pair_score,
+    )
+
+
+class BidViews:
+    """Per bid, the views it may draw from (sorted), read off per-view bid lists.
+
+    Built on demand: a 100k-bid round has millions of (bid, view) links and
+    most bids never need theirs as Python objects.
+    """
+
+    def __init__(self, nb: int, by_view: dict[tuple[int, int, int], I64]) -> None:
+        self.keys = sorted(by_view)
+        self.by_view = by_view
+        if self.keys:
+            vb = np.concatenate([by_view[k] for k in self.keys])
+            vk = np.concatenate([np.full(len(by_view[k]), i, dtype=np.int64) for i, k in enumerate(self.keys)])
+        else:
+            vb = vk = np.zeros(0, dtype=np.int64)
+        order = np.lexsort((vk, vb))
+        self._vk = vk[order]
+        self._ptr = np.searchsorted(vb[order], np.arange(nb + 1))
+        self._nb = nb
+
+    def __len__(self) -> int:
+        return self._nb
+
+    def __getitem__(self, b: int) -> list[tuple[int, int, int]]:
+        return [self.keys[i] for i in self._vk[self._ptr[b] : self._ptr[b + 1]].tolist()]
+
+    def buckets(self) -> dict[tuple[int, int], I64]:
+        """Per bucket (model, region), the bids that may use it, ascending."""
+        parts: dict[tuple[int, int], list[I64]] = {}
+        for m, r, t in self.keys:
+            parts.setdefault((m, r), []).append(self.by_view[(m, r, t)])
+        return {k: np.unique(np.concatenate(v)) for k, v in sorted(parts.items())}
+
+
+def view_bids(mkt: Market) -> dict[tuple[int, int, int], I64]:
+    """Per view, the bids whose bucket-level constraints and tier admit it."""
+    out: dict[tuple[int, int, int], I64] = {}
+    ok_b = mkt.b_deadline_ok
+    bucket_ok: dict[tuple[int, int], BoolA] = {}
+    for key in sorted(mkt.views):
+        m, r, t = key
+        sel = bucket_ok.get((m, r))
+        if sel is None:
+            sel = ok_b & mkt.model_ok[:, m] & mkt.region_allowed[:, r] & mkt.latency_ok[:, r]
+            bucket_ok[(m, r)] = sel
+        bids = np.flatnonzero(sel & (mkt.b_tier == t)).astype(np.int64)
+        if len(bids):
+            out[key] = bids
+    return out
+
+
+def top_candidates(
+    mkt: Market,
+    kmax: int,
+    *,
+    only: BoolA | None = None,
+    cap: I64 | None = None,
+    chunk: int = 16,
+    scan_cap: int = 512,
+) -> Candidates:
+    """Each bid's ``kmax`` best feasible offers, found without scoring every pair.
+
+    A view is sorted by ask, and within one bucket a pair's score differs
+    between offers only by ``-ask + w_rel * reliability``; so once the next
+    offer's optimistic score (its ask, the best reliability still ahead) is
+    no better than the bid's ``kmax``-th kept score, nothing further along
+    the view can enter the list. Scanning stops there, in chunks, for many
+    bids at once. ``rest[b]`` bounds from above the score of every feasible
+    pair of ``b`` that was not kept (0 when there is none), which is what
+    keeps the dual bound valid over *all* pairs. ``only`` limits the bids
+    scanned, ``cap`` replaces the offers' GPUs (free capacity on a refill).
+    """
+    nb = len(mkt.bids)
+    capa = mkt.o_gpus if cap is None else cap
+    by_view = view_bids(mkt)
+    top_s = np.full((nb, kmax), -1, dtype=np.int64)
+    top_o = np.full((nb, kmax), -1, dtype=np.int64)
+    kth = np.zeros(nb, dtype=np.int64)
+    rest = np.zeros(nb, dtype=np.int64)
+    feasible = 0
+    for key in sorted(by_view):
+        m, r, t = key
+        bids_all = by_view[key]
+        if only is not None:
+            bids_all = bids_all[only[bids_all]]
+        view = mkt.views[key]
+        if cap is not None:
+            view = view[capa[view] >= max(t, 1)]
+        if not len(bids_all) or not len(view):
+            continue
+        asks = mkt.o_ask[view]
+        relmax = np.maximum.accumulate(mkt.o_rel[view][::-1])[::-1]
+        base = (
+            mkt.b_maxp[bids_all].astype(np.float64)
+            - mkt.pen[bids_all, r]
+            - mkt.b_wc[bids_all] * mkt.carbon_kg_gh[m, r]
+        )
+        gh = mkt.b_gpus[bids_all].astype(np.float64) * mkt.b_hours[bids_all]
+        wrel = mkt.b_wrel[bids_all]
+        maxp = mkt.b_maxp[bids_all]
+
+        def optimistic(pos: int, sel: I64) -> I64:
+            # no pair at or after ``pos`` in the view scores above this
+            v = gh[sel] * (base[sel] + wrel[sel] * relmax[pos] - float(asks[pos]))
+            return np.ceil(v).astype(np.int64) + 1
+
+        loc = np.arange(len(bids_all), dtype=np.int64)
+        ub = optimistic(0, loc)
+        live = (asks[0] <= maxp) & (ub > 0)
+        act = loc[live & (ub > kth[bids_all])]
+        skipped = loc[live & (ub <= kth[bids_all])]
+        rest[bids_all[skipped]] = np.maximum(rest[bids_all[skipped]], ub[skipped])
+        pos = 0
+        while len(act) and pos < len(view):
+            bids = bids_all[act]
+            offs = view[pos : pos + chunk]
+            same_rows = mkt.b_same[bids]
+            score, ok = pair_scores(mkt, bids, offs, same=True, cap=capa)
+            if not same_rows.all():
+                s2, ok2 = pair_scores(mkt, bids, offs, same=False, cap=capa)
+                ok = np.where(same_rows[:, None], ok, ok2)
+                score = np.where(same_rows[:, None], score, s2)
+            feasible += int(ok.sum())
+            ms = np.concatenate([top_s[bids], np.where(ok, score, np.int64(-1))], axis=1)
+            mo = np.concatenate([top_o[bids], np.broadcast_to(offs, score.shape)], axis=1)
+            order = np.argsort(-ms, axis=1, kind="stable")
+            ms = np.take_along_axis(ms, order, axis=1)
+            mo = np.take_along_axis(mo, order, axis=1)
+            top_s[bids] = ms[:, :kmax]
+            top_o[bids] = mo[:, :kmax]
+            rest[bids] = np.maximum(rest[bids], np.maximum(ms[:, kmax], 0))
+            kth[bids] = np.maximum(ms[:, kmax - 1], 0)
+            pos += len(offs)
+            if pos >= len(view):
+                break
+            ub = optimistic(pos, act)
+            live = (asks[pos] <= maxp[act]) & (ub > 0)
+            go = live & (ub > kth[bids]) & (pos < scan_cap)
+            stop = act[live & ~go]
+            rest[bids_all[stop]] = np.maximum(rest[bids_all[stop]], ub[live & ~go])
+            act = act[go]
+    keep = top_s > 0
+    rr, cc = np.nonzero(keep)
+    pair_bid = rr.astype(np.int64)
+    pair_offer = top_o[rr, cc]
+    pair_score = top_s[rr, cc]
+    order = np.lexsort((mkt.o_id[pair_offer], mkt.o_ask[pair_offer], -pair_score, pair_bid))
+    pair_bid, pair_offer, pair_score = pair_bid[order], pair_offer[order], pair_score[order]
+    cuts = np.searchsorted(pair_bid, np.arange(nb + 1))
+    offers_l = [x.tolist() for x in np.split(pair_offer, cuts[1:-1])]
+    scores_l = [x.tolist() for x in np.split(pair_score, cuts[1:-1])]
+    return Candidates(
+        offers=offers_l,
+        scores=scores_l,
+        truncated=(rest > 0).tolist(),
+        views=BidViews(nb, by_view),
+        feasible_pairs=feasible,
+        pair_bid=pair_bid,
+        pair_offer=pair_offer,
+        pair_score=pair_score,
+        rest=rest,
     )
