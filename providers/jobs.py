@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from datetime import datetime
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from django.core import signing
@@ -66,7 +65,7 @@ def _own_job(user: User, job_id: int, *, lock: bool = False) -> Job:
 
 
 def _at(ts: int | None) -> datetime:
-    return datetime.fromtimestamp(ts, tz=dt_timezone.utc) if ts is not None else timezone.now()
+    return datetime.fromtimestamp(ts, tz=UTC) if ts is not None else timezone.now()
 
 
 def telemetry_key(machine_id: int) -> str:

@@ -55,7 +55,7 @@ def bench_gpus(n: int = 8192, budget_s: float = 2.0) -> list[BenchResult]:
                 a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
                 b = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
 
-                def run() -> None:
+                def run(a=a, b=b, dev=dev) -> None:  # type: ignore[no-untyped-def]
                     a @ b
                     torch.cuda.synchronize(dev)
 
@@ -73,7 +73,7 @@ def bench_gpus(n: int = 8192, budget_s: float = 2.0) -> list[BenchResult]:
                 a = cupy.random.standard_normal((n, n), dtype=cupy.float32)
                 b = cupy.random.standard_normal((n, n), dtype=cupy.float32)
 
-                def run() -> None:
+                def run(a=a, b=b, i=i) -> None:  # type: ignore[no-untyped-def]
                     a @ b
                     cupy.cuda.Device(i).synchronize()
 

@@ -11,6 +11,7 @@ logged against that report and does not stop the others.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import threading
@@ -24,7 +25,19 @@ from providers.agent import __version__, inventory, keys, receipts
 from providers.agent.client import AuthFailed, MarketClient, Rejected, Transient, backoff_delays
 from providers.agent.config import AgentConfig
 from providers.agent.inputs import fetch_inputs, pack_checkpoint, unpack_checkpoint
-from providers.agent.runtime import ContainerRuntime, JobPaths, Limits, Outcome, ProcessRuntime, Supervised, job_env, pick_runtime, proc_start_ticks, process_alive, tree_size
+from providers.agent.runtime import (
+    ContainerRuntime,
+    JobPaths,
+    Limits,
+    Outcome,
+    ProcessRuntime,
+    Supervised,
+    job_env,
+    pick_runtime,
+    proc_start_ticks,
+    process_alive,
+    tree_size,
+)
 from providers.agent.state import State
 
 
@@ -87,10 +100,8 @@ class Agent:
                 sup = Supervised(trade, job["pid"] or 0, job["pid_ticks"], job["started_at"] or time.time(), self.job_paths(trade), self._limits(job), ProcessRuntime())
                 code = sup._read_exit()
                 ended = time.time()
-                try:
+                with contextlib.suppress(OSError, ValueError, KeyError):
                     ended = float(json.loads(sup.paths.exit_file.read_text())["ended_at"])
-                except (OSError, ValueError, KeyError):
-                    pass
                 self._finish(job, Outcome(code, "exited" if code is not None else "lost", ended))
                 log(f"trade {trade}: job ended while the agent was down; reported it ({'exit ' + str(code) if code is not None else 'lost'})")
         for job in self.state.jobs("accepted"):

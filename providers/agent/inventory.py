@@ -26,6 +26,7 @@ A declared inventory (JSON or TOML) describes machines without NVML, and tests:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
@@ -161,18 +162,14 @@ def detect_nvml(nvml: Any = None) -> Inventory | None:
                 mig: str | None = "enabled" if current else "disabled"
             except Exception:
                 mig = None
-            try:
+            with contextlib.suppress(Exception):
                 bus_ids[_text(nvml.nvmlDeviceGetPciInfo(h).busId).lower()] = i
-            except Exception:
-                pass
             gpus.append(_match(GpuInfo(index=i, name=_text(nvml.nvmlDeviceGetName(h)), memory_mib=int(mem.total) // 2**20, uuid=_text(nvml.nvmlDeviceGetUUID(h)), mig=mig)))
         links: dict[str, str] = {}
         for i, hi in enumerate(handles):
             for j in range(i + 1, len(handles)):
-                try:
+                with contextlib.suppress(Exception):
                     links[f"{i}-{j}"] = _topology_label(nvml, int(nvml.nvmlDeviceGetTopologyCommonAncestor(hi, handles[j])))
-                except Exception:
-                    pass
             for link in range(int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))):
                 try:
                     if not nvml.nvmlDeviceGetNvLinkState(hi, link):
@@ -184,10 +181,8 @@ def detect_nvml(nvml: Any = None) -> Inventory | None:
                     links[f"{min(i, peer)}-{max(i, peer)}"] = "nvlink"
         return Inventory("nvml", gpus, driver, cuda, links)
     finally:
-        try:
+        with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
-        except Exception:
-            pass
 
 
 def telemetry_nvml(nvml: Any = None) -> list[GpuTelemetry]:

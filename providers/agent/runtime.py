@@ -17,6 +17,7 @@ a checkpoint to $GRIDBID_CHECKPOINT_DIR, then SIGKILL.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -138,21 +139,16 @@ class ProcessRuntime:
             raise RuntimeError_("the process runtime needs a command")
         paths.create()
         paths.exit_file.unlink(missing_ok=True)
-        log = open(paths.log, "ab")
-        try:
+        with open(paths.log, "ab") as log:  # the child keeps its own descriptor
             return subprocess.Popen(
                 [sys.executable, "-I", str(SHIM), str(paths.exit_file), "--", *argv],
                 cwd=paths.work, env=dict(env), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True, close_fds=True, preexec_fn=lambda: _rlimits(limits),
             )
-        finally:
-            log.close()
 
     def signal_group(self, pid: int, sig: int, trade_id: int) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 # --- container runtimes ------------------------------------------------------------------
@@ -254,10 +250,8 @@ def tree_size(path: Path) -> int:
     total = 0
     for dirpath, _dirs, files in os.walk(path, followlinks=False):
         for name in files:
-            try:
+            with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(dirpath, name)).st_size
-            except OSError:
-                pass
     return total
 
 

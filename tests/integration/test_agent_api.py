@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from market.models import AuctionRound, Job, Offer, Trade
+from market.models import AuctionRound, Job, Trade
 
 pytestmark = pytest.mark.django_db
 

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import contextlib
+
 import click
 
 from providers.agent.commands import fail, option
@@ -29,10 +31,8 @@ def command(ctx: click.Context, inventory: str | None, as_json: bool, list_model
         out.print(t)
         return
     if inventory is None:
-        try:
+        with contextlib.suppress(ConfigError):
             inventory = load_config(home_of(ctx)).inventory_file
-        except ConfigError:
-            pass
     try:
         inv = detect(inventory)
     except InventoryError as exc:

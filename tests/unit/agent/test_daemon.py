@@ -15,7 +15,14 @@ from providers.agent.config import AgentConfig
 from providers.agent.daemon import Agent, Stop
 from providers.agent.inventory import declared_inventory
 from providers.agent.keys import BlsKey
-from providers.agent.receipts import output_manifest, outputs_root, receipt_from_body, receipt_verify, spec_hash, spec_message
+from providers.agent.receipts import (
+    output_manifest,
+    outputs_root,
+    receipt_from_body,
+    receipt_verify,
+    spec_hash,
+    spec_message,
+)
 from providers.agent.state import State
 
 PY = sys.executable

@@ -7,7 +7,15 @@ import types
 
 import pytest
 
-from providers.agent.inventory import InventoryError, declared_inventory, detect, detect_nvml, detect_rocm, load_declared, simulated_telemetry
+from providers.agent.inventory import (
+    InventoryError,
+    declared_inventory,
+    detect,
+    detect_nvml,
+    detect_rocm,
+    load_declared,
+    simulated_telemetry,
+)
 
 
 class FakeNVMLError(Exception):

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from providers.agent.config import PricingRule
-from providers.agent.pricing import PricingError, ask_price, format_amount, machine_utilisation, parse_amount, plan_offers, validate_rule
+from providers.agent.pricing import (
+    PricingError,
+    ask_price,
+    format_amount,
+    machine_utilisation,
+    parse_amount,
+    plan_offers,
+    validate_rule,
+)
 
 
 def test_amounts_parse_to_token_base_units():

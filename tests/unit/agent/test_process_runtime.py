@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from providers.agent.runtime import JobPaths, Limits, RuntimeError_, process_alive, start_process_job
+from providers.agent.runtime import (
+    JobPaths,
+    Limits,
+    RuntimeError_,
+    process_alive,
+    start_process_job,
+)
 
 PY = sys.executable
 

@@ -10,8 +10,19 @@ from contracts import bls
 from contracts.merkle import MerkleTree, receipt_leaf
 from providers.agent.keys import BlsKey
 from providers.agent.receipts import (
-    CosignRefused, OutputFile, Receipt, ReceiptError, cosign, output_manifest, outputs_root,
-    receipt_from_body, receipt_sign, receipt_verify, spec_hash, spec_signer, spec_message,
+    CosignRefused,
+    OutputFile,
+    Receipt,
+    ReceiptError,
+    cosign,
+    output_manifest,
+    outputs_root,
+    receipt_from_body,
+    receipt_sign,
+    receipt_verify,
+    spec_hash,
+    spec_message,
+    spec_signer,
 )
 
 MARKET = "0x" + "11" * 20
