@@ -40,6 +40,7 @@ class Explainer:
         nb = len(mkt.model_ids) * nr
         self.start = np.searchsorted(ks, np.arange(nb), side="left")
         self.end = np.searchsorted(ks, np.arange(nb), side="right")
+        self._by_models: dict[bytes, I64] = {}
 
     def _offers(self, buckets: BoolA) -> I64:
         idx = np.flatnonzero(buckets.reshape(-1))
@@ -69,7 +70,11 @@ class Explainer:
         region_ok = mkt.region_allowed[b]
         lat_ok = mkt.latency_ok[b]
         # bucket level: model ok, then region, then latency
-        offs = self._offers(model_ok[:, None] & np.ones_like(region_ok)[None, :])
+        sig = model_ok.tobytes()
+        offs = self._by_models.get(sig)
+        if offs is None:
+            offs = self._offers(model_ok[:, None] & np.ones_like(region_ok)[None, :])
+            self._by_models[sig] = offs
         if len(offs) == 0:
             reasons.append(f"no offers of {want} this round")
             return tuple(reasons), None
@@ -163,7 +168,7 @@ class Explainer:
         mkt = self.mkt
         bid = mkt.bids[b]
         n = len(sel)
-        regions = sorted({mkt.region_ids[int(x)] for x in mkt.o_region[sel]})
+        regions = sorted(mkt.region_ids[int(x)] for x in np.unique(mkt.o_region[sel]).tolist())
         where = ", ".join(regions[:3]) + (f" and {len(regions) - 3} more" if len(regions) > 3 else "")
         if i == 6:
             o = int(sel[np.argmin(mkt.o_ask[sel])])

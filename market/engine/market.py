@@ -26,8 +26,8 @@ or below nothing adds no surplus.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -255,7 +255,7 @@ class Candidates:
     offers: list[list[int]]
     scores: list[list[int]]
     truncated: list[bool]  # more feasible offers exist than were kept
-    views: Sequence[list[tuple[int, int, int]]]  # views the bid may draw from
+    views: Sequence[list[tuple[int, int, int]]] | BidViews  # views the bid may draw from
     feasible_pairs: int
     pair_bid: I64  # every kept pair, for the LP bound
     pair_offer: I64
@@ -412,6 +412,9 @@ class BidViews:
     def __len__(self) -> int:
         return self._nb
 
+    def __iter__(self) -> Iterator[list[tuple[int, int, int]]]:
+        return (self[b] for b in range(self._nb))
+
     def __getitem__(self, b: int) -> list[tuple[int, int, int]]:
         return [self.keys[i] for i in self._vk[self._ptr[b] : self._ptr[b + 1]].tolist()]
 
@@ -490,10 +493,12 @@ def top_candidates(
         wrel = mkt.b_wrel[bids_all]
         maxp = mkt.b_maxp[bids_all]
 
-        def optimistic(pos: int, sel: I64) -> I64:
+        def optimistic(pos: int, sel: I64, gh: F64 = gh, base: F64 = base, wrel: F64 = wrel,
+                       relmax: F64 = relmax, asks: I64 = asks) -> I64:
             # no pair at or after ``pos`` in the view scores above this
             v = gh[sel] * (base[sel] + wrel[sel] * relmax[pos] - float(asks[pos]))
-            return np.ceil(v).astype(np.int64) + 1
+            out: I64 = np.ceil(v).astype(np.int64) + 1
+            return out
 
         loc = np.arange(len(bids_all), dtype=np.int64)
         ub = optimistic(0, loc)

@@ -45,6 +45,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from .assign import Part
 from .market import Market
 
@@ -73,13 +75,18 @@ def bucket_prices(
     # offers per bucket: the tier-1 view holds every offer available now
     quotes: dict[tuple[int, int], BucketQuote] = {}
     pay: dict[tuple[int, int], int] = {}
+    is_assigned = np.zeros(len(mkt.bids), dtype=np.bool_)
+    is_assigned[list(assigned)] = True
+    sold = np.zeros(len(mkt.offers), dtype=np.bool_)
+    for tos_ in traded_offers.values():
+        sold[list(tos_)] = True
     buckets = sorted({(m, r) for (m, r, _) in mkt.views} | set(bucket_bids))
     for key in buckets:
         view = mkt.views.get((key[0], key[1], 1))
-        asks = [] if view is None else mkt.o_ask[view].tolist()
-        best_ask = min(asks) if asks else None
-        wanting = bucket_bids.get(key, [])
-        best_bid = max((int(mkt.b_maxp[b]) for b in wanting), default=None)
+        asks = mkt.o_ask[view] if view is not None else np.zeros(0, dtype=np.int64)
+        best_ask = int(asks.min()) if len(asks) else None
+        wanting = np.asarray(bucket_bids.get(key, []), dtype=np.int64)
+        best_bid = int(mkt.b_maxp[wanting].max()) if len(wanting) else None
         tos = traded_offers.get(key)
         if not tos:
             quotes[key] = BucketQuote(None, best_ask, best_bid)
@@ -90,11 +97,10 @@ def bucket_prices(
         if rule == "pay_as_ask":
             price = lo
         else:
-            ub = max((int(mkt.b_maxp[b]) for b in wanting if b not in assigned), default=-1)
-            ua = min(
-                (int(mkt.o_ask[o]) for o in ([] if view is None else view.tolist()) if o not in tos),
-                default=None,
-            )
+            losers = wanting[~is_assigned[wanting]]
+            ub = int(mkt.b_maxp[losers].max()) if len(losers) else -1
+            unsold = asks[~sold[view]] if view is not None else asks
+            ua = int(unsold.min()) if len(unsold) else None
             low = max(lo, ub + 1)
             high = hi if ua is None else min(hi, ua - 1)
             if low > high:

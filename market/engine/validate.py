@@ -93,13 +93,15 @@ def validate(inp: RoundInput) -> None:
         seen_pairs.add((row[0], row[1]))
     offer_ids: set[int] = set()
     for i, o in enumerate(inp.offers):
-        _offer(f"offers[{i}]", o, model_ids, region_ids)
+        if not _offer_ok(o, model_ids, region_ids):
+            _offer(f"offers[{i}]", o, model_ids, region_ids)
         if o.id in offer_ids:
             raise EngineInputError(f"offers[{i}].id", f"duplicate offer id {o.id}")
         offer_ids.add(o.id)
     bid_ids: set[int] = set()
     for i, b in enumerate(inp.bids):
-        _bid(f"bids[{i}]", b, model_ids, region_ids)
+        if not _bid_ok(b, model_ids, region_ids):
+            _bid(f"bids[{i}]", b, model_ids, region_ids)
         if b.id in bid_ids:
             raise EngineInputError(f"bids[{i}].id", f"duplicate bid id {b.id}")
         bid_ids.add(b.id)
@@ -115,6 +117,82 @@ def validate(inp: RoundInput) -> None:
     _int("config.group_scan", c.group_scan, 0, 10**9)
     _int("config.exact_node_limit", c.exact_node_limit, 0, 10**9)
     _bool("config.certify", c.certify)
+
+
+_ID = 2**62
+
+
+def _i(v: object, lo: int, hi: int) -> bool:
+    return type(v) is int and lo <= v <= hi
+
+
+def _f(v: object, lo: float, hi: float) -> bool:
+    return (type(v) is float or type(v) is int) and lo <= v <= hi
+
+
+def _offer_ok(o: Offer, models: set[str], regions: set[str]) -> bool:
+    """The common case, without building field paths; False means look closer."""
+    return (
+        type(o) is Offer
+        and _i(o.id, 0, _ID)
+        and _i(o.provider_id, 0, _ID)
+        and _i(o.machine_id, 0, _ID)
+        and type(o.region) is str
+        and o.region in regions
+        and type(o.gpu_model) is str
+        and o.gpu_model in models
+        and _i(o.gpus, 1, MAX_GPUS)
+        and _i(o.ask, 0, MAX_PRICE)
+        and _i(o.min_duration_s, 0, MAX_DURATION_S)
+        and _i(o.max_duration_s, 1, MAX_DURATION_S)
+        and o.max_duration_s >= o.min_duration_s
+        and _i(o.available_from, 0, _ID)
+        and (
+            o.available_until is None
+            or (_i(o.available_until, 0, _ID) and o.available_until > o.available_from)
+        )
+        and type(o.spot_allowed) is bool
+        and type(o.reserved_only) is bool
+        and _f(o.reliability, 0.0, 1.0)
+        and _i(o.created_at, 0, _ID)
+    )
+
+
+def _bid_ok(b: Bid, models: set[str], regions: set[str]) -> bool:
+    """The common case, without building field paths; False means look closer."""
+    w = b.weights
+    return (
+        type(b) is Bid
+        and _i(b.id, 0, _ID)
+        and _i(b.buyer_id, 0, _ID)
+        and _i(b.gpus, 1, MAX_GPUS)
+        and type(b.gpu_models) is tuple
+        and all(type(m) is str and m in models for m in b.gpu_models)
+        and _i(b.min_memory_gib, 0, 100_000)
+        and _f(b.min_compute_units, 0.0, 1e9)
+        and (b.vendor is None or (type(b.vendor) is str and b.vendor != ""))
+        and type(b.same_machine) is bool
+        and type(b.allowed_regions) is tuple
+        and all(type(r) is str and r in regions for r in b.allowed_regions)
+        and type(b.preferred_regions) is tuple
+        and all(type(r) is str and r in regions for r in b.preferred_regions)
+        and (b.location_region is None or (type(b.location_region) is str and b.location_region in regions))
+        and (
+            b.max_latency_ms is None
+            or (_f(b.max_latency_ms, 0.0, 1e6) and b.location_region is not None)
+        )
+        and _i(b.max_price, 0, MAX_PRICE)
+        and _i(b.duration_s, 1, MAX_DURATION_S)
+        and (b.deadline is None or _i(b.deadline, 0, _ID))
+        and b.klass in CLASSES
+        and _f(b.min_reliability, 0.0, 1.0)
+        and type(w) is Weights
+        and _f(w.latency_per_ms, 0.0, 1e12)
+        and _f(w.non_preferred_region, 0.0, 1e12)
+        and _f(w.carbon_per_kg, 0.0, 1e12)
+        and _f(w.reliability, 0.0, 1e12)
+        and _i(b.created_at, 0, _ID)
+    )
 
 
 def _offer(p: str, o: Offer, models: set[str], regions: set[str]) -> None:
