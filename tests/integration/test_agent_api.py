@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from market.models import AuctionRound, Job, Trade
+from market.models import AuctionRound, Job, Offer, Trade
 
 pytestmark = pytest.mark.django_db
 
@@ -279,3 +279,104 @@ def test_a_forged_or_foreign_challenge_is_refused(provider_user, other_provider_
     theirs = client_for(other_provider_user).post("/api/v1/agent/challenge/").json()["challenge"]
     r = client_for(provider_user).post("/api/v1/agent/challenge/verify/", {"challenge": theirs, "signature": sign_text(acct, theirs), "address": acct.address}, format="json")
     assert r.status_code == 400
+
+
+# --- the real agent daemon against these endpoints -------------------------------------------
+class DjangoTransport:
+    """An httpx transport that hands each request to Django's test client (same DB transaction)."""
+
+    def __init__(self) -> None:
+        from django.test import Client
+
+        self.client = Client()
+
+    def handle_request(self, request):  # type: ignore[no-untyped-def]
+        import httpx
+
+        resp = self.client.generic(
+            request.method, request.url.raw_path.decode(), data=request.content,
+            content_type=request.headers.get("content-type", "application/json"),
+            HTTP_AUTHORIZATION=request.headers.get("authorization", ""),
+        )
+        return httpx.Response(resp.status_code, content=resp.content, headers={"content-type": resp.get("Content-Type", "")})
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def agent_for(tmp_path, client_for):
+    from providers.agent import keys
+    from providers.agent.client import MarketClient
+    from providers.agent.config import AgentConfig
+    from providers.agent.daemon import Agent
+    from providers.agent.inventory import declared_inventory
+    from providers.agent.state import State
+
+    def make(user, machine, **cfg):
+        home = tmp_path / f"agent-{machine.id}"
+        keys.create_keys(home, kdf_iterations=2)
+        bls_key = keys.load_bls(home)
+        user.provider.bls_public_key = bls_key.public_key.hex()
+        user.provider.save()
+        raw = client_for(user, ["read", "provide"]).raw_token
+        client = MarketClient("http://testserver", raw, transport=DjangoTransport())  # type: ignore[arg-type]
+        inv = declared_inventory({"host": f"h{machine.id}", "gpus": [{"name": g.model.name, "model": g.model_id, "index": g.index, "uuid": g.uuid} for g in machine.gpus.all()]})
+        config = AgentConfig(market_url="http://testserver", token=raw, machine_name=machine.name, machine_id=machine.id, heartbeat_s=0.2, poll_s=0.2, grace_s=3, **cfg)
+        return Agent(home=home, config=config, client=client, state=State(home / "state.sqlite3"), inventory=inv, bls_key=bls_key, account=keys.load_eth(home))
+
+    return make
+
+
+def drive(agent, done, timeout=20.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        agent.tick()
+        if done():
+            return
+        time.sleep(0.05)
+    raise AssertionError("the agent did not get there in time")
+
+
+def test_agent_runs_an_assigned_job_and_the_market_holds_its_verified_receipt(provider_user, make_job, agent_for):
+    import sys
+
+    spec = {"command": [sys.executable, "-c", "open('outputs/result.txt', 'w').write('done')"], "output_dir": "outputs"}
+    job = make_job(provider_user, job_spec=spec)
+    agent = agent_for(provider_user, job.trade.offer.machine)
+    agent.connect()
+    provider_user.provider.refresh_from_db()
+    assert provider_user.provider.chain_address == agent.account.address  # the signed challenge bound it
+
+    def receipted() -> bool:
+        job.refresh_from_db()
+        return "receipt" in job.checkpoint
+
+    drive(agent, receipted)
+    assert job.state == "completed" and job.exit_code == 0 and job.started_at and job.ended_at
+    held = job.checkpoint["receipt"]
+    assert held["body"]["trade_id"] == job.trade_id and held["outputs"][0]["path"] == "result.txt"
+    machine = job.trade.offer.machine
+    machine.refresh_from_db()
+    assert machine.state == "online"
+    from providers.jobs import machine_telemetry
+
+    assert machine_telemetry(machine.id) is None or len(machine_telemetry(machine.id)["gpus"]) == 4
+
+
+def test_agent_keeps_offers_in_step_with_its_pricing(provider_user, make_machine, agent_for):
+    from providers.agent.config import PricingRule
+
+    machine = make_machine(provider_user, count=2)
+    agent = agent_for(provider_user, machine, pricing=[PricingRule("H100-SXM-80GB", "utilisation", 2_000_000, 1_000_000)])
+    agent.connect()
+    agent.tick()
+    (offer,) = Offer.objects.filter(machine=machine)
+    assert (offer.gpus, offer.price, offer.state) == (2, 2_000_000, "open")
+    agent.config.pricing = [PricingRule("H100-SXM-80GB", "fixed", 2_200_000)]
+    agent.next_offer_sync = 0
+    agent.tick()
+    offer.refresh_from_db()
+    assert offer.price == 2_200_000
