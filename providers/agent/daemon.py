@@ -147,9 +147,12 @@ class Agent:
         if self.config.pricing and now >= self.next_offer_sync:
             from providers.agent.offers import offers_sync
 
-            for action in offers_sync(self.client, self.config, self.inventory):
-                log(f"offers: {action.describe()}")
             self.next_offer_sync = now + self.config.offer_sync_s
+            try:
+                for action in offers_sync(self.client, self.config, self.inventory):
+                    log(f"offers: {action.describe()}")
+            except Rejected as exc:  # a pricing problem must not stop the jobs
+                log(f"offers: {exc.message}")
         self.flush()
 
     def heartbeat(self) -> dict[str, Any]:

@@ -9,6 +9,7 @@ the jobs that were running and re-attaches to them or reports them failed.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -62,6 +63,7 @@ class State:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.path = path
         self.db = sqlite3.connect(path, isolation_level=None, timeout=10)
+        os.chmod(path, 0o600)
         self.db.row_factory = sqlite3.Row
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
