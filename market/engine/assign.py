@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .bound import lp_solve, milp_pick
-from .market import Candidates, Market, top_candidates
+from .market import BidViews, Candidates, Market, top_candidates
 
 Part = tuple[int, int, int]  # offer index, GPUs, score
 FIT_TOLERANCE = 0.0
@@ -269,7 +269,8 @@ class Solver:
         only = np.zeros(len(self.mkt.bids), dtype=np.bool_)
         only[waiting] = True
         free = np.asarray(self.state.free, dtype=np.int64)
-        fresh = top_candidates(self.mkt, kmax, only=only, cap=free)
+        views = self.cand.views if isinstance(self.cand.views, BidViews) else None
+        fresh = top_candidates(self.mkt, kmax, only=only, cap=free, views=views)
         for b in waiting:
             self.cand.offers[b] = fresh.offers[b]
             self.cand.scores[b] = fresh.scores[b]

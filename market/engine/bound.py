@@ -18,7 +18,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 from scipy.sparse import coo_matrix
 
-from .market import F64, I64, Candidates, Market
+from .market import F64, I64, BidViews, Candidates, Market, reduced_max
 
 
 def lp_bound(mkt: Market, pair_bid: I64, pair_offer: I64, pair_score: I64) -> int | None:
@@ -87,7 +87,7 @@ def milp_pick(
 
 
 def dual_bound(
-    mkt: Market, cand: Candidates, lower: int, iters: int = 60
+    mkt: Market, cand: Candidates, lower: int, iters: int = 60, tighten: bool = False
 ) -> tuple[int, I64]:
     """A Lagrangian upper bound on the best surplus over *every* feasible pair.
 
@@ -105,7 +105,8 @@ def dual_bound(
     separately. The prices are improved by projected subgradient steps
     (Polyak's rule, aiming at ``lower``); the bound is evaluated in integers
     at the best integral prices found, so it is exact arithmetic, not a
-    floating-point estimate.
+    floating-point estimate. ``tighten`` replaces ``rest`` by a scan of the
+    pruned pairs at the final prices (slower, never looser).
     """
     rest = cand.rest if cand.rest is not None else np.zeros(len(mkt.bids), dtype=np.int64)
     cap = mkt.o_gpus
@@ -161,4 +162,18 @@ def dual_bound(
             if stall >= 3:
                 mu /= 2
                 stall = 0
+    # the pruned pairs at these prices: only bids whose ``rest`` could matter
+    views = cand.views
+    if tighten and isinstance(views, BidViews) and int(rest.max(initial=0)) > 0:
+        best_b = np.zeros(len(mkt.bids), dtype=np.int64)
+        _, _, best = evaluate(best_lam)
+        best_b[owners] = np.maximum(best, 0)
+        loose = np.flatnonzero(rest > best_b).astype(np.int64)
+        if len(loose):
+            tight = rest.copy()
+            tight[loose] = reduced_max(mkt, loose, best_lam, best_b[loose], views)
+            floor_b = np.maximum(tight, 0)
+            lone = int(floor_b.sum()) - int(floor_b[owners].sum())
+            floor_o = floor_b[owners]
+            ub = min(ub, evaluate(best_lam)[0])
     return ub, best_lam

@@ -130,7 +130,7 @@ def clear_round(inp: RoundInput) -> RoundResult:
     if proven:
         bound, gap, scope = surplus, 0.0, "exact per class in priority order"
     else:
-        bound, _ = dual_bound(mkt, cand, surplus)
+        bound, _ = dual_bound(mkt, cand, surplus, tighten=cfg.certify)
         scope = (
             "joint problem, all classes together, over every feasible pair (Lagrangian "
             "dual; class priority and fair-share cap relaxed)"

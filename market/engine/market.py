@@ -451,6 +451,7 @@ def top_candidates(
     cap: I64 | None = None,
     chunk: int = 16,
     scan_cap: int = 512,
+    views: BidViews | None = None,
 ) -> Candidates:
     """Each bid's ``kmax`` best feasible offers, found without scoring every pair.
 
@@ -466,7 +467,7 @@ def top_candidates(
     """
     nb = len(mkt.bids)
     capa = mkt.o_gpus if cap is None else cap
-    by_view = view_bids(mkt)
+    by_view = view_bids(mkt) if views is None else views.by_view
     top_s = np.full((nb, kmax), -1, dtype=np.int64)
     top_o = np.full((nb, kmax), -1, dtype=np.int64)
     kth = np.zeros(nb, dtype=np.int64)
@@ -542,17 +543,77 @@ def top_candidates(
     pair_score = top_s[rr, cc]
     order = np.lexsort((mkt.o_id[pair_offer], mkt.o_ask[pair_offer], -pair_score, pair_bid))
     pair_bid, pair_offer, pair_score = pair_bid[order], pair_offer[order], pair_score[order]
-    cuts = np.searchsorted(pair_bid, np.arange(nb + 1))
-    offers_l = [x.tolist() for x in np.split(pair_offer, cuts[1:-1])]
-    scores_l = [x.tolist() for x in np.split(pair_score, cuts[1:-1])]
+    cuts = np.searchsorted(pair_bid, np.arange(nb + 1)).tolist()
+    po_l, ps_l = pair_offer.tolist(), pair_score.tolist()
+    offers_l = [po_l[a:z] for a, z in zip(cuts[:-1], cuts[1:], strict=True)]
+    scores_l = [ps_l[a:z] for a, z in zip(cuts[:-1], cuts[1:], strict=True)]
     return Candidates(
         offers=offers_l,
         scores=scores_l,
         truncated=(rest > 0).tolist(),
-        views=BidViews(nb, by_view),
+        views=BidViews(nb, by_view) if views is None else views,
         feasible_pairs=feasible,
         pair_bid=pair_bid,
         pair_offer=pair_offer,
         pair_score=pair_score,
         rest=rest,
     )
+
+
+def reduced_max(
+    mkt: Market, bids: I64, lam: I64, tau: I64, views: BidViews, chunk: int = 64
+) -> I64:
+    """Per bid in ``bids``, a bound on ``score - gpus * lam[o]`` over all its
+    feasible pairs that is exact wherever it exceeds ``tau`` (lam >= 0).
+
+    Scans each view in ask order and stops a bid once the optimistic score
+    ahead (which bounds the reduced score too, prices being non-negative) is
+    no more than the larger of ``tau`` and what was already found.
+    """
+    nb = len(mkt.bids)
+    found = np.full(nb, np.iinfo(np.int64).min, dtype=np.int64)
+    thr = np.zeros(nb, dtype=np.int64)
+    thr[bids] = tau
+    want = np.zeros(nb, dtype=np.bool_)
+    want[bids] = True
+    for key in views.keys:
+        m, r, _ = key
+        bids_all = views.by_view[key]
+        bids_all = bids_all[want[bids_all]]
+        view = mkt.views[key]
+        if not len(bids_all) or not len(view):
+            continue
+        asks = mkt.o_ask[view]
+        relmax = np.maximum.accumulate(mkt.o_rel[view][::-1])[::-1]
+        base = (
+            mkt.b_maxp[bids_all].astype(np.float64)
+            - mkt.pen[bids_all, r]
+            - mkt.b_wc[bids_all] * mkt.carbon_kg_gh[m, r]
+        )
+        gh = mkt.b_gpus[bids_all].astype(np.float64) * mkt.b_hours[bids_all]
+        wrel = mkt.b_wrel[bids_all]
+        maxp = mkt.b_maxp[bids_all]
+        act = np.arange(len(bids_all), dtype=np.int64)
+        pos = 0
+        while len(act) and pos < len(view):
+            v = gh[act] * (base[act] + wrel[act] * relmax[pos] - float(asks[pos]))
+            ub = np.ceil(v).astype(np.int64) + 1
+            b_act = bids_all[act]
+            go = (asks[pos] <= maxp[act]) & (ub > np.maximum(thr[b_act], found[b_act]))
+            act = act[go]
+            if not len(act):
+                break
+            b_act = bids_all[act]
+            offs = view[pos : pos + chunk]
+            same_rows = mkt.b_same[b_act]
+            score, ok = pair_scores(mkt, b_act, offs, same=True)
+            if not same_rows.all():
+                s2, ok2 = pair_scores(mkt, b_act, offs, same=False)
+                ok = np.where(same_rows[:, None], ok, ok2)
+                score = np.where(same_rows[:, None], score, s2)
+            red = score - mkt.b_gpus[b_act][:, None] * lam[offs][None, :]
+            red = np.where(ok, red, np.iinfo(np.int64).min)
+            found[b_act] = np.maximum(found[b_act], red.max(axis=1))
+            pos += len(offs)
+    out: I64 = np.maximum(found[bids], 0)
+    return out

@@ -130,11 +130,12 @@ class RoundConfig:
     ``fair_share_cap`` is the largest fraction of a scarce bucket's GPUs (a
     bucket is GPU model x region; scarce when the GPUs bid for it exceed the
     GPUs offered) that one buyer may take in one round; 1.0 switches it off.
-    ``max_candidates`` and ``group_scan`` bound the candidate pairs kept per
-    bid and the offers scanned per bid in one bucket (0 = no bound): the
-    upper bound in the statistics always covers every feasible pair that was
-    scanned. ``exact_node_limit`` is the branch-and-bound budget that makes
-    small rounds provably optimal.
+    ``max_candidates`` is how many best offers each bid keeps in larger
+    rounds (0 = 16); ``group_scan`` is kept for stored configs and no longer
+    used. The upper bound in the statistics always covers every feasible
+    pair, kept or pruned. ``exact_node_limit`` is the branch-and-bound budget
+    that makes small rounds provably optimal. ``certify`` rescans the pruned
+    pairs at the final dual prices for a tighter (slower) bound.
     """
 
     pricing: str = "uniform"

@@ -102,3 +102,12 @@ def test_medium_round_is_within_half_a_percent_of_the_milp_optimum() -> None:
     opt = exact_milp(inp)
     assert res.stats.surplus <= opt + 1
     assert res.stats.surplus >= 0.995 * opt
+
+
+def test_reported_upper_bound_covers_the_milp_optimum_of_a_pruned_round() -> None:
+    inp = one_class_same_machine(make_round(300, 300, seed=5))
+    res = clear_round(inp)
+    assert res.stats.upper_bound is not None and res.stats.gap is not None
+    assert res.stats.upper_bound >= exact_milp(inp) - 1
+    assert res.stats.surplus <= res.stats.upper_bound
+    assert "every feasible pair" in res.stats.bound_scope
