@@ -51,6 +51,7 @@ class AgentConfig:
     heartbeat_s: float = 5.0
     poll_s: float = 5.0
     offer_sync_s: float = 30.0
+    websocket: bool = True  # assignment push; REST polling always runs as well
     grace_s: float = 30.0
     max_output_bytes: int = 10 * 1024**3
     accept_trade_states: list[str] = field(default_factory=lambda: ["recorded"])

@@ -117,6 +117,10 @@ class Agent:
                     self.connect()
                     connected = True
                     log(f"connected to {self.config.market_url} as machine {self.machine_id}")
+                    if self.config.websocket:
+                        from providers.agent.push import PushListener, push_url
+
+                        PushListener(push_url(self.config.market_url, self.machine_id), self.config.token, self.poll_now, stop).start()
                 self.tick()
                 delays = None
                 stop.wait(tick_s)
