@@ -339,6 +339,24 @@ class Agent:
         log(f"trade {trade}: {result} ({outcome.reason}, exit {outcome.exit_code}, {gpu_seconds} GPU-s); receipt signed")
         return receipt
 
+    # --- settlement -------------------------------------------------------------------------
+    def cosign_request(self, req: dict[str, Any]) -> str:
+        """Co-sign a settlement batch root for one of our trades, after checking our own leaf is in it.
+
+        `req` is {trade, root, proof: [hex], index, chain_id, market}; returns the BLS signature, hex.
+        Raises receipts.CosignRefused for a root that does not hold our receipt as we signed it.
+        """
+        job = self.state.job(int(req["trade"]))
+        if job is None or not job.get("receipt"):
+            raise receipts.CosignRefused(f"no receipt of ours for trade {req['trade']}")
+        mine = receipts.receipt_from_body(job["receipt"])
+        sig = receipts.cosign(
+            receipt=mine, root=bytes.fromhex(str(req["root"]).removeprefix("0x")),
+            proof=[bytes.fromhex(str(p).removeprefix("0x")) for p in req["proof"]], index=int(req["index"]),
+            chain_id=int(req["chain_id"]), market=str(req["market"]), bls_key=self.bls_key,
+        )
+        return sig.hex()
+
     # --- reports ---------------------------------------------------------------------------
     def flush(self) -> int:
         """Send queued reports in order; stops at the first transient failure."""

@@ -278,3 +278,25 @@ def test_transport_errors_back_off_and_retry(tmp_path, key, monkeypatch):
     threading.Timer(0.5, stop.set).start()
     agent.run_forever(stop, tick_s=0.05)
     assert market.heartbeats  # it connected after the failure and carried on
+
+
+def test_the_agent_cosigns_only_a_root_holding_its_own_receipt(tmp_path, key):
+    from contracts.merkle import MerkleTree, receipt_leaf, settlement_message
+    from providers.agent.receipts import CosignRefused
+
+    market = FakeMarket()
+    agent = make_agent(tmp_path, market, key)
+    market.assignments_list = [assignment(20, "pass")]
+    run_until(agent, lambda: market.receipts)
+    mine = receipt_from_body(agent.state.job(20)["receipt"])
+    other = receipt_leaf(21, 50, b"\x02" * 32)
+    tree = MerkleTree([other, mine.leaf()])
+    market_addr = "0x" + "ab" * 20
+    req = {"trade": 20, "root": tree.root.hex(), "proof": [p.hex() for p in tree.proof(1)], "index": 1, "chain_id": 31337, "market": market_addr}
+    sig = bytes.fromhex(agent.cosign_request(req))
+    assert bls.verify(key.public_key, settlement_message(tree.root, 31337, market_addr), sig)
+    cheat = MerkleTree([other, receipt_leaf(20, mine.gpu_seconds // 2, mine.digest())])
+    with pytest.raises(CosignRefused):
+        agent.cosign_request({**req, "root": cheat.root.hex(), "proof": [p.hex() for p in cheat.proof(1)]})
+    with pytest.raises(CosignRefused, match="no receipt"):
+        agent.cosign_request({**req, "trade": 99})
