@@ -16,9 +16,10 @@ from providers.agent.commands import fail, home_of, market_call, option
 @option("--runtime", type=click.Choice(["auto", "process", "docker", "podman"]), default="auto", show_default=True)
 @option("--password-file", type=click.Path(dir_okay=False, exists=True), default=None, help="Keystore password; otherwise a random one is kept 0600 beside the keystore.")
 @option("--kdf-iterations", type=int, default=None, hidden=True)
+@option("--accept-trade-states", default="recorded", show_default=True, help="Run jobs whose trade is in these states (comma-separated); 'pending,recorded' for a market without a chain.")
 @option("--check/--no-check", default=True, help="Check the market is reachable and the token valid.")
 @click.pass_context
-def command(ctx: click.Context, market: str, token: str, machine_name: str, region: str, inventory: str | None, runtime: str, password_file: str | None, kdf_iterations: int | None, check: bool) -> None:
+def command(ctx: click.Context, market: str, token: str, machine_name: str, region: str, inventory: str | None, runtime: str, password_file: str | None, kdf_iterations: int | None, accept_trade_states: str, check: bool) -> None:
     """Create the provider's keys and the agent's config; check the market and token."""
     from pathlib import Path
 
@@ -38,6 +39,9 @@ def command(ctx: click.Context, market: str, token: str, machine_name: str, regi
     except ConfigError:
         old = None
     config = AgentConfig(market_url=market.rstrip("/"), token=token, machine_name=machine_name, region=region, inventory_file=str(Path(inventory).resolve()) if inventory else None, runtime=runtime)
+    config.accept_trade_states = [x.strip() for x in accept_trade_states.split(",") if x.strip()]
+    if unknown := set(config.accept_trade_states) - {"pending", "recorded"}:
+        fail(f"--accept-trade-states: {', '.join(sorted(unknown))} are not states a job may run in (pending, recorded)", 2)
     if old is not None:  # keep what was learnt since: registration, prices, benchmark
         config.machine_id, config.pricing, config.measured_tflops = old.machine_id, old.pricing, old.measured_tflops
     if check:

@@ -7,9 +7,11 @@ from providers.agent.commands import fail, option
 
 @click.command("run")
 @option("--max-seconds", type=float, default=None, hidden=True, help="Stop after this long (tests).")
+@option("--poll-seconds", type=click.FloatRange(0.2, 3600), default=None, help="How often to poll for assignments (default from the config, 5 s).")
+@option("--heartbeat-seconds", type=click.FloatRange(0.2, 3600), default=None, help="How often to send heartbeats (default from the config, 5 s).")
 @option("--password-file", type=click.Path(dir_okay=False, exists=True), default=None, help="Keystore password, if not kept beside the keystore.")
 @click.pass_context
-def command(ctx: click.Context, max_seconds: float | None, password_file: str | None) -> None:
+def command(ctx: click.Context, max_seconds: float | None, poll_seconds: float | None, heartbeat_seconds: float | None, password_file: str | None) -> None:
     """Run the daemon until stopped (SIGINT / SIGTERM); jobs keep running across restarts."""
     import signal
     import threading
@@ -23,6 +25,8 @@ def command(ctx: click.Context, max_seconds: float | None, password_file: str | 
 
     home = home_of(ctx)
     config = load(ctx)
+    config.poll_s = poll_seconds or config.poll_s
+    config.heartbeat_s = heartbeat_seconds or config.heartbeat_s
     try:
         inv = detect(config.inventory_file)
         bls_key = keys.load_bls(home)
