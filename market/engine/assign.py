@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .bound import lp_solve, milp_pick
-from .market import BidViews, Candidates, Market, top_candidates
+from .bound import class_lp, milp_pick
+from .market import F64, I64, BidViews, Candidates, Market, top_candidates
 
 Part = tuple[int, int, int]  # offer index, GPUs, score
 FIT_TOLERANCE = 0.0
@@ -194,32 +194,54 @@ class Solver:
             if parts is not None:
                 self.place(b, parts)
 
-    def lp_round(self, bids: list[int]) -> int | None:
-        """Solve the LP relaxation for ``bids`` on what is free, then round it.
-
-        Pairs are taken in order of their LP weight, then their score net of
-        the offer's shadow price; what rounding leaves out is placed greedily
-        by that net score. Returns the LP bound for these bids.
-        """
+    def columns(self, bids: list[int]) -> tuple[I64, I64, I64]:
+        """The candidate pairs of ``bids`` that fit what is free, as LP columns."""
         mkt, cand = self.mkt, self.cand
-        pb_l: list[int] = []
-        po_l: list[int] = []
-        ps_l: list[int] = []
+        sizes = [len(cand.offers[b]) for b in bids]
+        pb = np.repeat(np.asarray(bids, dtype=np.int64), sizes)
+        po = np.asarray([o for b in bids for o in cand.offers[b]], dtype=np.int64)
+        ps = np.asarray([s for b in bids for s in cand.scores[b]], dtype=np.int64)
+        free = np.asarray(self.state.free, dtype=np.int64)
+        need = np.where(mkt.b_same[pb], mkt.b_gpus[pb], 1)
+        fit = free[po] >= need
+        return pb[fit], po[fit], ps[fit]
+
+    def refresh(self, bids: list[int], kmax: int) -> I64:
+        """Fresh candidate lists for ``bids`` over what is free now; returns
+        per bid the bound on the scores of the pairs it left out."""
+        only = np.zeros(len(self.mkt.bids), dtype=np.bool_)
+        only[bids] = True
+        free = np.asarray(self.state.free, dtype=np.int64)
+        views = self.cand.views if isinstance(self.cand.views, BidViews) else None
+        fresh = top_candidates(self.mkt, kmax, only=only, cap=free, views=views)
         for b in bids:
-            if not mkt.b_same[b]:
-                continue
-            pb_l.extend([b] * len(cand.offers[b]))
-            po_l.extend(cand.offers[b])
-            ps_l.extend(cand.scores[b])
-        pb = np.asarray(pb_l, dtype=np.int64)
-        po = np.asarray(po_l, dtype=np.int64)
-        ps = np.asarray(ps_l, dtype=np.int64)
-        sol = lp_solve(mkt, pb, po, ps, np.asarray(self.state.free, dtype=np.int64))
-        if sol is None:  # pragma: no cover - HiGHS failing on a feasible LP
+            self.cand.offers[b] = fresh.offers[b]
+            self.cand.scores[b] = fresh.scores[b]
+            self.cand.truncated[b] = fresh.truncated[b]
+        assert fresh.rest is not None
+        return fresh.rest
+
+    def lp_class(self, bids: list[int], rest: I64 | None) -> int | None:
+        """Solve the class's LP (with column generation when lists were
+        pruned), round it, fill greedily; returns the class's proven bound."""
+        views = self.cand.views if isinstance(self.cand.views, BidViews) else None
+        free = np.asarray(self.state.free, dtype=np.int64)
+        arr = np.asarray(sorted(bids), dtype=np.int64)
+        lp = class_lp(self.mkt, arr, self.columns(bids), free, rest, views)
+        if lp is None:  # pragma: no cover - HiGHS failing on a feasible LP
             self.greedy(bids)
             return None
-        bound, x, price = sol
+        self.round_lp(bids, lp.pb, lp.po, lp.ps, lp.x, lp.lam)
+        return lp.bound
+
+    def round_lp(self, bids: list[int], pb: I64, po: I64, ps: I64, x: F64, price: F64) -> None:
+        """Round an LP solution: its integral part stands, a small MILP settles
+        the fractional rest, then pairs by LP weight and score net of the
+        offer's shadow price, then the greedy for what is still open."""
+        mkt = self.mkt
         st = self.state
+        same = mkt.b_same[pb]
+        pb, po, ps, x = pb[same], po[same], ps[same], x[same]
         # 1. the integral part of the LP solution stands as it is
         sure = np.flatnonzero(x >= 0.999)
         for i in sure[np.lexsort((mkt.o_id[po[sure]], mkt.bids_id[pb[sure]]))].tolist():
@@ -243,9 +265,11 @@ class Solver:
                 frac = grp
             keep = np.isin(pb, frac)
             qb, qo, qs = pb[keep], po[keep], ps[keep]
-            pick = milp_pick(mkt, qb, qo, qs, np.asarray(st.free, dtype=np.int64), self.milp_nodes)
-            for i in pick.tolist():
-                self._try(int(qb[i]), int(qo[i]), int(qs[i]))
+            if len(qb) <= self.milp_pairs:
+                free = np.asarray(st.free, dtype=np.int64)
+                pick = milp_pick(mkt, qb, qo, qs, free, self.milp_nodes)
+                for i in pick.tolist():
+                    self._try(int(qb[i]), int(qo[i]), int(qs[i]))
         # 3. whatever is still open: by LP weight, then score net of shadow price
         net = ps - mkt.b_gpus[pb] * price[po]
         xr = np.round(x, 6)
@@ -255,7 +279,6 @@ class Solver:
                 break
             self._try(int(pb[i]), int(po[i]), int(ps[i]))
         self.greedy([b for b in bids if b not in self.assigned])
-        return bound
 
     def refill(self, bids: list[int], kmax: int) -> None:
         """Give bids whose lists ran dry fresh lists over what is still free.

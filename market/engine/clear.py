@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from .assign import Solver, State, fair_share_limits, priority_order
-from .bound import dual_bound
 from .explain import Explainer, money, trade_reason
 from .market import BidViews, Market, build_market, candidates, top_candidates
 from .pricing import bucket_prices
 from .types import (
+    CLASSES,
     BucketPrice,
     Preemption,
     RoundInput,
@@ -20,7 +20,6 @@ from .validate import validate
 
 SMALL_PAIRS = 50_000  # below this many bid x offer pairs nothing is pruned
 EXACT_MAX_BIDS = 40  # per class; branch and bound above this rarely finishes
-LP_PAIRS = 50_000  # above this many candidate pairs, greedy + refill replaces LP rounding
 
 
 def clear_round(inp: RoundInput) -> RoundResult:
@@ -31,12 +30,13 @@ def clear_round(inp: RoundInput) -> RoundResult:
     small = len(mkt.bids) * len(mkt.offers) <= SMALL_PAIRS
     kmax = cfg.max_candidates if cfg.max_candidates > 0 else 16
     cand = candidates(mkt, 0, 0) if small else top_candidates(mkt, kmax)
-    large = len(cand.pair_bid) > LP_PAIRS
     state = State(free=mkt.o_gpus.tolist(), limits=fair_share_limits(mkt, cand, cfg.fair_share_cap))
-    solver = Solver(mkt, cand, state, scan_fallback=not large)
+    solver = Solver(mkt, cand, state, scan_fallback=small)
     live = [b for b in range(len(mkt.bids)) if cand.offers[b] or cand.truncated[b]]
     order = priority_order(mkt, cand, live)
     proven = True
+    bound: int | None = 0
+    class_bounds: list[str] = []
     for k in range(3):
         cls = [b for b in order if mkt.b_klass[b] == k]
         if not cls:
@@ -47,14 +47,22 @@ def clear_round(inp: RoundInput) -> RoundResult:
             and not any(cand.truncated[b] for b in cls)
         )
         if exact_ok and solver.exact(cls, cfg.exact_node_limit):
+            got = _class_surplus(solver, cls)
+            if bound is not None:
+                bound += got
+            class_bounds.append(f"{CLASSES[k]} {got:,} exact")
             continue
         proven = False
-        if large:
-            solver.greedy(cls)
+        rest = None if small else solver.refresh(cls, kmax)
+        ub = solver.lp_class(cls, rest)
+        if not small:
             solver.refill(cls, kmax)
-        elif not exact_ok:
-            solver.lp_round(cls)
         solver.improve(cls, k)
+        if ub is None or bound is None:
+            bound = None
+        else:
+            bound += ub
+            class_bounds.append(f"{CLASSES[k]} {_class_surplus(solver, cls):,} <= {ub:,}")
     assigned = solver.assigned
     surplus = sum(p[2] for parts in assigned.values() for p in parts)
 
@@ -124,18 +132,17 @@ def clear_round(inp: RoundInput) -> RoundResult:
     preemptions = _preemptions(inp, mkt, state, unmatched)
 
     feasible_all = cand.feasible_pairs
-    bound: int | None = None
     gap: float | None = None
     scope = "none"
     if proven:
         bound, gap, scope = surplus, 0.0, "exact per class in priority order"
-    else:
-        bound, _ = dual_bound(mkt, cand, surplus, tighten=cfg.certify)
-        scope = (
-            "joint problem, all classes together, over every feasible pair (Lagrangian "
-            "dual; class priority and fair-share cap relaxed)"
-        )
+    elif bound is not None:
         gap = 0.0 if bound <= 0 else max(0.0, round((bound - surplus) / bound, 9))
+        scope = (
+            "per class in priority order, each on the capacity the classes before it "
+            "left, over every feasible pair (LP relaxation with column generation; "
+            "fair-share cap relaxed): " + "; ".join(class_bounds)
+        )
     stats = RoundStats(
         bids=len(mkt.bids),
         offers=len(mkt.offers),
@@ -146,7 +153,7 @@ def clear_round(inp: RoundInput) -> RoundResult:
         feasible_pairs=feasible_all,
         candidate_pairs=len(cand.pair_bid),
         surplus=surplus,
-        method="exact" if proven else ("greedy+refill+improve" if large else "lp-rounding+milp+improve"),
+        method="exact" if proven else "lp-per-class+rounding+improve",
         upper_bound=bound,
         gap=gap,
         bound_scope=scope,
@@ -158,6 +165,10 @@ def clear_round(inp: RoundInput) -> RoundResult:
         preemptions=preemptions,
         stats=stats,
     )
+
+
+def _class_surplus(solver: Solver, bids: list[int]) -> int:
+    return sum(p[2] for b in bids for p in solver.assigned.get(b, ()))
 
 
 def _unmatched(mkt: Market, solver: Solver, state: State) -> tuple[Unmatched, ...]:

@@ -560,44 +560,55 @@ def top_candidates(
     )
 
 
-def reduced_max(
-    mkt: Market, bids: I64, lam: I64, tau: I64, views: BidViews, chunk: int = 64
-) -> I64:
-    """Per bid in ``bids``, a bound on ``score - gpus * lam[o]`` over all its
-    feasible pairs that is exact wherever it exceeds ``tau`` (lam >= 0).
+def price_out(
+    mkt: Market, bids: I64, lam: I64, tau: I64, views: BidViews, cap: I64, chunk: int = 64
+) -> tuple[I64, I64, I64]:
+    """Per bid in ``bids``, the best reduced score ``score - gpus * lam[o]`` over
+    its feasible pairs on capacity ``cap``, exact wherever it exceeds ``tau``.
 
-    Scans each view in ask order and stops a bid once the optimistic score
-    ahead (which bounds the reduced score too, prices being non-negative) is
-    no more than the larger of ``tau`` and what was already found.
+    Returns (reduced, offer, score) per bid; offer is -1 where nothing beats
+    ``tau``. Each view is scanned in ask order and a bid stops once the
+    optimistic reduced score of everything ahead - its optimistic score with
+    the cheapest ask and best reliability still ahead, less its GPUs times
+    the lowest price still ahead - is at most the larger of ``tau`` and what
+    was found. ``lam`` must be non-negative integers, so the check is exact.
     """
     nb = len(mkt.bids)
-    found = np.full(nb, np.iinfo(np.int64).min, dtype=np.int64)
+    lo = np.iinfo(np.int64).min
+    found = np.full(nb, lo, dtype=np.int64)
+    arg = np.full(nb, -1, dtype=np.int64)
+    arg_s = np.zeros(nb, dtype=np.int64)
     thr = np.zeros(nb, dtype=np.int64)
     thr[bids] = tau
     want = np.zeros(nb, dtype=np.bool_)
     want[bids] = True
     for key in views.keys:
-        m, r, _ = key
+        m, r, t = key
         bids_all = views.by_view[key]
         bids_all = bids_all[want[bids_all]]
         view = mkt.views[key]
         if not len(bids_all) or not len(view):
             continue
+        view = view[cap[view] >= max(t, 1)]
+        if not len(view):
+            continue
         asks = mkt.o_ask[view]
         relmax = np.maximum.accumulate(mkt.o_rel[view][::-1])[::-1]
+        lammin = np.minimum.accumulate(lam[view][::-1])[::-1]
         base = (
             mkt.b_maxp[bids_all].astype(np.float64)
             - mkt.pen[bids_all, r]
             - mkt.b_wc[bids_all] * mkt.carbon_kg_gh[m, r]
         )
-        gh = mkt.b_gpus[bids_all].astype(np.float64) * mkt.b_hours[bids_all]
+        gpus = mkt.b_gpus[bids_all]
+        gh = gpus.astype(np.float64) * mkt.b_hours[bids_all]
         wrel = mkt.b_wrel[bids_all]
         maxp = mkt.b_maxp[bids_all]
         act = np.arange(len(bids_all), dtype=np.int64)
         pos = 0
         while len(act) and pos < len(view):
             v = gh[act] * (base[act] + wrel[act] * relmax[pos] - float(asks[pos]))
-            ub = np.ceil(v).astype(np.int64) + 1
+            ub = np.ceil(v).astype(np.int64) + 1 - gpus[act] * lammin[pos]
             b_act = bids_all[act]
             go = (asks[pos] <= maxp[act]) & (ub > np.maximum(thr[b_act], found[b_act]))
             act = act[go]
@@ -606,14 +617,25 @@ def reduced_max(
             b_act = bids_all[act]
             offs = view[pos : pos + chunk]
             same_rows = mkt.b_same[b_act]
-            score, ok = pair_scores(mkt, b_act, offs, same=True)
+            score, ok = pair_scores(mkt, b_act, offs, same=True, cap=cap)
             if not same_rows.all():
-                s2, ok2 = pair_scores(mkt, b_act, offs, same=False)
+                s2, ok2 = pair_scores(mkt, b_act, offs, same=False, cap=cap)
                 ok = np.where(same_rows[:, None], ok, ok2)
                 score = np.where(same_rows[:, None], score, s2)
             red = score - mkt.b_gpus[b_act][:, None] * lam[offs][None, :]
-            red = np.where(ok, red, np.iinfo(np.int64).min)
-            found[b_act] = np.maximum(found[b_act], red.max(axis=1))
+            red = np.where(ok, red, lo)
+            j = np.argmax(red, axis=1)
+            rows = np.arange(len(b_act))
+            top = red[rows, j]
+            better = top > found[b_act]
+            nb_ = b_act[better]
+            found[nb_] = top[better]
+            arg[nb_] = offs[j[better]]
+            arg_s[nb_] = score[rows[better], j[better]]
             pos += len(offs)
-    out: I64 = np.maximum(found[bids], 0)
-    return out
+    sel_found = found[bids]
+    hit = sel_found > tau
+    red_out: I64 = np.where(hit, sel_found, np.maximum(sel_found, 0))
+    off_out: I64 = np.where(hit, arg[bids], -1)
+    sc_out: I64 = np.where(hit, arg_s[bids], 0)
+    return red_out, off_out, sc_out

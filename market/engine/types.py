@@ -134,8 +134,9 @@ class RoundConfig:
     rounds (0 = 16); ``group_scan`` is kept for stored configs and no longer
     used. The upper bound in the statistics always covers every feasible
     pair, kept or pruned. ``exact_node_limit`` is the branch-and-bound budget
-    that makes small rounds provably optimal. ``certify`` rescans the pruned
-    pairs at the final dual prices for a tighter (slower) bound.
+    that makes small rounds provably optimal. ``certify`` is kept for stored
+    configs: the bound is now always certified per class (LP relaxation with
+    column generation over every feasible pair).
     """
 
     pricing: str = "uniform"
