@@ -1,0 +1,123 @@
+"""The operator's (and custodial keys') outgoing transactions: one nonce owner per
+account, signed bytes stored before broadcast, rebroadcast and receipts until confirmed.
+
+Idempotency: every transaction has a key (`record:<batch>`, `settle:<batch>`, ...).
+`tx_submit` with a key it has seen returns the stored transaction and broadcasts
+its stored bytes again, so a worker that dies between broadcast and receipt, or
+between signing and broadcast, resends the *same* transaction after a restart,
+never a second one. The nonce cursor's row lock serialises signers across workers;
+a restarted server resumes from max(its cursor, the node's pending nonce).
+No chain call happens while a database transaction is open.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.db import IntegrityError, transaction
+
+from ledger.chain import ChainClient, ChainError, Signer
+from ledger.chain.client import NonceConsumed, SignedTx
+from ledger.models import ChainTx, ChainTxState, NonceCursor
+
+log = logging.getLogger("gridbid.ledger.outbox")
+
+OPEN_STATES = (ChainTxState.SIGNED, ChainTxState.SENT, ChainTxState.MINED)
+
+
+class NonceManager:
+    """Hands out nonces for one account on one chain from a database cursor."""
+
+    def __init__(self, *, chain_id: int, address: str) -> None:
+        self.chain_id = chain_id
+        self.address = address
+
+    def reserve(self, *, chain_pending: int) -> int:
+        """The next nonce, under the cursor's row lock. Call inside transaction.atomic()."""
+        if not transaction.get_connection().in_atomic_block:
+            raise RuntimeError("NonceManager.reserve must run inside a transaction")
+        NonceCursor.objects.get_or_create(chain_id=self.chain_id, address=self.address)
+        cursor = NonceCursor.objects.select_for_update().get(chain_id=self.chain_id, address=self.address)
+        nonce = max(cursor.next_nonce, chain_pending)
+        cursor.next_nonce = nonce + 1
+        cursor.save(update_fields=["next_nonce", "updated_at"])
+        return nonce
+
+
+def tx_submit(*, client: ChainClient, signer: Signer, key: str, purpose: str, call: Any) -> ChainTx:
+    """Sign, store, then broadcast `call` from `signer`, once per `key`.
+
+    Raises ChainError when the call would revert (nothing is stored or sent then).
+    """
+    existing = ChainTx.objects.filter(key=key).first()
+    if existing is not None:
+        tx_broadcast(client=client, tx=existing)
+        return existing
+    fields = client.build(call, signer.address)
+    fees = client.fees()
+    chain_pending = client.pending_nonce(signer.address)
+    try:
+        with transaction.atomic():
+            nonce = NonceManager(chain_id=client.chain_id, address=signer.address).reserve(chain_pending=chain_pending)
+            signed = client.sign(fields, nonce=nonce, fees=fees, signer=signer)
+            row = ChainTx.objects.create(
+                purpose=purpose, key=key, chain_id=client.chain_id, sender=signer.address, to=str(fields.get("to", "")),
+                nonce=nonce, tx_hash=signed.tx_hash, raw=signed.raw,
+            )
+    except IntegrityError:  # a concurrent submit of the same key won
+        row = ChainTx.objects.get(key=key)
+    tx_broadcast(client=client, tx=row)
+    return row
+
+
+def tx_broadcast(*, client: ChainClient, tx: ChainTx) -> None:
+    """(Re)send the stored bytes of a transaction that is not final yet."""
+    if tx.state not in (ChainTxState.SIGNED, ChainTxState.SENT):
+        return
+    try:
+        client.broadcast(SignedTx(raw=tx.raw, tx_hash=tx.tx_hash))
+    except NonceConsumed as exc:
+        # another transaction took this nonce: this one can never be mined
+        ChainTx.objects.filter(pk=tx.pk, state__in=OPEN_STATES).update(state=ChainTxState.FAILED, error=str(exc)[:2000])
+        tx.refresh_from_db()
+        return
+    except ChainError as exc:
+        ChainTx.objects.filter(pk=tx.pk).update(error=str(exc)[:2000])
+        log.warning("broadcast of %s refused: %s", tx.tx_hash, exc)
+        return
+    ChainTx.objects.filter(pk=tx.pk, state=ChainTxState.SIGNED).update(state=ChainTxState.SENT)
+    ChainTx.objects.filter(pk=tx.pk).update(broadcasts=tx.broadcasts + 1)
+    tx.refresh_from_db()
+
+
+def tx_track(*, client: ChainClient, tx: ChainTx, confirmations: int) -> ChainTx:
+    """Move a transaction along signed -> sent -> mined -> confirmed/failed from its receipt.
+    A mined transaction whose block was reorged out goes back to sent and is rebroadcast."""
+    if tx.state in (ChainTxState.CONFIRMED, ChainTxState.FAILED):
+        return tx
+    receipt = client.receipt(tx.tx_hash)
+    if receipt is None or receipt.confirmations == 0:
+        if tx.state == ChainTxState.MINED:
+            ChainTx.objects.filter(pk=tx.pk).update(state=ChainTxState.SENT, block_number=None, block_hash="")
+            tx.refresh_from_db()
+        tx_broadcast(client=client, tx=tx)
+        return tx
+    final = receipt.confirmations >= max(confirmations, 1)
+    state = ChainTxState.MINED
+    if final:
+        state = ChainTxState.CONFIRMED if receipt.succeeded else ChainTxState.FAILED
+    ChainTx.objects.filter(pk=tx.pk).update(
+        state=state, block_number=receipt.block_number, block_hash=receipt.block_hash, gas_used=receipt.gas_used,
+        error="" if receipt.succeeded else "reverted",
+    )
+    tx.refresh_from_db()
+    return tx
+
+
+def txs_track(*, client: ChainClient, confirmations: int, limit: int = 200) -> int:
+    """Track every open transaction of this chain, oldest first (nonce order). Returns how many."""
+    rows = list(ChainTx.objects.filter(chain_id=client.chain_id, state__in=OPEN_STATES).order_by("id")[:limit])
+    for row in rows:
+        tx_track(client=client, tx=row, confirmations=confirmations)
+    return len(rows)
