@@ -8,6 +8,15 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_asgi = get_asgi_application()
 
-from channels.routing import ProtocolTypeRouter  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
-application = ProtocolTypeRouter({"http": django_asgi})
+from gridbid.origin import OriginCheckMiddleware  # noqa: E402
+from market.streams.auth import TokenOrSessionAuthMiddleware  # noqa: E402
+from market.streams.routing import websocket_urlpatterns  # noqa: E402
+
+application = ProtocolTypeRouter(
+    {
+        "http": django_asgi,
+        "websocket": OriginCheckMiddleware(TokenOrSessionAuthMiddleware(URLRouter(websocket_urlpatterns))),
+    }
+)

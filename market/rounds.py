@@ -26,6 +26,7 @@ from market import engine, repository
 from market.engine import serialize
 from market.models import AuctionRound, Bid, Job, Offer, Trade
 from market.states import BidState, OfferState, RoundState
+from market.streams import events
 from providers.models import Provider
 
 log = logging.getLogger("gridbid.rounds")
@@ -124,6 +125,7 @@ def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundRes
         prices=result_dict["prices"],
         stats=stats,
     )
+    events.round_cleared(rnd.pk)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from market.api.auth import TOKEN_PREFIX, token_digest
 from market.errors import Conflict, DomainError, NotAllowed
 from market.models import ApiToken, Bid, Offer, Role, Scope, User
 from market.states import BidState, OfferState
+from market.streams import events
 from providers.models import GpuModel, Machine, Provider, Region
 
 
@@ -108,7 +109,7 @@ def offer_publish(*, user: User, machine: Machine, gpu_model: GpuModel, gpus: in
     start = available_from or timezone.now()
     try:
         with transaction.atomic():
-            return Offer.objects.create(
+            offer = Offer.objects.create(
                 machine=machine, gpu_model=gpu_model, gpus=gpus, gpus_free=gpus, price=price,
                 min_duration_s=min_duration_s, max_duration_s=max_duration_s, available_from=start,
                 available_until=available_until, spot_allowed=spot_allowed, reserved_only=reserved_only,
@@ -118,6 +119,8 @@ def offer_publish(*, user: User, machine: Machine, gpu_model: GpuModel, gpus: in
             f"Machine {machine.name!r} already has a live {gpu_model.id} offer.",
             fields={"gpu_model": ["Update or withdraw the existing offer instead."]},
         ) from None
+    events.book_changed(gpu_model.id, machine.region_id)
+    return offer
 
 
 @transaction.atomic
@@ -143,6 +146,7 @@ def offer_update(*, user: User, offer: Offer, **changes: Any) -> Offer:
     if offer.max_duration_s < offer.min_duration_s:
         raise DomainError("max_duration_s is below min_duration_s.", fields={"max_duration_s": ["Must be at least min_duration_s."]})
     offer.save()
+    events.book_changed(offer.gpu_model_id, offer.machine.region_id)
     return offer
 
 
@@ -176,7 +180,9 @@ def bid_place(*, user: User, data: dict[str, Any]) -> Bid:
     client_order_id = data.get("client_order_id")
     if client_order_id and Bid.objects.filter(buyer=user, client_order_id=client_order_id).exists():
         raise Conflict(f"You already placed a bid with client_order_id {client_order_id!r}.", fields={"client_order_id": ["Use a new id for a new order."]})
-    return Bid.objects.create(buyer=user, **data)
+    bid = Bid.objects.create(buyer=user, **data)
+    events.bid_changed(bid)
+    return bid
 
 
 @transaction.atomic
@@ -189,4 +195,5 @@ def bid_cancel(*, user: User, bid: Bid) -> Bid:
         raise Conflict(f"This bid is {bid.state} and can no longer be cancelled.")
     states.advance("bid", bid, BidState.CANCELLED)
     bid.save(update_fields=["state", "updated_at"])
+    events.bid_changed(bid)
     return bid

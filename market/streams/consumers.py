@@ -1,0 +1,229 @@
+"""`/ws/v1/stream`: subscriptions with snapshots and sequenced updates, and orders.
+
+The consumer holds no business logic: it authenticates, checks what a message
+asks for, joins and leaves groups, forwards updates, and hands orders to the
+same serializer and service the REST API uses. Protocol: docs/stream.md.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from rest_framework.exceptions import AuthenticationFailed, ValidationError
+
+from market.api.errors import _flatten, _summary
+from market.errors import DomainError
+from market.models import Scope
+from market.streams import publish as pub
+from market.streams import snapshots
+from market.streams.auth import user_for_token
+
+MAX_MESSAGE_BYTES = 64 * 1024
+MAX_SUBSCRIPTIONS = 100
+RATE_PER_SECOND = 20.0
+RATE_BURST = 40.0
+RATE_STRIKES = 20  # refusals in a row before the connection is closed
+
+CLOSE_POLICY = 4008  # policy violation: too many messages
+CLOSE_TOO_BIG = 1009
+CLOSE_AUTH = 4001
+
+
+class StreamConsumer(AsyncWebsocketConsumer):
+    async def connect(self) -> None:
+        self.user = self.scope.get("user")
+        self.scopes: set[str] | None = set(self.scope["token_scopes"]) if self.scope.get("token_scopes") is not None else None
+        self.groups_joined: dict[str, str] = {}
+        self.tokens = RATE_BURST
+        self.last = time.monotonic()
+        self.strikes = 0
+        if self.scope.get("token_error"):
+            await self.accept()
+            await self.send_json({"type": "error", "code": "not_authenticated", "message": self.scope["token_error"]})
+            await self.close(code=CLOSE_AUTH)
+            return
+        await self.accept()
+        await self.send_json({"type": "welcome", "user": self.user.username if self.authenticated else None, "protocol": 1})
+
+    @property
+    def authenticated(self) -> bool:
+        return bool(self.user and self.user.is_authenticated)
+
+    def allowed(self, scope_name: str) -> bool:
+        if not self.authenticated:
+            return False
+        if self.scopes is not None:  # a token: its own scopes
+            return scope_name in self.scopes
+        from market.api.permissions import ROLE_SCOPES
+
+        return scope_name in ROLE_SCOPES.get("operator" if self.user.is_superuser else self.user.role, frozenset())
+
+    async def disconnect(self, code: int) -> None:
+        for group in list(self.groups_joined.values()):
+            await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def send_json(self, data: dict[str, Any]) -> None:
+        await self.send(text_data=json.dumps(data, separators=(",", ":"), default=str))
+
+    async def error(self, code: str, message: str, ref: Any = None, fields: dict[str, Any] | None = None) -> None:
+        await self.send_json({"type": "error", "code": code, "message": message, "fields": fields or {}, "ref": ref})
+
+    # --- inbound -----------------------------------------------------------------
+    def _rate_ok(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(RATE_BURST, self.tokens + (now - self.last) * RATE_PER_SECOND)
+        self.last = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            self.strikes = 0
+            return True
+        self.strikes += 1
+        return False
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        raw = text_data if text_data is not None else (bytes_data or b"").decode("utf-8", "replace")
+        if len(raw.encode()) > MAX_MESSAGE_BYTES:
+            await self.error("message_too_big", f"Messages are limited to {MAX_MESSAGE_BYTES} bytes.")
+            await self.close(code=CLOSE_TOO_BIG)
+            return
+        if not self._rate_ok():
+            if self.strikes >= RATE_STRIKES:
+                await self.close(code=CLOSE_POLICY)
+            else:
+                await self.error("rate_limited", f"Slow down: at most {RATE_PER_SECOND:g} messages a second.")
+            return
+        try:
+            msg = json.loads(raw)
+        except ValueError:
+            await self.error("parse_error", "Messages must be JSON objects, e.g. {\"type\": \"ping\"}.")
+            return
+        if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
+            await self.error("invalid", "Every message is a JSON object with a string 'type'.")
+            return
+        handler = getattr(self, f"on_{msg['type']}", None)
+        if handler is None:
+            await self.error("unknown_type", f"Unknown message type {msg['type'][:40]!r}; see docs/stream.md.", ref=msg.get("ref"))
+            return
+        await handler(msg)
+
+    async def on_ping(self, msg: dict[str, Any]) -> None:
+        await self.send_json({"type": "pong", "ref": msg.get("ref")})
+
+    async def on_auth(self, msg: dict[str, Any]) -> None:
+        token = msg.get("token")
+        if not isinstance(token, str):
+            await self.error("invalid", "auth needs a 'token' string.", fields={"token": ["Required."]})
+            return
+        try:
+            self.user, scopes = await user_for_token(token)
+        except AuthenticationFailed as exc:
+            await self.error("not_authenticated", str(exc.detail))
+            return
+        self.scopes = set(scopes)
+        await self.send_json({"type": "authenticated", "user": self.user.username, "scopes": sorted(self.scopes)})
+
+    async def on_subscribe(self, msg: dict[str, Any]) -> None:
+        channel = msg.get("channel")
+        if not isinstance(channel, str) or not (pub.PUBLIC_CHANNEL.match(channel) or channel in pub.PRIVATE_CHANNELS):
+            await self.error("invalid_channel", "Channels are book.<gpu_model>.<region>, rounds, trades, orders, jobs or balances.", ref=channel if isinstance(channel, str) else None)
+            return
+        if channel in pub.PRIVATE_CHANNELS and not self.allowed(Scope.READ):
+            await self.error("forbidden", f"'{channel}' is your own data: authenticate first (token or session).", ref=channel)
+            return
+        if channel not in self.groups_joined and len(self.groups_joined) >= MAX_SUBSCRIPTIONS:
+            await self.error("too_many_subscriptions", f"At most {MAX_SUBSCRIPTIONS} subscriptions per connection.", ref=channel)
+            return
+        group = pub.group_name(channel, self.user.pk if self.authenticated else None)
+        await self.channel_layer.group_add(group, self.channel_name)
+        self.groups_joined[channel] = group
+        # the seq is read before the snapshot: updates after it are newer than the snapshot
+        seq, data = await self._snapshot(channel, group)
+        await self.send_json({"type": "snapshot", "channel": channel, "seq": seq, "data": data})
+
+    @database_sync_to_async
+    def _snapshot(self, channel: str, group: str) -> tuple[int, Any]:
+        seq = pub.current_seq(group)
+        return seq, snapshots.snapshot(channel, self.user if self.authenticated else None)
+
+    async def on_unsubscribe(self, msg: dict[str, Any]) -> None:
+        channel = msg.get("channel")
+        group = self.groups_joined.pop(channel, None) if isinstance(channel, str) else None
+        if group is None:
+            await self.error("not_subscribed", "You are not subscribed to that channel.", ref=channel if isinstance(channel, str) else None)
+            return
+        await self.channel_layer.group_discard(group, self.channel_name)
+        await self.send_json({"type": "unsubscribed", "channel": channel})
+
+    async def on_place_bid(self, msg: dict[str, Any]) -> None:
+        ref = msg.get("client_order_id")
+        if not self.allowed(Scope.TRADE):
+            await self.error("forbidden", "Placing bids needs the 'trade' scope.", ref=ref)
+            return
+        body = msg.get("bid")
+        if not isinstance(body, dict):
+            await self.error("invalid", "place_bid needs a 'bid' object (the same body as POST /api/v1/bids/).", ref=ref)
+            return
+        if ref is not None:
+            body = {**body, "client_order_id": ref}
+        ok, result = await self._place(body)
+        if ok:
+            await self.send_json({"type": "ack", "action": "place_bid", "client_order_id": ref, "bid": result})
+        else:
+            await self.error(result["code"], result["message"], ref=ref, fields=result["fields"])
+
+    @database_sync_to_async
+    def _place(self, body: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
+        from market import services
+        from market.api.serializers import BidCreateSerializer, BidSerializer
+
+        data = BidCreateSerializer(data=body)
+        try:
+            data.is_valid(raise_exception=True)
+            bid = services.bid_place(user=self.user, data=dict(data.validated_data))
+        except ValidationError as exc:
+            fields = _flatten(exc.detail)
+            return False, {"code": "invalid", "message": _summary(fields), "fields": fields}
+        except DomainError as exc:
+            return False, {"code": exc.code, "message": exc.message, "fields": exc.fields}
+        return True, dict(BidSerializer(bid).data)
+
+    async def on_cancel_bid(self, msg: dict[str, Any]) -> None:
+        bid_id = msg.get("bid_id")
+        if not self.allowed(Scope.TRADE):
+            await self.error("forbidden", "Cancelling bids needs the 'trade' scope.", ref=bid_id)
+            return
+        if not isinstance(bid_id, int) or isinstance(bid_id, bool) or bid_id < 1:
+            await self.error("invalid", "cancel_bid needs 'bid_id', a positive integer.", fields={"bid_id": ["A positive integer."]})
+            return
+        ok, result = await self._cancel(bid_id)
+        if ok:
+            await self.send_json({"type": "ack", "action": "cancel_bid", "bid_id": bid_id, "bid": result})
+        else:
+            await self.error(result["code"], result["message"], ref=bid_id)
+
+    @database_sync_to_async
+    def _cancel(self, bid_id: int) -> tuple[bool, dict[str, Any]]:
+        from market import services
+        from market.api.serializers import BidSerializer
+        from market.models import Bid
+
+        bid = Bid.objects.filter(pk=bid_id, buyer=self.user).first()
+        if bid is None:
+            return False, {"code": "not_found", "message": f"You have no bid {bid_id}."}
+        try:
+            bid = services.bid_cancel(user=self.user, bid=bid)
+        except DomainError as exc:
+            return False, {"code": exc.code, "message": exc.message}
+        except Exception as exc:  # InvalidTransition and friends: a conflict, said plainly
+            return False, {"code": "conflict", "message": str(exc)}
+        return True, dict(BidSerializer(bid).data)
+
+    # --- outbound (from the channel layer) -------------------------------------------
+    async def stream_update(self, event: dict[str, Any]) -> None:
+        await self.send_json({"type": "update", "channel": event["channel"], "seq": event["seq"], "data": event["data"]})
+
+

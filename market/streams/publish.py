@@ -1,0 +1,66 @@
+"""Publishing to the live streams, always after the writing transaction commits.
+
+Every channel has its own sequence number, incremented atomically in the cache
+(Redis in production, so every ASGI server and worker shares it; local memory in
+the embedded mode, where everything is one process). A client that sees a gap
+in a channel's sequence knows it missed something and resubscribes for a fresh
+snapshot. Services call `publish_after_commit`; the engine never publishes.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.core.cache import cache
+from django.db import transaction
+
+log = logging.getLogger("gridbid.streams")
+
+PUBLIC_CHANNEL = re.compile(r"^(book\.[A-Za-z0-9_.-]+\.[a-z0-9-]+|rounds|trades)$")
+PRIVATE_CHANNELS = ("orders", "jobs", "balances")
+SEQ_TTL = 7 * 24 * 3600
+
+
+def group_name(channel: str, user_id: int | None = None) -> str:
+    """Channel-layer group names allow only [a-zA-Z0-9_.-] and < 100 chars."""
+    if channel in PRIVATE_CHANNELS:
+        return f"user.{user_id}.{channel}"
+    return "pub." + re.sub(r"[^A-Za-z0-9_.-]", "_", channel)[:90]
+
+
+def _seq_key(group: str) -> str:
+    return f"stream-seq:{group}"
+
+
+def current_seq(group: str) -> int:
+    return int(cache.get(_seq_key(group), 0))
+
+
+def next_seq(group: str) -> int:
+    key = _seq_key(group)
+    cache.add(key, 0, SEQ_TTL)
+    try:
+        return int(cache.incr(key))
+    except ValueError:  # evicted between add and incr
+        cache.set(key, 1, SEQ_TTL)
+        return 1
+
+
+def publish(channel: str, data: Any, *, user_id: int | None = None) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    group = group_name(channel, user_id)
+    message = {"type": "stream.update", "channel": channel, "seq": next_seq(group), "data": data}
+    try:
+        async_to_sync(layer.group_send)(group, message)
+    except Exception:  # a stream hiccup must never undo or fail a committed write
+        log.exception("publishing to %s failed", group)
+
+
+def publish_after_commit(channel: str, data: Any, *, user_id: int | None = None) -> None:
+    transaction.on_commit(lambda: publish(channel, data, user_id=user_id))
