@@ -37,7 +37,9 @@ def command(ctx: click.Context, max_seconds: float | None, poll_seconds: float |
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     if max_seconds:
-        threading.Timer(max_seconds, stop.set).start()
+        timer = threading.Timer(max_seconds, stop.set)
+        timer.daemon = True  # never keeps a stopped agent alive
+        timer.start()
     state = State(home / "state.sqlite3")
     agent = Agent(home=home, config=config, client=client_for(config), state=state, inventory=inv, bls_key=bls_key, account=account)
     try:
