@@ -214,6 +214,8 @@ class Agent:
 
     def refusal(self, a: dict[str, Any]) -> str | None:
         """Why this assignment must not run here, or None."""
+        if a.get("state") not in (None, "assigned"):
+            return f"the market says this job is already {a.get('state')} here, but this agent has no record of starting it; it is not run twice"
         if int(a.get("machine", -1)) != self.machine_id:
             return f"trade {a['trade']} is for machine {a.get('machine')}, not this machine ({self.machine_id})"
         spec = a.get("job_spec")

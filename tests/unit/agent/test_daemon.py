@@ -132,6 +132,7 @@ def test_a_duplicate_assignment_starts_nothing_new(tmp_path, key):
     ({"spec_hash": "00" * 32}, "does not match its hash"),
     ({"gpus": [0, 9]}, "do not exist"),
     ({"spec_signature": "0x" + "11" * 65, "buyer_address": "0x" + "22" * 20}, "signature"),
+    ({"state": "running"}, "not run twice"),
 ])
 def test_assignments_that_must_not_run_here_are_refused_and_reported(tmp_path, key, change, why):
     market = FakeMarket()
