@@ -85,6 +85,15 @@ def beat() -> None:
     app.start(["beat", "--loglevel=INFO"])
 
 
+@main.command(name="stream", add_help_option=False, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.pass_context
+def stream(ctx: click.Context) -> None:
+    """Subscribe to the live stream and print it (see `gridbid stream --help`)."""
+    from gridbid.stream import main as stream_main
+
+    stream_main.main(args=ctx.args, prog_name="gridbid stream")
+
+
 @main.group(name="round")
 def round_group() -> None:
     """Auction rounds."""

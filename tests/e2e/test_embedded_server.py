@@ -68,3 +68,33 @@ def test_markets_page_and_api_docs_are_served(embedded_server):
     assert docs.status_code == 200
     css = httpx.get(embedded_server + "/static/gridbid/app.css")
     assert css.status_code == 200 and "--accent" in css.text
+
+
+def test_stream_client_sees_a_snapshot_and_a_live_round_update(embedded_server):
+    url = embedded_server.replace("http://", "ws://") + "/ws/v1/stream"
+    proc = subprocess.run(
+        [sys.executable, "-m", "gridbid.stream", "--url", url, "--count", "3", "--timeout", "60", "rounds"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    messages = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [m["type"] for m in messages] == ["welcome", "snapshot", "update"]
+    assert messages[2]["seq"] > messages[1]["seq"] and messages[2]["data"]["round"]["number"] >= 1
+
+
+def test_stream_refuses_a_foreign_origin_at_the_handshake(embedded_server):
+    import asyncio
+
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import InvalidStatus
+
+    async def attempt() -> int:
+        try:
+            async with connect(embedded_server.replace("http://", "ws://") + "/ws/v1/stream", origin="https://evil.example"):
+                return 101
+        except InvalidStatus as exc:
+            return exc.response.status_code
+
+    assert asyncio.run(attempt()) == 403
