@@ -241,12 +241,20 @@ class Solver:
         mkt = self.mkt
         st = self.state
         same = mkt.b_same[pb]
+        mass = np.bincount(pb[~same], weights=x[~same], minlength=len(mkt.bids))
+        val = np.bincount(pb[~same], weights=(x * ps)[~same], minlength=len(mkt.bids))
         pb, po, ps, x = pb[same], po[same], ps[same], x[same]
         # 1. the integral part of the LP solution stands as it is
         sure = np.flatnonzero(x >= 0.999)
         for i in sure[np.lexsort((mkt.o_id[po[sure]], mkt.bids_id[pb[sure]]))].tolist():
             self._try(int(pb[i]), int(po[i]), int(ps[i]))
-        # 2. the fractional rest is small: solve it as a MILP on what is left
+        # 2. multi-machine bids the LP fills whole, largest LP value first
+        whole = np.flatnonzero(mass >= 0.999)
+        for b in whole[np.lexsort((mkt.bids_id[whole], -val[whole]))].tolist():
+            parts = self.best_multi(b)
+            if parts is not None:
+                self.place(b, parts)
+        # 3. the fractional rest is small: solve it as a MILP on what is left
         frac = np.unique(pb[(x > 1e-6) & (x < 0.999)])
         frac = frac[[int(b) not in self.assigned for b in frac.tolist()]]
         if len(frac):
@@ -270,7 +278,7 @@ class Solver:
                 pick = milp_pick(mkt, qb, qo, qs, free, self.milp_nodes)
                 for i in pick.tolist():
                     self._try(int(qb[i]), int(qo[i]), int(qs[i]))
-        # 3. whatever is still open: by LP weight, then score net of shadow price
+        # 4. whatever is still open: by LP weight, then score net of shadow price
         net = ps - mkt.b_gpus[pb] * price[po]
         xr = np.round(x, 6)
         order = np.lexsort((mkt.o_id[po], mkt.bids_id[pb], -ps, -net, -xr))

@@ -117,16 +117,15 @@ def class_lp(
             loose = bids[rest[bids] > u[bids]]
             best = u[bids]
             if len(loose):
-                red, off, sc = price_out(mkt, loose, lam, u[loose], views, free)
+                red, nb_, no_, ns_ = price_out(mkt, loose, lam, u[loose], views, free)
                 pos = np.searchsorted(bids, loose)
                 best = best.copy()
                 best[pos] = np.maximum(best[pos], red)
-                new = off >= 0
-                if new.any() and it < rounds:
-                    pb = np.concatenate([pb, loose[new]])
-                    po = np.concatenate([po, off[new]])
-                    ps = np.concatenate([ps, sc[new]])
-                    added += int(new.sum())
+                if len(nb_) and it < rounds:
+                    pb = np.concatenate([pb, nb_])
+                    po = np.concatenate([po, no_])
+                    ps = np.concatenate([ps, ns_])
+                    added += len(nb_)
                     continue
         bound = int(best.sum()) + int((free.astype(np.int64) * lam).sum()) + slack
         return ClassLP(bound, value, pb, po, ps, x, lam_f, added)

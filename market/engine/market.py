@@ -561,31 +561,39 @@ def top_candidates(
 
 
 def price_out(
-    mkt: Market, bids: I64, lam: I64, tau: I64, views: BidViews, cap: I64, chunk: int = 64
-) -> tuple[I64, I64, I64]:
+    mkt: Market,
+    bids: I64,
+    lam: I64,
+    tau: I64,
+    views: BidViews,
+    cap: I64,
+    width: int = 4,
+    chunk: int = 64,
+) -> tuple[I64, I64, I64, I64]:
     """Per bid in ``bids``, the best reduced score ``score - gpus * lam[o]`` over
-    its feasible pairs on capacity ``cap``, exact wherever it exceeds ``tau``.
+    its feasible pairs on capacity ``cap``, exact wherever it exceeds ``tau``,
+    and up to ``width`` pairs that beat ``tau`` (the columns to add).
 
-    Returns (reduced, offer, score) per bid; offer is -1 where nothing beats
-    ``tau``. Each view is scanned in ask order and a bid stops once the
-    optimistic reduced score of everything ahead - its optimistic score with
-    the cheapest ask and best reliability still ahead, less its GPUs times
-    the lowest price still ahead - is at most the larger of ``tau`` and what
-    was found. ``lam`` must be non-negative integers, so the check is exact.
+    Returns (reduced per bid, and per new pair: bid, offer, score). Each view
+    is scanned in ask order and a bid stops once the optimistic reduced score
+    of everything ahead - its optimistic score with the cheapest ask and best
+    reliability still ahead, less its GPUs times the lowest price still ahead
+    - is at most the larger of ``tau`` and its ``width``-th best found (which
+    is at most the best). ``lam`` are non-negative integers: exact arithmetic.
     """
     nb = len(mkt.bids)
-    lo = np.iinfo(np.int64).min
-    found = np.full(nb, lo, dtype=np.int64)
-    arg = np.full(nb, -1, dtype=np.int64)
-    arg_s = np.zeros(nb, dtype=np.int64)
-    thr = np.zeros(nb, dtype=np.int64)
-    thr[bids] = tau
-    want = np.zeros(nb, dtype=np.bool_)
-    want[bids] = True
+    lo = -(2**62)  # below any reduced score; negating it does not overflow
+    n = len(bids)
+    slot = np.full(nb, -1, dtype=np.int64)
+    slot[bids] = np.arange(n)
+    top_r = np.full((n, width), lo, dtype=np.int64)
+    top_o = np.full((n, width), -1, dtype=np.int64)
+    top_s = np.zeros((n, width), dtype=np.int64)
+    thr = np.asarray(tau, dtype=np.int64)
     for key in views.keys:
         m, r, t = key
         bids_all = views.by_view[key]
-        bids_all = bids_all[want[bids_all]]
+        bids_all = bids_all[slot[bids_all] >= 0]
         view = mkt.views[key]
         if not len(bids_all) or not len(view):
             continue
@@ -609,12 +617,13 @@ def price_out(
         while len(act) and pos < len(view):
             v = gh[act] * (base[act] + wrel[act] * relmax[pos] - float(asks[pos]))
             ub = np.ceil(v).astype(np.int64) + 1 - gpus[act] * lammin[pos]
-            b_act = bids_all[act]
-            go = (asks[pos] <= maxp[act]) & (ub > np.maximum(thr[b_act], found[b_act]))
+            sl = slot[bids_all[act]]
+            go = (asks[pos] <= maxp[act]) & (ub > np.maximum(thr[sl], top_r[sl, -1]))
             act = act[go]
             if not len(act):
                 break
             b_act = bids_all[act]
+            sl = slot[b_act]
             offs = view[pos : pos + chunk]
             same_rows = mkt.b_same[b_act]
             score, ok = pair_scores(mkt, b_act, offs, same=True, cap=cap)
@@ -624,18 +633,19 @@ def price_out(
                 score = np.where(same_rows[:, None], score, s2)
             red = score - mkt.b_gpus[b_act][:, None] * lam[offs][None, :]
             red = np.where(ok, red, lo)
-            j = np.argmax(red, axis=1)
-            rows = np.arange(len(b_act))
-            top = red[rows, j]
-            better = top > found[b_act]
-            nb_ = b_act[better]
-            found[nb_] = top[better]
-            arg[nb_] = offs[j[better]]
-            arg_s[nb_] = score[rows[better], j[better]]
+            if not (red > top_r[sl, -1][:, None]).any():
+                pos += len(offs)
+                continue
+            mr = np.concatenate([top_r[sl], red], axis=1)
+            mo = np.concatenate([top_o[sl], np.broadcast_to(offs, red.shape)], axis=1)
+            ms = np.concatenate([top_s[sl], score], axis=1)
+            order = np.argsort(-mr, axis=1, kind="stable")[:, :width]
+            top_r[sl] = np.take_along_axis(mr, order, axis=1)
+            top_o[sl] = np.take_along_axis(mo, order, axis=1)
+            top_s[sl] = np.take_along_axis(ms, order, axis=1)
             pos += len(offs)
-    sel_found = found[bids]
-    hit = sel_found > tau
-    red_out: I64 = np.where(hit, sel_found, np.maximum(sel_found, 0))
-    off_out: I64 = np.where(hit, arg[bids], -1)
-    sc_out: I64 = np.where(hit, arg_s[bids], 0)
-    return red_out, off_out, sc_out
+    best = top_r[:, 0]
+    red_out: I64 = np.maximum(best, 0)
+    hit = (top_r > thr[:, None]) & (top_o >= 0)
+    rr, cc = np.nonzero(hit)
+    return red_out, bids[rr], top_o[rr, cc], top_s[rr, cc]

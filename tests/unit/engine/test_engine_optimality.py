@@ -12,7 +12,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
 from market.engine import Bid, Offer, RoundInput, clear_round
-from market.engine.market import build_market, candidates
+from market.engine.market import BidViews, build_market, candidates, price_out, top_candidates
 from tests.bench.instances import make_round
 from tests.unit.engine.engine_builders import bid, offer, round_of
 
@@ -111,3 +111,52 @@ def test_reported_upper_bound_covers_the_milp_optimum_of_a_pruned_round() -> Non
     assert res.stats.upper_bound >= exact_milp(inp) - 1
     assert res.stats.surplus <= res.stats.upper_bound
     assert "every feasible pair" in res.stats.bound_scope
+
+
+def same_machine_all_classes(inp: RoundInput) -> RoundInput:
+    bids = tuple(dataclasses.replace(b, same_machine=True, gpus=min(b.gpus, 8)) for b in inp.bids)
+    return dataclasses.replace(inp, bids=bids)
+
+
+def test_per_class_bound_covers_each_class_optimum_on_the_capacity_left() -> None:
+    inp = same_machine_all_classes(make_round(300, 300, seed=7))
+    res = clear_round(inp)
+    assert res.stats.method != "exact" and res.stats.upper_bound is not None
+    assert "per class in priority order" in res.stats.bound_scope
+    mkt = build_market(inp)
+    c = candidates(mkt, 0, 0)
+    offer_at = {int(i): o for o, i in enumerate(mkt.o_id.tolist())}
+    klass_of = {b.id: b.klass for b in inp.bids}
+    free = mkt.o_gpus.astype(float)
+    total = 0.0
+    for k in ("reserved", "on_demand", "spot"):
+        sel = np.asarray([mkt.bids[int(b)].klass == k for b in c.pair_bid], dtype=bool)
+        pb, po, ps = c.pair_bid[sel], c.pair_offer[sel], c.pair_score[sel]
+        if len(pb):
+            nb, no, n = len(mkt.bids), len(mkt.offers), len(pb)
+            a = coo_matrix(
+                (np.r_[np.ones(n), mkt.b_gpus[pb]], (np.r_[pb, nb + po], np.r_[np.arange(n), np.arange(n)])),
+                shape=(nb + no, n),
+            )
+            r = milp(-ps.astype(float), constraints=LinearConstraint(a, -np.inf, np.r_[np.ones(nb), free]),
+                     integrality=np.ones(n), bounds=Bounds(0, 1))
+            total += float(-r.fun)
+        for t in res.trades:  # the capacity the engine's class k leaves to the next
+            if klass_of[t.bid_id] == k:
+                free[offer_at[t.offer_id]] -= t.gpus
+    assert res.stats.surplus <= res.stats.upper_bound
+    assert total <= res.stats.upper_bound + 1
+
+
+def test_pricing_out_finds_the_best_reduced_score_of_every_bid() -> None:
+    mkt = build_market(make_round(200, 200, seed=3))
+    views = top_candidates(mkt, 4).views
+    assert isinstance(views, BidViews)
+    lam = np.random.default_rng(0).integers(0, 400_000, len(mkt.offers)).astype(np.int64)
+    bids = np.arange(len(mkt.bids), dtype=np.int64)
+    red, _, _, _ = price_out(mkt, bids, lam, np.zeros(len(bids), dtype=np.int64), views, mkt.o_gpus)
+    c = candidates(mkt, 0, 0)
+    want = np.zeros(len(bids), dtype=np.int64)
+    np.maximum.at(want, c.pair_bid, c.pair_score - mkt.b_gpus[c.pair_bid] * lam[c.pair_offer])
+    assert (want > 0).sum() > 20
+    assert red.tolist() == want.tolist()
