@@ -35,4 +35,9 @@ def _schedule(sender: Celery, **_: object) -> None:
         "expire-bids": {"task": "market.tasks.bids_expire", "schedule": 30.0, "options": {"queue": Queue.DEFAULT}},
         "machines-offline": {"task": "providers.tasks.machines_mark_offline", "schedule": 10.0},
         "idempotency-prune": {"task": "market.tasks.idempotency_prune", "schedule": 3600.0},
+        # ledger (settlement): all on the chain queue, each idempotent
+        "ledger-record": {"task": "ledger.tasks.trades_record", "schedule": 5.0, "options": {"queue": Queue.CHAIN, "expires": 10}},
+        "ledger-settle": {"task": "ledger.tasks.batches_settle", "schedule": 10.0, "options": {"queue": Queue.CHAIN, "expires": 20}},
+        "ledger-txs": {"task": "ledger.tasks.chain_txs_track", "schedule": 3.0, "options": {"queue": Queue.CHAIN, "expires": 6}},
+        "ledger-events": {"task": "ledger.tasks.chain_events_sync", "schedule": 3.0, "options": {"queue": Queue.CHAIN, "expires": 6}},
     }

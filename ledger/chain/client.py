@@ -176,6 +176,10 @@ class ChainClient:
     def view(self, contract: Contract, fn: str, *args: Any) -> Any:
         return self._retry(getattr(contract.functions, fn)(*args).call)
 
+    def view_at(self, contract: Contract, fn: str, block: int, *args: Any) -> Any:
+        """A view call against the state after `block` (the node must keep that state)."""
+        return self._retry(getattr(contract.functions, fn)(*args).call, block_identifier=block)
+
     # --- fees ---------------------------------------------------------------------------
     def fees(self) -> Fees:
         """EIP-1559: the node's suggested tip, and a max fee that survives two full blocks

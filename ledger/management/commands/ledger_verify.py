@@ -1,0 +1,34 @@
+"""`gridbid ledger verify`: recompute the journal's hash chain, check every entry
+balances, and compare every account with the contract. Exit 1 on any discrepancy."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+
+class Command(BaseCommand):
+    help = "Verify the ledger journal against itself and the chain; exit 1 on any discrepancy."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--block", type=int, default=None, help="Compare with the chain at this block (default: the last applied)")
+        parser.add_argument("--offline", action="store_true", help="Check only the hash chain, without the chain")
+
+    def handle(self, *args: Any, block: int | None = None, offline: bool = False, **options: Any) -> None:
+        from ledger.context import chain_context
+        from ledger.journal import chain_check, journal_verify
+        from ledger.models import JournalEntry
+
+        ctx = None if offline else chain_context()
+        if ctx is None and not offline:
+            self.stderr.write("ledger verify: no chain configured (no deployment); checking the hash chain only")
+        problems = chain_check() if ctx is None else journal_verify(ctx=ctx, block=block)
+        for line in problems:
+            self.stdout.write(f"DISCREPANCY {line}")
+        count = JournalEntry.objects.count()
+        if problems:
+            self.stderr.write(f"ledger verify: {len(problems)} discrepancies in {count} entries")
+            sys.exit(1)
+        self.stdout.write(f"ledger verify: {count} entries, hash chain intact, balances match the chain")

@@ -1,0 +1,285 @@
+"""Settlement services: record new trades on chain, collect co-signatures of completion
+roots, settle them; escrow deposits for custodial buyers.
+
+Batches are claimed in one database transaction (a trade belongs to one live batch:
+`RecordItem.trade` and `SettleItem.trade` are unique) and submitted after it
+commits through the outbox, keyed by the batch, so a retried task never sends a
+batch twice. Trade states change only when the listener applies the confirmed
+event (ledger/listener.py), never when a transaction is merely sent.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from contracts import bls
+from contracts.batches import Completion, RecordedTrade, TradeFill, record_args, settlement_args
+from contracts.orders import Order, sign_order
+from ledger.chain import ChainError
+from ledger.context import ChainContext
+from ledger.custody import custodial_key_get_or_create, custodial_signer
+from ledger.models import (
+    BatchState,
+    ChainTx,
+    Cosign,
+    CustodialKey,
+    RecordBatch,
+    RecordItem,
+    SettleBatch,
+    SettleItem,
+)
+from ledger.outbox import tx_submit
+from market.models import Bid, Trade, User
+from market.states import JobState, TradeState
+from providers.models import Provider
+
+log = logging.getLogger("gridbid.ledger")
+
+ORDER_TTL_S = 24 * 3600  # an order without a bid deadline can be recorded for a day after the match
+FINISHED_JOBS = (JobState.COMPLETED, JobState.FAILED, JobState.PREEMPTED)
+
+
+class SettlementError(Exception):
+    pass
+
+
+def _hex(b: bytes) -> str:
+    return "0x" + b.hex()
+
+
+# --- record --------------------------------------------------------------------------------
+def _order_for(bid: Bid, *, buyer: str, deadline: int) -> Order:
+    return Order(order_id=bid.pk, buyer=buyer, max_price=bid.max_price, gpus=bid.gpus, duration=bid.duration_s, deadline=deadline)
+
+
+def _record_call(ctx: ChainContext, batch: RecordBatch) -> Any:
+    """The `record_trades` call of a stored batch, rebuilt from its items (orders are signed
+    again: ECDSA here is deterministic, RFC 6979, so the same bytes come out)."""
+    items = list(batch.items.select_related("trade__bid", "trade__buyer").order_by("position"))
+    orders = {}
+    fills = []
+    for item in items:
+        bid = item.trade.bid
+        if bid.pk not in orders:
+            key = CustodialKey.objects.get(address=item.buyer)
+            order = _order_for(bid, buyer=item.buyer, deadline=item.deadline)
+            orders[bid.pk] = sign_order(bytes(custodial_signer(key).key), order, chain_id=ctx.chain_id, market=ctx.deployment.market_address)
+        fills.append(TradeFill(trade_id=item.trade_id, order_id=bid.pk, provider=item.provider, price=item.price, gpus=item.gpus))
+    orders_abi, trades_abi, recorded = record_args(list(orders.values()), fills)
+    if [r.leaf for r in recorded] != [bytes.fromhex(i.leaf[2:]) for i in items]:
+        raise SettlementError(f"record batch {batch.pk}: rebuilt trades differ from the stored ones")
+    return ctx.market.functions.record_trades(orders_abi, trades_abi)
+
+
+def _claim_record_batch(ctx: ChainContext, *, limit: int) -> RecordBatch | None:
+    from contracts.merkle import merkle_root
+
+    pending = Trade.objects.filter(state=TradeState.PENDING, record_item__isnull=True)
+    bid_ids = list(dict.fromkeys(pending.order_by("id").values_list("bid_id", flat=True)[:limit]))
+    trades = list(pending.filter(bid_id__in=bid_ids).select_related("bid", "buyer", "provider").order_by("bid_id", "id"))
+    now = int(time.time())
+    fills: list[TradeFill] = []
+    orders = {}
+    deadlines: dict[int, int] = {}
+    for trade in trades:
+        bid = trade.bid
+        provider = trade.provider.chain_address
+        if not provider or trade.duration_s != bid.duration_s:
+            continue  # the provider has not proven an address yet; the trade waits
+        if trade.buyer.chain_address and not CustodialKey.objects.filter(user=trade.buyer).exists():
+            continue  # a wallet buyer signs its own order (not wired yet)
+        if bid.pk not in orders:
+            key = custodial_key_get_or_create(user=trade.buyer)
+            deadline = int(bid.deadline.timestamp()) if bid.deadline else now + bid.duration_s + ORDER_TTL_S
+            if deadline <= now:
+                continue
+            deadlines[bid.pk] = deadline
+            order = _order_for(bid, buyer=key.address, deadline=deadline)
+            orders[bid.pk] = sign_order(bytes(custodial_signer(key).key), order, chain_id=ctx.chain_id, market=ctx.deployment.market_address)
+        fills.append(TradeFill(trade_id=trade.pk, order_id=bid.pk, provider=provider, price=trade.price, gpus=trade.gpus))
+    if not fills:
+        return None
+    _, _, recorded = record_args(list(orders.values()), fills)
+    with transaction.atomic():
+        batch = RecordBatch.objects.create(
+            deployment=ctx.deployment, root=_hex(merkle_root([r.leaf for r in recorded])),
+            locked=sum(r.lock for r in recorded),
+        )
+        for position, (fill, rt) in enumerate(zip(fills, recorded, strict=True)):
+            RecordItem.objects.create(
+                batch=batch, trade_id=fill.trade_id, position=position, order_id=fill.order_id, buyer=rt.buyer,
+                provider=rt.provider, price=rt.price, gpus=rt.gpus, duration=rt.duration, deadline=rt.deadline, leaf=_hex(rt.leaf),
+            )
+    return batch
+
+
+def _submit(ctx: ChainContext, batch: RecordBatch | SettleBatch, *, purpose: str, call_of: Any) -> None:
+    """Send a claimed batch once (key = purpose:pk); a call that would revert frees its trades."""
+    try:
+        row = tx_submit(client=ctx.client, signer=ctx.operator, key=f"{purpose}:{batch.pk}", purpose=purpose, call=call_of())
+    except ChainError as exc:
+        log.warning("%s batch %s not sent: %s", purpose, batch.pk, exc)
+        batch_fail(batch=batch, error=str(exc))
+        return
+    type(batch).objects.filter(pk=batch.pk).update(chain_tx=row, state=BatchState.SUBMITTED)
+
+
+@transaction.atomic
+def batch_fail(*, batch: RecordBatch | SettleBatch, error: str) -> None:
+    """Give up on a batch: its trades can be batched again."""
+    type(batch).objects.filter(pk=batch.pk).update(state=BatchState.FAILED, error=error[:2000])
+    batch.items.all().delete()
+    if isinstance(batch, SettleBatch):
+        batch.cosigns.all().delete()
+
+
+def batch_record(*, ctx: ChainContext, limit: int = 256) -> RecordBatch | None:
+    """Submit record batches left unsent by a crash, then claim and submit a new one."""
+    for stale in RecordBatch.objects.filter(deployment=ctx.deployment, state=BatchState.SUBMITTED, chain_tx__isnull=True):
+        _submit(ctx, stale, purpose="record", call_of=lambda b=stale: _record_call(ctx, b))
+    batch = _claim_record_batch(ctx, limit=limit)
+    if batch is not None:
+        _submit(ctx, batch, purpose="record", call_of=lambda: _record_call(ctx, batch))
+        batch.refresh_from_db()
+    return batch
+
+
+# --- settle --------------------------------------------------------------------------------
+def _recorded(item: RecordItem) -> RecordedTrade:
+    return RecordedTrade(item.trade_id, item.buyer, item.provider, item.price, item.gpus, item.duration, item.deadline)
+
+
+def _settlement(ctx: ChainContext, completions: list[Completion]) -> Any:
+    numbers = {c.batch for c in completions}
+    record_batches = {}
+    for rb in RecordBatch.objects.filter(deployment=ctx.deployment, number__in=numbers):
+        record_batches[rb.number] = [_recorded(i) for i in rb.items.order_by("position")]
+    return settlement_args(completions, record_batches, chain_id=ctx.chain_id, market=ctx.deployment.market_address)
+
+
+def _completions(items: list[SettleItem] | list[tuple[RecordItem, int, bytes]]) -> list[Completion]:
+    out = []
+    for entry in items:
+        if isinstance(entry, SettleItem):
+            ri, gpu_seconds, digest = entry.record_item, entry.gpu_seconds, bytes.fromhex(entry.digest[2:])
+        else:
+            ri, gpu_seconds, digest = entry
+        out.append(Completion(trade=_recorded(ri), batch=int(ri.batch.number or 0), position=ri.position, gpu_seconds=gpu_seconds, digest=digest))
+    return out
+
+
+def settle_collect(*, ctx: ChainContext, limit: int = 256) -> SettleBatch | None:
+    """Batch the recorded trades whose jobs finished with a receipt and ask each provider
+    to co-sign the root (with the proof of one of its leaves)."""
+    candidates = (
+        Trade.objects.filter(
+            state=TradeState.RECORDED, settle_item__isnull=True, job__state__in=FINISHED_JOBS,
+            record_item__batch__state=BatchState.CONFIRMED, record_item__batch__deployment=ctx.deployment,
+        )
+        .select_related("job", "provider", "record_item__batch")
+        .order_by("id")[:limit]
+    )
+    entries: list[tuple[RecordItem, int, bytes]] = []
+    for trade in candidates:
+        receipt = (trade.job.checkpoint or {}).get("receipt")
+        if not receipt or not trade.provider.bls_public_key:
+            continue
+        entries.append((trade.record_item, int(receipt["body"]["gpu_seconds"]), bytes.fromhex(receipt["digest"])))
+    if not entries:
+        return None
+    settlement = _settlement(ctx, _completions(entries))
+    providers = {p.chain_address.lower(): p for p in Provider.objects.filter(pk__in={ri.trade.provider_id for ri, _, _ in entries})}
+    by_trade = {ri.trade_id: (ri, gs, d) for ri, gs, d in entries}
+    with transaction.atomic():
+        batch = SettleBatch.objects.create(deployment=ctx.deployment, root=_hex(settlement.root), message=_hex(settlement.message))
+        asked: set[str] = set()
+        for index, c in enumerate(settlement.completions):
+            ri, gs, d = by_trade[c.trade.trade_id]
+            paid = c.trade.payment(c.gpu_seconds)
+            SettleItem.objects.create(batch=batch, trade_id=ri.trade_id, record_item=ri, index=index, gpu_seconds=gs,
+                                      digest=_hex(d), paid=paid, refund=c.trade.lock - paid)
+            address = c.trade.provider
+            if address.lower() in asked:
+                continue
+            asked.add(address.lower())
+            Cosign.objects.create(batch=batch, provider=providers[address.lower()], address=address, request={
+                "trade": ri.trade_id, "root": _hex(settlement.root), "index": index,
+                "proof": [_hex(p) for p in settlement.tree.proof(index)],
+                "chain_id": ctx.chain_id, "market": ctx.deployment.market_address,
+            })
+        batch.paid = sum(i.paid for i in batch.items.all())
+        batch.refunded = sum(i.refund for i in batch.items.all())
+        batch.save(update_fields=["paid", "refunded"])
+    return batch
+
+
+def cosign_submit(*, cosign_id: int, provider: Provider, signature_hex: str) -> Cosign:
+    """Keep a provider's BLS signature of the batch's settlement message, once it verifies
+    against the provider's registered key (~0.5 s of py-ecc: never inside a request)."""
+    cosign = Cosign.objects.select_related("batch").get(pk=cosign_id, provider=provider)
+    if cosign.signature:
+        return cosign
+    message = bytes.fromhex(cosign.batch.message[2:])
+    try:
+        ok = bls.verify(bytes.fromhex(provider.bls_public_key), message, bytes.fromhex(signature_hex.removeprefix("0x")))
+    except ValueError:
+        ok = False
+    if not ok:
+        raise SettlementError("the co-signature does not verify against the provider's BLS key")
+    Cosign.objects.filter(pk=cosign.pk, signature="").update(signature=signature_hex.removeprefix("0x"), signed_at=timezone.now())
+    cosign.refresh_from_db()
+    return cosign
+
+
+def settle_submit_ready(*, ctx: ChainContext) -> list[SettleBatch]:
+    """Submit every collecting batch whose providers have all co-signed."""
+    sent = []
+    for batch in SettleBatch.objects.filter(deployment=ctx.deployment, state=BatchState.COLLECTING).order_by("id"):
+        sigs = list(batch.cosigns.order_by("address").values_list("signature", flat=True))
+        if not sigs or not all(sigs):
+            continue
+
+        def call(b: SettleBatch = batch, sigs: list[str] = sigs) -> Any:
+            items = list(b.items.select_related("record_item__batch").order_by("index"))
+            settlement = _settlement(ctx, _completions(items))
+            if _hex(settlement.root) != b.root:
+                raise SettlementError(f"settle batch {b.pk}: rebuilt root differs")
+            aggregate = bls.g2_to_eip2537(bls.aggregate([bytes.fromhex(s) for s in sigs]))
+            return ctx.market.functions.settle_batch(*settlement.args(aggregate))
+
+        _submit(ctx, batch, purpose="settle", call_of=call)
+        batch.refresh_from_db()
+        sent.append(batch)
+    return sent
+
+
+# --- escrow --------------------------------------------------------------------------------
+def escrow_deposit(*, ctx: ChainContext, user: User, amount: int, key: str) -> ChainTx:
+    """Approve and deposit `amount` from a custodial buyer's key (it must hold the tokens and gas).
+    `key` makes the pair idempotent."""
+    custodial = custodial_key_get_or_create(user=user)
+    signer = custodial_signer(custodial)
+    tx_submit(client=ctx.client, signer=signer, key=f"approve:{key}", purpose="approve",
+              call=ctx.token.functions.approve(ctx.deployment.market_address, amount))
+    return tx_submit(client=ctx.client, signer=signer, key=f"deposit:{key}", purpose="deposit", call=ctx.market.functions.deposit(amount))
+
+
+def escrow_summary(*, address: str) -> dict[str, Any]:
+    """An account's balances as the journal has them (confirmed chain events only)."""
+    from ledger.journal import account_balances
+
+    balances = account_balances(prefix_filter=address)
+    return {kind: balances.get(f"{kind}:{address}", 0) for kind in ("free", "locked", "stake")}
+
+
+def locks_of(*, address: str) -> list[dict[str, Any]]:
+    by_trade: dict[int, dict[str, Any]] = defaultdict(dict)
+    for item in RecordItem.objects.filter(buyer__iexact=address, trade__state=TradeState.RECORDED).select_related("batch"):
+        by_trade[item.trade_id] = {"trade": item.trade_id, "amount": item.lock, "deadline": item.deadline, "batch": item.batch.number}
+    return list(by_trade.values())

@@ -1,0 +1,60 @@
+"""Celery tasks of the ledger, all on the chain queue and all idempotent: each re-reads
+the database and the chain, and each step is keyed (batches by trade uniqueness,
+transactions by their outbox key), so a duplicate or retried delivery sends nothing twice."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import shared_task
+
+from ledger.context import chain_context
+
+# the chain queue is chosen by the beat entries (gridbid/celery.py) and task routes
+RETRY: dict[str, Any] = {"ignore_result": True, "autoretry_for": (ConnectionError, TimeoutError), "retry_backoff": True, "retry_backoff_max": 60, "max_retries": 5}
+
+
+@shared_task(name="ledger.tasks.trades_record", **RETRY)
+def trades_record() -> int | None:
+    """Record pending trades on chain in one batch."""
+    from ledger.services import batch_record
+
+    ctx = chain_context()
+    if ctx is None:
+        return None
+    batch = batch_record(ctx=ctx)
+    return batch.pk if batch else None
+
+
+@shared_task(name="ledger.tasks.batches_settle", **RETRY)
+def batches_settle() -> int:
+    """Batch finished jobs' receipts for co-signing, and submit fully co-signed batches."""
+    from ledger.services import settle_collect, settle_submit_ready
+
+    ctx = chain_context()
+    if ctx is None:
+        return 0
+    settle_collect(ctx=ctx)
+    return len(settle_submit_ready(ctx=ctx))
+
+
+@shared_task(name="ledger.tasks.chain_txs_track", **RETRY)
+def chain_txs_track() -> int:
+    """Rebroadcast unmined transactions and follow receipts to the confirmation depth."""
+    from ledger.outbox import txs_track
+
+    ctx = chain_context()
+    if ctx is None:
+        return 0
+    return txs_track(client=ctx.client, confirmations=ctx.confirmations)
+
+
+@shared_task(name="ledger.tasks.chain_events_sync", **RETRY)
+def chain_events_sync() -> int:
+    """One tick of the event listener."""
+    from ledger.listener import events_sync
+
+    ctx = chain_context()
+    if ctx is None:
+        return 0
+    return events_sync(ctx=ctx).applied

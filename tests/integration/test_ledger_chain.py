@@ -1,0 +1,336 @@
+"""The ledger against a real anvil: nonces, the outbox across a crash, record -> settle
+through the Celery tasks, the listener across a reorg, and the journal's verify."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.conftest import service_missing
+
+pytestmark = pytest.mark.django_db
+
+OPERATOR_KEY = "0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80"
+PROVIDER_KEYS = [
+    "0x5de4111afa1a4b94908f83103eb1f1706367c2e68ca870fc3fb9a804cdab365a",
+    "0x7c852118294e51e653712a81e05800f419141751be58f605c371e15141b007a6",
+]
+TOKENS = 10**6
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def anvil() -> Iterator[dict[str, Any]]:
+    from ledger.chain import ChainClient
+    from ledger.chain.anvil import AnvilNotFound, find_anvil, start_anvil, stop_anvil
+
+    try:
+        find_anvil()
+    except AnvilNotFound as exc:
+        service_missing(str(exc))
+    port = _free_port()
+    proc = start_anvil(port=port)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        client = ChainClient(url)
+        from contracts.deploy import deploy_all
+        from ledger.chain import signer_from_hex
+
+        operator = signer_from_hex(OPERATOR_KEY)
+        addrs = deploy_all(client.w3, deployer=operator.address, operator=operator.address, arbiter=operator.address)
+        block = client.block_number()
+        snapshot = client.rpc("evm_snapshot")
+        yield {"url": url, "client": client, "snapshot": snapshot, "block": block, **addrs}
+    finally:
+        stop_anvil(proc)
+
+
+@pytest.fixture
+def ctx(anvil: dict[str, Any], db: Any) -> Iterator[Any]:
+    from ledger.context import chain_context, chain_context_reset
+    from ledger.models import Deployment
+
+    client = anvil["client"]
+    client.rpc("evm_revert", [anvil["snapshot"]])
+    anvil["snapshot"] = client.rpc("evm_snapshot")
+    client.rpc("evm_setAutomine", [True])
+    Deployment.objects.create(chain_id=31337, rpc_url=anvil["url"], market_address=anvil["market"], token_address=anvil["token"], deployed_block=1)
+    chain_context_reset()
+    context = chain_context()
+    assert context is not None
+    context.confirmations = 1
+    yield context
+    chain_context_reset()
+
+
+def _mint(ctx: Any, to: str, amount: int) -> None:
+    from ledger.outbox import tx_submit
+
+    tx = tx_submit(client=ctx.client, signer=ctx.operator, key=f"mint:{to}:{amount}:{time.monotonic_ns()}", purpose="mint",
+                   call=ctx.token.functions.mint(to, amount))
+    assert ctx.client.wait(tx.tx_hash).succeeded
+
+
+def _fund_buyer(ctx: Any, user: Any, amount: int) -> str:
+    from ledger.custody import custodial_key_get_or_create
+    from ledger.services import escrow_deposit
+
+    key = custodial_key_get_or_create(user=user)
+    ctx.client.rpc("anvil_setBalance", [key.address, hex(10**20)])
+    _mint(ctx, key.address, amount)
+    tx = escrow_deposit(ctx=ctx, user=user, amount=amount, key=f"{user.pk}:1")
+    assert ctx.client.wait(tx.tx_hash).succeeded
+    return key.address
+
+
+def _register_provider(ctx: Any, provider_user: Any, index: int = 0) -> Any:
+    from contracts import bls
+    from ledger.chain import signer_from_hex
+    from ledger.outbox import tx_submit
+    from providers.agent.keys import BlsKey
+
+    account = signer_from_hex(PROVIDER_KEYS[index])
+    sk = bls.keygen(bytes([index + 7]) * 32)
+    key = BlsKey(sk, bls.public_key(sk), bls.pop_prove(sk))
+    stake = 100 * TOKENS
+    _mint(ctx, account.address, stake)
+    tx_submit(client=ctx.client, signer=account, key=f"approve-stake:{account.address}", purpose="approve",
+              call=ctx.token.functions.approve(ctx.deployment.market_address, stake))
+    tx = tx_submit(client=ctx.client, signer=account, key=f"register:{account.address}", purpose="register",
+                   call=ctx.market.functions.register(bls.g1_to_eip2537(key.public_key), bls.g2_to_eip2537(key.proof_of_possession), stake))
+    assert ctx.client.wait(tx.tx_hash).succeeded
+    provider = provider_user.provider
+    provider.chain_address = account.address
+    provider.bls_public_key = key.public_key.hex()
+    provider.save()
+    return key
+
+
+def _finish_with_receipt(trade: Any, bls_key: Any, gpu_seconds: int) -> Any:
+    from market.models import Job
+    from providers.agent import receipts
+
+    r = receipts.Receipt(trade_id=trade.pk, job_spec_hash=receipts.spec_hash(trade.bid.job_spec), started_at=1, ended_at=2,
+                         gpu_seconds=gpu_seconds, exit_code=0, outputs_root=receipts.EMPTY_OUTPUTS_ROOT, outcome="completed")
+    signature = receipts.receipt_sign(r, bls_key)
+    Job.objects.filter(trade=trade).update(state="completed", gpu_seconds=gpu_seconds, checkpoint={
+        "receipt": {"body": r.body(), "signature": signature, "digest": r.digest().hex(), "leaf": r.leaf().hex()}})
+    return r
+
+
+def _agents_cosign(batch: Any, keys: dict[str, Any], receipts_by_trade: dict[int, Any]) -> None:
+    """What each provider's agent does: check its own leaf by Merkle proof, then sign."""
+    from ledger.services import cosign_submit
+    from providers.agent import receipts
+
+    for cosign in batch.cosigns.select_related("provider"):
+        req = cosign.request
+        sig = receipts.cosign(receipt=receipts_by_trade[req["trade"]], root=bytes.fromhex(req["root"][2:]),
+                              proof=[bytes.fromhex(p[2:]) for p in req["proof"]], index=req["index"],
+                              chain_id=req["chain_id"], market=req["market"], bls_key=keys[cosign.address])
+        cosign_submit(cosign_id=cosign.pk, provider=cosign.provider, signature_hex=sig.hex())
+
+
+def _sync(ctx: Any) -> Any:
+    from ledger import tasks
+
+    tasks.chain_txs_track.delay()
+    return tasks.chain_events_sync.delay()
+
+
+# --- nonces and the outbox ------------------------------------------------------------------
+def test_the_nonce_manager_resumes_from_the_chain_when_its_cursor_is_behind(ctx: Any) -> None:
+    from django.db import transaction
+
+    from ledger.models import NonceCursor
+    from ledger.outbox import NonceManager
+
+    _mint(ctx, ctx.operator.address, 1)  # the operator has sent transactions (the deploys, this mint)
+    pending = ctx.client.pending_nonce(ctx.operator.address)
+    NonceCursor.objects.filter(address=ctx.operator.address).update(next_nonce=0)  # a restored, older database
+    with transaction.atomic():
+        nonce = NonceManager(chain_id=31337, address=ctx.operator.address).reserve(chain_pending=pending)
+    assert nonce == pending
+    with transaction.atomic():
+        again = NonceManager(chain_id=31337, address=ctx.operator.address).reserve(chain_pending=pending)
+    assert again == pending + 1, "a reserved but unsent nonce is never handed out twice"
+
+
+def test_a_crash_between_send_and_receipt_rebroadcasts_the_same_transaction(ctx: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ledger.chain import ChainClient
+    from ledger.models import ChainTx
+    from ledger.outbox import tx_submit, txs_track
+
+    client = ctx.client
+    client.rpc("evm_setAutomine", [False])
+    before = client.pending_nonce(ctx.operator.address)
+    real_broadcast = ChainClient.broadcast
+
+    def broadcast_then_die(self: ChainClient, signed: Any) -> str:
+        real_broadcast(self, signed)
+        raise SystemExit("worker killed after broadcast")
+
+    monkeypatch.setattr(ChainClient, "broadcast", broadcast_then_die)
+    with pytest.raises(SystemExit):
+        tx_submit(client=client, signer=ctx.operator, key="mint:crash", purpose="mint", call=ctx.token.functions.mint(ctx.operator.address, 5))
+    monkeypatch.setattr(ChainClient, "broadcast", real_broadcast)
+    stored = ChainTx.objects.get(key="mint:crash")
+    assert stored.state == "signed", "the signed bytes were stored before the broadcast"
+
+    # the worker restarts: a fresh client, the same task delivered again
+    fresh = ChainClient(ctx.client.rpc_url, expected_chain_id=31337)
+    again = tx_submit(client=fresh, signer=ctx.operator, key="mint:crash", purpose="mint", call=ctx.token.functions.mint(ctx.operator.address, 5))
+    assert again.tx_hash == stored.tx_hash
+    assert fresh.pending_nonce(ctx.operator.address) == before + 1, "one transaction in the pool, not two"
+    client.rpc("evm_mine")
+    client.rpc("evm_setAutomine", [True])
+    txs_track(client=fresh, confirmations=1)
+    assert ChainTx.objects.get(key="mint:crash").state == "confirmed"
+    assert ChainTx.objects.filter(purpose="mint", key__startswith="mint:crash").count() == 1
+    assert fresh.view(ctx.token, "balanceOf", ctx.operator.address) == 5
+
+
+def test_a_transaction_signed_but_never_broadcast_is_sent_by_the_tracker(ctx: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ledger.chain import ChainClient
+    from ledger.models import ChainTx
+    from ledger.outbox import tx_submit, txs_track
+
+    def die(self: ChainClient, signed: Any) -> str:
+        raise SystemExit("worker killed before broadcast")
+
+    monkeypatch.setattr(ChainClient, "broadcast", die)
+    with pytest.raises(SystemExit):
+        tx_submit(client=ctx.client, signer=ctx.operator, key="mint:lost", purpose="mint", call=ctx.token.functions.mint(ctx.operator.address, 7))
+    monkeypatch.undo()
+    assert ctx.client.receipt(ChainTx.objects.get(key="mint:lost").tx_hash) is None
+    txs_track(client=ctx.client, confirmations=1)  # broadcasts the stored bytes
+    txs_track(client=ctx.client, confirmations=1)  # sees the receipt
+    assert ChainTx.objects.get(key="mint:lost").state == "confirmed"
+
+
+# --- the whole path ---------------------------------------------------------------------------
+def test_trades_are_recorded_settled_and_paid_through_the_celery_tasks(ctx: Any, buyer: Any, provider_user: Any, make_offer: Any, make_bid: Any) -> None:
+    from django.core.management import call_command
+
+    from ledger import tasks
+    from ledger.journal import account_balances, journal_verify
+    from ledger.models import RecordBatch, SettleBatch
+    from market.models import Trade
+    from market.rounds import round_clear
+
+    bls_key = _register_provider(ctx, provider_user)
+    buyer_address = _fund_buyer(ctx, buyer, 1000 * TOKENS)
+    make_offer(provider_user, price=2 * TOKENS, count=8)
+    make_bid(buyer, gpus=4, max_price=3 * TOKENS, duration_s=3600)
+    round_clear()
+    trade = Trade.objects.get()
+    lock = trade.price * trade.gpus * trade.duration_s // 3600
+
+    tasks.trades_record.delay()
+    tasks.trades_record.delay()  # a duplicate delivery sends nothing more
+    assert RecordBatch.objects.count() == 1
+    _sync(ctx)
+    trade.refresh_from_db()
+    assert trade.state == "recorded"
+    assert ctx.client.view(ctx.market, "balance_of", buyer_address) == 1000 * TOKENS - lock
+
+    used = trade.gpus * 1800  # half the time bought
+    r = _finish_with_receipt(trade, bls_key, used)
+    tasks.batches_settle.delay()
+    batch = SettleBatch.objects.get()
+    assert batch.state == "collecting"
+    _agents_cosign(batch, {provider_user.provider.chain_address: bls_key}, {trade.pk: r})
+    tasks.batches_settle.delay()
+    tasks.batches_settle.delay()
+    _sync(ctx)
+    trade.refresh_from_db()
+    assert trade.state == "settled"
+    paid = trade.price * used // 3600
+    provider = provider_user.provider.chain_address
+    assert ctx.client.view(ctx.market, "balance_of", provider) == paid
+    assert ctx.client.view(ctx.market, "balance_of", buyer_address) == 1000 * TOKENS - paid
+    balances = account_balances()
+    assert balances[f"free:{provider}"] == paid
+    assert balances[f"free:{buyer_address}"] == 1000 * TOKENS - paid
+    assert balances.get(f"locked:{buyer_address}", 0) == 0
+    assert journal_verify(ctx=ctx) == []
+    call_command("ledger_verify")  # exits 0 (raises SystemExit otherwise)
+
+
+# --- the listener and reorgs ------------------------------------------------------------------
+def test_the_listener_rolls_back_a_reorged_deposit_and_applies_it_again_when_it_is_remined(ctx: Any, buyer: Any) -> None:
+    from ledger.journal import account_balances, chain_check
+    from ledger.listener import events_sync
+    from ledger.models import ChainEvent, ChainTx, JournalEntry
+    from ledger.outbox import txs_track
+
+    address = _fund_buyer(ctx, buyer, 50 * TOKENS)
+    result = events_sync(ctx=ctx, confirmations=0)
+    assert result.rolled_back_to is None
+    assert account_balances()[f"free:{address}"] == 50 * TOKENS
+    deposit = ChainEvent.objects.get(name="Deposited")
+    old_block_hash = deposit.block_hash
+
+    # replace the approve and deposit blocks with three empty ones
+    ctx.client.rpc("anvil_reorg", [2, []])
+    ctx.client.rpc("anvil_mine", [hex(1)])
+    assert ctx.client.view(ctx.market, "balance_of", address) == 0
+    result = events_sync(ctx=ctx, confirmations=0)
+    assert result.rolled_back_to is not None and result.rolled_back_to < deposit.block_number
+    assert not ChainEvent.objects.filter(name="Deposited").exists()
+    assert account_balances().get(f"free:{address}", 0) == 0, "the dropped deposit is rolled back"
+    assert chain_check() == []
+
+    # the outbox sends the same signed approve and deposit again; the new chain has them
+    txs_track(client=ctx.client, confirmations=1)
+    txs_track(client=ctx.client, confirmations=1)
+    assert set(ChainTx.objects.filter(purpose__in=["approve", "deposit"]).values_list("state", flat=True)) == {"confirmed"}
+    events_sync(ctx=ctx, confirmations=0)
+    again = ChainEvent.objects.get(name="Deposited")
+    assert again.block_hash != old_block_hash and again.tx_hash == deposit.tx_hash
+    assert account_balances()[f"free:{address}"] == 50 * TOKENS
+    assert JournalEntry.objects.filter(kind="deposit").count() == 1
+    assert chain_check() == []
+
+
+def test_unconfirmed_events_are_not_journaled(ctx: Any, buyer: Any) -> None:
+    from ledger.listener import events_sync
+    from ledger.models import JournalEntry
+
+    _fund_buyer(ctx, buyer, 5 * TOKENS)
+    events_sync(ctx=ctx, confirmations=3)
+    assert not JournalEntry.objects.filter(kind="deposit").exists()
+    ctx.client.rpc("anvil_mine", [hex(2)])
+    events_sync(ctx=ctx, confirmations=3)
+    assert JournalEntry.objects.filter(kind="deposit").count() == 1
+
+
+# --- verify ---------------------------------------------------------------------------------
+def test_verify_exits_non_zero_on_an_edited_entry_or_a_balance_the_chain_disagrees_with(ctx: Any, buyer: Any) -> None:
+    from django.core.management import call_command
+
+    from ledger.listener import events_sync
+    from ledger.models import JournalEntry
+
+    address = _fund_buyer(ctx, buyer, 9 * TOKENS)
+    events_sync(ctx=ctx, confirmations=0)
+    call_command("ledger_verify")
+
+    JournalEntry.objects.filter(kind="deposit").update(amount=8 * TOKENS)
+    with pytest.raises(SystemExit) as exit_info:
+        call_command("ledger_verify")
+    assert exit_info.value.code == 1
+    from ledger.journal import journal_verify
+
+    problems = journal_verify(ctx=ctx)
+    assert any("hash does not match" in p for p in problems)
+    assert any(f"free balance of {address}" in p for p in problems)
