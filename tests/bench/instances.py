@@ -45,79 +45,133 @@ def catalogue_parts() -> tuple[tuple[GpuModel, ...], tuple[Region, ...], tuple[t
 
 
 def make_round(n_offers: int, n_bids: int, seed: int = 0, config: RoundConfig | None = None) -> RoundInput:
+    """All draws are vectorised; only the dataclasses are built one by one."""
     rng = np.random.default_rng(seed)
     models, regions, lat = catalogue_parts()
     specs = catalogue.gpu_models()
     model_ids = [m.id for m in models]
     region_ids = [r.id for r in regions]
+    nm, nr = len(model_ids), len(region_ids)
+    usd = np.asarray([specs[m].usd_per_hour for m in model_ids])
+    mem_of = np.asarray([specs[m].memory_gib for m in model_ids])
+    consumer = np.asarray([m in CONSUMER for m in model_ids])
     # supply is denser in the big markets
-    rw = np.array([3, 2, 2, 1, 0.5, 2, 1, 2, 1, 0.5, 1, 1, 1, 0.5])[: len(region_ids)]
+    rw = np.array([3, 2, 2, 1, 0.5, 2, 1, 2, 1, 0.5, 1, 1, 1, 0.5])[:nr]
     rw = rw / rw.sum()
     mw = np.array([3 if m in INFERENCE else 2 for m in model_ids], dtype=float)
     mw = mw / mw.sum()
-    offers = []
-    for i in range(n_offers):
-        m = model_ids[int(rng.choice(len(model_ids), p=mw))]
-        size = int(rng.choice([1, 2, 4], p=[0.5, 0.3, 0.2])) if m in CONSUMER else int(
-            rng.choice([1, 2, 4, 8], p=[0.1, 0.15, 0.25, 0.5]))
-        free = size if rng.random() < 0.8 else int(rng.integers(1, size + 1))
-        base = specs[m].usd_per_hour * 1e6
-        ask = int(round(base * rng.lognormal(0.0, 0.15), -3))
-        until = None if rng.random() < 0.6 else NOW + int(rng.integers(86_400, 30 * 86_400))
-        offers.append(Offer(
-            id=i + 1, provider_id=int(rng.integers(1, max(2, n_offers // 20))), machine_id=i + 1,
-            region=region_ids[int(rng.choice(len(region_ids), p=rw))], gpu_model=m, gpus=free,
-            ask=ask, min_duration_s=0 if rng.random() < 0.9 else 3600,
-            max_duration_s=30 * 86_400, available_from=NOW - int(rng.integers(0, 86_400)),
-            available_until=until, spot_allowed=bool(rng.random() < 0.8),
-            reserved_only=bool(rng.random() < 0.05),
-            reliability=float(round(0.9 + 0.099 * rng.random(), 3)),
-            created_at=NOW - int(rng.integers(0, 86_400)),
-        ))
+
+    n = n_offers
+    om = rng.choice(nm, size=n, p=mw)
+    size = np.where(
+        consumer[om],
+        rng.choice([1, 2, 4], size=n, p=[0.5, 0.3, 0.2]),
+        rng.choice([1, 2, 4, 8], size=n, p=[0.1, 0.15, 0.25, 0.5]),
+    )
+    free = np.where(rng.random(n) < 0.8, size, np.floor(rng.random(n) * size).astype(np.int64) + 1)
+    ask = (np.round(usd[om] * 1e6 * rng.lognormal(0.0, 0.15, n), -3)).astype(np.int64)
+    until = np.where(rng.random(n) < 0.6, -1, NOW + rng.integers(86_400, 30 * 86_400, n))
+    provider = rng.integers(1, max(2, n_offers // 20), n)
+    oregion = rng.choice(nr, size=n, p=rw)
+    min_dur = np.where(rng.random(n) < 0.9, 0, 3600)
+    avail = NOW - rng.integers(0, 86_400, n)
+    spot = rng.random(n) < 0.8
+    resv = rng.random(n) < 0.05
+    rel = np.round(0.9 + 0.099 * rng.random(n), 3)
+    created = NOW - rng.integers(0, 86_400, n)
+    offers = tuple(
+        Offer(id=i + 1, provider_id=p_, machine_id=i + 1, region=region_ids[r_], gpu_model=model_ids[m_],
+              gpus=g_, ask=a_, min_duration_s=md_, max_duration_s=30 * 86_400, available_from=af_,
+              available_until=None if u_ < 0 else u_, spot_allowed=sp_, reserved_only=rs_,
+              reliability=rl_, created_at=c_)
+        for i, (p_, r_, m_, g_, a_, md_, af_, u_, sp_, rs_, rl_, c_) in enumerate(zip(
+            provider.tolist(), oregion.tolist(), om.tolist(), free.tolist(), ask.tolist(),
+            min_dur.tolist(), avail.tolist(), until.tolist(), spot.tolist(), resv.tolist(),
+            rel.tolist(), created.tolist(), strict=True))
+    )
+
+    n = n_bids
+    infer = rng.random(n) < 0.65
+    # inference: 1-2 GPUs, short, latency-bound, by memory or by named models
+    i_gpus = np.where(rng.random(n) < 0.8, 1, 2)
+    i_dur = rng.integers(1, 13, n) * 1800
+    by_mem = rng.random(n) < 0.5
+    mem = rng.choice([16, 24, 48, 80], size=n)
+    # the price level of a memory bid: the third-cheapest model that fits
+    level_mem = {}
+    for mm in (16, 24, 48, 80):
+        fits = np.sort(usd[mem_of >= mm])
+        level_mem[mm] = float(fits[min(2, len(fits) - 1)])
+    inf_idx = np.asarray([model_ids.index(m) for m in INFERENCE])
+    trn_idx = np.asarray([model_ids.index(m) for m in TRAINING])
+    i_k = rng.integers(1, 4, n)
+    i_pick = np.argsort(rng.random((n, len(INFERENCE))), axis=1)[:, :3]
+    loc = rng.choice(nr, size=n, p=rw)
+    max_lat = rng.choice([40.0, 60.0, 100.0, 150.0], size=n)
+    i_klass = rng.choice(3, size=n, p=[0.7, 0.25, 0.05])  # on_demand, spot, reserved
+    # training: 4-16 GPUs, long, named models, wide region choice
+    t_gpus = rng.choice([4, 8, 16], size=n, p=[0.45, 0.5, 0.05])
+    t_dur = rng.integers(12, 169, n) * 3600
+    t_k = rng.integers(1, 3, n)
+    t_pick = np.argsort(rng.random((n, len(TRAINING))), axis=1)[:, :2]
+    any_region = rng.random(n) < 0.4
+    n_reg = rng.integers(2, 6, n)
+    reg_pick = np.argsort(rng.random((n, nr)), axis=1)[:, :5]
+    t_klass = rng.choice(3, size=n, p=[0.2, 0.6, 0.2])  # reserved, on_demand, spot
+    t_same = rng.random(n) < 0.95
+    price_f = rng.lognormal(0.05, 0.2, n)
+    has_pref = rng.random(n) < 0.3
+    pref_pick = np.argsort(rng.random((n, nr)), axis=1)[:, :2]
+    nvidia = rng.random(n) < 0.3
+    buyer = rng.integers(1, max(2, n_bids // 10), n)
+    deadline_mult = np.where(rng.random(n) < 0.8, 0, rng.integers(1, 4, n))
+    min_rel = rng.choice([0.0, 0.0, 0.9, 0.95], size=n)
+    created_b = NOW - rng.integers(0, 3600, n)
+    i_names = ("on_demand", "spot", "reserved")
+    t_names = ("reserved", "on_demand", "spot")
+
     bids = []
-    for i in range(n_bids):
-        if rng.random() < 0.65:  # inference
-            gpus = 1 if rng.random() < 0.8 else 2
-            dur = int(rng.integers(1, 13)) * 1800
-            if rng.random() < 0.5:
-                mem = int(rng.choice([16, 24, 48, 80]))
-                fits = [x for x in model_ids if specs[x].memory_gib >= mem]
-                level = sorted(specs[x].usd_per_hour for x in fits)[min(2, len(fits) - 1)]
+    for i in range(n):
+        if infer[i]:
+            gpus = int(i_gpus[i])
+            dur = int(i_dur[i])
+            if by_mem[i]:
+                m_gib = int(mem[i])
+                level = level_mem[m_gib]
                 allowed: tuple[str, ...] = ()
             else:
-                mem = 0
-                k = int(rng.integers(1, 4))
-                allowed = tuple(sorted(rng.choice(INFERENCE, size=k, replace=False).tolist()))
-                level = max(specs[x].usd_per_hour for x in allowed)
-            loc = region_ids[int(rng.choice(len(region_ids), p=rw))]
-            max_lat: float | None = float(rng.choice([40, 60, 100, 150]))
+                m_gib = 0
+                idx = inf_idx[i_pick[i, : int(i_k[i])]]
+                allowed = tuple(sorted(model_ids[j] for j in idx.tolist()))
+                level = float(usd[idx].max())
+            location: str | None = region_ids[int(loc[i])]
+            lat_ms: float | None = float(max_lat[i])
             regions_allowed: tuple[str, ...] = ()
-            klass = str(rng.choice(["on_demand", "spot", "reserved"], p=[0.7, 0.25, 0.05]))
+            klass = i_names[int(i_klass[i])]
             same = True
-        else:  # training
-            gpus = int(rng.choice([4, 8, 16], p=[0.45, 0.5, 0.05]))
-            dur = int(rng.integers(12, 169)) * 3600
-            k = int(rng.integers(1, 3))
-            allowed = tuple(sorted(rng.choice(TRAINING, size=k, replace=False).tolist()))
-            level = max(specs[x].usd_per_hour for x in allowed)
-            mem = 0
-            loc = None
-            max_lat = None
-            regions_allowed = () if rng.random() < 0.4 else tuple(sorted(
-                rng.choice(region_ids, size=int(rng.integers(2, 6)), replace=False).tolist()))
-            klass = str(rng.choice(["reserved", "on_demand", "spot"], p=[0.2, 0.6, 0.2]))
-            same = gpus <= 8 and rng.random() < 0.95
-        max_price = int(round(level * 1e6 * rng.lognormal(0.05, 0.2), -3))
-        pref = tuple(sorted(rng.choice(region_ids, size=2, replace=False).tolist())) if rng.random() < 0.3 else ()
+        else:
+            gpus = int(t_gpus[i])
+            dur = int(t_dur[i])
+            idx = trn_idx[t_pick[i, : int(t_k[i])]]
+            allowed = tuple(sorted(model_ids[j] for j in idx.tolist()))
+            level = float(usd[idx].max())
+            m_gib = 0
+            location = None
+            lat_ms = None
+            regions_allowed = () if any_region[i] else tuple(
+                sorted(region_ids[j] for j in reg_pick[i, : int(n_reg[i])].tolist()))
+            klass = t_names[int(t_klass[i])]
+            same = gpus <= 8 and bool(t_same[i])
+        pref = tuple(sorted(region_ids[j] for j in pref_pick[i].tolist())) if has_pref[i] else ()
+        dm = int(deadline_mult[i])
         bids.append(Bid(
-            id=i + 1, buyer_id=int(rng.integers(1, max(2, n_bids // 10))), gpus=gpus,
-            gpu_models=allowed, min_memory_gib=mem, min_compute_units=0.0,
-            vendor="nvidia" if (not allowed and rng.random() < 0.3) else None,
+            id=i + 1, buyer_id=int(buyer[i]), gpus=gpus, gpu_models=allowed, min_memory_gib=m_gib,
+            min_compute_units=0.0, vendor="nvidia" if (not allowed and nvidia[i]) else None,
             same_machine=same, allowed_regions=regions_allowed, preferred_regions=pref,
-            location_region=loc, max_latency_ms=max_lat, max_price=max_price, duration_s=dur,
-            deadline=None if rng.random() < 0.8 else NOW + dur * int(rng.integers(1, 4)),
-            klass=klass, min_reliability=float(rng.choice([0.0, 0.0, 0.9, 0.95])),
-            weights=DEFAULT_WEIGHTS, created_at=NOW - int(rng.integers(0, 3600)),
+            location_region=location, max_latency_ms=lat_ms,
+            max_price=int(round(level * 1e6 * float(price_f[i]), -3)), duration_s=dur,
+            deadline=None if dm == 0 else NOW + dur * dm, klass=klass,
+            min_reliability=float(min_rel[i]), weights=DEFAULT_WEIGHTS, created_at=int(created_b[i]),
         ))
-    return RoundInput(now=NOW, offers=tuple(offers), bids=tuple(bids), gpu_models=models,
+    return RoundInput(now=NOW, offers=offers, bids=tuple(bids), gpu_models=models,
                       regions=regions, latency_ms=lat, config=config or RoundConfig())
