@@ -39,7 +39,8 @@ def _postgres_reachable(url: str) -> str | None:
 POSTGRES_UNAVAILABLE = _postgres_reachable(TEST_DATABASE_URL)
 if POSTGRES_UNAVAILABLE is None:
     DATABASES = {"default": dj_database_url.parse(TEST_DATABASE_URL)}
-    DATABASES["default"]["TEST"] = {"NAME": "gridbid_test"}
+    # one test database per run, so parallel runs on one server do not collide
+    DATABASES["default"]["TEST"] = {"NAME": f"gridbid_test_{os.getpid()}"}
 elif REQUIRE_SERVICES:
     raise RuntimeError(f"GRIDBID_REQUIRE_SERVICES=1 but PostgreSQL at {TEST_DATABASE_URL} is unusable: {POSTGRES_UNAVAILABLE}")
 else:

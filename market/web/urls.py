@@ -10,6 +10,7 @@ urlpatterns = [
     path("offers/", views.offers, name="offers"),
     path("rounds/", views.rounds, name="rounds"),
     path("orders/", views.my_orders, name="orders"),
+    path("bids/new/", views.bid_new, name="bid-new"),
     path("account/", views.account, name="account"),
     path("signup/", views.signup, name="signup"),
     path("login/", auth_views.LoginView.as_view(template_name="market/login.html", redirect_authenticated_user=True), name="login"),

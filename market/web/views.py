@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django import forms
+from django.contrib import messages
 from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
@@ -137,3 +138,65 @@ def account(request: HttpRequest) -> HttpResponse:
             form.add_error(None, exc.message)
     tokens = ApiToken.objects.filter(user=request.user)
     return render(request, "market/account.html", {"form": form, "tokens": tokens, "created": created})
+
+
+USD = 1_000_000
+
+
+class BidForm(forms.Form):
+    gpu_model = forms.ChoiceField(label="GPU model")
+    gpus = forms.IntegerField(min_value=1, max_value=64, initial=1, label="GPUs")
+    max_price_usd = forms.DecimalField(min_value=0.01, max_value=1000, decimal_places=2, initial=2.50, label="Max price per GPU-hour (USD)")
+    hours = forms.DecimalField(min_value=0.1, max_value=720, decimal_places=1, initial=1, label="Duration (hours)")
+    location_region = forms.ChoiceField(required=False, label="Your location")
+    max_latency_ms = forms.IntegerField(required=False, min_value=1, max_value=10000, label="Max latency (ms)")
+    klass = forms.ChoiceField(choices=[("on_demand", "on-demand"), ("reserved", "reserved"), ("spot", "spot (cheapest, may be preempted)")], initial="on_demand", label="Class")
+    image = forms.CharField(max_length=255, initial="ghcr.io/acme/train:latest", label="Container image")
+    command = forms.CharField(max_length=1000, required=False, initial="python train.py", label="Command")
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.fields["gpu_model"].choices = [(m.id, f"{m.name} · {m.memory_gib} GiB · {m.compute_units:.0f} CU") for m in GpuModel.objects.all()]
+        self.fields["location_region"].choices = [("", "anywhere")] + [(r.id, r.name) for r in Region.objects.all()]
+
+    def api_body(self) -> dict[str, object]:
+        d = self.cleaned_data
+        body: dict[str, object] = {
+            "job_spec": {"image": d["image"], **({"command": d["command"].split()} if d.get("command") else {})},
+            "gpus": d["gpus"],
+            "gpu_models": [d["gpu_model"]],
+            "max_price": int(d["max_price_usd"] * USD),
+            "duration_s": int(d["hours"] * 3600),
+            "klass": d["klass"],
+        }
+        if d.get("location_region"):
+            body["location_region"] = d["location_region"]
+        if d.get("max_latency_ms"):
+            body["max_latency_ms"] = d["max_latency_ms"]
+        return body
+
+
+@login_required
+def bid_new(request: HttpRequest) -> HttpResponse:
+    """Place a bid: validated by the same serializer and service as the API, with a live quote."""
+    from rest_framework.exceptions import ValidationError
+
+    from market.api.serializers import BidCreateSerializer
+
+    form = BidForm(request.POST or None, initial={"gpu_model": request.GET.get("gpu_model", "H100-SXM-80GB")})
+    if request.method == "POST" and form.is_valid():
+        data = BidCreateSerializer(data=form.api_body())
+        try:
+            data.is_valid(raise_exception=True)
+            bid = services.bid_place(user=request.user, data=dict(data.validated_data))
+        except ValidationError as exc:
+            from market.api.errors import _flatten
+
+            for field, msgs in _flatten(exc.detail).items():
+                form.add_error(None, f"{field}: {msgs[0]}")
+        except DomainError as exc:
+            form.add_error(None, exc.message)
+        else:
+            messages.success(request, f"Bid #{bid.id} placed: it takes part in the next round.")
+            return redirect("web:orders")
+    return render(request, "market/bid_new.html", {"form": form})

@@ -83,3 +83,17 @@ def test_account_page_creates_a_token_once_and_revokes_it(buyer):
     assert token.revoked_at is not None
     refused = c.post("/account/", {"action": "create", "name": "p", "scopes": ["provide"]}).content.decode()
     assert "cannot hold" in refused
+
+
+def test_place_bid_page_places_a_bid_and_reports_errors(buyer):
+    from market.models import Bid
+
+    c = Client()
+    c.force_login(buyer)
+    assert "Live quote" in c.get("/bids/new/").content.decode()
+    body = {"gpu_model": "H100-SXM-80GB", "gpus": 2, "max_price_usd": "2.75", "hours": "3", "location_region": "", "klass": "on_demand", "image": "img:1", "command": "python x.py"}
+    assert c.post("/bids/new/", body).status_code == 302
+    bid = Bid.objects.get(buyer=buyer)
+    assert (bid.max_price, bid.duration_s, bid.job_spec["command"]) == (2_750_000, 10_800, ["python", "x.py"])
+    bad = c.post("/bids/new/", {**body, "max_latency_ms": 40}).content.decode()
+    assert "latency limit needs your location" in bad
