@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -257,7 +258,14 @@ class Agent:
         paths.create()
 
         def work() -> None:
-            fetch_inputs(job["spec"].get("inputs") or [], paths.work / "inputs")
+            inputs = job["spec"].get("inputs") or []
+            if inputs and sys.stdout.isatty():
+                from rich.progress import DownloadColumn, Progress, TransferSpeedColumn
+
+                with Progress(*Progress.get_default_columns(), DownloadColumn(), TransferSpeedColumn()) as progress:
+                    fetch_inputs(inputs, paths.work / "inputs", progress=progress)
+            else:
+                fetch_inputs(inputs, paths.work / "inputs")
             resume = job.get("resume")
             if resume:
                 (archive,) = fetch_inputs([{"url": resume["url"], "sha256": resume["sha256"], "path": "checkpoint.tar"}], paths.root)

@@ -301,3 +301,24 @@ def test_the_agent_cosigns_only_a_root_holding_its_own_receipt(tmp_path, key):
         agent.cosign_request({**req, "root": cheat.root.hex(), "proof": [p.hex() for p in cheat.proof(1)]})
     with pytest.raises(CosignRefused, match="no receipt"):
         agent.cosign_request({**req, "trade": 99})
+
+
+def test_inputs_are_fetched_before_the_start_and_a_bad_digest_fails_the_job(tmp_path, key):
+    import hashlib
+
+    data = tmp_path / "weights.bin"
+    data.write_bytes(b"w" * 1000)
+    market = FakeMarket()
+    agent = make_agent(tmp_path / "home", market, key)
+    good = assignment(30, "import os; open('outputs/n', 'w').write(str(os.path.getsize('inputs/w.bin')))")
+    good["job_spec"]["inputs"] = [{"url": data.as_uri(), "sha256": hashlib.sha256(b"w" * 1000).hexdigest(), "path": "w.bin"}]
+    good["spec_hash"] = spec_hash(good["job_spec"])
+    bad = assignment(31, "open('outputs/ran', 'w')")
+    bad["job_spec"]["inputs"] = [{"url": data.as_uri(), "sha256": "0" * 64}]
+    bad["spec_hash"] = spec_hash(bad["job_spec"])
+    market.assignments_list = [good, bad]
+    run_until(agent, lambda: len(market.receipts) == 2)
+    assert (tmp_path / "home/jobs/30/work/outputs/n").read_text() == "1000"
+    assert market.kinds(131) == ["failed"]
+    assert any("sha256" in body["reason"] for job, body in market.events if job == 131)
+    assert not (tmp_path / "home/jobs/31/work/outputs/ran").exists()
