@@ -121,6 +121,46 @@ def replay(number: int) -> None:
     sys.exit(1)
 
 
+# --- ledger ----------------------------------------------------------------------------
+@main.group(name="ledger")
+def ledger_group() -> None:
+    """The settlement journal."""
+
+
+@ledger_group.command(name="verify")
+@click.option("--block", type=int, default=None, help="Compare with the chain at this block (default: the last applied).")
+@click.option("--offline", is_flag=True, help="Check the hash chain only, without the chain.")
+def ledger_verify(block: int | None, offline: bool) -> None:
+    """Recompute the journal's hash chain and compare every account with the chain; exit 1 on any discrepancy."""
+    configure_or_exit()
+    from django.core.management import call_command
+
+    call_command("ledger_verify", block=block, offline=offline)
+
+
+@main.group(name="chain")
+def chain_group() -> None:
+    """The settlement chain."""
+
+
+@chain_group.command(name="deploy")
+def chain_deploy() -> None:
+    """Deploy the market (and a test token unless TOKEN_ADDRESS is set) to CHAIN_RPC_URL."""
+    configure_or_exit()
+    from django.conf import settings
+
+    from ledger.chain import ChainClient
+    from ledger.devchain import deployment_ensure
+
+    url = settings.CONFIG.chain_rpc_url
+    if not url:
+        raise click.UsageError("CHAIN_RPC_URL is unset: `gridbid up` deploys to the dev chain by itself.")
+    deployment = deployment_ensure(ChainClient(url, expected_chain_id=settings.CONFIG.chain_id))
+    click.echo(f"market {deployment.market_address}  token {deployment.token_address}  chain {deployment.chain_id}  block {deployment.deployed_block}")
+    click.echo("set MARKET_ADDRESS and TOKEN_ADDRESS to these in production")
+
+
+# --- end ledger ------------------------------------------------------------------------
 def _console():  # type: ignore[no-untyped-def]
     from rich.console import Console
 

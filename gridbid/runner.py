@@ -83,6 +83,16 @@ def serve(*, host: str, port: int, demo: bool, worker: bool) -> None:
     import uvicorn
 
     prepare(demo=demo)
+    # --- ledger: the embedded dev chain (anvil) when CHAIN_RPC_URL is unset -------------
+    devchain = None
+    if settings.CONFIG.embedded:
+        from ledger.devchain import devchain_start
+
+        with console.status("Starting the dev chain…"):
+            devchain = devchain_start()
+        if devchain is not None:
+            console.print(f"[green]✓[/] dev chain at {devchain.url}, market {devchain.deployment.market_address}")
+    # --- end ledger ------------------------------------------------------------------
     celery = None
     if worker and settings.CONFIG.embedded:
         celery = EmbeddedCelery()
@@ -99,4 +109,6 @@ def serve(*, host: str, port: int, demo: bool, worker: bool) -> None:
         if celery is not None:
             with console.status("Stopping the worker…"):
                 celery.stop()
+        if devchain is not None:  # ledger: anvil dumps its state on SIGTERM
+            devchain.stop()
         console.print("stopped")
