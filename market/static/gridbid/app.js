@@ -92,7 +92,7 @@
         if (pill && pill.textContent !== o.state) { pill.textContent = o.state; pill.className = "pill state-" + o.state; flash(row); }
         const why = row.querySelector("[data-field=why]");
         if (why && o.state === "open" && o.explanation && o.explanation.reasons) setText(why, o.explanation.reasons.join("; "));
-        if (o.state === "matched" && !row.dataset.matched) { row.dataset.matched = "1"; if (!isSnapshot) setTimeout(() => location.reload(), 300); }
+        if (o.state === "matched" && why && !row.dataset.matched) { row.dataset.matched = "1"; setText(why, "matched: " + ((o.explanation && o.explanation.reasons) || []).join("; ")); }
       });
     });
     watch("jobs", (d, isSnapshot) => {
