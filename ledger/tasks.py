@@ -8,6 +8,7 @@ from typing import Any
 
 from celery import shared_task
 
+import gridbid.celery  # noqa: F401 - binds the tasks to the configured app (eager in tests)
 from ledger.context import chain_context
 
 # the chain queue is chosen by the beat entries (gridbid/celery.py) and task routes

@@ -21,14 +21,19 @@ class Command(BaseCommand):
         from ledger.journal import chain_check, journal_verify
         from ledger.models import JournalEntry
 
-        ctx = None if offline else chain_context()
-        if ctx is None and not offline:
-            self.stderr.write("ledger verify: no chain configured (no deployment); checking the hash chain only")
-        problems = chain_check() if ctx is None else journal_verify(ctx=ctx, block=block)
+        try:
+            ctx = None if offline else chain_context()
+            if ctx is None and not offline:
+                self.stderr.write("ledger verify: no chain configured (no deployment); checking the hash chain only")
+            problems = chain_check() if ctx is None else journal_verify(ctx=ctx, block=block)
+        except (ConnectionError, OSError) as exc:
+            self.stderr.write(f"ledger verify: the chain is unreachable ({type(exc).__name__}); use --offline to check the hash chain only")
+            sys.exit(2)
         for line in problems:
             self.stdout.write(f"DISCREPANCY {line}")
         count = JournalEntry.objects.count()
         if problems:
             self.stderr.write(f"ledger verify: {len(problems)} discrepancies in {count} entries")
             sys.exit(1)
-        self.stdout.write(f"ledger verify: {count} entries, hash chain intact, balances match the chain")
+        checked = "hash chain intact" if ctx is None else "hash chain intact, balances match the chain"
+        self.stdout.write(f"ledger verify: {count} entries, {checked}")
