@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .bound import class_lp, milp_pick
-from .market import F64, I64, BidViews, Candidates, Market, top_candidates
+from .market import F64, I64, BidViews, Candidates, Market, top_candidates, unfillable
 
 Part = tuple[int, int, int]  # offer index, GPUs, score
 FIT_TOLERANCE = 0.0
@@ -227,7 +227,16 @@ class Solver:
         views = self.cand.views if isinstance(self.cand.views, BidViews) else None
         free = np.asarray(self.state.free, dtype=np.int64)
         arr = np.asarray(sorted(bids), dtype=np.int64)
-        lp = class_lp(self.mkt, arr, self.columns(bids), free, rest, views)
+        skip = unfillable(self.mkt, bids, free, self.cand.views)
+        pb, po, ps = self.columns(bids)
+        if skip:
+            nr = len(self.mkt.region_ids)
+            bucket = self.mkt.o_model[po] * nr + self.mkt.o_region[po]
+            drop = np.zeros(len(pb), dtype=np.bool_)
+            for (m, r), out in skip.items():
+                drop |= (bucket == m * nr + r) & np.isin(pb, out)
+            pb, po, ps = pb[~drop], po[~drop], ps[~drop]
+        lp = class_lp(self.mkt, arr, (pb, po, ps), free, rest, views, skip=skip)
         if lp is None:  # pragma: no cover - HiGHS failing on a feasible LP
             self.greedy(bids)
             return None

@@ -72,6 +72,7 @@ def class_lp(
     rest: I64 | None,
     views: BidViews | None,
     rounds: int = 3,
+    skip: dict[tuple[int, int], I64] | None = None,
 ) -> ClassLP | None:
     """The LP relaxation of one class on the capacity left by higher classes,
     over its candidate pairs, with a bound that covers every feasible pair.
@@ -94,7 +95,9 @@ def class_lp(
     again (column generation), up to ``rounds`` times; the last scan's
     maxima stand in the bound, so it holds even when rounds run out.
     All of it is integer arithmetic except HiGHS's prices, which only need
-    to be non-negative for the bound to hold.
+    to be non-negative for the bound to hold. ``skip`` names, per bucket,
+    multi-machine bids that bucket cannot fill whole (``unfillable``): their
+    pairs there are in no assignment, so they stay out of columns and pricing.
     """
     pb, po, ps = cols
     nb = len(mkt.bids)
@@ -117,7 +120,7 @@ def class_lp(
             loose = bids[rest[bids] > u[bids]]
             best = u[bids]
             if len(loose):
-                red, nb_, no_, ns_ = price_out(mkt, loose, lam, u[loose], views, free)
+                red, nb_, no_, ns_ = price_out(mkt, loose, lam, u[loose], views, free, skip=skip)
                 pos = np.searchsorted(bids, loose)
                 best = best.copy()
                 best[pos] = np.maximum(best[pos], red)

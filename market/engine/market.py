@@ -560,6 +560,26 @@ def top_candidates(
     )
 
 
+def unfillable(
+    mkt: Market, bids: list[int], cap: I64, views: Sequence[list[tuple[int, int, int]]] | BidViews
+) -> dict[tuple[int, int], I64]:
+    """Per bucket, the multi-machine bids among ``bids`` that cannot get all
+    their GPUs there even from all the free GPUs of every offer they could
+    use: no assignment ever uses their pairs in that bucket."""
+    out: dict[tuple[int, int], list[int]] = {}
+    for b in bids:
+        if mkt.b_same[b]:
+            continue
+        one = np.asarray([b], dtype=np.int64)
+        for m, r, t in views[b]:
+            view = mkt.views[(m, r, t)]
+            view = view[cap[view] > 0]
+            _, ok = pair_scores(mkt, one, view, same=False, cap=cap)
+            if int(cap[view][ok[0]].sum()) < int(mkt.b_gpus[b]):
+                out.setdefault((m, r), []).append(b)
+    return {k: np.asarray(sorted(v), dtype=np.int64) for k, v in sorted(out.items())}
+
+
 def price_out(
     mkt: Market,
     bids: I64,
@@ -569,6 +589,7 @@ def price_out(
     cap: I64,
     width: int = 4,
     chunk: int = 64,
+    skip: dict[tuple[int, int], I64] | None = None,
 ) -> tuple[I64, I64, I64, I64]:
     """Per bid in ``bids``, the best reduced score ``score - gpus * lam[o]`` over
     its feasible pairs on capacity ``cap``, exact wherever it exceeds ``tau``,
@@ -580,6 +601,7 @@ def price_out(
     reliability still ahead, less its GPUs times the lowest price still ahead
     - is at most the larger of ``tau`` and its ``width``-th best found (which
     is at most the best). ``lam`` are non-negative integers: exact arithmetic.
+    ``skip`` names, per bucket, bids whose pairs there are left out.
     """
     nb = len(mkt.bids)
     lo = -(2**62)  # below any reduced score; negating it does not overflow
@@ -594,6 +616,8 @@ def price_out(
         m, r, t = key
         bids_all = views.by_view[key]
         bids_all = bids_all[slot[bids_all] >= 0]
+        if skip is not None and (m, r) in skip:
+            bids_all = bids_all[~np.isin(bids_all, skip[(m, r)])]
         view = mkt.views[key]
         if not len(bids_all) or not len(view):
             continue

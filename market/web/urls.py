@@ -12,6 +12,8 @@ urlpatterns = [
     path("orders/", views.my_orders, name="orders"),
     path("bids/new/", views.bid_new, name="bid-new"),
     path("account/", views.account, name="account"),
+    path("provider/", views.provider_dashboard, name="provider"),
+    path("operator/", views.operator_dashboard, name="operator"),
     path("signup/", views.signup, name="signup"),
     path("login/", auth_views.LoginView.as_view(template_name="market/login.html", redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),

@@ -97,3 +97,25 @@ def test_place_bid_page_places_a_bid_and_reports_errors(buyer):
     assert (bid.max_price, bid.duration_s, bid.job_spec["command"]) == (2_750_000, 10_800, ["python", "x.py"])
     bad = c.post("/bids/new/", {**body, "max_latency_ms": 40}).content.decode()
     assert "latency limit needs your location" in bad
+
+
+def test_provider_dashboard_shows_machines_utilisation_and_sales(buyer, provider_user, make_offer, make_bid):
+    from market.rounds import round_clear
+
+    make_offer(provider_user, count=8)
+    make_bid(buyer, gpus=4)
+    round_clear()
+    c = Client()
+    c.force_login(provider_user)
+    html = c.get("/provider/").content.decode()
+    assert "50% busy" in html and "Recent sales" in html
+    c.force_login(buyer)
+    assert "does not sell GPU time" in c.get("/provider/").content.decode()
+
+
+def test_operator_page_is_for_operators_only(buyer, operator):
+    c = Client()
+    c.force_login(buyer)
+    assert c.get("/operator/").status_code == 403
+    c.force_login(operator)
+    assert "Settlement queue" in c.get("/operator/").content.decode()
