@@ -68,18 +68,42 @@ def optimum(inp: object, res: object) -> tuple[float | None, str]:
     cand = candidates(mkt, 0, 0)
     free = mkt.o_gpus.astype(float)
     total, proven = 0.0, True
+    nb, no = n, len(mkt.offers)
+    nr = len(mkt.region_ids)
     for k in range(3):
         sel = mkt.b_klass[cand.pair_bid] == k
         pb, po, ps = cand.pair_bid[sel], cand.pair_offer[sel], cand.pair_score[sel]
         if not len(pb):
             continue
-        nb, no, m = n, len(mkt.offers), len(pb)
+        # variables: one per pair (x: whole bid on the offer for a same-machine
+        # bid, z: GPUs on the offer for a multi-machine one), then y per
+        # (multi-machine bid, bucket): the bucket the bid fills all its GPUs in
+        m = len(pb)
         g = mkt.b_gpus[pb]
-        a = coo_matrix((np.r_[np.ones(m), g], (np.r_[pb, nb + po], np.r_[np.arange(m), np.arange(m)])),
-                       shape=(nb + no, m))
-        r = milp(-ps.astype(float), constraints=LinearConstraint(a, -np.inf, np.r_[np.ones(nb), free]),
-                 integrality=mkt.b_same[pb].astype(int), bounds=Bounds(0, 1),
-                 options={"time_limit": 120})
+        same = mkt.b_same[pb]
+        bucket = mkt.o_model[po] * nr + mkt.o_region[po]
+        yk, yi = np.unique(np.stack([pb[~same], bucket[~same]], axis=1), axis=0, return_inverse=True)
+        yi = yi.reshape(-1)
+        ny = len(yk)
+        nv = m + ny
+        obj = np.r_[np.where(same, ps, ps / g), np.zeros(ny)]
+        coef = np.where(same, g, 1).astype(float)
+        rows = [pb[same], nb + po, yk[:, 0] if ny else np.zeros(0, int)]
+        cols = [np.flatnonzero(same), np.arange(m), m + np.arange(ny)]
+        vals = [np.ones(int(same.sum())), coef, np.ones(ny)]
+        # links: sum of z over the bucket's offers - gpus * y = 0
+        link0 = nb + no
+        multi = np.flatnonzero(~same)
+        rows += [link0 + yi, link0 + np.arange(ny)]
+        cols += [multi, m + np.arange(ny)]
+        vals += [np.ones(len(multi)), -mkt.b_gpus[yk[:, 0]].astype(float) if ny else np.zeros(0)]
+        a = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+                       shape=(link0 + ny, nv))
+        lo = np.r_[np.full(nb + no, -np.inf), np.zeros(ny)]
+        hi = np.r_[np.ones(nb), free, np.zeros(ny)]
+        ub = np.r_[np.where(same, 1.0, np.minimum(g, mkt.o_gpus[po])), np.ones(ny)]
+        r = milp(-obj, constraints=LinearConstraint(a, lo, hi), integrality=np.ones(nv),
+                 bounds=Bounds(0, ub), options={"time_limit": 120})
         if r.x is None:
             return None, "MILP found nothing"
         if r.status != 0:
@@ -87,9 +111,9 @@ def optimum(inp: object, res: object) -> tuple[float | None, str]:
             total += float(-r.mip_dual_bound)
         else:
             total += float(-r.fun)
-        free = free - np.bincount(po, weights=g * np.asarray(r.x), minlength=no)
-        free = np.maximum(free, 0.0)
-    how = "lexicographic MILP optimum, class by class (multi-machine bids relaxed)"
+        x = np.round(np.asarray(r.x[:m]))
+        free = free - np.bincount(po, weights=coef * x, minlength=no)
+    how = "lexicographic MILP optimum, class by class"
     return total, how if proven else how + ", a class hit the time limit (dual bound used)"
 
 
