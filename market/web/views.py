@@ -88,20 +88,41 @@ def _depth(offers) -> list[dict[str, int]]:  # type: ignore[no-untyped-def]
 
 
 def offers(request: HttpRequest) -> HttpResponse:
+    """Search offers like Vast.ai: model, count, VRAM, compute units, region, latency from
+    my region, price, reliability and grid carbon; sortable; price per compute unit."""
+    from providers import catalogue
+
     qs = selectors.offers_open()
     q = request.GET
     if q.get("gpu_model"):
         qs = qs.filter(gpu_model_id=q["gpu_model"])
     if q.get("region"):
         qs = qs.filter(machine__region_id=q["region"])
-    for key, lookup, cast in (("min_gpus", "gpus_free__gte", int), ("min_memory_gib", "gpu_model__memory_gib__gte", int), ("max_price", "price__lte", int), ("min_reliability", "machine__reliability__gte", float)):
+    numeric = (
+        ("min_gpus", "gpus_free__gte", int), ("min_memory_gib", "gpu_model__memory_gib__gte", int),
+        ("min_compute_units", "gpu_model__compute_units__gte", float), ("max_price", "price__lte", int),
+        ("min_reliability", "machine__reliability__gte", float), ("max_carbon", "machine__region__carbon_g_per_kwh__lte", float),
+    )
+    for key, lookup, cast in numeric:
         try:
             if q.get(key):
                 qs = qs.filter(**{lookup: cast(q[key])})
         except ValueError:
             pass  # a malformed filter is ignored and shown unapplied in the form
-    qs = qs.order_by(SORTS.get(q.get("sort", "price"), "price"), "id")
-    return render(request, "market/offers.html", {"offers": qs[:300], "models": GpuModel.objects.all(), "regions": Region.objects.all(), "q": q})
+    latency = catalogue.latency_matrix()
+    mine = q.get("my_region") or ""
+    rows = list(qs.order_by(SORTS.get(q.get("sort", "price"), "price"), "id")[:1000])
+    if mine:
+        for o in rows:
+            o.latency_ms = latency.get((mine, o.machine.region_id))
+        try:
+            limit = float(q.get("max_latency_ms") or "inf")
+        except ValueError:
+            limit = float("inf")
+        rows = [o for o in rows if o.latency_ms is not None and o.latency_ms <= limit]
+        if q.get("sort") == "latency":
+            rows.sort(key=lambda o: (o.latency_ms, o.price, o.pk))
+    return render(request, "market/offers.html", {"offers": rows[:300], "models": GpuModel.objects.all(), "regions": Region.objects.all(), "q": q, "mine": mine})
 
 
 def rounds(request: HttpRequest) -> HttpResponse:

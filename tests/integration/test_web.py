@@ -119,3 +119,14 @@ def test_operator_page_is_for_operators_only(buyer, operator):
     assert c.get("/operator/").status_code == 403
     c.force_login(operator)
     assert "Settlement queue" in c.get("/operator/").content.decode()
+
+
+def test_offers_page_filters_by_latency_from_my_region_and_carbon(provider_user, make_offer):
+    make_offer(provider_user, region="eu-west", price=2_000_000)
+    make_offer(provider_user, region="ap-northeast", price=1_000_000)
+    make_offer(provider_user, region="eu-north", price=3_000_000)
+    c = Client()
+    near = c.get("/offers/?my_region=eu-west&max_latency_ms=50&sort=latency").content.decode()
+    assert "/markets/H100-SXM-80GB/eu-west/" in near and "ap-northeast/" not in near.split("<tbody>")[1]
+    green = c.get("/offers/?max_carbon=100").content.decode().split("<tbody>")[1]
+    assert "eu-north" in green and "eu-west" not in green
