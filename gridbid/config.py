@@ -39,6 +39,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("PRICING_RULE", "uniform", "Auction price rule: uniform (clearing price per bucket) or pay_as_ask."),
     Variable("FAIR_SHARE_CAP", "1.0", "Largest fraction (0-1] of a scarce bucket's GPUs one buyer may take in one round."),
     Variable("CHAIN_RPC_URL", "(unset: local dev chain)", "JSON-RPC URL of the settlement chain (http:// or https://)."),
+    Variable("GRIDBID_CHAIN_PORT", "8545", "Port of the embedded dev chain (anvil), started by `gridbid up` when CHAIN_RPC_URL is unset."),
     Variable("CHAIN_ID", "31337", "Expected chain id; start-up refuses a node that reports another."),
     Variable("CHAIN_CONFIRMATIONS", "1", "Blocks a transaction must be buried under before it counts (0-100)."),
     Variable("OPERATOR_KEY", "(dev key on the local chain)", "Hex private key of the operator account (dev only; use OPERATOR_KEYSTORE in production)."),
@@ -123,6 +124,7 @@ class Config:
     pricing_rule: str
     fair_share_cap: float
     chain_rpc_url: str | None
+    chain_port: int
     chain_id: int
     chain_confirmations: int
     operator_key: str | None
@@ -201,6 +203,7 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         pricing_rule=_choice(env, "PRICING_RULE", "uniform", ("uniform", "pay_as_ask")),
         fair_share_cap=_number(env, "FAIR_SHARE_CAP", 1.0, 0.01, 1.0),
         chain_rpc_url=_url(env, "CHAIN_RPC_URL", ("http", "https")),
+        chain_port=int(_number(env, "GRIDBID_CHAIN_PORT", 8545, 1, 65535, int)),
         chain_id=int(_number(env, "CHAIN_ID", 31337, 1, 2**53, int)),
         chain_confirmations=int(_number(env, "CHAIN_CONFIRMATIONS", 1, 0, 100, int)),
         operator_key=operator_key,

@@ -7,7 +7,6 @@ installs it from npm) the server runs without settlement and says so in one line
 
 from __future__ import annotations
 
-import os
 import subprocess
 from dataclasses import dataclass
 
@@ -19,7 +18,6 @@ from ledger.chain.anvil import AnvilNotFound, find_anvil, start_anvil, stop_anvi
 from ledger.context import ANVIL_DEV_KEY, DEV_CHAIN_ID, chain_context_reset, operator_signer
 from ledger.models import Deployment
 
-DEFAULT_PORT = 8545
 # anvil's well-known dev accounts 1 and 2 (their keys are public): demo providers and wallet buyers
 DEMO_KEYS = (
     "0x59c6995e998f97a5a0044966f0945389dc9e86dae88c7a8412f4603b6b78690d",
@@ -48,7 +46,7 @@ def devchain_start(*, port: int | None = None) -> DevChain | None:
     except AnvilNotFound:
         print("gridbid: anvil is not installed (run `make run` or `npm install`): running without settlement")
         return None
-    port = port or int(os.environ.get("GRIDBID_CHAIN_PORT", DEFAULT_PORT))
+    port = port or settings.CONFIG.chain_port
     proc = start_anvil(port=port, state_file=settings.CONFIG.data_dir / "chain-state.json")
     url = f"http://127.0.0.1:{port}"
     try:

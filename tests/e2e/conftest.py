@@ -1,7 +1,11 @@
-"""The embedded server as a real process on a real socket, shared by the e2e tests."""
+"""The embedded server as a real process on real sockets, shared by the e2e tests.
+
+Each server gets free ports for HTTP and for its dev chain, so e2e runs never
+collide with each other or with a developer's `make run`."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -22,34 +26,40 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextlib.contextmanager
+def running_server(data: Path, *, demo: bool) -> Iterator[tuple[str, dict[str, str]]]:
+    """`gridbid up` in `data`; yields (base URL, the environment it runs with)."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "CHAIN_RPC_URL")}
+    env.update(GRIDBID_DATA_DIR=str(data), ROUND_SECONDS="2", PYTHONUNBUFFERED="1", GRIDBID_CHAIN_PORT=str(free_port()))
+    log_path = data / "server.log"
+    args = [sys.executable, "-m", "gridbid.cli", "up", "--port", str(port), *(["--demo"] if demo else [])]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                if proc.poll() is not None:
+                    pytest.fail(f"server exited: {log_path.read_text()}")
+                try:
+                    if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    time.sleep(0.3)
+            else:
+                pytest.fail(f"server did not start: {log_path.read_text()}")
+            yield base, env
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
 @pytest.fixture(scope="session")
 def embedded_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    data = tmp_path_factory.mktemp("embedded")
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
-    env.update(GRIDBID_DATA_DIR=str(data), ROUND_SECONDS="2", PYTHONUNBUFFERED="1")
-    log = open(data / "server.log", "w")  # noqa: SIM115 - closed in the finally below
-    proc = subprocess.Popen([sys.executable, "-m", "gridbid.cli", "up", "--demo", "--port", str(port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                pytest.fail(f"server exited: {(data / 'server.log').read_text()}")
-            try:
-                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.5)
-        else:
-            pytest.fail(f"server did not start: {(data / 'server.log').read_text()}")
+    """The demo market, shared by the browser and embedded-server tests."""
+    with running_server(tmp_path_factory.mktemp("embedded"), demo=True) as (base, _env):
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
-
-

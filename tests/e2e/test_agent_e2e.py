@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,48 +16,19 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.e2e.conftest import running_server
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 SERVER_ENV: dict[str, str] = {}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    data = tmp_path_factory.mktemp("market")
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
-    env.update(GRIDBID_DATA_DIR=str(data), PYTHONUNBUFFERED="1", ROUND_SECONDS="2")
-    SERVER_ENV.clear()
-    SERVER_ENV.update(env)
-    log = open(data / "server.log", "w")  # noqa: SIM115 - closed in the finally below
-    proc = subprocess.Popen([sys.executable, "-m", "gridbid.cli", "up", "--port", str(port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                pytest.fail(f"server exited: {(data / 'server.log').read_text()}")
-            try:
-                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.3)
-        else:
-            pytest.fail(f"server did not start: {(data / 'server.log').read_text()}")
+    with running_server(tmp_path_factory.mktemp("market"), demo=False) as (base, env):
+        SERVER_ENV.clear()
+        SERVER_ENV.update(env)
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 def make_tokens(**users: tuple[str, tuple[str, ...]]) -> dict[str, str]:
