@@ -172,23 +172,24 @@ def _class_surplus(solver: Solver, bids: list[int]) -> int:
 
 
 def _unmatched(mkt: Market, solver: Solver, state: State) -> tuple[Unmatched, ...]:
-    ex = Explainer(mkt)
-    out: list[Unmatched] = []
-    for b in range(len(mkt.bids)):
-        if b in solver.assigned:
-            continue
-        capped = False
+    waiting = [b for b in range(len(mkt.bids)) if b not in solver.assigned]
+    capped: list[bool] = []
+    for b in waiting:
+        hit = False
         if state.limits:
             g = int(mkt.b_gpus[b])
             for key in solver.cand.views[b]:
                 lim = state.limits.get((key[0], key[1]))
                 used = state.used.get((int(mkt.bids[b].buyer_id), key[0], key[1]), 0)
                 if lim is not None and used + g > lim:
-                    capped = True
-        had = len(solver.cand.offers[b]) + int(solver.cand.truncated[b])
-        reasons, nearest = ex.unmatched(b, outbid=had, capped=capped)
-        out.append(Unmatched(bid_id=mkt.bids[b].id, reasons=reasons, nearest=nearest))
-    return tuple(out)
+                    hit = True
+        capped.append(hit)
+    had = [len(solver.cand.offers[b]) + int(solver.cand.truncated[b]) for b in waiting]
+    rows = Explainer(mkt).unmatched_many(waiting, had, capped)
+    return tuple(
+        Unmatched(bid_id=mkt.bids[b].id, reasons=reasons, nearest=nearest)
+        for b, (reasons, nearest) in zip(waiting, rows, strict=True)
+    )
 
 
 def _preemptions(

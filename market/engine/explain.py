@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .market import I64, BoolA, Market
+from .market import CHUNK_CELLS, F64, I64, BoolA, Market
 
 
 def money(v: int) -> str:
@@ -50,92 +50,150 @@ class Explainer:
         return np.concatenate(parts)
 
     def unmatched(self, b: int, *, outbid: int, capped: bool) -> tuple[tuple[str, ...], str | None]:
+        return self.unmatched_many([b], [outbid], [capped])[0]
+
+    def unmatched_many(
+        self, bids: list[int], outbid: list[int], capped: list[bool]
+    ) -> list[tuple[tuple[str, ...], str | None]]:
+        """Reasons for many unmatched bids at once: bids that accept the same
+        GPU models share one offer list, and each constraint is checked for a
+        block of them against all those offers with numpy."""
         mkt = self.mkt
-        bid = mkt.bids[b]
-        g = bid.gpus
-        want = (
-            ", ".join(bid.gpu_models) if bid.gpu_models else self._spec(bid.min_memory_gib, bid.min_compute_units, bid.vendor)
-        )
-        reasons: list[str] = []
-        if not mkt.b_deadline_ok[b]:
-            assert bid.deadline is not None
-            reasons.append(
-                f"your deadline is {bid.deadline - mkt.now:,} s away but the job runs "
-                f"{bid.duration_s:,} s"
-            )
-        model_ok = mkt.model_ok[b]
-        if not model_ok.any():
-            reasons.append(f"no GPU model in the catalogue is {want}")
-            return tuple(reasons), None
-        region_ok = mkt.region_allowed[b]
-        lat_ok = mkt.latency_ok[b]
-        # bucket level: model ok, then region, then latency
-        sig = model_ok.tobytes()
-        offs = self._by_models.get(sig)
-        if offs is None:
-            offs = self._offers(model_ok[:, None] & np.ones_like(region_ok)[None, :])
-            self._by_models[sig] = offs
-        if len(offs) == 0:
-            reasons.append(f"no offers of {want} this round")
-            return tuple(reasons), None
+        out: list[tuple[tuple[str, ...], str | None]] = [((), None)] * len(bids)
+        groups: dict[bytes, list[int]] = {}
+        for j, b in enumerate(bids):
+            groups.setdefault(mkt.model_ok[b].tobytes(), []).append(j)
+        nr = len(mkt.region_ids)
+        for sig, js in groups.items():
+            model_ok = mkt.model_ok[bids[js[0]]]
+            offs = self._by_models.get(sig)
+            if offs is None:
+                offs = self._offers(model_ok[:, None] & np.ones(nr, dtype=np.bool_)[None, :])
+                self._by_models[sig] = offs
+            step = max(1, CHUNK_CELLS // max(1, len(offs)))
+            for lo in range(0, len(js), step):
+                part = js[lo : lo + step]
+                rows = self._block(np.asarray([bids[j] for j in part], dtype=np.int64), offs, bool(model_ok.any()),
+                                   [outbid[j] for j in part], [capped[j] for j in part])
+                for j, row in zip(part, rows, strict=True):
+                    out[j] = row
+        return out
+
+    def _block(
+        self, bs: I64, offs: I64, any_model: bool, outbid: list[int], capped: list[bool]
+    ) -> list[tuple[tuple[str, ...], str | None]]:
+        mkt = self.mkt
+        res: list[tuple[tuple[str, ...], str | None]] = []
+        heads: list[list[str]] = []
+        for b in bs.tolist():
+            bid = mkt.bids[b]
+            head: list[str] = []
+            if not mkt.b_deadline_ok[b]:
+                assert bid.deadline is not None
+                head.append(
+                    f"your deadline is {bid.deadline - mkt.now:,} s away but the job runs "
+                    f"{bid.duration_s:,} s"
+                )
+            heads.append(head)
+        if not any_model or len(offs) == 0:
+            for b, head in zip(bs.tolist(), heads, strict=True):
+                want = self._want(b)
+                head.append(f"no GPU model in the catalogue is {want}" if not any_model else f"no offers of {want} this round")
+                res.append((tuple(head), None))
+            return res
         r = mkt.o_region[offs]
-        f_region = ~region_ok[r]
-        f_lat = ~lat_ok[r]
-        dur = bid.duration_s
+        f_region = ~mkt.region_allowed[bs][:, r]
+        f_lat = ~mkt.latency_ok[bs][:, r]
+        dur = mkt.b_dur[bs][:, None]
         f_time = ~(
-            (mkt.o_from[offs] <= mkt.now)
-            & (mkt.o_until[offs] >= mkt.now + dur)
-            & (mkt.o_min_dur[offs] <= dur)
-            & (dur <= mkt.o_max_dur[offs])
+            (mkt.o_from[offs][None, :] <= mkt.now)
+            & (mkt.o_until[offs][None, :] >= mkt.now + dur)
+            & (mkt.o_min_dur[offs][None, :] <= dur)
+            & (dur <= mkt.o_max_dur[offs][None, :])
         )
-        k = int(mkt.b_klass[b])
-        f_class = (mkt.o_resv[offs] & (k != 0)) | ((k == 2) & ~mkt.o_spot[offs])
-        if bid.same_machine:
-            f_gpus = mkt.o_gpus[offs] < g
-        else:
-            f_gpus = np.zeros(len(offs), dtype=np.bool_)
-        f_rel = mkt.o_rel[offs] < bid.min_reliability
-        f_price = mkt.o_ask[offs] > bid.max_price
+        k = mkt.b_klass[bs][:, None]
+        f_class = (mkt.o_resv[offs][None, :] & (k != 0)) | ((k == 2) & ~mkt.o_spot[offs][None, :])
+        f_gpus = mkt.b_same[bs][:, None] & (mkt.o_gpus[offs][None, :] < mkt.b_gpus[bs][:, None])
+        f_rel = mkt.o_rel[offs][None, :] < mkt.b_minrel[bs][:, None]
+        f_price = mkt.o_ask[offs][None, :] > mkt.b_maxp[bs][:, None]
         fails = [f_region, f_lat, f_time, f_class, f_gpus, f_rel, f_price]
-        nfail = np.zeros(len(offs), dtype=np.int64)
+        nfail = np.zeros(f_region.shape, dtype=np.int8)
         for f in fails:
             nfail += f
-        nearest: str | None = None
-        only = [f & (nfail == 1) for f in fails]
-        # price first: it is the constraint buyers most often choose to relax
+        onehot = np.zeros((len(offs), len(mkt.region_ids)), dtype=np.float32)
+        onehot[np.arange(len(offs)), r] = 1.0
+        big = np.iinfo(np.int64).max
+        asks = mkt.o_ask[offs][None, :]
+        stats: dict[int, tuple[I64, BoolA, I64, F64]] = {}
         for i in (6, 1, 0, 4, 5, 2, 3):
-            sel = offs[only[i]]
-            if len(sel) == 0:
+            only = fails[i] & (nfail == 1)
+            n = only.sum(axis=1)
+            if not n.any():
                 continue
-            text, near = self._reason(b, i, sel)
-            reasons.append(text)
-            if nearest is None:
-                nearest = near
-        feasible = offs[nfail == 0]
-        if len(feasible):
-            if capped:
-                reasons.append(
-                    "the fair-share cap: you already hold the most one buyer may take "
-                    "of this scarce bucket this round"
-                )
-            elif outbid:
-                reasons.append(
-                    f"outbid: {_plural(len(feasible), 'offer')} fit your job but were taken "
-                    f"by higher-scoring bids (best ask {money(int(mkt.o_ask[feasible].min()))})"
-                )
+            where = (only.astype(np.float32) @ onehot) > 0
+            if i == 1:
+                lat = np.where(only, mkt.latency[bs][:, r], np.inf)
+                pick = lat.argmin(axis=1)
+                extra = lat[np.arange(len(bs)), pick]
             else:
+                pick = np.where(only, asks, big).argmin(axis=1)
+                if i == 4:
+                    extra = np.where(only, mkt.o_gpus[offs][None, :], 0).max(axis=1).astype(np.float64)
+                elif i == 5:
+                    extra = np.where(only, mkt.o_rel[offs][None, :], -1.0).max(axis=1)
+                else:
+                    extra = np.zeros(len(bs))
+            stats[i] = (n, where, offs[pick], extra)
+        feas = nfail == 0
+        n_feas = feas.sum(axis=1)
+        best_ask = np.where(feas, asks, big).min(axis=1)
+        n_fail = np.stack([f.sum(axis=1) for f in fails], axis=1)
+        for row, b in enumerate(bs.tolist()):
+            reasons = heads[row]
+            nearest: str | None = None
+            any_only = False
+            for i in (6, 1, 0, 4, 5, 2, 3):
+                st = stats.get(i)
+                if st is None or not st[0][row]:
+                    continue
+                any_only = True
+                regions = [mkt.region_ids[x] for x in np.flatnonzero(st[1][row]).tolist()]
+                text, near = self._reason(b, i, int(st[0][row]), regions, int(st[2][row]), float(st[3][row]))
+                reasons.append(text)
+                if nearest is None:
+                    nearest = near
+            nf = int(n_feas[row])
+            if nf:
+                if capped[row]:
+                    reasons.append(
+                        "the fair-share cap: you already hold the most one buyer may take "
+                        "of this scarce bucket this round"
+                    )
+                elif outbid[row]:
+                    reasons.append(
+                        f"outbid: {_plural(nf, 'offer')} fit your job but were taken "
+                        f"by higher-scoring bids (best ask {money(int(best_ask[row]))})"
+                    )
+                else:
+                    reasons.append(
+                        f"{_plural(nf, 'offer')} fit, but your latency, region and carbon "
+                        f"penalties exceed your price margin on every one"
+                    )
+            elif not any_only:
+                n = n_fail[row].tolist()
+                worst = max(range(len(n)), key=lambda i: (n[i], -i))
                 reasons.append(
-                    f"{_plural(len(feasible), 'offer')} fit, but your latency, region and carbon "
-                    f"penalties exceed your price margin on every one"
+                    f"{_plural(len(offs), 'offer')} of {self._want(b)}, but each fails several of your "
+                    f"constraints (most often: {self._name(worst)})"
                 )
-        elif not any(len(offs[o]) for o in only):
-            n = [int(f.sum()) for f in fails]
-            worst = max(range(len(n)), key=lambda i: (n[i], -i))
-            reasons.append(
-                f"{_plural(len(offs), 'offer')} of {want}, but each fails several of your "
-                f"constraints (most often: {self._name(worst)})"
-            )
-        return tuple(reasons), nearest
+            res.append((tuple(reasons), nearest))
+        return res
+
+    def _want(self, b: int) -> str:
+        bid = self.mkt.bids[b]
+        if bid.gpu_models:
+            return ", ".join(bid.gpu_models)
+        return self._spec(bid.min_memory_gib, bid.min_compute_units, bid.vendor)
 
     def _spec(self, mem: int, cu: float, vendor: str | None) -> str:
         parts = []
@@ -164,15 +222,12 @@ class Explainer:
         off = mkt.offers[o]
         return f"offer {off.id}: {off.gpus} x {off.gpu_model} in {off.region} at {money(off.ask)}"
 
-    def _reason(self, b: int, i: int, sel: I64) -> tuple[str, str]:
+    def _reason(self, b: int, i: int, n: int, regions: list[str], o: int, extra: float) -> tuple[str, str]:
         mkt = self.mkt
         bid = mkt.bids[b]
-        n = len(sel)
-        regions = sorted(mkt.region_ids[int(x)] for x in np.unique(mkt.o_region[sel]).tolist())
         where = ", ".join(regions[:3]) + (f" and {len(regions) - 3} more" if len(regions) > 3 else "")
+        off = mkt.offers[o]
         if i == 6:
-            o = int(sel[np.argmin(mkt.o_ask[sel])])
-            off = mkt.offers[o]
             text = (
                 f"{_plural(n, 'offer')} in {where} fit except on price; cheapest ask "
                 f"{money(off.ask)} ({off.gpus} x {off.gpu_model} in {off.region}) is above "
@@ -180,28 +235,23 @@ class Explainer:
             )
             return text, self._describe(o) + f", {money(off.ask - bid.max_price)} above your max"
         if i == 1:
-            lat = mkt.latency[b][mkt.o_region[sel]]
-            o = int(sel[np.argmin(lat)])
             text = (
-                f"{_plural(n, 'offer')} in {where} at {float(lat.min()):g} ms or more exceed your "
+                f"{_plural(n, 'offer')} in {where} at {extra:g} ms or more exceed your "
                 f"{bid.max_latency_ms:g} ms from {bid.location_region}"
             )
-            return text, self._describe(o) + f", {float(mkt.latency[b][mkt.o_region[o]]):g} ms"
-        o = int(sel[np.argmin(mkt.o_ask[sel])])
+            return text, self._describe(o) + f", {extra:g} ms"
         if i == 0:
             allowed = ", ".join(bid.allowed_regions)
             text = f"{_plural(n, 'offer')} in {where}, outside your allowed regions ({allowed})"
         elif i == 4:
-            most = int(mkt.o_gpus[sel].max())
             text = (
                 f"{_plural(n, 'offer')} in {where} have fewer than {bid.gpus} free GPUs on one "
-                f"machine (largest {most}); allow multi-machine or ask for fewer GPUs"
+                f"machine (largest {int(extra)}); allow multi-machine or ask for fewer GPUs"
             )
         elif i == 5:
-            best = float(mkt.o_rel[sel].max())
             text = (
                 f"{_plural(n, 'offer')} in {where} are below your minimum reliability "
-                f"{bid.min_reliability:g} (best {best:g})"
+                f"{bid.min_reliability:g} (best {extra:g})"
             )
         elif i == 2:
             text = (
