@@ -27,11 +27,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .bound import class_lp, milp_pick
+from .bound import class_lp, lagrange_bound, milp_pick
 from .market import F64, I64, BidViews, Candidates, Market, top_candidates, unfillable
 
 Part = tuple[int, int, int]  # offer index, GPUs, score
 FIT_TOLERANCE = 0.0
+LP_CG_COLUMNS = 150_000  # above this many columns, one round of column generation
+LP_MAX_COLUMNS = 400_000  # above this, greedy + a Lagrangian-priced bound instead of the LP
 
 
 @dataclass
@@ -236,7 +238,12 @@ class Solver:
             for (m, r), out in skip.items():
                 drop |= (bucket == m * nr + r) & np.isin(pb, out)
             pb, po, ps = pb[~drop], po[~drop], ps[~drop]
-        lp = class_lp(self.mkt, arr, (pb, po, ps), free, rest, views, skip=skip)
+        if len(pb) > LP_MAX_COLUMNS:
+            self.greedy(bids)
+            got = sum(p[2] for b in bids for p in self.assigned.get(b, ()))
+            return lagrange_bound(self.mkt, arr, (pb, po, ps), free, rest, views, skip, got)
+        rounds = 3 if len(pb) <= LP_CG_COLUMNS else 1
+        lp = class_lp(self.mkt, arr, (pb, po, ps), free, rest, views, rounds=rounds, skip=skip)
         if lp is None:  # pragma: no cover - HiGHS failing on a feasible LP
             self.greedy(bids)
             return None

@@ -100,9 +100,6 @@ def class_lp(
     pairs there are in no assignment, so they stay out of columns and pricing.
     """
     pb, po, ps = cols
-    nb = len(mkt.bids)
-    g_all = mkt.b_gpus
-    slack = int((g_all[bids] + 1)[~mkt.b_same[bids]].sum())
     added = 0
     sol: tuple[float, F64, F64] | None = None
     for it in range(rounds + 1):
@@ -111,28 +108,103 @@ def class_lp(
             return None
         value, x, lam_f = sol
         lam = np.floor(np.maximum(lam_f, 0.0) + 1e-9).astype(np.int64)
-        u = np.zeros(nb, dtype=np.int64)
-        if len(pb):
-            np.maximum.at(u, pb, ps - g_all[pb] * lam[po])
-        if rest is None or views is None:
-            best = u[bids]
-        else:
-            loose = bids[rest[bids] > u[bids]]
-            best = u[bids]
-            if len(loose):
-                red, nb_, no_, ns_ = price_out(mkt, loose, lam, u[loose], views, free, skip=skip)
-                pos = np.searchsorted(bids, loose)
-                best = best.copy()
-                best[pos] = np.maximum(best[pos], red)
-                if len(nb_) and it < rounds:
-                    pb = np.concatenate([pb, nb_])
-                    po = np.concatenate([po, no_])
-                    ps = np.concatenate([ps, ns_])
-                    added += len(nb_)
-                    continue
-        bound = int(best.sum()) + int((free.astype(np.int64) * lam).sum()) + slack
+        bound, (nb_, no_, ns_) = bound_at(mkt, bids, (pb, po, ps), free, lam, rest, views, skip)
+        if len(nb_) and it < rounds:
+            pb = np.concatenate([pb, nb_])
+            po = np.concatenate([po, no_])
+            ps = np.concatenate([ps, ns_])
+            added += len(nb_)
+            continue
         return ClassLP(bound, value, pb, po, ps, x, lam_f, added)
     return None  # pragma: no cover - the loop always returns
+
+
+def bound_at(
+    mkt: Market,
+    bids: I64,
+    cols: tuple[I64, I64, I64],
+    free: I64,
+    lam: I64,
+    rest: I64 | None,
+    views: BidViews | None,
+    skip: dict[tuple[int, int], I64] | None,
+) -> tuple[int, tuple[I64, I64, I64]]:
+    """The dual bound at offer prices ``lam`` (integers >= 0) over every
+    feasible pair of ``bids`` (see ``class_lp``), and the pruned pairs that
+    beat the columns' best reduced score (the columns to add)."""
+    pb, po, ps = cols
+    g_all = mkt.b_gpus
+    slack = int((g_all[bids] + 1)[~mkt.b_same[bids]].sum())
+    u = np.zeros(len(mkt.bids), dtype=np.int64)
+    if len(pb):
+        np.maximum.at(u, pb, ps - g_all[pb] * lam[po])
+    best = u[bids]
+    empty = np.zeros(0, dtype=np.int64)
+    new: tuple[I64, I64, I64] = (empty, empty, empty)
+    if rest is not None and views is not None:
+        loose = bids[rest[bids] > u[bids]]
+        if len(loose):
+            red, nb_, no_, ns_ = price_out(mkt, loose, lam, u[loose], views, free, skip=skip)
+            pos = np.searchsorted(bids, loose)
+            best = best.copy()
+            best[pos] = np.maximum(best[pos], red)
+            new = (nb_, no_, ns_)
+    bound = int(best.sum()) + int((free.astype(np.int64) * lam).sum()) + slack
+    return bound, new
+
+
+def lagrange_bound(
+    mkt: Market,
+    bids: I64,
+    cols: tuple[I64, I64, I64],
+    free: I64,
+    rest: I64 | None,
+    views: BidViews | None,
+    skip: dict[tuple[int, int], I64] | None,
+    lower: int,
+    iters: int = 40,
+) -> int:
+    """The same bound as ``class_lp`` at prices found without an LP solver:
+    projected subgradient steps (Polyak's rule, aiming at ``lower``) on the
+    columns, with capacity relaxed; for classes too large to solve as an LP
+    in time. Valid at any prices, only looser than at the LP's."""
+    pb, po, ps = cols
+    free64 = free.astype(np.int64)
+    no = len(mkt.offers)
+    g = mkt.b_gpus[pb]
+    lam_f = np.zeros(no, dtype=np.float64)
+    best_lam = np.zeros(no, dtype=np.int64)
+    nb = len(mkt.bids)
+
+    def value(lam: I64) -> tuple[int, I64]:
+        u = np.zeros(nb, dtype=np.int64)
+        red = ps - g * lam[po]
+        np.maximum.at(u, pb, red)
+        return int(u.sum()) + int((free64 * lam).sum()), red
+
+    ub, red = value(best_lam)
+    mu = 1.0
+    stall = 0
+    for _ in range(iters if len(pb) else 0):
+        u = np.zeros(nb, dtype=np.int64)
+        np.maximum.at(u, pb, red)
+        take = np.flatnonzero((red == u[pb]) & (red > 0))
+        use = np.bincount(po[take], weights=g[take].astype(np.float64), minlength=no)
+        sub = free64.astype(np.float64) - use
+        sub = np.where((lam_f <= 0) & (sub > 0), 0.0, sub)
+        norm = float(sub @ sub)
+        if norm <= 0:
+            break
+        lam_f = np.maximum(0.0, lam_f - mu * max(ub - lower, 1) / norm * sub)
+        lam = np.floor(lam_f).astype(np.int64)
+        cur, red = value(lam)
+        if cur < ub:
+            ub, best_lam, stall = cur, lam, 0
+        else:
+            stall += 1
+            if stall >= 3:
+                mu, stall = mu / 2, 0
+    return bound_at(mkt, bids, cols, free, best_lam, rest, views, skip)[0]
 
 
 def _lp(mkt: Market, pb: I64, po: I64, ps: I64, free: I64) -> tuple[float, F64, F64] | None:

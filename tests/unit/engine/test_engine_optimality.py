@@ -6,12 +6,13 @@ import dataclasses
 import itertools
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
-from market.engine import Bid, Offer, RoundInput, clear_round
+from market.engine import Bid, Offer, RoundInput, assign, clear_round
 from market.engine.market import BidViews, build_market, candidates, price_out, top_candidates
 from tests.bench.instances import make_round
 from tests.unit.engine.engine_builders import bid, offer, round_of
@@ -118,7 +119,11 @@ def same_machine_all_classes(inp: RoundInput) -> RoundInput:
     return dataclasses.replace(inp, bids=bids)
 
 
-def test_per_class_bound_covers_each_class_optimum_on_the_capacity_left() -> None:
+@pytest.mark.parametrize("lp_columns", [400_000, 0], ids=["lp", "lagrangian"])
+def test_per_class_bound_covers_each_class_optimum_on_the_capacity_left(
+    lp_columns: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(assign, "LP_MAX_COLUMNS", lp_columns)
     inp = same_machine_all_classes(make_round(300, 300, seed=7))
     res = clear_round(inp)
     assert res.stats.method != "exact" and res.stats.upper_bound is not None
