@@ -28,6 +28,7 @@ from market.models import AuctionRound, Bid, Job, Offer, Trade
 from market.states import BidState, OfferState, RoundState
 from market.streams import events
 from providers.models import Provider
+from providers.push import machine_wake
 
 log = logging.getLogger("gridbid.rounds")
 QUOTE_BID_ID = 2**62  # a hypothetical bid's id: far above any real row
@@ -103,7 +104,9 @@ def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundRes
         bid.state = BidState.MATCHED
         bid.explanation = {"round": rnd.number, "matched": True, "reasons": [p.reason for p in parts]}
     Trade.objects.bulk_create(trades)
-    Job.objects.bulk_create(Job(trade=t) for t in Trade.objects.filter(round=rnd).order_by("id"))
+    jobs = Job.objects.bulk_create(Job(trade=t) for t in Trade.objects.filter(round=rnd).select_related("offer").order_by("id"))
+    for job in jobs:
+        machine_wake(job.trade.offer.machine_id, reason="assigned", job_id=job.pk)
     Offer.objects.bulk_update([o for o in offers.values()], ["gpus_free"])
     matched = [b for b in bids.values() if b.state == BidState.MATCHED]
     Bid.objects.bulk_update(matched, ["state", "explanation"])

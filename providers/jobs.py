@@ -161,6 +161,9 @@ def job_preempt_request(*, job: Job, reason: str = "") -> Job:
         raise Conflict(f"A job that is {job.state} cannot be preempted.")
     job.checkpoint = {**(job.checkpoint or {}), "preempt_requested": True, "preempt_reason": reason}
     job.save(update_fields=["checkpoint", "updated_at"])
+    from providers.push import machine_wake
+
+    machine_wake(job.trade.offer.machine_id, reason="preempt", job_id=job.pk)
     return job
 
 

@@ -280,6 +280,17 @@ class QuoteView(APIView):
 class JobViewSet(viewsets.ReadOnlyModelViewSet):
     """Jobs running your trades, with progress from the provider's heartbeats."""
 
+    scopes = {"list": Scope.READ, "retrieve": Scope.READ, "preempt": Scope.OPERATE}
+
+    @extend_schema(request=None, responses=s.JobSerializer)
+    @action(detail=True, methods=["post"])
+    def preempt(self, request: Request, pk: str) -> Response:
+        """Operators: ask the agent to checkpoint and stop this job (spot capacity for a higher class)."""
+        from providers.jobs import job_preempt_request
+
+        job = get_object_or_404(self.get_queryset(), pk=pk)
+        return Response(s.JobSerializer(job_preempt_request(job=job, reason="preempted by the operator")).data)
+
     lookup_value_regex = r"\d+"
 
     serializer_class = s.JobSerializer
