@@ -12,6 +12,7 @@ def healthz(request: HttpRequest) -> HttpResponse:
 
 urlpatterns = [
     path("api/v1/agent/", include("providers.api.urls")),
+    path("api/v1/ledger/", include("ledger.urls")),
     path("api/v1/", include("market.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),

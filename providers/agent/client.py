@@ -123,6 +123,14 @@ class MarketClient:
     def job_receipt(self, job_id: int, body: dict[str, Any]) -> dict[str, Any]:
         return self.request("POST", f"/api/v1/agent/jobs/{job_id}/receipt/", json=body)
 
+    # --- settlement co-signatures ---
+    def cosigns(self) -> list[dict[str, Any]]:
+        return self.request("GET", "/api/v1/agent/cosigns/")["cosigns"]
+
+    def cosign_answer(self, cosign_id: int, *, signature: str | None = None, refuse: str | None = None) -> dict[str, Any]:
+        body = {"signature": signature} if signature is not None else {"refuse": refuse}
+        return self.request("POST", f"/api/v1/agent/cosigns/{cosign_id}/", json=body)
+
 
 def _items(body: Any) -> list[dict[str, Any]]:
     return body["results"] if isinstance(body, dict) and "results" in body else list(body)

@@ -64,6 +64,7 @@ class Agent:
     next_heartbeat: float = 0.0
     next_poll: float = 0.0
     next_offer_sync: float = 0.0
+    cosigns_answered: set[int] = field(default_factory=set)
     poll_now: threading.Event = field(default_factory=threading.Event)
     pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(max_workers=2, thread_name_prefix="inputs"))
 
@@ -148,6 +149,7 @@ class Agent:
         if now >= self.next_poll or self.poll_now.is_set():
             self.poll_now.clear()
             self.poll()
+            self.cosigns_poll()
             self.next_poll = now + self.config.poll_s
         if self.config.pricing and now >= self.next_offer_sync:
             from providers.agent.offers import offers_sync
@@ -366,6 +368,53 @@ class Agent:
             chain_id=int(req["chain_id"]), market=str(req["market"]), bls_key=self.bls_key,
         )
         return sig.hex()
+
+    def cosigns_poll(self) -> dict[int, str]:
+        """Answer the market's open co-signature requests: sign a root whose proof holds our
+        own receipt for the trade, refuse (and say why) one that does not. Returns what was
+        done per request id (for logs and tests)."""
+        if not hasattr(self.client, "cosigns"):  # a market client without settlement
+            return {}
+        done: dict[int, str] = {}
+        for req in self.client.cosigns():
+            cid = int(req["id"])
+            if cid in self.cosigns_answered or req.get("signed"):
+                continue
+            try:
+                self._cosign_leaf_check(req)
+                signature = self.cosign_request(req)
+            except (receipts.CosignRefused, receipts.ReceiptError, ValueError, KeyError) as exc:
+                reason = str(exc) or type(exc).__name__
+                answer = {"refuse": f"agent refused: {reason}"}
+                done[cid] = "refused"
+                log(f"trade {req.get('trade')}: refused to co-sign settlement root {req.get('root')}: {reason}")
+            else:
+                answer = {"signature": signature}
+                done[cid] = "signed"
+            try:
+                self.client.cosign_answer(cid, **answer)
+            except Rejected as exc:  # e.g. the batch moved on; do not ask again this run
+                log(f"co-signature {cid}: the market refused our answer: {exc.message}")
+                done[cid] = "rejected"
+            else:
+                if done[cid] == "signed":
+                    log(f"trade {req.get('trade')}: co-signed settlement root {req.get('root')}")
+            self.cosigns_answered.add(cid)
+        return done
+
+    def _cosign_leaf_check(self, req: dict[str, Any]) -> None:
+        """Name the difference when the market's leaf for our trade is not our receipt's
+        (the proof check in cosign_request would refuse it too, less clearly)."""
+        theirs = req.get("receipt") or {}
+        job = self.state.job(int(req["trade"]))
+        if not theirs or job is None or not job.get("receipt"):
+            return
+        mine = receipts.receipt_from_body(job["receipt"])
+        if str(theirs.get("leaf", "")).removeprefix("0x") != mine.leaf().hex():
+            raise receipts.CosignRefused(
+                f"the batch's leaf for trade {mine.trade_id} differs from our receipt (batch: {theirs.get('gpu_seconds')} GPU-s, "
+                f"digest {theirs.get('digest')}; ours: {mine.gpu_seconds} GPU-s, digest 0x{mine.digest().hex()})"
+            )
 
     # --- reports ---------------------------------------------------------------------------
     def flush(self) -> int:

@@ -2,6 +2,7 @@
 
 from django.urls import path
 
+from ledger import api as ledger_api
 from providers.api import views
 
 urlpatterns = [
@@ -10,5 +11,7 @@ urlpatterns = [
     path("jobs/<int:job_id>/events/", views.JobEventView.as_view(), name="agent-job-events"),
     path("jobs/<int:job_id>/receipt/", views.JobReceiptView.as_view(), name="agent-job-receipt"),
     path("challenge/", views.ChallengeView.as_view(), name="agent-challenge"),
+    path("cosigns/", ledger_api.CosignListView.as_view(), name="agent-cosigns"),
+    path("cosigns/<int:cosign_id>/", ledger_api.CosignSubmitView.as_view(), name="agent-cosign"),
     path("challenge/verify/", views.ChallengeVerifyView.as_view(), name="agent-challenge-verify"),
 ]

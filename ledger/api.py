@@ -1,0 +1,248 @@
+"""REST endpoints of the ledger.
+
+* Agent side (mounted under /api/v1/agent/): the open co-signature requests of the
+  calling provider, and its answer to one of them (a signature, or a refusal).
+* Buyer and provider side (/api/v1/ledger/): escrow, earnings, one trade's chain
+  record with its Merkle proofs, and custodial deposits and withdrawals.
+
+Only the caller's own data is shown (404 otherwise); operators see everything.
+Reads come from the journal and need no chain; writes without a chain answer 503.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+from django.db import transaction
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers, status
+from rest_framework.exceptions import APIException, NotFound, PermissionDenied
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from contracts.merkle import receipt_leaf
+from ledger import selectors
+from ledger.escrow import ChainUnavailable, escrow_request, escrow_transactions
+from ledger.models import BatchState, Cosign, SettleBatch, SettleItem
+from ledger.services import SettlementError, cosign_submit
+from market.api.idempotency import HEADER, idempotent
+from market.api.permissions import ScopedAccess, is_operator
+from market.models import Scope, Trade, User
+from providers.models import Provider
+
+log = logging.getLogger("gridbid.ledger.api")
+
+
+class ChainUnavailableError(APIException):
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_code = "chain_unavailable"
+    default_detail = "No chain is available: the ledger is read-only."
+
+
+class BadCosignature(APIException):
+    status_code = status.HTTP_400_BAD_REQUEST
+    default_code = "bad_signature"
+
+
+def _provider_of(user: Any) -> Provider:
+    provider = Provider.objects.filter(user=user).first()
+    if provider is None:
+        raise PermissionDenied("This account has no provider profile.")
+    return provider
+
+
+# --- agent: co-signatures ------------------------------------------------------------------------
+def _cosign_view(cosign: Cosign, items: dict[tuple[int, int], SettleItem]) -> dict[str, Any]:
+    req = dict(cosign.request)
+    item = items.get((cosign.batch_id, int(req["trade"])))
+    receipt = None
+    if item is not None:
+        leaf = receipt_leaf(item.trade_id, item.gpu_seconds, bytes.fromhex(item.digest[2:]))
+        receipt = {"trade": item.trade_id, "gpu_seconds": item.gpu_seconds, "digest": item.digest, "leaf": "0x" + leaf.hex()}
+    return {"id": cosign.pk, "batch": cosign.batch_id, "message": cosign.batch.message, "signed": bool(cosign.signature),
+            **{k: req[k] for k in ("trade", "root", "proof", "index", "chain_id", "market")}, "receipt": receipt}
+
+
+class CosignSubmitSerializer(serializers.Serializer):
+    signature = serializers.RegexField(r"^(0x)?[0-9a-fA-F]{192}$", required=False,
+                                       error_messages={"invalid": "A 96-byte compressed BLS signature as 192 hex digits."})
+    refuse = serializers.CharField(max_length=500, required=False, help_text="Why the agent will not sign this root")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if bool(attrs.get("signature")) == bool(attrs.get("refuse")):
+            raise serializers.ValidationError({"signature": ["Send either a signature or a refusal with its reason."]})
+        return attrs
+
+
+class CosignListView(APIView):
+    """Settlement roots waiting for this provider's co-signature, each with the Merkle proof
+    of one of its own receipt leaves (check the leaf against your own receipt before signing)."""
+
+    permission_classes = [ScopedAccess]
+    scopes = {"get": Scope.PROVIDE}
+
+    @extend_schema(responses=inline_serializer("Cosigns", {"cosigns": serializers.ListField(child=serializers.DictField())}))
+    def get(self, request: Request) -> Response:
+        provider = _provider_of(request.user)
+        rows = list(Cosign.objects.filter(provider=provider, signature="", batch__state=BatchState.COLLECTING).select_related("batch").order_by("id")[:200])
+        wanted = [(c.batch_id, int(c.request["trade"])) for c in rows]
+        items = {(i.batch_id, i.trade_id): i for i in SettleItem.objects.filter(batch_id__in={b for b, _ in wanted}, trade_id__in={t for _, t in wanted})}
+        return Response({"cosigns": [_cosign_view(c, items) for c in rows]})
+
+
+class CosignSubmitView(APIView):
+    """Answer one co-signature request: `signature` (BLS over the batch's settlement message,
+    checked against your registered key) or `refuse` with the reason. Repeating an accepted
+    signature is harmless."""
+
+    permission_classes = [ScopedAccess]
+    scopes = {"post": Scope.PROVIDE}
+
+    @extend_schema(request=CosignSubmitSerializer, responses=inline_serializer("CosignAnswer", {"id": serializers.IntegerField(), "state": serializers.CharField()}))
+    def post(self, request: Request, cosign_id: int) -> Response:
+        data = CosignSubmitSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        provider = _provider_of(request.user)
+        cosign = Cosign.objects.filter(pk=cosign_id).select_related("batch").first()
+        if cosign is None:
+            raise NotFound(f"No co-signature request {cosign_id}.")
+        if cosign.provider_id != provider.pk:
+            raise PermissionDenied(f"Co-signature request {cosign_id} is for another provider; answer only your own.")
+        reason = data.validated_data.get("refuse")
+        if reason:
+            return Response(self._refuse(cosign, provider, reason))
+        signature = data.validated_data["signature"].lower().removeprefix("0x")
+        if cosign.signature:
+            if cosign.signature != signature:
+                log.info("cosign %s: a different signature after one was accepted; keeping the first", cosign.pk)
+            return Response({"id": cosign.pk, "state": "signed"})
+        if cosign.batch.state != BatchState.COLLECTING:
+            return Response({"error": {"code": "conflict", "message": f"Settlement batch {cosign.batch_id} is {cosign.batch.state}; it takes no more signatures.", "fields": {}}}, status=409)
+        try:
+            cosign_submit(cosign_id=cosign.pk, provider=provider, signature_hex=signature)
+        except SettlementError as exc:
+            raise BadCosignature(f"{exc}: sign settlement message {cosign.batch.message} with the BLS key registered for this provider.") from exc
+        return Response({"id": cosign.pk, "state": "signed"})
+
+    @staticmethod
+    def _refuse(cosign: Cosign, provider: Provider, reason: str) -> dict[str, Any]:
+        # the batch cannot settle without this provider: the operator needs to see why
+        note = f"provider {provider.pk} ({cosign.address}) refused to co-sign: {reason}"
+        with transaction.atomic():
+            batch = SettleBatch.objects.select_for_update().get(pk=cosign.batch_id)
+            if note not in batch.error:
+                batch.error = (f"{batch.error}\n{note}" if batch.error else note)[:2000]
+                batch.save(update_fields=["error"])
+        log.warning("settle batch %s: %s", cosign.batch_id, note)
+        return {"id": cosign.pk, "state": "refused"}
+
+
+# --- buyers and providers: money --------------------------------------------------------------
+def _subject(request: Request) -> Any:
+    """The user whose data is asked for: the caller, or for an operator `?user=<id>`."""
+    wanted = request.query_params.get("user")
+    if wanted is None or not is_operator(request):
+        return request.user
+    user = User.objects.filter(pk=int(wanted) if wanted.isdigit() else -1).first()
+    if user is None:
+        raise NotFound(f"No user {wanted}.")
+    return user
+
+
+USER_PARAM = OpenApiParameter("user", int, description="Operators only: whose data")
+
+
+class EscrowView(APIView):
+    """Your escrow address (custodial or your wallet), free and locked balances, what is
+    locked per trade, and your transactions not yet final, from the journal."""
+
+    permission_classes = [ScopedAccess]
+    scopes = {"get": Scope.READ}
+
+    @extend_schema(parameters=[USER_PARAM], responses=inline_serializer("Escrow", {"address": serializers.CharField(allow_null=True), "custodial": serializers.BooleanField(), "free": serializers.IntegerField(), "locked": serializers.IntegerField(), "locks": serializers.ListField(child=serializers.DictField()), "pending": serializers.ListField(child=serializers.DictField()), "chain": serializers.DictField(allow_null=True)}))
+    def get(self, request: Request) -> Response:
+        return Response({**selectors.escrow_of(user=_subject(request)), "chain": selectors.chain_info()})
+
+
+class EarningsView(APIView):
+    """A provider's earnings: paid in total, free to withdraw, held in disputes, and stake."""
+
+    permission_classes = [ScopedAccess]
+    scopes = {"get": Scope.READ}
+
+    @extend_schema(parameters=[OpenApiParameter("provider", int, description="Operators only: which provider")], responses=inline_serializer("Earnings", {"address": serializers.CharField(allow_null=True), "paid": serializers.IntegerField(), "free": serializers.IntegerField(), "held": serializers.IntegerField(), "stake": serializers.IntegerField(), "payments": serializers.ListField(child=serializers.DictField())}))
+    def get(self, request: Request) -> Response:
+        wanted = request.query_params.get("provider")
+        if wanted is not None and is_operator(request):
+            provider = Provider.objects.filter(pk=int(wanted) if wanted.isdigit() else -1).first()
+        else:
+            provider = Provider.objects.filter(user=request.user).first()
+        if provider is None:
+            raise NotFound("No provider profile here: earnings are for providers.")
+        return Response(selectors.earnings_of(provider=provider))
+
+
+class TradeLedgerView(APIView):
+    """One trade on chain: the record transaction, batch root and trade-leaf proof; the
+    settlement transaction, completion root and the Merkle proof of its receipt leaf."""
+
+    permission_classes = [ScopedAccess]
+    scopes = {"get": Scope.READ}
+
+    @extend_schema(responses=inline_serializer("TradeLedger", {"trade": serializers.IntegerField(), "state": serializers.CharField(), "record": serializers.DictField(allow_null=True), "settlement": serializers.DictField(allow_null=True), "chain": serializers.DictField(allow_null=True)}))
+    def get(self, request: Request, trade_id: int) -> Response:
+        trade = Trade.objects.filter(pk=trade_id).first()
+        if trade is None or not selectors.trade_visible(user=request.user, trade=trade):
+            raise NotFound(f"No trade {trade_id} of yours.")
+        return Response(selectors.trade_ledger(trade=trade))
+
+
+class AmountSerializer(serializers.Serializer):
+    amount = serializers.JSONField(help_text="Token base units, a positive integer (1 USDC = 1000000)")
+
+
+class _EscrowMove(APIView):
+    permission_classes = [ScopedAccess]
+    scopes = {"post": Scope.TRADE}
+    action_name = ""
+
+    def _handle(self, request: Request) -> Response:
+        data = AmountSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        key = f"api:{request.user.pk}:{request.META.get(HEADER) or uuid.uuid4().hex}"
+        try:
+            body = escrow_request(user=request.user, action=self.action_name, amount=data.validated_data["amount"], key=key)
+        except ChainUnavailable as exc:
+            raise ChainUnavailableError(str(exc)) from exc
+        # without an Idempotency-Key there is no surrounding transaction: the send already ran
+        body["transactions"] = escrow_transactions(keys=body["transactions"])
+        return Response(body, status=status.HTTP_202_ACCEPTED)
+
+
+MOVE_RESPONSE = inline_serializer("EscrowMove", {"action": serializers.CharField(), "amount": serializers.IntegerField(), "address": serializers.CharField(), "state": serializers.CharField(), "transactions": serializers.ListField(child=serializers.DictField())})
+
+
+class DepositView(_EscrowMove):
+    """Deposit tokens held by your custodial address into escrow (approve + deposit).
+    Send an Idempotency-Key: a retry with it sends nothing twice."""
+
+    action_name = "deposit"
+
+    @extend_schema(request=AmountSerializer, responses={202: MOVE_RESPONSE})
+    @idempotent
+    def post(self, request: Request) -> Response:
+        return self._handle(request)
+
+
+class WithdrawView(_EscrowMove):
+    """Withdraw free escrow back to your custodial address. At most your free balance."""
+
+    action_name = "withdraw"
+
+    @extend_schema(request=AmountSerializer, responses={202: MOVE_RESPONSE})
+    @idempotent
+    def post(self, request: Request) -> Response:
+        return self._handle(request)

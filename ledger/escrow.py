@@ -1,0 +1,105 @@
+"""Deposits and withdrawals asked for by custodial users (REST and the wallet page).
+
+The request is checked here (positive integer base units, at most what the user
+has) and the transactions are sent after the surrounding database transaction
+commits: the outbox must store its signed bytes in a committed row before it
+broadcasts them, and the Idempotency-Key decorator holds a transaction open
+around the view. Each request has one key, so a repeat sends nothing new.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import requests
+from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
+
+from ledger.chain import ChainError
+from ledger.context import ChainContext, chain_context
+from ledger.custody import custodial_key_get_or_create, custodial_signer
+from ledger.journal import account_balances
+from ledger.models import ChainTx, CustodialKey
+from ledger.outbox import tx_submit
+from market.errors import Conflict, DomainError
+from market.models import User
+
+log = logging.getLogger("gridbid.ledger.escrow")
+
+ACTIONS = ("deposit", "withdraw")
+UNREACHABLE = (ChainError, ConnectionError, TimeoutError, requests.RequestException, ImproperlyConfigured)
+
+
+class ChainUnavailable(Exception):
+    """There is no chain to send to: none configured, or its node does not answer."""
+
+
+def chain_for_writes() -> ChainContext:
+    try:
+        ctx = chain_context()
+    except UNREACHABLE as exc:
+        raise ChainUnavailable(f"The chain node does not answer ({exc}); balances are read-only until it does.") from exc
+    if ctx is None:
+        raise ChainUnavailable("No chain is configured on this server: balances are read-only, deposits and withdrawals are off.")
+    return ctx
+
+
+def _amount(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str) or not str(value).isdigit():
+        raise DomainError("Invalid input. amount: a positive whole number of token base units.", fields={"amount": ["A positive whole number of token base units (1 USDC = 1000000)."]})
+    amount = int(value)
+    if amount <= 0 or amount >= 2**255:
+        raise DomainError("Invalid input. amount: must be more than 0.", fields={"amount": ["Must be more than 0."]})
+    return amount
+
+
+def escrow_request(*, user: User, action: str, amount: Any, key: str) -> dict[str, Any]:
+    """Check a deposit or withdrawal of `amount` from the user's custodial key and send it
+    once the current database transaction commits. `key` names the request (one per
+    Idempotency-Key): the same key never sends a second transaction."""
+    if action not in ACTIONS:
+        raise ValueError(action)
+    value = _amount(amount)
+    if user.chain_address and not CustodialKey.objects.filter(user=user).exists():
+        raise Conflict(f"Your escrow belongs to your own wallet ({user.chain_address}): {action} from the wallet, not through the server.")
+    if action == "withdraw":
+        existing = CustodialKey.objects.filter(user=user).first()
+        free = account_balances(prefix_filter=existing.address).get(f"free:{existing.address}", 0) if existing else 0
+        if value > free:
+            raise DomainError(f"Invalid input. amount: more than your free balance ({free}).", fields={"amount": [f"More than your free balance ({free})."]})
+    ctx = chain_for_writes()
+    address = custodial_key_get_or_create(user=user).address
+    if action == "deposit":
+        try:
+            held = int(ctx.client.view(ctx.token, "balanceOf", address))
+        except UNREACHABLE as exc:
+            raise ChainUnavailable(f"The chain node does not answer ({exc}).") from exc
+        if value > held:
+            raise DomainError(f"Invalid input. amount: more than the {held} tokens your custodial address {address} holds.",
+                              fields={"amount": [f"More than the tokens at your custodial address ({held})."]})
+    keys = [f"approve:{key}", f"deposit:{key}"] if action == "deposit" else [f"withdraw:{key}"]
+    transaction.on_commit(lambda: _send(user_id=user.pk, action=action, amount=value, key=key))
+    return {"action": action, "amount": value, "address": address, "state": "accepted", "transactions": keys}
+
+
+def _send(*, user_id: int, action: str, amount: int, key: str) -> None:
+    """Send the transactions of one request (after commit; failures are logged, the request
+    shows no transaction then and can be made again with a new key)."""
+    try:
+        ctx = chain_for_writes()
+        user = User.objects.get(pk=user_id)
+        if action == "deposit":
+            from ledger.services import escrow_deposit
+
+            escrow_deposit(ctx=ctx, user=user, amount=amount, key=key)
+        else:
+            signer = custodial_signer(CustodialKey.objects.get(user=user))
+            tx_submit(client=ctx.client, signer=signer, key=f"withdraw:{key}", purpose="withdraw", call=ctx.market.functions.withdraw(amount))
+    except (*UNREACHABLE, ChainUnavailable) as exc:
+        log.warning("%s of %s for user %s (%s) not sent: %s", action, amount, user_id, key, exc)
+
+
+def escrow_transactions(*, keys: list[str]) -> list[dict[str, Any]]:
+    found = {r.key: r for r in ChainTx.objects.filter(key__in=keys)}
+    return [{"key": k, "tx_hash": found[k].tx_hash if k in found else None, "state": found[k].state if k in found else "not sent"} for k in keys]

@@ -1,0 +1,135 @@
+"""Reads of the ledger for the money API and the wallet and trade pages.
+
+Everything here comes from the database: the journal (confirmed chain events only),
+the batches and the stored transactions. Nothing calls the chain, so these answer
+even when no node is reachable.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from django.db.models import Q, Sum
+
+from contracts.merkle import MerkleTree, receipt_leaf, verify_proof
+from ledger.context import deployment_current
+from ledger.journal import account_balances
+from ledger.models import (
+    BatchState,
+    ChainTx,
+    ChainTxState,
+    Cosign,
+    CustodialKey,
+    JournalEntry,
+    RecordItem,
+    SettleItem,
+)
+from market.models import Trade, User
+from providers.models import Provider
+
+
+def _hex(b: bytes) -> str:
+    return "0x" + b.hex()
+
+
+def chain_info() -> dict[str, Any] | None:
+    """The deployment in use, or None when there is no chain to settle on."""
+    d = deployment_current()
+    if d is None:
+        return None
+    return {"chain_id": d.chain_id, "market": d.market_address, "token": d.token_address}
+
+
+def _tx(row: ChainTx | None) -> dict[str, Any] | None:
+    if row is None:
+        return None
+    return {"tx_hash": row.tx_hash, "state": row.state, "block": row.block_number, "block_hash": row.block_hash or None}
+
+
+# --- escrow ------------------------------------------------------------------------------------
+def escrow_of(*, user: User | None = None, address: str | None = None) -> dict[str, Any]:
+    """An account's escrow as the journal has it: free and locked balances, the locks per
+    trade (what is still locked for each), and transactions of its key not yet final."""
+    custodial = None
+    if user is not None:
+        custodial = CustodialKey.objects.filter(user=user).first()
+        address = custodial.address if custodial is not None else (user.chain_address or None)
+    out: dict[str, Any] = {"address": address, "custodial": custodial is not None, "free": 0, "locked": 0, "locks": [], "pending": []}
+    if not address:
+        return out
+    balances = account_balances(prefix_filter=address)
+    out["free"] = balances.get(f"free:{address}", 0)
+    out["locked"] = balances.get(f"locked:{address}", 0)
+    per_trade: dict[int, int] = defaultdict(int)
+    account = f"locked:{address}"
+    entries = JournalEntry.objects.filter(Q(debit__iexact=account) | Q(credit__iexact=account), trade_id__isnull=False)
+    for e in entries.values("trade_id", "debit", "amount"):
+        per_trade[e["trade_id"]] += e["amount"] if e["debit"].lower() == account.lower() else -e["amount"]
+    items = {i.trade_id: i for i in RecordItem.objects.filter(trade_id__in=list(per_trade)).select_related("batch")}
+    for trade_id in sorted(t for t, amount in per_trade.items() if amount):
+        item = items.get(trade_id)
+        out["locks"].append({"trade": trade_id, "amount": per_trade[trade_id], "deadline": item.deadline if item else None,
+                             "batch": item.batch.number if item else None})
+    open_states = (ChainTxState.SIGNED, ChainTxState.SENT, ChainTxState.MINED)
+    for row in ChainTx.objects.filter(sender__iexact=address, state__in=open_states).order_by("id"):
+        out["pending"].append({"purpose": row.purpose, "tx_hash": row.tx_hash, "state": row.state})
+    return out
+
+
+def earnings_of(*, provider: Provider) -> dict[str, Any]:
+    """A provider's money as the journal has it: paid in total, free to withdraw, held in
+    disputes over its trades, and stake."""
+    address = provider.chain_address or None
+    out: dict[str, Any] = {"provider": provider.pk, "address": address, "paid": 0, "free": 0, "held": 0, "stake": 0, "payments": []}
+    if not address:
+        return out
+    balances = account_balances(prefix_filter=address)
+    out["free"] = balances.get(f"free:{address}", 0)
+    out["stake"] = balances.get(f"stake:{address}", 0)
+    pays = JournalEntry.objects.filter(kind__in=["pay", "release"], debit__iexact=f"free:{address}")
+    out["paid"] = int(pays.aggregate(total=Sum("amount"))["total"] or 0)
+    out["payments"] = [{"trade": e.trade_id, "amount": e.amount, "kind": e.kind, "tx_hash": e.tx_hash, "block": e.block_number}
+                       for e in pays.order_by("-seq")[:100]]
+    held = JournalEntry.objects.filter(trade_id__in=Trade.objects.filter(provider=provider).values("pk"))
+    into = held.filter(debit__startswith="held:").aggregate(total=Sum("amount"))["total"] or 0
+    out_of = held.filter(credit__startswith="held:").aggregate(total=Sum("amount"))["total"] or 0
+    out["held"] = int(into) - int(out_of)
+    return out
+
+
+# --- one trade ---------------------------------------------------------------------------------
+def trade_ledger(*, trade: Trade) -> dict[str, Any]:
+    """Where a trade stands on chain: its record transaction and batch root (with the proof
+    of its trade leaf), and its settlement transaction and the Merkle proof of its receipt
+    leaf in the completion root, with the inputs to recompute that leaf."""
+    out: dict[str, Any] = {"trade": trade.pk, "state": trade.state, "chain": chain_info(), "record": None, "settlement": None}
+    item = RecordItem.objects.filter(trade=trade).select_related("batch__chain_tx").first()
+    if item is not None:
+        leaves = [bytes.fromhex(x[2:]) for x in item.batch.items.order_by("position").values_list("leaf", flat=True)]
+        tree = MerkleTree(leaves)
+        out["record"] = {
+            "batch": item.batch.number, "state": item.batch.state, "root": item.batch.root, "tx": _tx(item.batch.chain_tx),
+            "position": item.position, "leaf": item.leaf, "proof": [_hex(p) for p in tree.proof(item.position)], "lock": item.lock,
+        }
+    settle = SettleItem.objects.filter(trade=trade).select_related("batch__chain_tx").first()
+    if settle is not None and settle.batch.state != BatchState.FAILED:
+        rows = list(settle.batch.items.order_by("index").values_list("trade_id", "gpu_seconds", "digest"))
+        tree = MerkleTree([receipt_leaf(t, gs, bytes.fromhex(d[2:])) for t, gs, d in rows])
+        leaf = receipt_leaf(trade.pk, settle.gpu_seconds, bytes.fromhex(settle.digest[2:]))
+        proof = tree.proof(settle.index)
+        signed = Cosign.objects.filter(batch=settle.batch).exclude(signature="").count()
+        out["settlement"] = {
+            "state": settle.batch.state, "root": settle.batch.root, "message": settle.batch.message, "tx": _tx(settle.batch.chain_tx),
+            "index": settle.index, "gpu_seconds": settle.gpu_seconds, "digest": settle.digest, "leaf": _hex(leaf),
+            "proof": [_hex(p) for p in proof], "paid": settle.paid, "refund": settle.refund,
+            "verified": verify_proof(leaf, proof, bytes.fromhex(settle.batch.root[2:]), settle.index),
+            "cosigned": signed, "cosigners": settle.batch.cosigns.count(),
+        }
+    return out
+
+
+def trade_visible(*, user: User, trade: Trade) -> bool:
+    if user.is_operator:
+        return True
+    return trade.buyer_id == user.pk or Provider.objects.filter(pk=trade.provider_id, user=user).exists()

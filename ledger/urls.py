@@ -1,0 +1,13 @@
+"""Buyer and provider money endpoints, mounted at /api/v1/ledger/."""
+
+from django.urls import path
+
+from ledger import api
+
+urlpatterns = [
+    path("escrow/", api.EscrowView.as_view(), name="ledger-escrow"),
+    path("earnings/", api.EarningsView.as_view(), name="ledger-earnings"),
+    path("trades/<int:trade_id>/", api.TradeLedgerView.as_view(), name="ledger-trade"),
+    path("deposit/", api.DepositView.as_view(), name="ledger-deposit"),
+    path("withdraw/", api.WithdrawView.as_view(), name="ledger-withdraw"),
+]
