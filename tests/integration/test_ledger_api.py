@@ -1,0 +1,294 @@
+# ruff: noqa: F811 - fixtures imported from the agent-API and chain suites are used by name
+"""The ledger's REST API: co-signature transport between the market and real agents, and
+the buyer's and provider's money endpoints (escrow, earnings, one trade's proofs,
+deposits and withdrawals), with and without a chain.
+
+Batches are built by the real services (`settle_collect` needs no node: it only reads
+the deployment's chain id and market address), so no anvil is needed except for the
+last tests, which deposit and withdraw on a real one.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+import pytest
+
+from tests.integration.test_agent_api import DjangoTransport, agent_for, drive, make_job  # noqa: F401 - fixtures
+
+pytestmark = pytest.mark.django_db
+
+MARKET = "0x5FbDB2315678afecb367f053371D33aA2a4B0c5A"
+TOKEN = "0xe7f1725E7734CE288F8367e1Bb143E90bb3F0512"
+
+
+@pytest.fixture
+def deployment(db: Any) -> Any:
+    from ledger.context import chain_context_reset
+    from ledger.models import Deployment
+
+    chain_context_reset()
+    d = Deployment.objects.create(chain_id=31337, rpc_url="", market_address=MARKET, token_address=TOKEN, deployed_block=1)
+    yield d
+    chain_context_reset()
+
+
+def _record(trades: list[Any], deployment: Any, number: int = 1) -> Any:
+    """What the listener leaves after TradesRecorded: a confirmed batch holding the trades."""
+    from contracts.merkle import merkle_root, trade_leaf
+    from ledger.custody import custodial_key_get_or_create
+    from ledger.models import RecordBatch, RecordItem
+
+    batch = RecordBatch.objects.create(deployment=deployment, state="confirmed", number=number, root="0x")
+    leaves = []
+    for pos, t in enumerate(trades):
+        buyer = custodial_key_get_or_create(user=t.buyer).address
+        deadline = 2_000_000_000
+        leaf = trade_leaf(t.pk, buyer, t.provider.chain_address, t.price, t.gpus, t.duration_s, deadline)
+        leaves.append(leaf)
+        RecordItem.objects.create(batch=batch, trade=t, position=pos, order_id=t.bid_id, buyer=buyer, provider=t.provider.chain_address,
+                                  price=t.price, gpus=t.gpus, duration=t.duration_s, deadline=deadline, leaf="0x" + leaf.hex())
+        type(t).objects.filter(pk=t.pk).update(state="recorded")
+    batch.root = "0x" + merkle_root(leaves).hex()
+    batch.save()
+    return batch
+
+
+def _collect(deployment: Any) -> Any:
+    from ledger.services import settle_collect
+
+    return settle_collect(ctx=types.SimpleNamespace(deployment=deployment, chain_id=deployment.chain_id))  # type: ignore[arg-type]
+
+
+def _run_job(provider_user: Any, make_job: Any, agent_for: Any) -> tuple[Any, Any]:
+    """A real agent runs a real job; the market holds its verified receipt."""
+    spec = {"command": [sys.executable, "-c", "open('outputs/r.txt', 'w').write('ok')"], "output_dir": "outputs"}
+    job = make_job(provider_user, job_spec=spec)
+    agent = agent_for(provider_user, job.trade.offer.machine)
+    agent.connect()
+
+    def receipted() -> bool:
+        job.refresh_from_db()
+        return "receipt" in job.checkpoint
+
+    drive(agent, receipted)
+    provider_user.provider.refresh_from_db()
+    return agent, job
+
+
+# --- co-signatures ------------------------------------------------------------------------------
+def test_the_agent_cosigns_a_root_that_holds_its_own_receipt(provider_user, make_job, agent_for, deployment, client_for):
+    from ledger.models import Cosign
+
+    agent, job = _run_job(provider_user, make_job, agent_for)
+    _record([job.trade], deployment)
+    batch = _collect(deployment)
+    assert batch is not None
+    listed = client_for(provider_user, ["read", "provide"]).get("/api/v1/agent/cosigns/").json()["cosigns"]
+    (req,) = listed
+    assert req["trade"] == job.trade_id and req["root"] == batch.root and req["market"] == MARKET and req["chain_id"] == 31337
+    assert req["receipt"]["gpu_seconds"] == job.checkpoint["receipt"]["body"]["gpu_seconds"]
+
+    agent.next_poll = 0
+    agent.tick()
+    cosign = Cosign.objects.get(batch=batch)
+    assert cosign.signature and cosign.signed_at, "the agent's signature was verified and kept"
+    assert client_for(provider_user, ["read", "provide"]).get("/api/v1/agent/cosigns/").json()["cosigns"] == []
+
+
+def test_the_agent_refuses_a_root_whose_leaf_for_its_trade_is_not_its_receipt_and_says_why(provider_user, make_job, agent_for, deployment):
+    from ledger.models import Cosign, SettleBatch
+    from market.models import Job
+
+    agent, job = _run_job(provider_user, make_job, agent_for)
+    checkpoint = dict(job.checkpoint)
+    receipt = dict(checkpoint["receipt"])
+    receipt["body"] = {**receipt["body"], "gpu_seconds": receipt["body"]["gpu_seconds"] + 3600}  # the market claims more time
+    Job.objects.filter(pk=job.pk).update(checkpoint={**checkpoint, "receipt": receipt})
+    _record([job.trade], deployment)
+    batch = _collect(deployment)
+
+    done = agent.cosigns_poll()
+    assert list(done.values()) == ["refused"]
+    assert Cosign.objects.get(batch=batch).signature == ""
+    error = SettleBatch.objects.get(pk=batch.pk).error
+    assert "differs from our receipt" in error and str(job.trade_id) in error
+    assert agent.cosigns_poll() == {}, "a refused request is not answered again in the same run"
+
+
+def test_a_cosignature_is_checked_owned_and_idempotent(provider_user, other_provider_user, make_job, agent_for, deployment, client_for):
+    from contracts import bls
+    from ledger.models import Cosign
+
+    agent, job = _run_job(provider_user, make_job, agent_for)
+    _record([job.trade], deployment)
+    batch = _collect(deployment)
+    cosign = Cosign.objects.get(batch=batch)
+    mine = client_for(provider_user, ["read", "provide"])
+    url = f"/api/v1/agent/cosigns/{cosign.pk}/"
+
+    wrong = bls.sign(bls.keygen(b"\x05" * 32), bytes.fromhex(batch.message[2:])).hex()
+    r = mine.post(url, {"signature": wrong}, format="json")
+    assert r.status_code == 400 and r.json()["error"]["code"] == "bad_signature"
+    assert "does not verify" in r.json()["error"]["message"]
+    assert mine.post(url, {"signature": "zz"}, format="json").json()["error"]["fields"]["signature"]
+
+    rival = client_for(other_provider_user, ["read", "provide"])
+    r = rival.post(url, {"signature": wrong}, format="json")
+    assert r.status_code == 403 and "another provider" in r.json()["error"]["message"]
+    assert rival.get("/api/v1/agent/cosigns/").json()["cosigns"] == []
+    assert client_for(provider_user, ["read"]).get("/api/v1/agent/cosigns/").status_code == 403
+    assert mine.post("/api/v1/agent/cosigns/999999/", {"signature": wrong}, format="json").status_code == 404
+
+    good = agent.cosign_request(cosign.request)
+    for _ in range(2):  # a repeat is answered the same way
+        r = mine.post(url, {"signature": good}, format="json")
+        assert r.status_code == 200 and r.json() == {"id": cosign.pk, "state": "signed"}
+    cosign.refresh_from_db()
+    assert cosign.signature == good
+
+
+# --- money: journal-backed reads ----------------------------------------------------------------
+def _journal(*legs: Any, tx: str = "0x" + "aa" * 32, block: int = 10) -> None:
+    from ledger.journal import journal_append
+
+    journal_append(legs=list(legs), tx_hash=tx, log_index=0, block_number=block, block_hash="0x" + "bb" * 32)
+
+
+def test_escrow_shows_free_locked_and_the_locks_per_trade_from_the_journal(buyer, stranger, operator, provider_user, make_job, deployment, client_for):
+    from ledger.custody import custodial_key_get_or_create
+    from ledger.journal import Leg
+
+    job = make_job(provider_user)
+    address = custodial_key_get_or_create(user=buyer).address
+    _journal(Leg("deposit", f"free:{address}", f"wallet:{address}", 100), tx="0x" + "01" * 32)
+    _journal(Leg("lock", f"locked:{address}", f"free:{address}", 30, job.trade_id), tx="0x" + "02" * 32)
+    body = client_for(buyer).get("/api/v1/ledger/escrow/").json()
+    assert (body["address"], body["custodial"], body["free"], body["locked"]) == (address, True, 70, 30)
+    assert body["locks"] == [{"trade": job.trade_id, "amount": 30, "deadline": None, "batch": None}]
+    assert body["chain"] == {"chain_id": 31337, "market": MARKET, "token": TOKEN}
+
+    assert client_for(stranger).get("/api/v1/ledger/escrow/").json()["free"] == 0
+    assert client_for(stranger).get(f"/api/v1/ledger/escrow/?user={buyer.pk}").json()["free"] == 0, "only operators look at others"
+    assert client_for(operator).get(f"/api/v1/ledger/escrow/?user={buyer.pk}").json()["free"] == 70
+
+
+def test_earnings_are_for_providers_and_count_pay_held_and_stake(buyer, provider_user, make_job, client_for):
+    from ledger.journal import Leg
+
+    job = make_job(provider_user)
+    p = provider_user.provider
+    p.chain_address = "0x70997970C51812dc3A010C7d01b50e0d17dc79C8"
+    p.save()
+    a = p.chain_address
+    _journal(Leg("stake", f"stake:{a}", f"wallet:{a}", 500), tx="0x" + "03" * 32)
+    _journal(Leg("pay", f"free:{a}", "locked:0xbuyer", 40, job.trade_id), tx="0x" + "04" * 32)
+    _journal(Leg("hold", f"held:{job.trade_id}", f"free:{a}", 15, job.trade_id), tx="0x" + "05" * 32)
+    body = client_for(provider_user).get("/api/v1/ledger/earnings/").json()
+    assert (body["paid"], body["free"], body["held"], body["stake"]) == (40, 25, 15, 500)
+    assert body["payments"][0]["trade"] == job.trade_id
+    r = client_for(buyer).get("/api/v1/ledger/earnings/")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+
+
+def test_a_trade_shows_its_transactions_root_and_a_receipt_proof_that_folds_to_the_root(provider_user, stranger, operator, make_job, agent_for, deployment, client_for):
+    from contracts.merkle import receipt_leaf, verify_proof
+    from ledger.models import ChainTx, RecordBatch
+
+    agent, job = _run_job(provider_user, make_job, agent_for)
+    record = _record([job.trade], deployment)
+    tx = ChainTx.objects.create(purpose="record", key="record:x", chain_id=31337, sender="0x1", nonce=1, tx_hash="0x" + "cd" * 32,
+                                raw="0x", state="confirmed", block_number=42)
+    RecordBatch.objects.filter(pk=record.pk).update(chain_tx=tx)
+    batch = _collect(deployment)
+
+    url = f"/api/v1/ledger/trades/{job.trade_id}/"
+    body = client_for(job.trade.buyer).get(url).json()
+    assert body["record"]["tx"] == {"tx_hash": tx.tx_hash, "state": "confirmed", "block": 42, "block_hash": None}
+    assert body["record"]["root"] == record.root
+    s = body["settlement"]
+    assert s["root"] == batch.root and s["tx"] is None and s["verified"]
+    leaf = receipt_leaf(job.trade_id, s["gpu_seconds"], bytes.fromhex(s["digest"][2:]))
+    assert "0x" + leaf.hex() == s["leaf"]
+    assert verify_proof(leaf, [bytes.fromhex(p[2:]) for p in s["proof"]], bytes.fromhex(s["root"][2:]), s["index"])
+    assert client_for(provider_user).get(url).status_code == 200
+    assert client_for(operator).get(url).status_code == 200
+    r = client_for(stranger).get(url)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+
+
+# --- money: deposits and withdrawals -----------------------------------------------------------
+def test_without_a_chain_deposits_and_withdrawals_say_so_and_reads_still_work(buyer, client_for):
+    c = client_for(buyer)
+    for path in ("deposit", "withdraw"):
+        r = c.post(f"/api/v1/ledger/{path}/", {"amount": 0 if path == "withdraw" else 5}, format="json")
+        if path == "withdraw":
+            assert r.status_code == 400  # validated before anything else
+            continue
+        assert r.status_code == 503
+        assert r.json()["error"]["code"] == "chain_unavailable" and "read-only" in r.json()["error"]["message"]
+    body = c.get("/api/v1/ledger/escrow/").json()
+    assert body["chain"] is None and body["free"] == 0
+
+
+@pytest.mark.parametrize("amount", [-1, 0, "ten", 1.5, True, None, "1e6"])
+def test_amounts_must_be_positive_whole_base_units(buyer, client_for, amount):
+    r = client_for(buyer).post("/api/v1/ledger/deposit/", {"amount": amount}, format="json")
+    assert r.status_code == 400 and "amount" in r.json()["error"]["fields"]
+
+
+def test_withdrawing_more_than_the_free_balance_is_refused(buyer, client_for):
+    r = client_for(buyer).post("/api/v1/ledger/withdraw/", {"amount": 1}, format="json")
+    assert r.status_code == 400 and "free balance (0)" in r.json()["error"]["message"]
+
+
+def test_a_wallet_user_is_told_to_use_the_wallet(buyer, client_for):
+    buyer.chain_address = "0x70997970C51812dc3A010C7d01b50e0d17dc79C8"
+    buyer.save()
+    r = client_for(buyer).post("/api/v1/ledger/deposit/", {"amount": 1}, format="json")
+    assert r.status_code == 409 and "own wallet" in r.json()["error"]["message"]
+
+
+# --- on a real chain ---------------------------------------------------------------------------
+from tests.integration.test_ledger_chain import TOKENS, _mint, anvil, ctx  # noqa: E402,F401 - fixtures
+
+
+@pytest.mark.anvil
+def test_a_custodial_deposit_and_withdrawal_reach_the_chain_once_each(ctx, buyer, client_for, django_capture_on_commit_callbacks):
+    from ledger.custody import custodial_key_get_or_create
+    from ledger.listener import events_sync
+    from ledger.models import ChainTx
+
+    address = custodial_key_get_or_create(user=buyer).address
+    ctx.client.rpc("anvil_setBalance", [address, hex(10**20)])
+    _mint(ctx, address, 50 * TOKENS)
+    c = client_for(buyer)
+
+    r = c.post("/api/v1/ledger/deposit/", {"amount": 60 * TOKENS}, format="json")
+    assert r.status_code == 400 and "custodial address" in r.json()["error"]["message"]
+
+    headers = {"HTTP_IDEMPOTENCY_KEY": "dep-1"}
+    with django_capture_on_commit_callbacks(execute=True):
+        first = c.post("/api/v1/ledger/deposit/", {"amount": 20 * TOKENS}, format="json", **headers)
+    assert first.status_code == 202, first.content
+    with django_capture_on_commit_callbacks(execute=True):
+        again = c.post("/api/v1/ledger/deposit/", {"amount": 20 * TOKENS}, format="json", **headers)
+    assert again.status_code == 202 and again.json() == first.json() and again["Idempotent-Replayed"] == "true"
+    deposit = ChainTx.objects.get(purpose="deposit")
+    assert ctx.client.wait(deposit.tx_hash).succeeded
+    events_sync(ctx=ctx, confirmations=0)
+    assert c.get("/api/v1/ledger/escrow/").json()["free"] == 20 * TOKENS
+
+    r = c.post("/api/v1/ledger/withdraw/", {"amount": 21 * TOKENS}, format="json")
+    assert r.status_code == 400 and "free balance" in r.json()["error"]["message"]
+    with django_capture_on_commit_callbacks(execute=True):
+        r = c.post("/api/v1/ledger/withdraw/", {"amount": 5 * TOKENS}, format="json")
+    r = c.get("/api/v1/ledger/escrow/")
+    (withdraw,) = [p for p in r.json()["pending"] if p["purpose"] == "withdraw"]
+    assert ctx.client.wait(withdraw["tx_hash"]).succeeded
+    events_sync(ctx=ctx, confirmations=0)
+    assert c.get("/api/v1/ledger/escrow/").json()["free"] == 15 * TOKENS
+    assert ctx.client.view(ctx.token, "balanceOf", address) == 35 * TOKENS
+    assert ChainTx.objects.filter(purpose="deposit").count() == 1
