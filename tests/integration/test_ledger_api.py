@@ -292,3 +292,71 @@ def test_a_custodial_deposit_and_withdrawal_reach_the_chain_once_each(ctx, buyer
     assert c.get("/api/v1/ledger/escrow/").json()["free"] == 15 * TOKENS
     assert ctx.client.view(ctx.token, "balanceOf", address) == 35 * TOKENS
     assert ChainTx.objects.filter(purpose="deposit").count() == 1
+
+
+# --- pages ------------------------------------------------------------------------------------
+@pytest.fixture
+def browser_for(client):  # type: ignore[no-untyped-def]
+    def login(user: Any) -> Any:
+        client.force_login(user)
+        return client
+
+    return login
+
+
+def test_the_wallet_page_shows_escrow_locks_and_custodial_forms(buyer, provider_user, make_job, deployment, browser_for):
+    import html
+
+    from ledger.custody import custodial_key_get_or_create
+    from ledger.journal import Leg
+
+    job = make_job(provider_user)
+    address = custodial_key_get_or_create(user=buyer).address
+    _journal(Leg("deposit", f"free:{address}", f"wallet:{address}", 12_500_000), tx="0x" + "06" * 32)
+    _journal(Leg("lock", f"locked:{address}", f"free:{address}", 2_500_000, job.trade_id), tx="0x" + "07" * 32)
+    page = html.unescape(browser_for(buyer).get("/wallet/").content.decode())
+    assert 'id="escrow-free">10.00<' in page and 'id="escrow-locked">2.50<' in page and address in page
+    assert f'href="/trades/{job.trade_id}/"' in page, "each lock links to its trade"
+    assert 'id="deposit-form"' in page and 'id="withdraw-form"' in page and "Custodial" in page
+    assert 'id="browser-wallet"' in page and "ledger/wallet.js" in page
+    assert 'href="/wallet/"' in page and 'aria-current="page">Wallet' in page, "linked from the nav"
+
+
+def test_the_wallet_page_without_a_chain_is_read_only_and_says_so(buyer, browser_for):
+    c = browser_for(buyer)
+    page = c.get("/wallet/").content.decode()
+    assert 'id="chain-unavailable"' in page and 'id="deposit-form"' not in page
+    r = c.post("/wallet/", {"action": "deposit", "amount": "5", "nonce": "n1"}, follow=True)
+    assert "No chain is configured" in r.content.decode()
+    r = c.post("/wallet/", {"action": "withdraw", "amount": "-3", "nonce": "n2"}, follow=True)
+    assert "positive whole number" in r.content.decode()
+
+
+def test_the_wallet_needs_a_login(client):
+    r = client.get("/wallet/")
+    assert r.status_code == 302 and "/login/" in r["Location"]
+
+
+def test_the_trade_page_embeds_the_proof_the_browser_checks(provider_user, stranger, make_job, agent_for, deployment, browser_for):
+    import json
+    import re
+
+    from contracts.merkle import receipt_leaf, verify_proof
+
+    agent, job = _run_job(provider_user, make_job, agent_for)
+    _record([job.trade], deployment)
+    batch = _collect(deployment)
+    page = browser_for(job.trade.buyer).get(f"/trades/{job.trade_id}/").content.decode()
+    data = json.loads(re.search(r'<script id="proof-data" type="application/json">(.*?)</script>', page, re.S).group(1))
+    leaf = receipt_leaf(data["trade"], data["gpu_seconds"], bytes.fromhex(data["digest"][2:]))
+    assert data["trade"] == job.trade_id and data["root"] == batch.root and "0x" + leaf.hex() == data["leaf"]
+    assert verify_proof(leaf, [bytes.fromhex(p[2:]) for p in data["proof"]], bytes.fromhex(batch.root[2:]), data["index"])
+    assert "ledger/keccak.js" in page and "ledger/proof.js" in page and 'id="proof-status"' in page
+    assert "waiting for co-signatures (0 of 1)" in page
+    assert browser_for(stranger).get(f"/trades/{job.trade_id}/").status_code == 404
+
+
+def test_the_trade_page_of_an_unrecorded_trade_says_what_it_waits_for(provider_user, make_job, browser_for):
+    job = make_job(provider_user, trade_state="pending")
+    page = browser_for(job.trade.buyer).get(f"/trades/{job.trade_id}/").content.decode()
+    assert "Not recorded yet" in page and "Not in a settlement batch yet" in page and "proof-data" not in page
