@@ -304,25 +304,31 @@ class Solver:
             self._try(int(pb[i]), int(po[i]), int(ps[i]))
         self.greedy([b for b in bids if b not in self.assigned])
 
-    def refill(self, bids: list[int], kmax: int) -> None:
+    def refill(self, bids: list[int], kmax: int, passes: int = 4) -> None:
         """Give bids whose lists ran dry fresh lists over what is still free.
 
         One vectorised candidate search for all of them at once, then the
         greedy again in the same order; replaces per-bid scans of the views.
+        In a thick market many bids share the same cheapest offers, so this
+        repeats while a pass still places bids (at most ``passes`` times).
         """
-        waiting = [b for b in bids if b not in self.assigned and self.cand.truncated[b]]
-        if not waiting:
-            return
-        only = np.zeros(len(self.mkt.bids), dtype=np.bool_)
-        only[waiting] = True
-        free = np.asarray(self.state.free, dtype=np.int64)
-        views = self.cand.views if isinstance(self.cand.views, BidViews) else None
-        fresh = top_candidates(self.mkt, kmax, only=only, cap=free, views=views)
-        for b in waiting:
-            self.cand.offers[b] = fresh.offers[b]
-            self.cand.scores[b] = fresh.scores[b]
-            self.cand.truncated[b] = fresh.truncated[b]
-        self.greedy(waiting)
+        for _ in range(passes):
+            waiting = [b for b in bids if b not in self.assigned and self.cand.truncated[b]]
+            if not waiting:
+                return
+            only = np.zeros(len(self.mkt.bids), dtype=np.bool_)
+            only[waiting] = True
+            free = np.asarray(self.state.free, dtype=np.int64)
+            views = self.cand.views if isinstance(self.cand.views, BidViews) else None
+            fresh = top_candidates(self.mkt, kmax, only=only, cap=free, views=views)
+            for b in waiting:
+                self.cand.offers[b] = fresh.offers[b]
+                self.cand.scores[b] = fresh.scores[b]
+                self.cand.truncated[b] = fresh.truncated[b]
+            before = len(self.assigned)
+            self.greedy(waiting)
+            if len(self.assigned) == before:
+                return
 
     def _try(self, b: int, o: int, s: int) -> None:
         g = int(self.mkt.b_gpus[b])
