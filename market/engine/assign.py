@@ -2,8 +2,13 @@
 
 The problem is a multiple-knapsack with assignment restrictions (each bid is
 an item of ``gpus`` size that fits only its feasible machines, taken whole or
-not at all), NP-hard in general, so the engine combines three parts:
+not at all), NP-hard in general, so the engine combines these parts, class
+by class in priority order:
 
+0. The class's LP relaxation on what is free (``bound.py``, with column
+   generation over the pruned pairs), which also proves the class's bound;
+   its integral part stands, a small MILP settles the fractional rest, and
+   the greedy below places what is left. Huge classes skip the LP.
 1. A greedy pass in priority order: class (reserved, on-demand, spot), then
    the bid's best score per GPU (surplus per unit of the scarce resource),
    then the documented tie-breaks - higher max price, older bid, lower id.
@@ -16,8 +21,6 @@ not at all), NP-hard in general, so the engine combines three parts:
    (bids in priority order, best option first, bounded by the sum of each
    remaining bid's best score), seeded with the greedy solution so it only
    replaces it with a strictly better one: tie-breaks survive.
-
-The LP relaxation (``bound.py``) certifies the gap when asked.
 """
 
 from __future__ import annotations

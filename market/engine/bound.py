@@ -1,13 +1,15 @@
-"""An upper bound on the best total surplus: the LP relaxation, by HiGHS.
+"""Per-class upper bounds on surplus: the LP relaxation, by HiGHS.
 
-Relax "whole or nothing" to a fraction ``x`` of each (bid, offer) pair:
-maximise sum(score * x) subject to each bid's fractions summing to at most 1
-and each offer's GPUs used (``bid gpus * x``) staying within its free GPUs.
-Every integral assignment the engine could make is feasible here, including
+The engine's problem is lexicographic - reserved first, then on-demand, then
+spot - so the bound is too: for each class, on the capacity the classes
+before it left, relax "whole or nothing" to a fraction ``x`` of each (bid,
+offer) pair: maximise sum(score * x) subject to each bid's fractions summing
+to at most 1 and each offer's GPUs used (``bid gpus * x``) staying within its
+free GPUs. Every integral assignment of the class is feasible here, including
 multi-machine ones (a part on an offer is the fraction ``part / gpus``), and
-class priority and the fair-share cap only remove assignments, so the LP
-optimum bounds the true optimum from above. Over all feasible pairs it is a
-bound on the whole round; over a pruned candidate set, on that set only.
+the fair-share cap only removes assignments, so the LP optimum bounds the
+class's best surplus from above. The bound is read off a dual solution and
+covers every feasible pair, kept or pruned (``class_lp``, ``bound_at``).
 """
 
 from __future__ import annotations
