@@ -52,6 +52,9 @@ def milp_pick(
     return np.flatnonzero(np.asarray(res.x) > 0.5).astype(np.int64)
 
 
+CG_TOLERANCE = 1e-3  # column generation stops once the bound is this close to the LP
+
+
 @dataclass
 class ClassLP:
     """One class's LP relaxation: its columns, solution, prices and bound."""
@@ -94,7 +97,8 @@ def class_lp(
     ``rest[b]`` (the candidate search's bound on their scores) exceeds it,
     and those bids are priced out by a scan of their views at ``lam``. Pairs
     that beat the columns' maximum join as columns and the LP is solved
-    again (column generation), up to ``rounds`` times; the last scan's
+    again (column generation), up to ``rounds`` times or until the bound is
+    within ``CG_TOLERANCE`` of the LP over the columns; the last scan's
     maxima stand in the bound, so it holds even when rounds run out.
     All of it is integer arithmetic except HiGHS's prices, which only need
     to be non-negative for the bound to hold. ``skip`` names, per bucket,
@@ -111,7 +115,7 @@ def class_lp(
         value, x, lam_f = sol
         lam = np.floor(np.maximum(lam_f, 0.0) + 1e-9).astype(np.int64)
         bound, (nb_, no_, ns_) = bound_at(mkt, bids, (pb, po, ps), free, lam, rest, views, skip)
-        if len(nb_) and it < rounds:
+        if len(nb_) and it < rounds and bound - value > CG_TOLERANCE * bound:
             pb = np.concatenate([pb, nb_])
             po = np.concatenate([po, no_])
             ps = np.concatenate([ps, ns_])
