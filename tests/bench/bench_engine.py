@@ -147,6 +147,7 @@ def main() -> int:
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--timeout", type=int, default=600, help="seconds per size before it counts as missed")
     a = ap.parse_args()
     if a.one:
         print(json.dumps(one(a.one, a.runs, a.seed)))
@@ -157,9 +158,14 @@ def main() -> int:
           f"{'/opt|bound':>10} {'/greedy':>8}  compared with")
     for n in sizes:
         runs = 1 if a.quick or n >= 100_000 else a.runs
-        out = subprocess.run([sys.executable, __file__, "--one", str(n), "--runs", str(runs),
-                              "--seed", str(a.seed)], capture_output=True, text=True, check=False,
-                             timeout=600)
+        try:
+            out = subprocess.run([sys.executable, __file__, "--one", str(n), "--runs", str(runs),
+                                  "--seed", str(a.seed)], capture_output=True, text=True, check=False,
+                                 timeout=a.timeout)
+        except subprocess.TimeoutExpired:
+            print(f"{n:>11,} {'>' + str(a.timeout):>9}  MISSED: did not finish within {a.timeout} s")
+            ok = False
+            continue
         if out.returncode:
             print(out.stderr[-2000:])
             return 2
