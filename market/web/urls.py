@@ -12,6 +12,7 @@ urlpatterns = [
     path("rounds/", views.rounds, name="rounds"),
     path("orders/", views.my_orders, name="orders"),
     path("bids/new/", views.bid_new, name="bid-new"),
+    path("bids/<int:bid_id>/cancel/", views.bid_cancel, name="bid-cancel"),
     path("account/", views.account, name="account"),
     path("provider/", views.provider_dashboard, name="provider"),
     path("operator/", views.operator_dashboard, name="operator"),

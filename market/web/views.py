@@ -272,3 +272,21 @@ def operator_dashboard(request: HttpRequest) -> HttpResponse:
     offline = Machine.objects.filter(state=MachineState.OFFLINE).select_related("provider", "region").order_by("last_heartbeat")[:50]
     failed = AuctionRound.objects.filter(state="failed").order_by("-number")[:10]
     return render(request, "market/operator.html", {"rounds": rounds, "trade_states": trade_states, "job_states": job_states, "offline": offline, "failed": failed})
+
+
+@login_required
+def bid_cancel(request: HttpRequest, bid_id: int) -> HttpResponse:
+    from django.shortcuts import get_object_or_404
+
+    from market.models import Bid
+    from market.states import InvalidTransition
+
+    if request.method != "POST":
+        return redirect("web:orders")
+    bid = get_object_or_404(Bid, pk=bid_id, buyer=request.user)
+    try:
+        services.bid_cancel(user=request.user, bid=bid)
+        messages.success(request, f"Bid #{bid_id} cancelled.")
+    except (DomainError, InvalidTransition) as exc:
+        messages.error(request, getattr(exc, "message", str(exc)))
+    return redirect("web:orders")

@@ -130,3 +130,16 @@ def test_offers_page_filters_by_latency_from_my_region_and_carbon(provider_user,
     assert "/markets/H100-SXM-80GB/eu-west/" in near and "ap-northeast/" not in near.split("<tbody>")[1]
     green = c.get("/offers/?max_carbon=100").content.decode().split("<tbody>")[1]
     assert "eu-north" in green and "eu-west" not in green
+
+
+def test_my_orders_cancels_an_open_bid_and_refuses_someone_elses(buyer, stranger, make_bid):
+    bid = make_bid(buyer)
+    c = Client()
+    c.force_login(stranger)
+    assert c.post(f"/bids/{bid.id}/cancel/").status_code == 404
+    c.force_login(buyer)
+    assert "cancel" in c.get("/orders/").content.decode()
+    c.post(f"/bids/{bid.id}/cancel/")
+    bid.refresh_from_db()
+    assert bid.state == "cancelled"
+    assert "can no longer be cancelled" in c.post(f"/bids/{bid.id}/cancel/", follow=True).content.decode()
