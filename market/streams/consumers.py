@@ -7,6 +7,7 @@ same serializer and service the REST API uses. Protocol: docs/stream.md.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
@@ -28,13 +29,24 @@ RATE_PER_SECOND = 20.0
 RATE_BURST = 40.0
 RATE_STRIKES = 20  # refusals in a row before the connection is closed
 
+OUTBOX_LIMIT = 256  # updates waiting for a slow client before it is cut off
+CLOSE_SLOW = 4009  # the client did not read its updates fast enough
 CLOSE_POLICY = 4008  # policy violation: too many messages
 CLOSE_TOO_BIG = 1009
 CLOSE_AUTH = 4001
 
 
 class StreamConsumer(AsyncWebsocketConsumer):
+    outbox_limit = OUTBOX_LIMIT
+
     async def connect(self) -> None:
+        # Updates go through a bounded queue and a writer task: a client that stops
+        # reading stalls only its writer (the server's send waits on TCP backpressure),
+        # the queue fills, and the client is disconnected with CLOSE_SLOW instead of
+        # the server buffering for it without limit.
+        self.outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=self.outbox_limit)
+        self.writer: asyncio.Task[None] | None = None
+        self.cut_off = False
         self.user = self.scope.get("user")
         self.scopes: set[str] | None = set(self.scope["token_scopes"]) if self.scope.get("token_scopes") is not None else None
         self.groups_joined: dict[str, str] = {}
@@ -47,6 +59,7 @@ class StreamConsumer(AsyncWebsocketConsumer):
             await self.close(code=CLOSE_AUTH)
             return
         await self.accept()
+        self.writer = asyncio.create_task(self._write_updates())
         await self.send_json({"type": "welcome", "user": self.user.username if self.authenticated else None, "protocol": 1})
 
     @property
@@ -63,7 +76,9 @@ class StreamConsumer(AsyncWebsocketConsumer):
         return scope_name in ROLE_SCOPES.get("operator" if self.user.is_superuser else self.user.role, frozenset())
 
     async def disconnect(self, code: int) -> None:
-        for group in list(self.groups_joined.values()):
+        if getattr(self, "writer", None) is not None:
+            self.writer.cancel()
+        for group in list(getattr(self, "groups_joined", {}).values()):
             await self.channel_layer.group_discard(group, self.channel_name)
 
     async def send_json(self, data: dict[str, Any]) -> None:
@@ -224,6 +239,22 @@ class StreamConsumer(AsyncWebsocketConsumer):
 
     # --- outbound (from the channel layer) -------------------------------------------
     async def stream_update(self, event: dict[str, Any]) -> None:
-        await self.send_json({"type": "update", "channel": event["channel"], "seq": event["seq"], "data": event["data"]})
+        if self.cut_off:
+            return
+        try:
+            self.outbox.put_nowait({"type": "update", "channel": event["channel"], "seq": event["seq"], "data": event["data"]})
+        except asyncio.QueueFull:
+            self.cut_off = True
+            for group in list(self.groups_joined.values()):
+                await self.channel_layer.group_discard(group, self.channel_name)
+            self.groups_joined.clear()
+            if self.writer is not None:
+                self.writer.cancel()
+            await self.close(code=CLOSE_SLOW)
+
+    async def _write_updates(self) -> None:
+        while True:
+            message = await self.outbox.get()
+            await self.send_json(message)
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -192,3 +193,29 @@ async def test_round_clearing_publishes_rounds_trades_and_the_buyers_order(buyer
     assert seen["rounds"][0]["round"]["trades"] == 1
     assert seen["trades"][0]["trade"]["gpus"] == 2
     assert any(o["order"]["state"] == "matched" for o in seen["orders"])
+
+
+async def test_a_client_that_stops_reading_is_cut_off_with_4009_and_nothing_piles_up():
+    """A stalled transport (the client's TCP window is full) makes the server's send wait;
+    here the consumer's send waits forever, as it would on such a socket."""
+    from market.streams.consumers import CLOSE_SLOW, StreamConsumer
+    from market.streams.publish import publish
+
+    class StalledTransport(StreamConsumer):
+        outbox_limit = 8
+
+        async def send_json(self, data):
+            if data.get("type") == "update":
+                await asyncio.Event().wait()  # never drains
+            await super().send_json(data)
+
+    comm = WebsocketCommunicator(StalledTransport.as_asgi(), "/ws/v1/stream")
+    comm.scope["user"] = None
+    assert (await comm.connect(timeout=5))[0]
+    await welcome(comm)
+    await comm.send_json_to({"type": "subscribe", "channel": "rounds"})
+    assert (await recv(comm))["type"] == "snapshot"
+    for i in range(12):
+        await sync_to_async(publish)("rounds", {"round": {"number": i}})
+    out = await comm.receive_output(timeout=5)
+    assert out == {"type": "websocket.close", "code": CLOSE_SLOW}
