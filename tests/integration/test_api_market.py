@@ -227,3 +227,8 @@ def test_schema_and_docs_are_served(anon):
     assert anon.get("/api/schema/").status_code == 200
     docs = anon.get("/api/docs/")
     assert docs.status_code == 200 and b"swagger" in docs.content.lower()
+
+
+def test_a_nul_character_anywhere_in_a_body_is_a_400(provider_user, client_for):
+    r = client_for(provider_user).post("/api/v1/machines/", {"name": "m", "region": "eu\u0000west", "gpus": [{"index": 0, "uuid": "u", "model": "H100\u0000"}]}, format="json")
+    assert r.status_code == 400 and "NUL" in r.json()["error"]["message"]
