@@ -28,25 +28,23 @@ def _has_nul(value: Any) -> bool:
 NUL_MESSAGE = "The body contains a NUL character (\\u0000); remove it."
 
 
-class NulFreeJSONParser(JSONParser):
+class NulFreeMixin:
+    """Refuse the parsed body if any key or value holds a NUL."""
+
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
-        data = super().parse(stream, media_type, parser_context)
-        if _has_nul(data):
-            raise ParseError(NUL_MESSAGE)
-        return data
-
-
-class NulFreeFormParser(FormParser):
-    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
-        data = super().parse(stream, media_type, parser_context)
-        if _has_nul(data):
-            raise ParseError(NUL_MESSAGE)
-        return data
-
-
-class NulFreeMultiPartParser(MultiPartParser):
-    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
-        result = super().parse(stream, media_type, parser_context)
-        if _has_nul(result.data):
+        result = super().parse(stream, media_type, parser_context)  # type: ignore[misc]
+        if _has_nul(getattr(result, "data", result)):  # multipart returns a DataAndFiles
             raise ParseError(NUL_MESSAGE)
         return result
+
+
+class NulFreeJSONParser(NulFreeMixin, JSONParser):
+    pass
+
+
+class NulFreeFormParser(NulFreeMixin, FormParser):
+    pass
+
+
+class NulFreeMultiPartParser(NulFreeMixin, MultiPartParser):
+    pass

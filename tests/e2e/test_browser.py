@@ -45,6 +45,17 @@ def shot(page: Any, name: str) -> None:
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
+def sign_up(page: Any, base: str, prefix: str) -> str:
+    name = f"{prefix}{uuid.uuid4().hex[:8]}"
+    page.goto(base + "/signup/")
+    page.fill("#id_username", name)
+    page.fill("#id_password", "a-long-browser-password-1")
+    page.check("input[value=buyer]")
+    page.click("text=Create account")
+    page.wait_for_selector(f"text={name}")
+    return name
+
+
 def test_markets_page_goes_live_and_shows_the_demo(page, embedded_server):
     page.goto(embedded_server + "/")
     page.wait_for_selector("#live-status[data-ok='1']")
@@ -57,13 +68,7 @@ def test_markets_page_goes_live_and_shows_the_demo(page, embedded_server):
 
 
 def test_buyer_signs_up_quotes_places_a_bid_and_sees_it_match_live(page, embedded_server):
-    name = f"b{uuid.uuid4().hex[:8]}"
-    page.goto(embedded_server + "/signup/")
-    page.fill("#id_username", name)
-    page.fill("#id_password", "a-long-browser-password-1")
-    page.check("input[value=buyer]")
-    page.click("text=Create account")
-    page.wait_for_selector(f"text={name}")
+    sign_up(page, embedded_server, "b")
 
     page.goto(embedded_server + "/bids/new/")
     page.select_option("#id_gpu_model", "A100-SXM-80GB")
@@ -89,11 +94,7 @@ def test_buyer_signs_up_quotes_places_a_bid_and_sees_it_match_live(page, embedde
 
 
 def test_a_bad_bid_shows_errors_a_person_understands(page, embedded_server):
-    name = f"c{uuid.uuid4().hex[:8]}"
-    page.goto(embedded_server + "/signup/")
-    page.fill("#id_username", name)
-    page.fill("#id_password", "a-long-browser-password-1")
-    page.click("text=Create account")
+    sign_up(page, embedded_server, "c")
     page.goto(embedded_server + "/bids/new/")
     page.fill("#id_max_latency_ms", "40")
     page.wait_for_selector("#quote.error")
