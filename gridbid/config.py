@@ -37,6 +37,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("SECURE_COOKIES", "false", "true behind HTTPS: secure cookies, HSTS, redirect to https."),
     Variable("ROUND_SECONDS", "5", "Seconds between auction rounds (1-3600)."),
     Variable("PRICING_RULE", "uniform", "Auction price rule: uniform (clearing price per bucket) or pay_as_ask."),
+    Variable("PRICE_POINT", "0", "Where the uniform price sits in each bucket's clearing interval: 0 = the lowest clearing price (buyer-friendly), 0.5 = midpoint, 1 = top."),
     Variable("FAIR_SHARE_CAP", "1.0", "Largest fraction (0-1] of a scarce bucket's GPUs one buyer may take in one round."),
     Variable("CHAIN_RPC_URL", "(unset: local dev chain)", "JSON-RPC URL of the settlement chain (http:// or https://)."),
     Variable("GRIDBID_CHAIN_PORT", "8545", "Port of the embedded dev chain (anvil), started by `gridbid up` when CHAIN_RPC_URL is unset."),
@@ -123,6 +124,7 @@ class Config:
     round_seconds: float
     pricing_rule: str
     fair_share_cap: float
+    price_point: float
     chain_rpc_url: str | None
     chain_port: int
     chain_id: int
@@ -202,6 +204,7 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         round_seconds=_number(env, "ROUND_SECONDS", 5.0, 1, 3600),
         pricing_rule=_choice(env, "PRICING_RULE", "uniform", ("uniform", "pay_as_ask")),
         fair_share_cap=_number(env, "FAIR_SHARE_CAP", 1.0, 0.01, 1.0),
+        price_point=_number(env, "PRICE_POINT", 0.0, 0.0, 1.0),
         chain_rpc_url=_url(env, "CHAIN_RPC_URL", ("http", "https")),
         chain_port=int(_number(env, "GRIDBID_CHAIN_PORT", 8545, 1, 65535, int)),
         chain_id=int(_number(env, "CHAIN_ID", 31337, 1, 2**53, int)),

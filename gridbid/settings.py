@@ -189,6 +189,7 @@ GRIDBID = {
     "ROUND_SECONDS": CONFIG.round_seconds,
     "PRICING_RULE": CONFIG.pricing_rule,
     "FAIR_SHARE_CAP": CONFIG.fair_share_cap,
+    "PRICE_POINT": CONFIG.price_point,
 }
 
 LOGGING = {

@@ -82,7 +82,11 @@ def catalogue_to_domain() -> tuple[tuple[engine.GpuModel, ...], tuple[engine.Reg
 
 
 def round_config() -> engine.RoundConfig:
-    return engine.RoundConfig(pricing=settings.GRIDBID["PRICING_RULE"], fair_share_cap=settings.GRIDBID["FAIR_SHARE_CAP"])
+    return engine.RoundConfig(
+        pricing=settings.GRIDBID["PRICING_RULE"],
+        fair_share_cap=settings.GRIDBID["FAIR_SHARE_CAP"],
+        price_point=settings.GRIDBID["PRICE_POINT"],
+    )
 
 
 @transaction.atomic

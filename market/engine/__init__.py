@@ -26,7 +26,7 @@ from .types import (
     Weights,
 )
 
-ENGINE_VERSION = "1.0.0"
+ENGINE_VERSION = "1.1.0"  # 1.1: uniform price at the bottom of the clearing interval by default
 
 __all__ = [
     "CLASSES",

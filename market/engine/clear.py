@@ -73,7 +73,7 @@ def clear_round(inp: RoundInput) -> RoundResult:
         for b, keys in enumerate(cand.views):
             for m, r in sorted({(key[0], key[1]) for key in keys}):
                 bucket_bids.setdefault((m, r), []).append(b)
-    quotes, pay = bucket_prices(mkt, assigned, bucket_bids, cfg.pricing)
+    quotes, pay = bucket_prices(mkt, assigned, bucket_bids, cfg.pricing, cfg.price_point)
 
     trades: list[Trade] = []
     for b in sorted(assigned):

@@ -13,12 +13,16 @@ Prices are set per bucket (GPU model x region). Within a bucket let
 The clearing interval is ``[max(lo, ub + 1), min(hi, ua - 1)]``: every
 matched bid can afford any price in it, every matched offer accepts it, no
 unmatched bid would have paid it and no unmatched offer would have sold at
-it. The price is the interval's midpoint, rounded down (a k = 1/2 double
-auction, splitting the marginal surplus evenly between the sides). Because
+it. The price sits at ``RoundConfig.price_point`` within the interval: by
+default (0) at its bottom, the lowest price that clears the bucket, so a
+buyer never pays more than the market needs and every provider gets at least
+its ask (with 0.5 it is the midpoint, a k = 1/2 double auction splitting the
+marginal surplus evenly). The bottom matters in thin buckets: a lone buyer
+with a generous maximum would otherwise pay halfway up to it. Because
 the assignment also weighs latency, carbon, reliability and machine sizes, an
 unmatched bid can have a higher max price than a matched one (it lost on
 something other than price); the interval is then empty, and the price is
-the midpoint of ``[lo, hi]`` - the interval that keeps every matched trade
+the same point of ``[lo, hi]`` - the interval that keeps every matched trade
 individually rational. In the rare case where even that is empty, each trade
 pays the bucket price clamped to ``[its offer's ask, its bid's max price]``.
 
@@ -63,6 +67,7 @@ def bucket_prices(
     assigned: dict[int, list[Part]],
     bucket_bids: dict[tuple[int, int], list[int]],
     rule: str,
+    price_point: float = 0.0,
 ) -> tuple[dict[tuple[int, int], BucketQuote], dict[tuple[int, int], int]]:
     """Bucket quotes and, per (bid, offer) trade, the price it pays."""
     traded_offers: dict[tuple[int, int], set[int]] = {}
@@ -105,7 +110,8 @@ def bucket_prices(
             high = hi if ua is None else min(hi, ua - 1)
             if low > high:
                 low, high = lo, hi
-            price = (low + high) // 2
+            # exact for prices below 2**53 base units (the API caps them at 10**15)
+            price = low + int((high - low) * price_point)
         quotes[key] = BucketQuote(price, best_ask, best_bid)
         for b in sorted(tbs):
             for o, _, _ in assigned[b]:

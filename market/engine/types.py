@@ -137,10 +137,15 @@ class RoundConfig:
     that makes small rounds provably optimal. ``certify`` is kept for stored
     configs: the bound is now always certified per class (LP relaxation with
     column generation over every feasible pair).
+    ``price_point`` is where in the clearing interval the uniform price sits:
+    0 (the default) is its bottom, the lowest price that clears the bucket, so
+    buyers pay the least any rule allows and providers at least their ask;
+    0.5 splits the marginal surplus evenly (a k = 1/2 double auction).
     """
 
     pricing: str = "uniform"
     fair_share_cap: float = 1.0
+    price_point: float = 0.0
     max_candidates: int = 16
     group_scan: int = 48
     exact_node_limit: int = 20_000

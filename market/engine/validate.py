@@ -111,6 +111,7 @@ def validate(inp: RoundInput) -> None:
     if c.pricing not in PRICING_RULES:
         raise EngineInputError("config.pricing", f"must be one of {', '.join(PRICING_RULES)}")
     _float("config.fair_share_cap", c.fair_share_cap, 0.0, 1.0)
+    _float("config.price_point", c.price_point, 0.0, 1.0)
     if c.fair_share_cap <= 0.0:
         raise EngineInputError("config.fair_share_cap", "must be above 0")
     _int("config.max_candidates", c.max_candidates, 0, 10**9)

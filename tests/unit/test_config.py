@@ -38,6 +38,7 @@ def test_defaults_are_embedded_sqlite_and_a_generated_secret(tmp_path):
         ("ROUND_SECONDS", "fast", "ROUND_SECONDS"),
         ("PRICING_RULE", "vickrey", "PRICING_RULE"),
         ("FAIR_SHARE_CAP", "2", "FAIR_SHARE_CAP"),
+        ("PRICE_POINT", "1.5", "PRICE_POINT"),
         ("CHAIN_RPC_URL", "ws://x", "CHAIN_RPC_URL"),
         ("CHAIN_CONFIRMATIONS", "-1", "CHAIN_CONFIRMATIONS"),
         ("MARKET_ADDRESS", "0x123", "MARKET_ADDRESS"),

@@ -144,3 +144,23 @@ def test_same_input_in_any_order_gives_the_same_digest() -> None:
     assert digest(result_to_dict(clear_round(shuffled))) == first
     replayed = input_from_dict(input_to_dict(inp))
     assert digest(result_to_dict(clear_round(replayed))) == first
+
+
+def test_price_point_places_the_uniform_price_within_the_clearing_interval() -> None:
+    import dataclasses
+
+    from market.engine import RoundConfig
+
+    inp = market_round()
+    bottom = {t.price for t in clear_round(inp).trades}  # type: ignore[arg-type]
+    middle = {t.price for t in clear_round(dataclasses.replace(inp, config=RoundConfig(price_point=0.5))).trades}  # type: ignore[arg-type]
+    top = {t.price for t in clear_round(dataclasses.replace(inp, config=RoundConfig(price_point=1.0))).trades}  # type: ignore[arg-type]
+    assert len(bottom) == len(middle) == len(top) == 1
+    assert bottom.pop() <= middle.pop() <= top.pop()
+
+
+def test_a_lone_generous_buyer_pays_the_ask_by_default_not_halfway_to_its_max() -> None:
+    from tests.unit.engine.engine_builders import bid, offer, round_of
+
+    res = clear_round(round_of([offer(1, ask=1_370_000, gpus=1)], [bid(1, max_price=9_000_000)]))
+    assert [t.price for t in res.trades] == [1_370_000]
