@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.db.models import Count, Max, Min, Q, QuerySet, Sum
+from django.db.models import Count, Min, Q, QuerySet, Sum
 
 from market.models import AuctionRound, Bid, Job, Offer, Trade, User
 from market.states import BidState, OfferState, RoundState
@@ -128,5 +128,5 @@ def bucket_price_history(gpu_model: str, region: str, limit: int = 100) -> list[
 
 
 def offer_stats() -> dict[str, int]:
-    agg = offers_open().aggregate(n=Count("id"), gpus=Sum("gpus_free"), providers=Count("machine__provider", distinct=True), top=Max("price"))
+    agg = offers_open().aggregate(n=Count("id"), gpus=Sum("gpus_free"), providers=Count("machine__provider", distinct=True))
     return {"offers": agg["n"] or 0, "gpus_free": agg["gpus"] or 0, "providers": agg["providers"] or 0}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.auth import login
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -301,6 +300,3 @@ class JobViewSet(viewsets.ReadOnlyModelViewSet):
             return Job.objects.none()
         return selectors.jobs_visible(self.request.user)
 
-
-def session_login(request: Any, user: Any) -> None:
-    login(request, user, backend="django.contrib.auth.backends.ModelBackend")
