@@ -102,10 +102,17 @@ def market_buckets(*, gpu_model: str | None = None, region: str | None = None) -
     buckets: dict[tuple[str, str], dict[str, int | None]] = {}
     for row in ask_rows:
         buckets[(row["gpu_model_id"], row["machine__region_id"])] = {"offers": row["n"], "free": row["free"] or 0, "ask": row["best"], "bid": None, "bids": 0}
-    # a bid names models and regions by list; count it in each bucket it could trade in
+    # a bid names models and regions by list; count it in each bucket it could trade in,
+    # looking only at the buckets of its models (most bids name one or two)
+    by_model: dict[str, list[tuple[str, str]]] = {}
+    for key in buckets:
+        by_model.setdefault(key[0], []).append(key)
     for bid in Bid.objects.filter(state=BidState.OPEN).values("gpu_models", "allowed_regions", "max_price"):
-        for key, b in buckets.items():
-            if (not bid["gpu_models"] or key[0] in bid["gpu_models"]) and (not bid["allowed_regions"] or key[1] in bid["allowed_regions"]):
+        keys = [k for m in bid["gpu_models"] for k in by_model.get(m, [])] if bid["gpu_models"] else list(buckets)
+        regions = set(bid["allowed_regions"])
+        for key in keys:
+            if not regions or key[1] in regions:
+                b = buckets[key]
                 b["bids"] = (b["bids"] or 0) + 1
                 b["bid"] = max(b["bid"] or 0, bid["max_price"])
     history = _last_prices()
