@@ -452,8 +452,9 @@ def record_trades(orders: DynArray[SignedOrder, MAX_ORDERS], trades: DynArray[Tr
         if t.provider != last_provider:
             assert self.providers[t.provider].state == 1, "market: bad provider"
             last_provider = t.provider
-        filled[oi] += gpus
-        locked[oi] += price * gpus * duration // 3600
+        # price < 2**128, gpus and duration < 2**32, at most MAX_TRADES terms: no overflow
+        filled[oi] = unsafe_add(filled[oi], gpus)
+        locked[oi] = unsafe_add(locked[oi], unsafe_div(unsafe_mul(unsafe_mul(price, gpus), duration), 3600))
 
         key: uint256 = t.trade_id >> 7
         if key != word_key:
@@ -465,7 +466,7 @@ def record_trades(orders: DynArray[SignedOrder, MAX_ORDERS], trades: DynArray[Tr
         assert (word >> offset) & 3 == UNKNOWN, "market: trade exists"
         word |= OPEN << offset
 
-        leaves.append(self._trade_leaf(t.trade_id, o.buyer, t.provider, price, gpus, duration, o.terms & U64))
+        leaves.append(keccak256(concat(b"\x02", abi_encode(t.trade_id, o.buyer, t.provider, price, gpus, duration, o.terms & U64))))
     self.trade_status_words[word_key] = word
 
     # debit buyers once per run of equal buyers
@@ -480,8 +481,9 @@ def record_trades(orders: DynArray[SignedOrder, MAX_ORDERS], trades: DynArray[Tr
             self._debit(run_buyer, run_amount)
             run_buyer = buyer
             run_amount = 0
-        run_amount += locked[i]
-        total += locked[i]
+        # each at most MAX_TRADES locks below 2**192: no overflow
+        run_amount = unsafe_add(run_amount, locked[i])
+        total = unsafe_add(total, locked[i])
     self._debit(run_buyer, run_amount)
 
     # Merkle root, in place (contracts/merkle.py): index-ordered pairs, an odd
@@ -493,9 +495,10 @@ def record_trades(orders: DynArray[SignedOrder, MAX_ORDERS], trades: DynArray[Tr
         half: uint256 = (n + 1) >> 1
         for k: uint256 in range(half, bound=MAX_TRADES):
             right: bytes32 = empty(bytes32)
-            if 2 * k + 1 < n:
-                right = leaves[2 * k + 1]
-            leaves[k] = keccak256(concat(b"\x01", leaves[2 * k], right))
+            j: uint256 = unsafe_add(k, k)
+            if unsafe_add(j, 1) < n:
+                right = leaves[unsafe_add(j, 1)]
+            leaves[k] = keccak256(concat(b"\x01", leaves[j], right))
         n = half
     root: bytes32 = leaves[0]
 
@@ -573,9 +576,11 @@ def settle_batch(
             assert fi == len(fillers), "market: unused filler"
             leaves = receipt_leaves
         for pos: uint256 in range(seg.size, bound=MAX_TRADES):
-            if ri < n and receipts[ri].place & U64 == seg.batch and (receipts[ri].place >> 64) & U32 == pos:
-                r: Receipt = receipts[ri]
-                ri += 1
+            r: Receipt = empty(Receipt)
+            if ri < n:
+                r = receipts[ri]
+            if ri < n and r.place & U64 == seg.batch and (r.place >> 64) & U32 == pos:
+                ri = unsafe_add(ri, 1)
                 signer: uint256 = (r.place >> 96) & U32
                 assert signer < len(signers), "market: bad signer"
                 price: uint256 = r.terms >> 128
@@ -583,7 +588,7 @@ def settle_batch(
                 duration: uint256 = (r.terms >> 64) & U32
                 deadline: uint256 = r.terms & U64
                 gpu_seconds: uint256 = r.place >> 128
-                leaves.append(self._trade_leaf(r.trade_id, r.buyer, signers[signer], price, gpus, duration, deadline))
+                leaves.append(keccak256(concat(b"\x02", abi_encode(r.trade_id, r.buyer, signers[signer], price, gpus, duration, deadline))))
                 receipt_leaves.append(keccak256(concat(b"\x00", abi_encode(r.trade_id, gpu_seconds, r.digest))))
                 assert block.timestamp <= deadline + grace_period, "market: trade expired"
                 seen |= 1 << signer
@@ -598,20 +603,21 @@ def settle_batch(
                 assert (word >> offset) & 3 == OPEN, "market: trade not open"
                 word ^= (OPEN ^ SETTLED) << offset
 
-                lock: uint256 = price * gpus * duration // 3600
-                paid: uint256 = min(lock, price * gpu_seconds // 3600)
-                credits[signer] += paid
-                total_paid += paid
+                # price < 2**128; gpus, duration < 2**32; gpu_seconds < 2**128: no overflow
+                lock: uint256 = unsafe_div(unsafe_mul(unsafe_mul(price, gpus), duration), 3600)
+                paid: uint256 = min(lock, unsafe_div(unsafe_mul(price, gpu_seconds), 3600))
+                credits[signer] = unsafe_add(credits[signer], paid)
+                total_paid = unsafe_add(total_paid, paid)
                 if r.buyer != run_buyer:
                     self._credit(run_buyer, run_amount)
                     run_buyer = r.buyer
                     run_amount = 0
-                run_amount += lock - paid
-                total_refunded += lock - paid
+                run_amount = unsafe_add(run_amount, unsafe_sub(lock, paid))
+                total_refunded = unsafe_add(total_refunded, unsafe_sub(lock, paid))
             else:
                 assert fi < len(fillers), "market: no filler"
                 leaves.append(fillers[fi])
-                fi += 1
+                fi = unsafe_add(fi, 1)
         # rebuild the root in place (contracts/merkle.py)
         m: uint256 = len(leaves)
         assert m > 0, "market: unknown trade"
@@ -621,9 +627,10 @@ def settle_batch(
             half: uint256 = (m + 1) >> 1
             for k: uint256 in range(half, bound=MAX_TRADES):
                 right: bytes32 = empty(bytes32)
-                if 2 * k + 1 < m:
-                    right = leaves[2 * k + 1]
-                leaves[k] = keccak256(concat(b"\x01", leaves[2 * k], right))
+                j: uint256 = unsafe_add(k, k)
+                if unsafe_add(j, 1) < m:
+                    right = leaves[unsafe_add(j, 1)]
+                leaves[k] = keccak256(concat(b"\x01", leaves[j], right))
             m = half
         if ci < len(coverage):
             assert leaves[0] == expected, "market: unknown trade"
