@@ -117,12 +117,13 @@ def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundRes
         b.explanation = {"round": rnd.number, "matched": False, "reasons": list(u.reasons), "nearest": u.nearest}
     Bid.objects.bulk_update(stale, ["explanation"])
     result_dict = serialize.result_to_dict(result)
+    inputs = serialize.input_to_dict(inp)
     stats = {**result_dict["stats"], "clear_ms": elapsed_ms, "dropped_bids": dropped, "preemptions": result_dict["preemptions"]}
     AuctionRound.objects.filter(pk=rnd.pk).update(
         state=RoundState.CLEARED,
         cleared_at=timezone.now(),
-        inputs=serialize.input_to_dict(inp),
-        input_digest=serialize.digest(serialize.input_to_dict(inp)),
+        inputs=inputs,
+        input_digest=serialize.digest(inputs),
         result=result_dict,
         result_digest=serialize.digest(result_dict),
         prices=result_dict["prices"],
