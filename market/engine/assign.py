@@ -250,7 +250,7 @@ class Solver:
         if lp is None:  # pragma: no cover - HiGHS failing on a feasible LP
             self.greedy(bids)
             return None
-        self.round_lp(bids, lp.pb, lp.po, lp.ps, lp.x, lp.lam)
+        self.round_lp(bids, lp.pb, lp.po, lp.ps, lp.x, lp.pair_price(self.mkt))
         return lp.bound
 
     def round_lp(self, bids: list[int], pb: I64, po: I64, ps: I64, x: F64, price: F64) -> None:
@@ -262,7 +262,7 @@ class Solver:
         same = mkt.b_same[pb]
         mass = np.bincount(pb[~same], weights=x[~same], minlength=len(mkt.bids))
         val = np.bincount(pb[~same], weights=(x * ps)[~same], minlength=len(mkt.bids))
-        pb, po, ps, x = pb[same], po[same], ps[same], x[same]
+        pb, po, ps, x, price = pb[same], po[same], ps[same], x[same], price[same]
         # 1. the integral part of the LP solution stands as it is
         sure = np.flatnonzero(x >= 0.999)
         for i in sure[np.lexsort((mkt.o_id[po[sure]], mkt.bids_id[pb[sure]]))].tolist():
@@ -298,7 +298,7 @@ class Solver:
                 for i in pick.tolist():
                     self._try(int(qb[i]), int(qo[i]), int(qs[i]))
         # 4. whatever is still open: by LP weight, then score net of shadow price
-        net = ps - mkt.b_gpus[pb] * price[po]
+        net = ps - mkt.b_gpus[pb] * price
         xr = np.round(x, 6)
         order = np.lexsort((mkt.o_id[po], mkt.bids_id[pb], -ps, -net, -xr))
         for i in order.tolist():

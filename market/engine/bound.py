@@ -5,7 +5,9 @@ spot - so the bound is too: for each class, on the capacity the classes
 before it left, relax "whole or nothing" to a fraction ``x`` of each (bid,
 offer) pair: maximise sum(score * x) subject to each bid's fractions summing
 to at most 1 and each offer's GPUs used (``bid gpus * x``) staying within its
-free GPUs. Every integral assignment of the class is feasible here, including
+free GPUs, and within the divisibility rows (``market.size_tier``): jobs of
+multiples of 2, 4, 8 or 16 GPUs together use at most the offer's free GPUs
+rounded down to that multiple. Every integral assignment of the class is feasible here, including
 multi-machine ones (a part on an offer is the fraction ``part / gpus``), and
 the fair-share cap only removes assignments, so the LP optimum bounds the
 class's best surplus from above. The bound is read off a dual solution and
@@ -20,7 +22,17 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 from scipy.sparse import coo_matrix
 
-from .market import F64, I64, BidViews, Market, price_out
+from .market import (
+    CUT_TIERS,
+    F64,
+    I64,
+    BidViews,
+    Market,
+    cut_caps,
+    price_out,
+    size_tier,
+    tier_prices,
+)
 
 
 def milp_pick(
@@ -65,8 +77,14 @@ class ClassLP:
     po: I64
     ps: I64
     x: F64
-    lam: F64  # shadow price per free GPU of each offer
+    lam: F64  # per offer and divisibility row, the shadow price per GPU
     columns_added: int
+
+    def pair_price(self, mkt: Market) -> F64:
+        """Per column, the shadow price per GPU its bid's size pays on its offer."""
+        jp = size_tier(mkt.b_gpus[self.pb], mkt.b_same[self.pb])
+        out: F64 = np.cumsum(self.lam, axis=1)[self.po, jp]
+        return out
 
 
 def class_lp(
@@ -82,13 +100,16 @@ def class_lp(
     """The LP relaxation of one class on the capacity left by higher classes,
     over its candidate pairs, with a bound that covers every feasible pair.
 
-    HiGHS solves the LP over the candidate pairs (the columns). Its offer
-    prices ``lam`` (floored to integers, still >= 0) give a feasible dual of
-    the LP over *all* pairs once each bid's price ``u[b]`` is the best reduced
-    score ``score - gpus * lam[o]`` over all its pairs, so (weak duality)::
+    HiGHS solves the LP over the candidate pairs (the columns). Its row
+    prices ``lam[o, j]`` (floored to integers, still >= 0) give a feasible dual
+    of the LP over *all* pairs once each bid's price ``u[b]`` is the best
+    reduced score ``score - gpus * P[o, j(b)]`` over all its pairs, where
+    ``P[o, j] = lam[o, 0] + ... + lam[o, j]`` and ``j(b)`` is the last
+    divisibility row the bid's size counts in, so (weak duality)::
 
-        bound = sum_b max(0, max_o score[b, o] - gpus[b] * lam[o])
-                + sum_o free[o] * lam[o] + sum over multi-machine bids (gpus + 1)
+        bound = sum_b max(0, max_o score[b, o] - gpus[b] * P[o, j(b)])
+                + sum_o sum_j caps[o, j] * lam[o, j]
+                + sum over multi-machine bids (gpus + 1)
 
     bounds every assignment of the class on ``free``: whole-or-nothing and
     the fair-share cap only remove assignments, and the last term covers
@@ -141,21 +162,24 @@ def bound_at(
     pb, po, ps = cols
     g_all = mkt.b_gpus
     slack = int((g_all[bids] + 1)[~mkt.b_same[bids]].sum())
+    lam2 = lam if lam.ndim == 2 else np.pad(lam[:, None], ((0, 0), (0, CUT_TIERS - 1)))
+    price = tier_prices(lam2)
     u = np.zeros(len(mkt.bids), dtype=np.int64)
     if len(pb):
-        np.maximum.at(u, pb, ps - g_all[pb] * lam[po])
+        jp = size_tier(g_all[pb], mkt.b_same[pb])
+        np.maximum.at(u, pb, ps - g_all[pb] * price[po, jp])
     best = u[bids]
     empty = np.zeros(0, dtype=np.int64)
     new: tuple[I64, I64, I64] = (empty, empty, empty)
     if rest is not None and views is not None:
         loose = bids[rest[bids] > u[bids]]
         if len(loose):
-            red, nb_, no_, ns_ = price_out(mkt, loose, lam, u[loose], views, free, skip=skip)
+            red, nb_, no_, ns_ = price_out(mkt, loose, lam2, u[loose], views, free, skip=skip)
             pos = np.searchsorted(bids, loose)
             best = best.copy()
             best[pos] = np.maximum(best[pos], red)
             new = (nb_, no_, ns_)
-    bound = int(best.sum()) + int((free.astype(np.int64) * lam).sum()) + slack
+    bound = int(best.sum()) + int((cut_caps(free) * lam2).sum()) + slack
     return bound, new
 
 
@@ -175,18 +199,19 @@ def lagrange_bound(
     columns, with capacity relaxed; for classes too large to solve as an LP
     in time. Valid at any prices, only looser than at the LP's."""
     pb, po, ps = cols
-    free64 = free.astype(np.int64)
     no = len(mkt.offers)
-    g = mkt.b_gpus[pb]
-    lam_f = np.zeros(no, dtype=np.float64)
-    best_lam = np.zeros(no, dtype=np.int64)
     nb = len(mkt.bids)
+    g = mkt.b_gpus[pb]
+    jp = size_tier(g, mkt.b_same[pb])
+    caps = cut_caps(free).astype(np.float64)
+    lam_f = np.zeros((no, CUT_TIERS), dtype=np.float64)
+    best_lam = np.zeros((no, CUT_TIERS), dtype=np.int64)
 
     def value(lam: I64) -> tuple[int, I64]:
         u = np.zeros(nb, dtype=np.int64)
-        red = ps - g * lam[po]
+        red = ps - g * tier_prices(lam)[po, jp]
         np.maximum.at(u, pb, red)
-        return int(u.sum()) + int((free64 * lam).sum()), red
+        return int(u.sum()) + int((cut_caps(free) * lam).sum()), red
 
     ub, red = value(best_lam)
     mu = 1.0
@@ -195,10 +220,13 @@ def lagrange_bound(
         u = np.zeros(nb, dtype=np.int64)
         np.maximum.at(u, pb, red)
         take = np.flatnonzero((red == u[pb]) & (red > 0))
-        use = np.bincount(po[take], weights=g[take].astype(np.float64), minlength=no)
-        sub = free64.astype(np.float64) - use
+        use = np.zeros((no, CUT_TIERS), dtype=np.float64)
+        for j in range(CUT_TIERS):
+            t = take[jp[take] >= j]
+            use[:, j] = np.bincount(po[t], weights=g[t].astype(np.float64), minlength=no)
+        sub = caps - use
         sub = np.where((lam_f <= 0) & (sub > 0), 0.0, sub)
-        norm = float(sub @ sub)
+        norm = float((sub * sub).sum())
         if norm <= 0:
             break
         lam_f = np.maximum(0.0, lam_f - mu * max(ub - lower, 1) / norm * sub)
@@ -214,20 +242,46 @@ def lagrange_bound(
 
 
 def _lp(mkt: Market, pb: I64, po: I64, ps: I64, free: I64) -> tuple[float, F64, F64] | None:
-    """(optimum, x per column, price per offer GPU) of the LP over the columns."""
+    """(optimum, x per column, price per offer and divisibility row) of the LP
+    over the columns. A divisibility row is only written where it cuts: some
+    column of that size uses the offer and its free GPUs are no multiple."""
     n = len(pb)
     nb, no = len(mkt.bids), len(mkt.offers)
     if n == 0:
-        return 0.0, np.zeros(0), np.zeros(no)
+        return 0.0, np.zeros(0), np.zeros((no, CUT_TIERS))
     g = mkt.b_gpus[pb].astype(np.float64)
-    rows = np.concatenate([pb, nb + po])
-    cols = np.concatenate([np.arange(n), np.arange(n)])
-    a = coo_matrix((np.concatenate([np.ones(n), g]), (rows, cols)), shape=(nb + no, n)).tocsr()
-    rhs = np.concatenate([np.ones(nb), np.maximum(free, 0).astype(np.float64)])
+    jp = size_tier(mkt.b_gpus[pb], mkt.b_same[pb])
+    caps = cut_caps(free)
+    rows = [pb, nb + po]
+    cols = [np.arange(n), np.arange(n)]
+    vals = [np.ones(n), g]
+    rhs = [np.ones(nb), caps[:, 0].astype(np.float64)]
+    where: list[tuple[int, int, I64]] = []
+    top = nb + no
+    for j in range(1, CUT_TIERS):
+        sel = np.flatnonzero(jp >= j)
+        offs = np.unique(po[sel])
+        offs = offs[caps[offs, j] < caps[offs, 0]]
+        if not len(offs):
+            continue
+        sel = sel[np.isin(po[sel], offs)]
+        rows.append(top + np.searchsorted(offs, po[sel]))
+        cols.append(sel)
+        vals.append(g[sel])
+        rhs.append(caps[offs, j].astype(np.float64))
+        where.append((j, top, offs))
+        top += len(offs)
+    a = coo_matrix(
+        (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(top, n)
+    ).tocsr()
     res = linprog(
-        -ps.astype(np.float64), A_ub=a, b_ub=rhs, bounds=(0.0, 1.0), method="highs-ds"
+        -ps.astype(np.float64), A_ub=a, b_ub=np.concatenate(rhs), bounds=(0.0, 1.0), method="highs-ds"
     )
     if res.status != 0:
         return None
-    lam = -np.asarray(res.ineqlin.marginals, dtype=np.float64)[nb:]
+    marg = -np.asarray(res.ineqlin.marginals, dtype=np.float64)
+    lam = np.zeros((no, CUT_TIERS), dtype=np.float64)
+    lam[:, 0] = marg[nb : nb + no]
+    for j, start, offs in where:
+        lam[offs, j] = marg[start : start + len(offs)]
     return -float(res.fun), np.asarray(res.x, dtype=np.float64), lam

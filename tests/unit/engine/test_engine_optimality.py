@@ -165,3 +165,19 @@ def test_pricing_out_finds_the_best_reduced_score_of_every_bid() -> None:
     np.maximum.at(want, c.pair_bid, c.pair_score - mkt.b_gpus[c.pair_bid] * lam[c.pair_offer])
     assert (want > 0).sum() > 20
     assert red.tolist() == want.tolist()
+
+
+def test_divisibility_rows_keep_the_bound_to_whole_jobs_on_a_leftover() -> None:
+    """7 free GPUs hold one 4-GPU job, not 7/4 of one: the plain relaxation
+    would bound the pair at 1.75 jobs, the divisibility rows at exactly one."""
+    from market.engine.bound import class_lp
+
+    inp = round_of([offer(1, gpus=7)], [bid(1, gpus=4), bid(2, gpus=4, max_price=2_900_000)])
+    mkt = build_market(inp)
+    c = candidates(mkt, 0, 0)
+    bids = np.arange(len(mkt.bids), dtype=np.int64)
+    lp = class_lp(mkt, bids, (c.pair_bid, c.pair_offer, c.pair_score), mkt.o_gpus, None, None)
+    assert lp is not None
+    best = int(c.pair_score.max())
+    assert lp.bound == pytest.approx(best, abs=2)
+    assert lp.lam[:, 2].sum() > 0  # the 4-GPU row, not the plain capacity, carries the price
