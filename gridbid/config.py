@@ -49,6 +49,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("MARKET_ADDRESS", "(deployed on first start)", "Address of the GridBidMarket contract on CHAIN_RPC_URL."),
     Variable("TOKEN_ADDRESS", "(deployed on first start)", "Address of the ERC-20 stablecoin (6 decimals)."),
     Variable("LOG_LEVEL", "INFO", "DEBUG, INFO, WARNING or ERROR."),
+    Variable("GRIDBID_DEMO_SPEED", "60", "Under `gridbid up --demo`: how many times faster than booked the demo's simulated jobs run (1-10000)."),
 )
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -125,6 +126,7 @@ class Config:
     pricing_rule: str
     fair_share_cap: float
     price_point: float
+    demo_speed: float
     chain_rpc_url: str | None
     chain_port: int
     chain_id: int
@@ -215,4 +217,5 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         market_address=_address(env, "MARKET_ADDRESS"),
         token_address=_address(env, "TOKEN_ADDRESS"),
         log_level=log_level,
+        demo_speed=_number(env, "GRIDBID_DEMO_SPEED", 60.0, 1, 10_000),
     )

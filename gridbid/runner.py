@@ -39,6 +39,7 @@ class EmbeddedCelery:
         self.app.finalize()
         if demo:
             self.app.conf.beat_schedule["demo-tick"] = {"task": "market.tasks.demo_tick", "schedule": 3.0}
+            self.app.conf.beat_schedule["demo-agents"] = {"task": "ledger.tasks.demo_agents_tick", "schedule": 5.0}
         self.worker = WorkController(
             app=self.app,
             concurrency=1,
@@ -92,6 +93,15 @@ def serve(*, host: str, port: int, demo: bool, worker: bool) -> None:
             devchain = devchain_start()
         if devchain is not None:
             console.print(f"[green]✓[/] dev chain at {devchain.url}, market {devchain.deployment.market_address}")
+            if demo:
+                from ledger.context import chain_context
+                from ledger.demo import demo_chain_setup
+
+                ctx = chain_context()
+                if ctx is not None:
+                    with console.status("Funding demo buyers and registering demo providers on the dev chain…"):
+                        summary = demo_chain_setup(ctx)
+                    console.print(f"[green]✓[/] {summary}")
     # --- end ledger ------------------------------------------------------------------
     celery = None
     if worker and settings.CONFIG.embedded:

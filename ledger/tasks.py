@@ -59,3 +59,16 @@ def chain_events_sync() -> int:
     if ctx is None:
         return 0
     return events_sync(ctx=ctx).applied
+
+
+@shared_task(name="ledger.tasks.demo_agents_tick", **RETRY)
+def demo_agents_tick() -> dict[str, int]:
+    """Under `gridbid up --demo` only: the demo providers' simulated agents sign receipts
+    and co-sign settlement batches (ledger/demo.py)."""
+    from ledger.context import DEV_CHAIN_ID
+    from ledger.demo import demo_agents_act
+
+    ctx = chain_context()
+    if ctx is None or ctx.chain_id != DEV_CHAIN_ID:
+        return {}
+    return demo_agents_act(ctx=ctx)

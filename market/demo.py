@@ -110,12 +110,15 @@ def demo_tick(seed: int | None = None) -> dict[str, int]:
 
     Runs from beat only under `gridbid up --demo`; it touches demo accounts only.
     """
+    from django.conf import settings
+
     from market.models import Bid, Job, Offer
     from market.states import BidState, JobState, OfferState
     from providers.models import Machine, MachineState
 
     rng = random.Random(seed)
     now = timezone.now()
+    speed = settings.CONFIG.demo_speed
     names = [p[0] for p in PROVIDERS]
     machines = Machine.objects.filter(provider__user__username__in=names)
     machines.update(last_heartbeat=now, state=MachineState.ONLINE)
@@ -125,8 +128,9 @@ def demo_tick(seed: int | None = None) -> dict[str, int]:
         for job in Job.objects.select_for_update().select_related("trade").filter(trade__provider__user__username__in=names, state__in=[JobState.ASSIGNED, JobState.RUNNING]):
             t = job.trade
             elapsed = (now - t.created_at).total_seconds()
-            # demo jobs run 60x faster than booked so the market turns over while you watch
-            if elapsed * 60 >= t.duration_s:
+            # demo jobs run GRIDBID_DEMO_SPEED times faster than booked (60 by default) so
+            # the market turns over while you watch
+            if elapsed * speed >= t.duration_s:
                 job.state, job.progress, job.ended_at, job.exit_code = JobState.COMPLETED, 1.0, now, 0
                 job.gpu_seconds = t.gpus * t.duration_s
                 job.save()
@@ -136,7 +140,7 @@ def demo_tick(seed: int | None = None) -> dict[str, int]:
                 job.state, job.started_at = JobState.RUNNING, now
                 job.save()
             else:
-                job.progress = min(1.0, elapsed * 60 / t.duration_s)
+                job.progress = min(1.0, elapsed * speed / t.duration_s)
                 job.save(update_fields=["progress", "updated_at"])
     placed = 0
     buyers = list(User.objects.filter(username__in=[b[0] for b in BUYERS]))

@@ -27,11 +27,12 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_server(data: Path, *, demo: bool) -> Iterator[tuple[str, dict[str, str]]]:
+def running_server(data: Path, *, demo: bool, speed: int = 60) -> Iterator[tuple[str, dict[str, str]]]:
     """`gridbid up` in `data`; yields (base URL, the environment it runs with)."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "CHAIN_RPC_URL")}
-    env.update(GRIDBID_DATA_DIR=str(data), ROUND_SECONDS="2", PYTHONUNBUFFERED="1", GRIDBID_CHAIN_PORT=str(free_port()))
+    env.update(GRIDBID_DATA_DIR=str(data), ROUND_SECONDS="2", PYTHONUNBUFFERED="1", GRIDBID_CHAIN_PORT=str(free_port()),
+               GRIDBID_DEMO_SPEED=str(speed))
     log_path = data / "server.log"
     args = [sys.executable, "-m", "gridbid.cli", "up", "--port", str(port), *(["--demo"] if demo else [])]
     with open(log_path, "w") as log:
@@ -59,7 +60,15 @@ def running_server(data: Path, *, demo: bool) -> Iterator[tuple[str, dict[str, s
 
 
 @pytest.fixture(scope="session")
-def embedded_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The demo market, shared by the browser and embedded-server tests."""
-    with running_server(tmp_path_factory.mktemp("embedded"), demo=True) as (base, _env):
-        yield base
+def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
+    """The demo market, shared by the browser and embedded-server tests: (base URL, env).
+
+    Its simulated jobs run 1,800 times faster than booked, so a 2-hour demo job ends in
+    4 s and its trade settles on the dev chain while the tests watch."""
+    with running_server(tmp_path_factory.mktemp("embedded"), demo=True, speed=1800) as (base, env):
+        yield base, env
+
+
+@pytest.fixture(scope="session")
+def embedded_server(embedded: tuple[str, dict[str, str]]) -> str:
+    return embedded[0]

@@ -334,3 +334,55 @@ def test_verify_exits_non_zero_on_an_edited_entry_or_a_balance_the_chain_disagre
     problems = journal_verify(ctx=ctx)
     assert any("hash does not match" in p for p in problems)
     assert any(f"free balance of {address}" in p for p in problems)
+
+
+# --- the demo's chain side (gridbid up --demo) ----------------------------------------------
+@pytest.mark.anvil
+def test_the_demo_market_records_and_settles_its_trades_on_the_dev_chain(ctx: Any) -> None:
+    """What `gridbid up --demo` does on its dev chain: buyers funded, providers registered
+    with a stake and a proven BLS key, rounds' trades recorded, the simulated agents sign
+    receipts and co-sign, batches settle, and the journal matches the chain."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from ledger import tasks
+    from ledger.demo import demo_agents_act, demo_chain_setup
+    from ledger.journal import journal_verify
+    from market.demo import BUYERS, PROVIDERS, demo_load, demo_tick
+    from market.models import Trade
+    from market.rounds import round_clear
+    from providers.models import Provider
+
+    demo_load()
+    assert demo_chain_setup(ctx) == f"{len(BUYERS)} demo buyers funded, {len(PROVIDERS)} demo providers registered on chain"
+    assert demo_chain_setup(ctx).startswith("0 demo buyers funded, 0 demo providers"), "a second start changes nothing"
+    assert not Provider.objects.filter(chain_address="").exists()
+
+    round_clear()
+    assert Trade.objects.exists(), "the demo's bids match some of its offers"
+    tasks.trades_record.delay()
+    _sync(ctx)
+    recorded = list(Trade.objects.filter(state="recorded"))
+    assert recorded, "the demo's trades are recorded on chain"
+
+    Trade.objects.update(created_at=timezone.now() - timedelta(days=2))  # their booked time is over
+    assert demo_tick(seed=1)["finished"] == len(Trade.objects.all())
+    assert demo_agents_act(ctx)["receipts"] == len(recorded)
+    tasks.batches_settle.delay()
+    assert demo_agents_act(ctx)["cosigned"] >= 1
+    tasks.batches_settle.delay()
+    _sync(ctx)
+    assert set(Trade.objects.filter(pk__in=[t.pk for t in recorded]).values_list("state", flat=True)) == {"settled"}
+    assert journal_verify(ctx=ctx) == []
+
+
+def test_the_demo_refuses_any_chain_but_the_dev_chain() -> None:
+    from types import SimpleNamespace
+
+    from ledger.demo import DemoChainError, demo_agents_act, demo_chain_setup
+
+    mainnet = SimpleNamespace(chain_id=1)
+    for act in (demo_chain_setup, demo_agents_act):
+        with pytest.raises(DemoChainError, match="only acts on the dev chain"):
+            act(mainnet)  # type: ignore[arg-type]
