@@ -100,6 +100,54 @@ def _send(*, user_id: int, action: str, amount: int, key: str) -> None:
         log.warning("%s of %s for user %s (%s) not sent: %s", action, amount, user_id, key, exc)
 
 
+FAUCET_TOKENS = 1_000 * 10**6  # 1,000 test USDC
+FAUCET_GAS_WEI = 10**18
+
+
+def faucet_available() -> bool:
+    """The embedded dev chain with our own test token: a faucet makes sense there only."""
+    from django.conf import settings
+
+    from ledger.context import DEV_CHAIN_ID, deployment_current
+
+    d = deployment_current()
+    return d is not None and d.chain_id == DEV_CHAIN_ID and not settings.CONFIG.token_address
+
+
+def faucet_request(*, user: User, key: str) -> dict[str, Any]:
+    """Dev chain only: mint 1,000 test USDC (and gas) to the user's custodial address, so a
+    new buyer can deposit and trade without a wallet. Sent after commit, once per key."""
+    if not faucet_available():
+        raise Conflict("The test-token faucet only runs on the embedded dev chain (gridbid up without CHAIN_RPC_URL).")
+    if user.chain_address and not CustodialKey.objects.filter(user=user).exists():
+        raise Conflict(f"Your escrow belongs to your own wallet ({user.chain_address}); the faucet funds custodial accounts.")
+    address = custodial_key_get_or_create(user=user).address
+
+    def send() -> None:
+        try:
+            ctx = chain_for_writes()
+            if int(ctx.client.rpc("eth_getBalance", [address, "latest"]), 16) < FAUCET_GAS_WEI:
+                ctx.client.rpc("anvil_setBalance", [address, hex(FAUCET_GAS_WEI)])
+            tx_submit(client=ctx.client, signer=ctx.operator, key=f"faucet:{key}", purpose="mint",
+                      call=ctx.token.functions.mint(address, FAUCET_TOKENS))
+        except (*UNREACHABLE, ChainUnavailable) as exc:
+            log.warning("faucet for user %s (%s) not sent: %s", user.pk, key, exc)
+
+    transaction.on_commit(send)
+    return {"action": "faucet", "amount": FAUCET_TOKENS, "address": address, "state": "accepted"}
+
+
+def tokens_held(address: str | None) -> int | None:
+    """Tokens at an address (not yet deposited), or None when the chain cannot say."""
+    if not address:
+        return None
+    try:
+        ctx = chain_context()
+        return None if ctx is None else int(ctx.client.view(ctx.token, "balanceOf", address))
+    except UNREACHABLE:
+        return None
+
+
 def escrow_transactions(*, keys: list[str]) -> list[dict[str, Any]]:
     found = {r.key: r for r in ChainTx.objects.filter(key__in=keys)}
     return [{"key": k, "tx_hash": found[k].tx_hash if k in found else None, "state": found[k].state if k in found else "not sent"} for k in keys]

@@ -97,10 +97,15 @@ def _undo(ctx: ChainContext, event: ChainEvent) -> None:
 
 
 def _advance_trades(qs: Any, target: str) -> None:
+    from market.streams import events
+
+    moved = []
     for trade in qs.select_for_update():
         if trade.state != target:
             states.advance("trade", trade, target)
             trade.save(update_fields=["state"])
+            moved.append(trade.pk)
+    events.jobs_changed(trade_ids=moved)  # the buyer's page shows recorded / settled live
 
 
 def _legs(ctx: ChainContext, event: ChainEvent) -> list[Leg]:

@@ -87,13 +87,31 @@ def _claim_record_batch(ctx: ChainContext, *, limit: int) -> RecordBatch | None:
     fills: list[TradeFill] = []
     orders = {}
     deadlines: dict[int, int] = {}
+    budget: dict[str, int] = {}  # per buyer address: free escrow on chain, less this batch's locks
+    by_bid: dict[int, list[Trade]] = {}
     for trade in trades:
+        by_bid.setdefault(trade.bid_id, []).append(trade)
+    ready: list[Trade] = []
+    for bid_trades in by_bid.values():
+        # an order is used once, so a bid's trades go into one batch together or wait together
+        if any(not t.provider.chain_address or t.duration_s != t.bid.duration_s for t in bid_trades):
+            continue  # a provider has not proven an address yet; the trades wait
+        buyer = bid_trades[0].buyer
+        if buyer.chain_address and not CustodialKey.objects.filter(user=buyer).exists():
+            continue  # a wallet buyer signs its own order (not wired yet)
+        address = custodial_key_get_or_create(user=buyer).address
+        if address not in budget:
+            budget[address] = int(ctx.client.view(ctx.market, "balance_of", address))
+        lock = sum(t.price * t.gpus * t.duration_s // 3600 for t in bid_trades)
+        if lock > budget[address]:
+            # the contract would revert the whole batch: this bid waits for a deposit instead
+            log.info("bid %s waits: its lock %s exceeds its buyer's free escrow %s", bid_trades[0].bid_id, lock, budget[address])
+            continue
+        budget[address] -= lock
+        ready.extend(bid_trades)
+    for trade in ready:
         bid = trade.bid
         provider = trade.provider.chain_address
-        if not provider or trade.duration_s != bid.duration_s:
-            continue  # the provider has not proven an address yet; the trade waits
-        if trade.buyer.chain_address and not CustodialKey.objects.filter(user=trade.buyer).exists():
-            continue  # a wallet buyer signs its own order (not wired yet)
         if bid.pk not in orders:
             key = custodial_key_get_or_create(user=trade.buyer)
             deadline = int(bid.deadline.timestamp()) if bid.deadline else now + bid.duration_s + ORDER_TTL_S

@@ -11,7 +11,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
 from ledger import selectors
-from ledger.escrow import ChainUnavailable, escrow_request
+from ledger.escrow import ChainUnavailable, escrow_request, faucet_available, faucet_request, tokens_held
 from market.errors import DomainError
 from market.models import Trade
 
@@ -23,8 +23,16 @@ def wallet(request: HttpRequest) -> HttpResponse:
         action = request.POST.get("action", "")
         # the form's nonce names the request: a double submit sends one transaction
         nonce = request.POST.get("nonce", "")[:64] or uuid.uuid4().hex
-        if action not in ("deposit", "withdraw"):
+        if action not in ("deposit", "withdraw", "faucet"):
             messages.error(request, "Choose deposit or withdraw.")
+            return redirect("web:wallet")
+        if action == "faucet":
+            try:
+                done = faucet_request(user=request.user, key=f"web:{request.user.pk}:{nonce}")
+            except (DomainError, ChainUnavailable) as exc:
+                messages.error(request, str(getattr(exc, "message", exc)))
+            else:
+                messages.success(request, f"1,000 test USDC are on their way to {done['address']}; deposit them below.")
             return redirect("web:wallet")
         try:
             done = escrow_request(user=request.user, action=action, amount=request.POST.get("amount", "").strip(), key=f"web:{request.user.pk}:{nonce}")
@@ -34,7 +42,10 @@ def wallet(request: HttpRequest) -> HttpResponse:
             messages.success(request, f"{action.capitalize()} of {done['amount']} base units sent from {done['address']}; it shows here once the chain confirms it.")
         return redirect("web:wallet")
     escrow = selectors.escrow_of(user=request.user)
-    return render(request, "ledger/wallet.html", {"escrow": escrow, "chain": selectors.chain_info(), "nonce": uuid.uuid4().hex})
+    return render(request, "ledger/wallet.html", {
+        "escrow": escrow, "chain": selectors.chain_info(), "nonce": uuid.uuid4().hex,
+        "faucet": faucet_available(), "held": tokens_held(escrow.get("address")),
+    })
 
 
 @login_required

@@ -16,6 +16,7 @@ from django.db.models.functions import Least
 from django.utils import timezone
 
 from market import services
+from market.streams import events
 from market.models import Role, User
 from providers import catalogue
 from providers.models import GpuModel, Provider, Region
@@ -124,6 +125,7 @@ def demo_tick(seed: int | None = None) -> dict[str, int]:
     machines.update(last_heartbeat=now, state=MachineState.ONLINE)
     Offer.objects.filter(machine__in=machines, state=OfferState.PAUSED).update(state=OfferState.OPEN)
     finished = 0
+    moved: list[int] = []
     with transaction.atomic():
         for job in Job.objects.select_for_update().select_related("trade").filter(trade__provider__user__username__in=names, state__in=[JobState.ASSIGNED, JobState.RUNNING]):
             t = job.trade
@@ -142,6 +144,8 @@ def demo_tick(seed: int | None = None) -> dict[str, int]:
             else:
                 job.progress = min(1.0, elapsed * speed / t.duration_s)
                 job.save(update_fields=["progress", "updated_at"])
+            moved.append(job.pk)
+        events.jobs_changed(job_ids=moved)
     placed = 0
     buyers = list(User.objects.filter(username__in=[b[0] for b in BUYERS]))
     open_bids = Bid.objects.filter(buyer__in=buyers, state=BidState.OPEN).count()

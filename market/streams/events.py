@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from market.models import AuctionRound, Bid, Trade
+from market.models import AuctionRound, Bid, Job, Trade
 from market.streams import snapshots
 from market.streams.publish import publish
 
@@ -38,5 +38,21 @@ def round_cleared(round_id: int) -> None:
             publish(f"book.{model}.{region}", snapshots.book(model, region))
         for bid in Bid.objects.filter(pk__in=[u["bid_id"] for u in rnd.result.get("unmatched", [])]).only("id", "buyer_id", "client_order_id", "state", "gpus", "gpu_models", "max_price", "explanation"):
             publish("orders", {"order": snapshots.bid_private(bid)}, user_id=bid.buyer_id)
+
+    transaction.on_commit(send)
+
+
+def jobs_changed(*, job_ids: list[int] | None = None, trade_ids: list[int] | None = None) -> None:
+    """A job moved (state, progress) or its trade's money did (recorded, settled,
+    refunded): its buyer's ``jobs`` channel gets the job as it is after the commit."""
+    if not job_ids and not trade_ids:
+        return
+    ids = list(job_ids or [])
+    if trade_ids:
+        ids += list(Job.objects.filter(trade_id__in=trade_ids).values_list("pk", flat=True))
+
+    def send() -> None:
+        for job in Job.objects.filter(pk__in=ids).select_related("trade").order_by("id"):
+            publish("jobs", {"job": snapshots.job_private(job)}, user_id=job.trade.buyer_id)
 
     transaction.on_commit(send)

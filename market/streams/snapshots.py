@@ -63,7 +63,8 @@ def orders(user: User) -> dict[str, Any]:
 
 
 def job_private(j: Job) -> dict[str, Any]:
-    return {"id": j.pk, "trade": j.trade_id, "state": j.state, "progress": j.progress, "gpu_seconds": j.gpu_seconds}
+    return {"id": j.pk, "trade": j.trade_id, "state": j.state, "progress": j.progress, "gpu_seconds": j.gpu_seconds,
+            "trade_state": j.trade.state}
 
 
 def jobs(user: User) -> dict[str, Any]:

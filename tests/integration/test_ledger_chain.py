@@ -386,3 +386,30 @@ def test_the_demo_refuses_any_chain_but_the_dev_chain() -> None:
     for act in (demo_chain_setup, demo_agents_act):
         with pytest.raises(DemoChainError, match="only acts on the dev chain"):
             act(mainnet)  # type: ignore[arg-type]
+
+
+@pytest.mark.anvil
+def test_a_buyer_without_escrow_waits_and_does_not_hold_up_the_batch(ctx: Any, buyer: Any, stranger: Any, provider_user: Any, make_offer: Any, make_bid: Any) -> None:
+    from ledger import tasks
+    from ledger.models import RecordBatch
+    from market.models import Trade
+    from market.rounds import round_clear
+
+    _register_provider(ctx, provider_user)
+    _fund_buyer(ctx, buyer, 1000 * TOKENS)
+    make_offer(provider_user, price=2 * TOKENS, count=8)
+    make_bid(buyer, gpus=2, max_price=3 * TOKENS, duration_s=3600)
+    make_bid(stranger, gpus=2, max_price=3 * TOKENS, duration_s=3600)  # never deposited
+    round_clear()
+    assert Trade.objects.count() == 2
+    tasks.trades_record.delay()
+    _sync(ctx)
+    assert dict(Trade.objects.values_list("buyer__username", "state")) == {buyer.username: "recorded", stranger.username: "pending"}
+    assert not RecordBatch.objects.filter(state="failed").exists(), "nothing was sent that the contract would revert"
+    tasks.trades_record.delay()
+    assert RecordBatch.objects.count() == 1, "the unfunded bid keeps waiting without a batch"
+
+    _fund_buyer(ctx, stranger, 1000 * TOKENS)
+    tasks.trades_record.delay()
+    _sync(ctx)
+    assert set(Trade.objects.values_list("state", flat=True)) == {"recorded"}

@@ -99,6 +99,8 @@
       (isSnapshot ? d.jobs : [d.job]).forEach((j) => {
         const bar = document.querySelector(`progress[data-job="${j.id}"]`);
         if (bar) { bar.value = j.progress; const s = document.querySelector(`[data-job-state="${j.id}"]`); setText(s, j.state); }
+        const pay = document.querySelector(`[data-trade-state="${j.id}"]`);
+        if (pay && j.trade_state && pay.textContent !== j.trade_state) { pay.textContent = j.trade_state; pay.className = "pill state-" + j.trade_state; flash(pay); }
       });
     });
   }
