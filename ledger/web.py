@@ -11,7 +11,13 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
 from ledger import selectors
-from ledger.escrow import ChainUnavailable, escrow_request, faucet_available, faucet_request, tokens_held
+from ledger.escrow import (
+    ChainUnavailable,
+    escrow_request,
+    faucet_available,
+    faucet_request,
+    tokens_held,
+)
 from market.errors import DomainError
 from market.models import Trade
 

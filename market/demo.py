@@ -16,8 +16,8 @@ from django.db.models.functions import Least
 from django.utils import timezone
 
 from market import services
-from market.streams import events
 from market.models import Role, User
+from market.streams import events
 from providers import catalogue
 from providers.models import GpuModel, Provider, Region
 

@@ -101,3 +101,53 @@ def test_a_bad_bid_shows_errors_a_person_understands(page, embedded_server):
     assert "location" in page.inner_text("#quote").lower()
     page.click("#place")
     assert "latency limit needs your location" in page.inner_text("main")
+
+
+def reload_until(page: Any, selector: str, text: str, timeout_s: float = 60) -> None:
+    """Server-rendered figures that change when the chain confirms: reload until they show."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if text in page.inner_text(selector):
+            return
+        page.wait_for_timeout(1000)
+        page.reload()
+    raise AssertionError(f"{selector} never showed {text!r}: {page.inner_text(selector)!r}")
+
+
+def test_a_new_buyer_funds_escrow_bids_and_watches_the_job_run_and_settle(page, embedded_server):
+    """The buyer's whole tour on the dev chain: test tokens from the faucet, a deposit, a
+    bid that matches live, the job's progress and the payment settling without a reload,
+    and the trade's Merkle proof checked in the browser."""
+    sign_up(page, embedded_server, "f")
+    page.goto(embedded_server + "/wallet/")
+    page.click("#faucet")
+    reload_until(page, "#tokens-held", "1,000.00")
+    page.fill("#deposit-form input[name=amount]", "500000000")
+    page.click("#deposit-form button")
+    reload_until(page, "#escrow-free", "500.00")
+    shot(page, "wallet-deposited")
+
+    page.goto(embedded_server + "/bids/new/")
+    page.select_option("#id_gpu_model", "A100-SXM-80GB")
+    page.fill("#id_gpus", "1")
+    page.fill("#id_max_price_usd", "9.00")
+    page.fill("#id_hours", "1")
+    page.wait_for_selector("#quote.ok")
+    page.click("#place")
+    page.wait_for_url("**/orders/")
+    page.wait_for_selector("#live-status[data-ok='1']")
+    page.evaluate("window.__stillHere = true")
+    page.wait_for_selector("tr[data-order] .pill.state-matched", timeout=40_000)
+    page.wait_for_selector("[data-job-state]:text('completed')", timeout=60_000)
+    assert page.evaluate("document.querySelector('progress[data-job]').value") == 1
+    page.wait_for_selector("[data-trade-state].state-settled", timeout=120_000)
+    assert page.evaluate("window.__stillHere === true"), "the page reloaded instead of updating live"
+    shot(page, "orders-settled")
+
+    page.click("[data-trade-state]")
+    page.wait_for_function("document.getElementById('proof-status').dataset.verified !== undefined")
+    assert page.text_content("#proof-status") == "proof verified ✓"
+    assert page.text_content("#settle-tx").startswith("0x")
+    shot(page, "trade-settled")

@@ -81,6 +81,22 @@
     });
   }
 
+  // A matched order's trades and jobs are rendered by the server: fetch the page once and
+  // swap in that row (no reload, so the socket and the rest of the page stay as they are)
+  const refreshing = new Set();
+  function refreshRow(row, id) {
+    if (refreshing.has(id)) return;
+    refreshing.add(id);
+    fetch(location.href, { credentials: "same-origin", headers: { "Accept": "text/html" } })
+      .then((r) => (r.ok ? r.text() : Promise.reject(r.status)))
+      .then((html) => {
+        const fresh = new DOMParser().parseFromString(html, "text/html").querySelector(`tr[data-order="${id}"]`);
+        if (fresh && fresh.querySelector("progress[data-job]")) { row.innerHTML = fresh.innerHTML; flash(row); }
+      })
+      .catch(() => {})
+      .finally(() => setTimeout(() => refreshing.delete(id), 2000));
+  }
+
   // My orders: states, explanations, job progress
   if (document.querySelector("[data-orders]")) {
     watch("orders", (d, isSnapshot) => {
@@ -93,6 +109,7 @@
         const why = row.querySelector("[data-field=why]");
         if (why && o.state === "open" && o.explanation && o.explanation.reasons) setText(why, o.explanation.reasons.join("; "));
         if (o.state === "matched" && why && !row.dataset.matched) { row.dataset.matched = "1"; setText(why, "matched: " + ((o.explanation && o.explanation.reasons) || []).join("; ")); }
+        if (o.state === "matched" && !row.querySelector("progress[data-job]")) refreshRow(row, o.id);
       });
     });
     watch("jobs", (d, isSnapshot) => {
