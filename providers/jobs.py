@@ -21,6 +21,7 @@ from market import states
 from market.errors import Conflict, DomainError, NotFound
 from market.models import Job, Offer, User
 from market.states import JobState, OfferState
+from market.streams import events
 from providers.agent import receipts as receipt_format
 from providers.models import Machine, MachineState, Provider
 
@@ -90,8 +91,13 @@ def machine_heartbeat(*, user: User, machine_id: int, gpus: list[dict[str, Any]]
         # offers paused while the machine was silent come back with it
         reopened = Offer.objects.filter(machine=machine, state=OfferState.PAUSED).update(state=OfferState.OPEN, updated_at=timezone.now())
     updated = 0
+    moved: list[int] = []
     for row in jobs:
-        updated += Job.objects.filter(pk=row["job"], trade__offer__machine=machine, state__in=[JobState.RUNNING, JobState.CHECKPOINTED]).update(progress=row["progress"], updated_at=timezone.now())
+        n = Job.objects.filter(pk=row["job"], trade__offer__machine=machine, state__in=[JobState.RUNNING, JobState.CHECKPOINTED]).update(progress=row["progress"], updated_at=timezone.now())
+        updated += n
+        if n:
+            moved.append(row["job"])
+    events.jobs_changed(job_ids=moved)  # progress bars on the buyer's page follow the heartbeats
     snapshot = {"at": machine.last_heartbeat.isoformat(), "agent_version": agent_version, "gpus": gpus}
     transaction.on_commit(lambda: cache.set(telemetry_key(machine.pk), snapshot, TELEMETRY_TTL_S))
     return {"machine": machine.pk, "state": machine.state, "reopened_offers": reopened, "jobs_updated": updated, "next_heartbeat_s": HEARTBEAT_INTERVAL_S}
@@ -179,6 +185,7 @@ def job_event(*, user: User, job_id: int, event: str, at: int | None = None, pro
             raise Conflict(f"A job that is {job.state} has no progress to report.")
         job.progress = progress if progress is not None else job.progress
         job.save(update_fields=["progress", "updated_at"])
+        events.jobs_changed(job_ids=[job.pk])
         return job
     target = EVENT_TARGET[event]
     if checkpoint:
@@ -206,6 +213,7 @@ def job_event(*, user: User, job_id: int, event: str, at: int | None = None, pro
             job.progress = 1.0
     job.checkpoint = meta
     job.save()
+    events.jobs_changed(job_ids=[job.pk])
     return job
 
 
