@@ -219,3 +219,26 @@ async def test_a_client_that_stops_reading_is_cut_off_with_4009_and_nothing_pile
         await sync_to_async(publish)("rounds", {"round": {"number": i}})
     out = await comm.receive_output(timeout=5)
     assert out == {"type": "websocket.close", "code": CLOSE_SLOW}
+
+
+async def test_a_jobs_progress_from_heartbeats_reaches_its_buyer_and_nobody_else(buyer, stranger, provider_user, token_of, make_offer, make_bid):
+    from market.models import Job
+    from market.rounds import round_clear
+    from providers.jobs import job_event, machine_heartbeat
+
+    offer = await sync_to_async(make_offer)(provider_user, price=2_000_000)
+    await sync_to_async(make_bid)(buyer, gpus=2)
+    await sync_to_async(round_clear)()
+    job = await sync_to_async(Job.objects.get)()
+    mine, theirs = await connect(await sync_to_async(token_of)(buyer)), await connect(await sync_to_async(token_of)(stranger))
+    for comm in (mine, theirs):
+        await welcome(comm)
+        await comm.send_json_to({"type": "subscribe", "channel": "jobs"})
+        assert (await recv(comm))["type"] == "snapshot"
+    await sync_to_async(job_event)(user=provider_user, job_id=job.pk, event="started")
+    await sync_to_async(machine_heartbeat)(user=provider_user, machine_id=offer.machine_id, gpus=[], jobs=[{"job": job.pk, "progress": 0.4}])
+    started, progress = (await recv(mine))["data"]["job"], (await recv(mine))["data"]["job"]
+    assert (started["state"], progress["progress"], progress["trade_state"]) == ("running", 0.4, "pending")
+    assert await theirs.receive_nothing(timeout=0.3)
+    await mine.disconnect()
+    await theirs.disconnect()
