@@ -36,10 +36,13 @@ from .market import (
 
 
 def milp_pick(
-    mkt: Market, pair_bid: I64, pair_offer: I64, pair_score: I64, free: I64, node_limit: int
+    mkt: Market, pair_bid: I64, pair_offer: I64, pair_score: I64, free: I64, node_limit: int,
+    rel_gap: float = 1e-6,
 ) -> I64:
     """Indices of the pairs an exact MILP (HiGHS) picks; a node limit, not a
-    time limit, bounds it so the answer does not depend on the machine."""
+    time limit, bounds it so the answer does not depend on the machine. The
+    divisibility rows (``market.size_tier``) are written too: they cut off
+    fractional points only, and tighten every node's relaxation."""
     n = len(pair_bid)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
@@ -47,17 +50,30 @@ def milp_pick(
     offs, oi = np.unique(pair_offer, return_inverse=True)
     nb, no = len(bids), len(offs)
     g = mkt.b_gpus[pair_bid].astype(np.float64)
-    a = coo_matrix(
-        (np.concatenate([np.ones(n), g]), (np.concatenate([bi, nb + oi]), np.r_[np.arange(n), np.arange(n)])),
-        shape=(nb + no, n),
-    ).tocsr()
-    rhs = np.concatenate([np.ones(nb), np.maximum(free[offs], 0).astype(np.float64)])
+    jp = size_tier(mkt.b_gpus[pair_bid], mkt.b_same[pair_bid])
+    caps = cut_caps(free[offs])
+    rows = [bi, nb + oi]
+    cols = [np.arange(n), np.arange(n)]
+    vals = [np.ones(n), g]
+    rhs = [np.ones(nb), caps[:, 0].astype(np.float64)]
+    top = nb + no
+    for j in range(1, CUT_TIERS):
+        sel = np.flatnonzero((jp >= j) & (caps[oi, j] < caps[oi, 0]))
+        if not len(sel):
+            continue
+        used, local = np.unique(oi[sel], return_inverse=True)
+        rows.append(top + local)
+        cols.append(sel)
+        vals.append(g[sel])
+        rhs.append(caps[used, j].astype(np.float64))
+        top += len(used)
+    a = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(top, n)).tocsr()
     res = milp(
         -pair_score.astype(np.float64),
-        constraints=LinearConstraint(a, -np.inf, rhs),
+        constraints=LinearConstraint(a, -np.inf, np.concatenate(rhs)),
         integrality=np.ones(n),
         bounds=Bounds(0, 1),
-        options={"node_limit": node_limit, "mip_rel_gap": 1e-6},
+        options={"node_limit": node_limit, "mip_rel_gap": rel_gap},
     )
     if res.x is None:
         return np.zeros(0, dtype=np.int64)
