@@ -146,14 +146,51 @@ class Solver:
             return None
         return [(best[3], g, -best[0])]
 
-    def best_multi(self, b: int) -> list[Part] | None:
-        """Best single-bucket fill for a bid that may span machines."""
+    def lp_multi(self, b: int, lp_gpus: dict[int, float]) -> list[Part] | None:
+        """A multi-machine bid placed where the LP put it: in the bucket holding most
+        of its LP GPUs, those offers first (their LP share, rounded), the rest of
+        its GPUs from that bucket's best offers with room."""
         mkt, st = self.mkt, self.state
         g = int(mkt.b_gpus[b])
+        mass: dict[tuple[int, int], float] = {}
+        for o, gx in lp_gpus.items():
+            mass[self.bucket(o)] = mass.get(self.bucket(o), 0.0) + gx
+        bucket = min(mass, key=lambda k: (-mass[k], k))
+        if not st.fair_ok(self.buyer[b], bucket, g):
+            return None
+        need, parts = g, []
+        for o, gx in sorted(lp_gpus.items(), key=lambda kv: (-kv[1], int(mkt.o_id[kv[0]]))):
+            take = min(need, st.free[o], int(round(gx)))
+            if self.bucket(o) == bucket and take > 0:
+                parts.append((o, take, self.score_of(b, o, take)))
+                need -= take
+        if need:
+            for o, take, _ in parts:
+                st.free[o] -= take
+            try:
+                rest = self.best_multi(b, need=need, only=bucket)
+            finally:
+                for o, take, _ in parts:
+                    st.free[o] += take
+            if rest is None:
+                return None
+            merged: dict[int, int] = {}
+            for o, take, _ in parts + rest:
+                merged[o] = merged.get(o, 0) + take
+            parts = [(o, k, self.score_of(b, o, k)) for o, k in merged.items()]
+        return parts if sum(p[2] for p in parts) > 0 else None
+
+    def best_multi(self, b: int, need: int | None = None, only: tuple[int, int] | None = None) -> list[Part] | None:
+        """Best single-bucket fill for a bid that may span machines (``need`` of
+        its GPUs, in bucket ``only`` when given)."""
+        mkt, st = self.mkt, self.state
+        g = int(mkt.b_gpus[b]) if need is None else need
         maxp = int(mkt.b_maxp[b])
         best: tuple[int, list[Part]] | None = None
         for key in self.cand.views[b]:
-            if not st.fair_ok(self.buyer[b], (key[0], key[1]), g):
+            if only is not None and (key[0], key[1]) != only:
+                continue
+            if need is None and not st.fair_ok(self.buyer[b], (key[0], key[1]), g):
                 continue
             rows: list[tuple[float, int, int, int]] = []
             for o in mkt.views[key].tolist():
@@ -262,6 +299,10 @@ class Solver:
         same = mkt.b_same[pb]
         mass = np.bincount(pb[~same], weights=x[~same], minlength=len(mkt.bids))
         val = np.bincount(pb[~same], weights=(x * ps)[~same], minlength=len(mkt.bids))
+        lp_gpus: dict[int, dict[int, float]] = {}
+        for i in np.flatnonzero(~same & (x > 1e-6)).tolist():
+            b_, o_ = int(pb[i]), int(po[i])
+            lp_gpus.setdefault(b_, {})[o_] = float(x[i]) * float(mkt.b_gpus[b_])
         pb, po, ps, x, price = pb[same], po[same], ps[same], x[same], price[same]
         # 1. the integral part of the LP solution stands as it is
         sure = np.flatnonzero(x >= 0.999)
@@ -270,7 +311,7 @@ class Solver:
         # 2. multi-machine bids the LP fills whole, largest LP value first
         whole = np.flatnonzero(mass >= 0.999)
         for b in whole[np.lexsort((mkt.bids_id[whole], -val[whole]))].tolist():
-            parts = self.best_multi(b)
+            parts = self.lp_multi(b, lp_gpus[b]) or self.best_multi(b)
             if parts is not None:
                 self.place(b, parts)
         # 3. the fractional rest is small: solve it as a MILP on what is left
