@@ -78,6 +78,9 @@ def rollback(*, ctx: ChainContext, to_block: int) -> None:
     cursor.applied_to = min(cursor.applied_to, to_block)
     cursor.save()
     log.warning("reorg: rolled back %d applied events after block %d", len(dropped), to_block)
+    from market.streams import events as stream_events
+
+    stream_events.operator_changed()
 
 
 def _undo(ctx: ChainContext, event: ChainEvent) -> None:
@@ -219,4 +222,8 @@ def events_apply(*, ctx: ChainContext, up_to: int) -> int:
     if limit > cursor.applied_to:
         cursor.applied_to = limit
         cursor.save(update_fields=["applied_to", "updated_at"])
+    if events:
+        from market.streams import events as stream_events
+
+        stream_events.operator_changed()  # batches confirmed, trades recorded or settled: the settlement queue moved
     return len(events)

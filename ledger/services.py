@@ -37,6 +37,7 @@ from ledger.models import (
 from ledger.outbox import tx_submit
 from market.models import Bid, Trade, User
 from market.states import JobState, TradeState
+from market.streams import events
 from providers.models import Provider
 
 log = logging.getLogger("gridbid.ledger")
@@ -146,6 +147,7 @@ def _submit(ctx: ChainContext, batch: RecordBatch | SettleBatch, *, purpose: str
         batch_fail(batch=batch, error=str(exc))
         return
     type(batch).objects.filter(pk=batch.pk).update(chain_tx=row, state=BatchState.SUBMITTED)
+    events.operator_changed()  # the operator's settlement queue
 
 
 @transaction.atomic
@@ -155,6 +157,7 @@ def batch_fail(*, batch: RecordBatch | SettleBatch, error: str) -> None:
     batch.items.all().delete()
     if isinstance(batch, SettleBatch):
         batch.cosigns.all().delete()
+    events.operator_changed()
 
 
 def batch_record(*, ctx: ChainContext, limit: int = 256) -> RecordBatch | None:
@@ -234,6 +237,7 @@ def settle_collect(*, ctx: ChainContext, limit: int = 256) -> SettleBatch | None
         batch.paid = sum(i.paid for i in batch.items.all())
         batch.refunded = sum(i.refund for i in batch.items.all())
         batch.save(update_fields=["paid", "refunded"])
+        events.operator_changed()
     return batch
 
 

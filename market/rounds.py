@@ -64,6 +64,7 @@ def round_clear(*, now: datetime | None = None, slot: int | None = None) -> Auct
     except Exception as exc:  # the engine validated its input and said no, or crashed: record it
         log.exception("round %s failed", rnd.number)
         AuctionRound.objects.filter(pk=rnd.pk).update(state=RoundState.FAILED, error=f"{type(exc).__name__}: {exc}"[:2000])
+        events.operator_changed()
         return AuctionRound.objects.get(pk=rnd.pk)
     _write(rnd=rnd, inp=inp, result=result, elapsed_ms=elapsed_ms)
     rnd.refresh_from_db()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from django.db.models import Count, Min, Q, QuerySet, Sum
 
@@ -137,3 +138,100 @@ def bucket_price_history(gpu_model: str, region: str, limit: int = 100) -> list[
 def offer_stats() -> dict[str, int]:
     agg = offers_open().aggregate(n=Count("id"), gpus=Sum("gpus_free"), providers=Count("machine__provider", distinct=True))
     return {"offers": agg["n"] or 0, "gpus_free": agg["gpus"] or 0, "providers": agg["providers"] or 0}
+
+
+# --- dashboards: the provider's own machines and sales, the operator's overview --------------
+# Plain dicts, so the page and the stream (market/streams/snapshots.py) show the same figures.
+
+def provider_machines(provider_id: int, *, machine_ids: list[int] | None = None) -> list[dict[str, Any]]:
+    """Each machine with its booked GPUs (from its offers) and its latest telemetry."""
+    from providers.jobs import machine_telemetry, machine_telemetry_history
+
+    qs = Machine.objects.filter(provider_id=provider_id).select_related("region").annotate(gpu_count=Count("gpus")).order_by("name", "id")
+    if machine_ids is not None:
+        qs = qs.filter(pk__in=machine_ids)
+    machines = list(qs)
+    booked: dict[int, tuple[int, int]] = {}
+    for machine_id, gpus, free in Offer.objects.filter(machine__in=machines).exclude(state=OfferState.WITHDRAWN).values_list("machine_id", "gpus", "gpus_free"):
+        offered, busy = booked.get(machine_id, (0, 0))
+        booked[machine_id] = (offered + gpus, busy + gpus - free)
+    rows = []
+    for m in machines:
+        offered, busy = booked.get(m.pk, (0, 0))
+        telemetry = machine_telemetry(m.pk)
+        gpus = (telemetry or {}).get("gpus") or []
+        rows.append({
+            "id": m.pk, "name": m.name, "region": m.region_id, "region_name": m.region.name, "state": m.state,
+            "last_heartbeat": m.last_heartbeat, "reliability": m.reliability, "gpus": m.gpu_count,
+            "offered": offered, "busy": busy, "booked_pct": int(100 * busy / m.gpu_count) if m.gpu_count else 0,
+            "gpu_util": round(sum(g["utilisation"] for g in gpus) / len(gpus), 1) if gpus else None,
+            "telemetry": gpus, "history": machine_telemetry_history(m.pk),
+        })
+    return rows
+
+
+def provider_sales(provider_id: int, *, trade_ids: list[int] | None = None, limit: int = 50) -> list[dict[str, Any]]:
+    qs = Trade.objects.filter(provider_id=provider_id).select_related("round", "job").order_by("-id")
+    if trade_ids is not None:
+        qs = qs.filter(pk__in=trade_ids)
+    out = []
+    for t in qs[:limit]:
+        job = getattr(t, "job", None)
+        out.append({
+            "id": t.pk, "round": t.round.number, "gpu_model": t.gpu_model_id, "region": t.region_id, "price": t.price,
+            "gpus": t.gpus, "amount": t.amount, "state": t.state, "created_at": t.created_at,
+            "job": {"id": job.pk, "state": job.state, "progress": job.progress} if job else None,
+        })
+    return out
+
+
+def provider_totals(provider_id: int) -> dict[str, int]:
+    from market.states import TradeState
+
+    agg = Trade.objects.filter(provider_id=provider_id).aggregate(
+        sold=Sum("amount"),
+        settled=Sum("amount", filter=Q(state=TradeState.SETTLED)),
+        pending=Sum("amount", filter=Q(state__in=[TradeState.PENDING, TradeState.RECORDED])),
+        trades=Count("id"),
+    )
+    return {k: v or 0 for k, v in agg.items()}
+
+
+def provider_earnings_series(provider_id: int, limit: int = 500) -> list[tuple[float, int]]:
+    """(unix time, cumulative amount sold) after each sale, oldest first."""
+    rows = list(Trade.objects.filter(provider_id=provider_id).order_by("-id").values_list("created_at", "amount")[:limit])[::-1]
+    base = Trade.objects.filter(provider_id=provider_id).aggregate(n=Sum("amount"))["n"] or 0
+    total = base - sum(a for _, a in rows)
+    out = []
+    for at, amount in rows:
+        total += amount
+        out.append((round(at.timestamp(), 3), total))
+    return out
+
+
+def operator_overview() -> dict[str, Any]:
+    """Rounds, the settlement queue (trades and chain batches by state), jobs, machines offline."""
+    from ledger.models import RecordBatch, SettleBatch
+    from providers.models import MachineState
+
+    def by_state(qs: QuerySet[Any]) -> dict[str, int]:
+        return dict(qs.order_by().values_list("state").annotate(n=Count("id")).values_list("state", "n"))
+
+    rounds = [
+        {"number": r.number, "state": r.state, "error": r.error, "cleared_at": r.cleared_at, "bids": r.stats.get("bids"),
+         "trades": r.stats.get("trades"), "clear_ms": r.stats.get("clear_ms"), "gap": r.stats.get("gap"), "method": r.stats.get("method", "")}
+        for r in AuctionRound.objects.order_by("-number").only("number", "state", "error", "cleared_at", "stats")[:20]
+    ]
+    offline = [
+        {"id": m.pk, "provider": m.provider.display_name, "name": m.name, "region": m.region_id, "last_heartbeat": m.last_heartbeat, "reliability": m.reliability}
+        for m in Machine.objects.filter(state=MachineState.OFFLINE).select_related("provider").order_by("last_heartbeat", "id")[:50]
+    ]
+    return {
+        "rounds": rounds,
+        "trade_states": by_state(Trade.objects.all()),
+        "job_states": by_state(Job.objects.all()),
+        "record_batches": by_state(RecordBatch.objects.all()),
+        "settle_batches": by_state(SettleBatch.objects.all()),
+        "offline": offline,
+        "offline_count": Machine.objects.filter(state=MachineState.OFFLINE).count(),
+    }

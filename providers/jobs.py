@@ -73,6 +73,23 @@ def telemetry_key(machine_id: int) -> str:
     return f"gridbid:machine:{machine_id}:telemetry"
 
 
+def telemetry_history_key(machine_id: int) -> str:
+    return f"gridbid:machine:{machine_id}:telemetry-history"
+
+
+TELEMETRY_HISTORY_POINTS = 120  # ten minutes at the default heartbeat
+
+
+def _telemetry_store(machine_id: int, snapshot: dict[str, Any], at: datetime) -> None:
+    """The latest figures, and a short history of mean GPU utilisation for the dashboard's chart."""
+    cache.set(telemetry_key(machine_id), snapshot, TELEMETRY_TTL_S)
+    gpus = snapshot["gpus"]
+    if gpus:
+        point = [round(at.timestamp(), 3), round(sum(float(g.get("utilisation", 0)) for g in gpus) / len(gpus), 1)]
+        history = [*(cache.get(telemetry_history_key(machine_id)) or []), point][-TELEMETRY_HISTORY_POINTS:]
+        cache.set(telemetry_history_key(machine_id), history, TELEMETRY_TTL_S * 4)
+
+
 # --- heartbeats -------------------------------------------------------------------------
 @transaction.atomic
 def machine_heartbeat(*, user: User, machine_id: int, gpus: list[dict[str, Any]], jobs: list[dict[str, Any]], agent_version: str = "") -> dict[str, Any]:
@@ -99,12 +116,19 @@ def machine_heartbeat(*, user: User, machine_id: int, gpus: list[dict[str, Any]]
             moved.append(row["job"])
     events.jobs_changed(job_ids=moved)  # progress bars on the buyer's page follow the heartbeats
     snapshot = {"at": machine.last_heartbeat.isoformat(), "agent_version": agent_version, "gpus": gpus}
-    transaction.on_commit(lambda: cache.set(telemetry_key(machine.pk), snapshot, TELEMETRY_TTL_S))
+    at = machine.last_heartbeat
+    transaction.on_commit(lambda: _telemetry_store(machine.pk, snapshot, at))
+    events.machines_changed(machine_ids=[machine.pk], states_changed=came_back)  # after the telemetry is stored
     return {"machine": machine.pk, "state": machine.state, "reopened_offers": reopened, "jobs_updated": updated, "next_heartbeat_s": HEARTBEAT_INTERVAL_S}
 
 
 def machine_telemetry(machine_id: int) -> dict[str, Any] | None:
     return cache.get(telemetry_key(machine_id))
+
+
+def machine_telemetry_history(machine_id: int) -> list[list[float]]:
+    """[[unix time, mean GPU utilisation %], …], oldest first; empty when the agent has been quiet."""
+    return list(cache.get(telemetry_history_key(machine_id)) or [])
 
 
 # --- assignments ----------------------------------------------------------------------------
@@ -214,6 +238,7 @@ def job_event(*, user: User, job_id: int, event: str, at: int | None = None, pro
     job.checkpoint = meta
     job.save()
     events.jobs_changed(job_ids=[job.pk])
+    events.operator_changed()  # jobs by state
     return job
 
 

@@ -143,11 +143,12 @@ class StreamConsumer(AsyncWebsocketConsumer):
 
     async def on_subscribe(self, msg: dict[str, Any]) -> None:
         channel = msg.get("channel")
-        if not isinstance(channel, str) or not (pub.PUBLIC_CHANNEL.match(channel) or channel in pub.PRIVATE_CHANNELS):
-            await self.error("invalid_channel", "Channels are book.<gpu_model>.<region>, rounds, trades, orders, jobs or balances.", ref=channel if isinstance(channel, str) else None)
+        if not isinstance(channel, str) or not (pub.PUBLIC_CHANNEL.match(channel) or channel in pub.PRIVATE_CHANNELS or channel in pub.OPERATOR_CHANNELS):
+            await self.error("invalid_channel", "Channels are book.<gpu_model>.<region>, rounds, trades, orders, jobs, balances, machines, sales or operator.", ref=channel if isinstance(channel, str) else None)
             return
-        if channel in pub.PRIVATE_CHANNELS and not self.allowed(Scope.READ):
-            await self.error("forbidden", f"'{channel}' is your own data: authenticate first (token or session).", ref=channel)
+        refusal = await self._refusal(channel)
+        if refusal:
+            await self.error("forbidden", refusal, ref=channel)
             return
         if channel not in self.groups_joined and len(self.groups_joined) >= MAX_SUBSCRIPTIONS:
             await self.error("too_many_subscriptions", f"At most {MAX_SUBSCRIPTIONS} subscriptions per connection.", ref=channel)
@@ -158,6 +159,26 @@ class StreamConsumer(AsyncWebsocketConsumer):
         # the seq is read before the snapshot: updates after it are newer than the snapshot
         seq, data = await self._snapshot(channel, group)
         await self.send_json({"type": "snapshot", "channel": channel, "seq": seq, "data": data})
+
+    async def _refusal(self, channel: str) -> str | None:
+        """Why this connection may not read `channel`, in words; None when it may."""
+        if channel in pub.OPERATOR_CHANNELS:
+            if not self.authenticated:
+                return f"'{channel}' is for operators: authenticate first (token or session)."
+            if not self.allowed(Scope.OPERATE):
+                return f"'{channel}' shows every account's activity: operators only (a token needs the 'operate' scope)."
+            return None
+        if channel in pub.PRIVATE_CHANNELS and not self.allowed(Scope.READ):
+            return f"'{channel}' is your own data: authenticate first (token or session)."
+        if channel in pub.PROVIDER_CHANNELS and not await self._is_provider():
+            return f"'{channel}' is a provider's own machines and sales: this account does not sell GPU time."
+        return None
+
+    @database_sync_to_async
+    def _is_provider(self) -> bool:
+        from providers.models import Provider
+
+        return Provider.objects.filter(user=self.user).exists()
 
     @database_sync_to_async
     def _snapshot(self, channel: str, group: str) -> tuple[int, Any]:

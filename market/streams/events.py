@@ -29,7 +29,7 @@ def round_cleared(round_id: int) -> None:
     def send() -> None:
         rnd = AuctionRound.objects.get(pk=round_id)
         publish("rounds", {"round": snapshots.round_summary(rnd)})
-        trades = list(Trade.objects.filter(round=rnd).select_related("round", "bid", "job"))
+        trades = list(Trade.objects.filter(round=rnd).select_related("round", "bid", "job", "offer", "provider"))
         for t in trades:
             publish("trades", {"trade": snapshots.trade_public(t)})
             publish("orders", {"order": snapshots.bid_private(t.bid)}, user_id=t.buyer_id)
@@ -38,13 +38,20 @@ def round_cleared(round_id: int) -> None:
             publish(f"book.{model}.{region}", snapshots.book(model, region))
         for bid in Bid.objects.filter(pk__in=[u["bid_id"] for u in rnd.result.get("unmatched", [])]).only("id", "buyer_id", "client_order_id", "state", "gpus", "gpu_models", "max_price", "explanation"):
             publish("orders", {"order": snapshots.bid_private(bid)}, user_id=bid.buyer_id)
+        sold: dict[int, list[int]] = {}
+        for t in trades:
+            sold.setdefault(t.provider.user_id, []).append(t.pk)
+        _send_sales(sold)  # the winning providers see the sale, and their machines' booked GPUs
+        _send_machines(sorted({t.offer.machine_id for t in trades}))
+        publish("operator", snapshots.operator())
 
     transaction.on_commit(send)
 
 
 def jobs_changed(*, job_ids: list[int] | None = None, trade_ids: list[int] | None = None) -> None:
     """A job moved (state, progress) or its trade's money did (recorded, settled,
-    refunded): its buyer's ``jobs`` channel gets the job as it is after the commit."""
+    refunded): its buyer's ``jobs`` channel gets the job as it is after the commit,
+    and its provider's ``sales`` channel the sale with the provider's new totals."""
     if not job_ids and not trade_ids:
         return
     ids = list(job_ids or [])
@@ -52,7 +59,50 @@ def jobs_changed(*, job_ids: list[int] | None = None, trade_ids: list[int] | Non
         ids += list(Job.objects.filter(trade_id__in=trade_ids).values_list("pk", flat=True))
 
     def send() -> None:
-        for job in Job.objects.filter(pk__in=ids).select_related("trade").order_by("id"):
+        sold: dict[int, list[int]] = {}
+        for job in Job.objects.filter(pk__in=ids).select_related("trade", "trade__provider").order_by("id"):
             publish("jobs", {"job": snapshots.job_private(job)}, user_id=job.trade.buyer_id)
+            sold.setdefault(job.trade.provider.user_id, []).append(job.trade_id)
+        _send_sales(sold)
 
     transaction.on_commit(send)
+
+
+def _send_sales(trades_by_user: dict[int, list[int]]) -> None:
+    from providers.models import Provider
+
+    providers = dict(Provider.objects.filter(user_id__in=list(trades_by_user)).values_list("user_id", "pk"))
+    for user_id, trade_ids in sorted(trades_by_user.items()):
+        provider_id = providers[user_id]
+        totals = snapshots.provider_totals(provider_id)
+        for sale in snapshots.sales_rows(provider_id, trade_ids=trade_ids):
+            publish("sales", {"sale": sale, "totals": totals}, user_id=user_id)
+
+
+def machines_changed(*, machine_ids: list[int], states_changed: bool = False) -> None:
+    """A heartbeat arrived or machines went quiet: each owner's ``machines`` channel gets
+    the machine with its telemetry; the operator's overview follows a change of state."""
+    if not machine_ids:
+        return
+    ids = list(machine_ids)
+
+    def send() -> None:
+        _send_machines(ids)
+        if states_changed:
+            publish("operator", snapshots.operator())
+
+    transaction.on_commit(send)
+
+
+def _send_machines(machine_ids: list[int]) -> None:
+    from providers.models import Machine
+
+    owners = dict(Machine.objects.filter(pk__in=machine_ids).values_list("provider_id", "provider__user_id"))
+    for provider_id, user_id in sorted(owners.items()):
+        for machine in snapshots.machine_rows(provider_id, machine_ids=machine_ids, history=False):
+            publish("machines", {"machine": machine}, user_id=user_id)
+
+
+def operator_changed() -> None:
+    """Rounds, the settlement queue or job states moved: operators get the overview, whole."""
+    transaction.on_commit(lambda: publish("operator", snapshots.operator()))

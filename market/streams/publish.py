@@ -21,7 +21,9 @@ from django.db import transaction
 log = logging.getLogger("gridbid.streams")
 
 PUBLIC_CHANNEL = re.compile(r"^(book\.[A-Za-z0-9_.-]+\.[a-z0-9-]+|rounds|trades)$")
-PRIVATE_CHANNELS = ("orders", "jobs", "balances")
+PRIVATE_CHANNELS = ("orders", "jobs", "balances", "machines", "sales")  # your own data: one group per user
+PROVIDER_CHANNELS = ("machines", "sales")  # private channels that only a provider account has
+OPERATOR_CHANNELS = ("operator",)  # every account's activity: operators only, one shared group
 SEQ_TTL = 7 * 24 * 3600
 
 
@@ -29,6 +31,8 @@ def group_name(channel: str, user_id: int | None = None) -> str:
     """Channel-layer group names allow only [a-zA-Z0-9_.-] and < 100 chars."""
     if channel in PRIVATE_CHANNELS:
         return f"user.{user_id}.{channel}"
+    if channel in OPERATOR_CHANNELS:
+        return f"ops.{channel}"
     return "pub." + re.sub(r"[^A-Za-z0-9_.-]", "_", channel)[:90]
 
 

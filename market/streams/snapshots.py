@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.db.models import Sum
@@ -71,6 +72,55 @@ def jobs(user: User) -> dict[str, Any]:
     return {"jobs": [job_private(j) for j in selectors.jobs_visible(user).filter(trade__buyer=user)[:100]]}
 
 
+def _iso(when: datetime | None) -> str | None:
+    return when.isoformat() if when else None
+
+
+def machine_rows(provider_id: int, *, machine_ids: list[int] | None = None, history: bool = True) -> list[dict[str, Any]]:
+    """Machines as the dashboard shows them; updates leave out the utilisation history
+    (a client appends each update's `gpu_util` to the history it got in the snapshot)."""
+    rows = [{**m, "last_heartbeat": _iso(m["last_heartbeat"])} for m in selectors.provider_machines(provider_id, machine_ids=machine_ids)]
+    if not history:
+        for row in rows:
+            del row["history"]
+    return rows
+
+
+def sales_rows(provider_id: int, *, trade_ids: list[int] | None = None) -> list[dict[str, Any]]:
+    return [{**t, "created_at": _iso(t["created_at"])} for t in selectors.provider_sales(provider_id, trade_ids=trade_ids)]
+
+
+def provider_totals(provider_id: int) -> dict[str, int]:
+    return selectors.provider_totals(provider_id)
+
+
+def _provider_id(user: User) -> int | None:
+    from providers.models import Provider
+
+    return Provider.objects.filter(user=user).values_list("pk", flat=True).first()
+
+
+def machines(user: User) -> dict[str, Any]:
+    provider_id = _provider_id(user)
+    return {"machines": machine_rows(provider_id) if provider_id else []}
+
+
+def sales(user: User) -> dict[str, Any]:
+    provider_id = _provider_id(user)
+    if provider_id is None:
+        return {"totals": {"sold": 0, "settled": 0, "pending": 0, "trades": 0}, "sales": []}
+    return {"totals": provider_totals(provider_id), "sales": sales_rows(provider_id)}
+
+
+def operator() -> dict[str, Any]:
+    o = selectors.operator_overview()
+    return {
+        **o,
+        "rounds": [{**r, "cleared_at": _iso(r["cleared_at"])} for r in o["rounds"]],
+        "offline": [{**m, "last_heartbeat": _iso(m["last_heartbeat"])} for m in o["offline"]],
+    }
+
+
 def snapshot(channel: str, user: User | None) -> dict[str, Any]:
     if channel.startswith("book."):
         _, rest = channel.split(".", 1)
@@ -85,5 +135,11 @@ def snapshot(channel: str, user: User | None) -> dict[str, Any]:
         return orders(user)
     if channel == "jobs":
         return jobs(user)
+    if channel == "machines":
+        return machines(user)
+    if channel == "sales":
+        return sales(user)
+    if channel == "operator":
+        return operator()
     return {"balances": None, "note": "escrow balances appear here once settlement is enabled"}
 

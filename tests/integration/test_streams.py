@@ -242,3 +242,176 @@ async def test_a_jobs_progress_from_heartbeats_reaches_its_buyer_and_nobody_else
     assert await theirs.receive_nothing(timeout=0.3)
     await mine.disconnect()
     await theirs.disconnect()
+
+
+# --- provider and operator channels ---------------------------------------------------------
+TELEMETRY = [{"index": 0, "utilisation": 37.0, "memory_used_mib": 1024, "memory_total_mib": 81559, "temperature_c": 46.8, "power_w": 180.0},
+             {"index": 1, "utilisation": 91.0, "memory_used_mib": 60000, "memory_total_mib": 81559, "temperature_c": 68.4, "power_w": 610.0}]
+
+
+async def subscribed(token: str, *channels: str) -> tuple[WebsocketCommunicator, dict[str, dict[str, Any]]]:
+    """A connection subscribed to `channels`; returns it and each channel's snapshot data."""
+    comm = await connect(token)
+    await welcome(comm)
+    snaps = {}
+    for channel in channels:
+        await comm.send_json_to({"type": "subscribe", "channel": channel})
+        msg = await recv(comm)
+        assert msg["type"] == "snapshot", msg
+        snaps[channel] = msg["data"]
+    return comm, snaps
+
+
+async def updates(comm: WebsocketCommunicator, channel: str, n: int) -> list[dict[str, Any]]:
+    """The data of the next `n` updates on `channel`, skipping other channels' messages."""
+    out = []
+    while len(out) < n:
+        msg = await recv(comm)
+        if msg.get("channel") == channel:
+            assert msg["type"] == "update"
+            out.append(msg["data"])
+    return out
+
+
+async def test_a_provider_watches_its_machine_come_online_with_per_gpu_telemetry(provider_user, other_provider_user, token_of, make_machine):
+    from providers.jobs import machine_heartbeat
+
+    machine = await sync_to_async(make_machine)(provider_user, count=2, name="rack-7")
+    mine, snaps = await subscribed(await sync_to_async(token_of)(provider_user), "machines")
+    [row] = snaps["machines"]["machines"]
+    assert (row["name"], row["state"], row["gpus"], row["telemetry"], row["gpu_util"]) == ("rack-7", "offline", 2, [], None)
+    theirs, their_snaps = await subscribed(await sync_to_async(token_of)(other_provider_user), "machines")
+    assert their_snaps["machines"] == {"machines": []}
+
+    await sync_to_async(machine_heartbeat)(user=provider_user, machine_id=machine.pk, gpus=TELEMETRY, jobs=[], agent_version="1.0")
+    [update] = await updates(mine, "machines", 1)
+    m = update["machine"]
+    assert (m["id"], m["state"], m["gpu_util"]) == (machine.pk, "online", 64.0)
+    assert [g["utilisation"] for g in m["telemetry"]] == [37.0, 91.0] and m["last_heartbeat"]
+    assert "history" not in m  # updates carry the point, the snapshot the history
+    assert await theirs.receive_nothing(timeout=0.3)
+
+    again, snaps = await subscribed(await sync_to_async(token_of)(provider_user), "machines")
+    assert snaps["machines"]["machines"][0]["history"][-1][1] == 64.0
+    for comm in (mine, theirs, again):
+        await comm.disconnect()
+
+
+async def test_a_machine_that_goes_quiet_shows_offline_to_its_owner_and_the_operator(provider_user, operator, token_of, make_machine):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from providers.models import Machine
+    from providers.tasks import machines_mark_offline
+
+    machine = await sync_to_async(make_machine)(provider_user, count=1)
+    await sync_to_async(Machine.objects.filter(pk=machine.pk).update)(state="online", last_heartbeat=timezone.now() - timedelta(minutes=5))
+    owner, _ = await subscribed(await sync_to_async(token_of)(provider_user), "machines")
+    ops, snaps = await subscribed(await sync_to_async(token_of)(operator), "operator")
+    assert snaps["operator"]["offline_count"] == 0
+
+    assert await sync_to_async(machines_mark_offline)() == 1
+    [update] = await updates(owner, "machines", 1)
+    assert update["machine"]["state"] == "offline" and update["machine"]["reliability"] < machine.reliability
+    [overview] = await updates(ops, "operator", 1)
+    assert overview["offline_count"] == 1 and overview["offline"][0]["name"] == machine.name
+    await owner.disconnect()
+    await ops.disconnect()
+
+
+async def test_a_sale_its_jobs_progress_and_the_new_totals_reach_the_provider(buyer, provider_user, other_provider_user, token_of, make_offer, make_bid):
+    from market.models import Job
+    from market.rounds import round_clear
+    from providers.jobs import job_event, machine_heartbeat
+
+    offer = await sync_to_async(make_offer)(provider_user, price=2_000_000)
+    seller, snaps = await subscribed(await sync_to_async(token_of)(provider_user), "sales", "machines")
+    assert snaps["sales"] == {"totals": {"sold": 0, "settled": 0, "pending": 0, "trades": 0}, "sales": []}
+    rival, _ = await subscribed(await sync_to_async(token_of)(other_provider_user), "sales")
+    await sync_to_async(make_bid)(buyer, gpus=2, duration_s=3600)
+    await sync_to_async(round_clear)()
+
+    [sold] = await updates(seller, "sales", 1)
+    assert (sold["sale"]["gpus"], sold["sale"]["state"], sold["sale"]["job"]["state"]) == (2, "pending", "assigned")
+    assert sold["totals"]["sold"] == sold["sale"]["amount"] == 4_000_000 and sold["totals"]["pending"] == 4_000_000
+    [booked] = await updates(seller, "machines", 1)
+    assert (booked["machine"]["busy"], booked["machine"]["booked_pct"]) == (2, 25)
+
+    job = await sync_to_async(Job.objects.get)()
+    await sync_to_async(job_event)(user=provider_user, job_id=job.pk, event="started")
+    await sync_to_async(machine_heartbeat)(user=provider_user, machine_id=offer.machine_id, gpus=[], jobs=[{"job": job.pk, "progress": 0.5}])
+    started, progress = await updates(seller, "sales", 2)
+    assert started["sale"]["job"]["state"] == "running" and progress["sale"]["job"]["progress"] == 0.5
+    assert await rival.receive_nothing(timeout=0.3)
+    await seller.disconnect()
+    await rival.disconnect()
+
+
+async def test_the_operator_sees_each_new_round_and_the_settlement_queue(buyer, provider_user, operator, token_of, make_offer, make_bid):
+    from ledger.models import Deployment, RecordBatch
+    from ledger.services import batch_fail
+    from market.rounds import round_clear
+
+    await sync_to_async(make_offer)(provider_user, price=2_000_000)
+    ops, snaps = await subscribed(await sync_to_async(token_of)(operator), "operator")
+    assert snaps["operator"]["rounds"] == [] and snaps["operator"]["trade_states"] == {}
+    await sync_to_async(make_bid)(buyer, gpus=1)
+    rnd = await sync_to_async(round_clear)()
+
+    [overview] = await updates(ops, "operator", 1)
+    assert overview["rounds"][0]["number"] == rnd.number and overview["rounds"][0]["state"] == "cleared"
+    assert overview["rounds"][0]["trades"] == 1 and overview["trade_states"] == {"pending": 1} and overview["job_states"] == {"assigned": 1}
+
+    deployment = await sync_to_async(Deployment.objects.create)(chain_id=31337, market_address="0x" + "1" * 40, token_address="0x" + "2" * 40)
+    batch = await sync_to_async(RecordBatch.objects.create)(deployment=deployment, root="0x" + "3" * 64)
+    await sync_to_async(batch_fail)(batch=batch, error="reverted: escrow: insufficient")
+    [overview] = await updates(ops, "operator", 1)
+    assert overview["record_batches"] == {"failed": 1}
+    await ops.disconnect()
+
+
+@pytest.mark.parametrize("channel", ["machines", "sales", "operator"])
+async def test_anonymous_clients_are_refused_provider_and_operator_channels(channel):
+    comm = await connect()
+    await welcome(comm)
+    await comm.send_json_to({"type": "subscribe", "channel": channel})
+    err = await recv(comm)
+    assert (err["type"], err["code"], err["ref"]) == ("error", "forbidden", channel) and "authenticate" in err["message"]
+    await comm.disconnect()
+
+
+@pytest.mark.parametrize("channel", ["machines", "sales"])
+async def test_a_buyer_is_refused_a_providers_channels_in_words(buyer, token_of, channel):
+    comm = await connect(await sync_to_async(token_of)(buyer))
+    await welcome(comm)
+    await comm.send_json_to({"type": "subscribe", "channel": channel})
+    err = await recv(comm)
+    assert err["code"] == "forbidden" and "does not sell GPU time" in err["message"]
+    await comm.disconnect()
+
+
+async def test_a_provider_token_without_read_is_refused_its_machines(provider_user, token_of):
+    comm = await connect(await sync_to_async(token_of)(provider_user, ["provide"]))
+    await welcome(comm)
+    await comm.send_json_to({"type": "subscribe", "channel": "machines"})
+    assert (await recv(comm))["code"] == "forbidden"
+    await comm.disconnect()
+
+
+@pytest.mark.parametrize("who", ["buyer", "provider"])
+async def test_only_operators_may_watch_the_operator_channel(buyer, provider_user, token_of, who):
+    comm = await connect(await sync_to_async(token_of)({"buyer": buyer, "provider": provider_user}[who]))
+    await welcome(comm)
+    await comm.send_json_to({"type": "subscribe", "channel": "operator"})
+    err = await recv(comm)
+    assert err["code"] == "forbidden" and "operators only" in err["message"]
+    await comm.disconnect()
+
+
+async def test_an_operator_token_without_the_operate_scope_is_refused_the_operator_channel(operator, token_of):
+    comm = await connect(await sync_to_async(token_of)(operator, ["read"]))
+    await welcome(comm)
+    await comm.send_json_to({"type": "subscribe", "channel": "operator"})
+    assert (await recv(comm))["code"] == "forbidden"
+    await comm.disconnect()
