@@ -137,6 +137,8 @@ class Config:
     market_address: str | None
     token_address: str | None
     log_level: str
+    # the node URL handed to provider agents; CHAIN_RPC_URL may carry a secret and is never shown
+    chain_public_rpc_url: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -208,6 +210,7 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         fair_share_cap=_number(env, "FAIR_SHARE_CAP", 1.0, 0.01, 1.0),
         price_point=_number(env, "PRICE_POINT", 0.0, 0.0, 1.0),
         chain_rpc_url=_url(env, "CHAIN_RPC_URL", ("http", "https")),
+        chain_public_rpc_url=_url(env, "CHAIN_PUBLIC_RPC_URL", ("http", "https")),
         chain_port=int(_number(env, "GRIDBID_CHAIN_PORT", 8545, 1, 65535, int)),
         chain_id=int(_number(env, "CHAIN_ID", 31337, 1, 2**53, int)),
         chain_confirmations=int(_number(env, "CHAIN_CONFIRMATIONS", 1, 0, 100, int)),

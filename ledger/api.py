@@ -25,7 +25,7 @@ from rest_framework.views import APIView
 
 from contracts.merkle import receipt_leaf
 from ledger import selectors
-from ledger.escrow import ChainUnavailable, escrow_request, escrow_transactions
+from ledger.escrow import UNREACHABLE, ChainUnavailable, escrow_request, escrow_transactions
 from ledger.models import BatchState, Cosign, SettleBatch, SettleItem
 from ledger.services import SettlementError, cosign_submit
 from market.api.idempotency import HEADER, idempotent
@@ -153,6 +153,31 @@ def _subject(request: Request) -> Any:
 
 
 USER_PARAM = OpenApiParameter("user", int, description="Operators only: whose data")
+
+
+class ChainView(APIView):
+    """The settlement chain, for provider agents and wallets: chain id, a JSON-RPC URL to
+    use (null when the market publishes none: bring your own node), the market and token
+    contracts, and the minimum provider stake. `chain` is null when the market settles
+    nothing on chain."""
+
+    permission_classes = [ScopedAccess]
+    public_read = True
+
+    @extend_schema(responses=inline_serializer("Chain", {"chain": serializers.DictField(allow_null=True)}))
+    def get(self, request: Request) -> Response:
+        info = selectors.chain_info()
+        if info is None:
+            return Response({"chain": None})
+        min_stake = None
+        try:
+            from ledger.context import chain_context, market_min_stake
+
+            ctx = chain_context()
+            min_stake = market_min_stake(ctx) if ctx is not None else None
+        except UNREACHABLE as exc:  # the agent reads it from the chain itself then
+            log.warning("chain info: min_stake unavailable: %s", exc)
+        return Response({"chain": {**info, "rpc_url": selectors.chain_public_rpc_url(), "min_stake": min_stake, "token_decimals": 6}})
 
 
 class EscrowView(APIView):

@@ -85,3 +85,15 @@ def chain_context() -> ChainContext | None:
 def chain_context_reset() -> None:
     """Forget cached clients (tests, and after a deployment changes)."""
     _cache.clear()
+
+
+_min_stakes: dict[tuple[int, str], int] = {}
+
+
+def market_min_stake(ctx: ChainContext) -> int:
+    """The market contract's `min_stake`: an immutable, so it is read from the chain once
+    per deployment and kept."""
+    key = (ctx.chain_id, ctx.deployment.market_address.lower())
+    if key not in _min_stakes:
+        _min_stakes[key] = int(ctx.client.view(ctx.market, "min_stake"))
+    return _min_stakes[key]

@@ -41,6 +41,20 @@ def chain_info() -> dict[str, Any] | None:
     return {"chain_id": d.chain_id, "market": d.market_address, "token": d.token_address}
 
 
+def chain_public_rpc_url() -> str | None:
+    """The node URL providers may use: CHAIN_PUBLIC_RPC_URL, else the embedded dev chain's
+    own URL. A CHAIN_RPC_URL set for the server is never shown (it may carry an API key)."""
+    from django.conf import settings
+
+    cfg = settings.CONFIG
+    if cfg.chain_public_rpc_url:
+        return cfg.chain_public_rpc_url
+    d = deployment_current()
+    if d is None or cfg.chain_rpc_url:
+        return None
+    return d.rpc_url or None
+
+
 def _tx(row: ChainTx | None) -> dict[str, Any] | None:
     if row is None:
         return None

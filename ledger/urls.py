@@ -5,6 +5,7 @@ from django.urls import path
 from ledger import api
 
 urlpatterns = [
+    path("chain/", api.ChainView.as_view(), name="ledger-chain"),
     path("escrow/", api.EscrowView.as_view(), name="ledger-escrow"),
     path("earnings/", api.EarningsView.as_view(), name="ledger-earnings"),
     path("trades/<int:trade_id>/", api.TradeLedgerView.as_view(), name="ledger-trade"),

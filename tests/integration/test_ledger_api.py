@@ -233,6 +233,24 @@ def test_without_a_chain_deposits_and_withdrawals_say_so_and_reads_still_work(bu
     assert body["chain"] is None and body["free"] == 0
 
 
+def test_the_chain_endpoint_is_public_and_says_when_there_is_no_chain(client):
+    r = client.get("/api/v1/ledger/chain/")
+    assert r.status_code == 200 and r.json() == {"chain": None}
+
+
+def test_the_chain_endpoint_names_the_contracts_and_never_the_servers_private_node(deployment, client, settings):
+    import dataclasses
+
+    Deployment = type(deployment)
+    Deployment.objects.filter(pk=deployment.pk).update(rpc_url="http://127.0.0.1:1")  # nothing listens: min_stake unknown
+    chain = client.get("/api/v1/ledger/chain/").json()["chain"]
+    assert chain == {"chain_id": 31337, "market": MARKET, "token": TOKEN, "rpc_url": "http://127.0.0.1:1", "min_stake": None, "token_decimals": 6}
+    settings.CONFIG = dataclasses.replace(settings.CONFIG, chain_rpc_url="https://node.example/v3/secret-key")
+    assert client.get("/api/v1/ledger/chain/").json()["chain"]["rpc_url"] is None
+    settings.CONFIG = dataclasses.replace(settings.CONFIG, chain_public_rpc_url="https://rpc.example")
+    assert client.get("/api/v1/ledger/chain/").json()["chain"]["rpc_url"] == "https://rpc.example"
+
+
 @pytest.mark.parametrize("amount", [-1, 0, "ten", 1.5, True, None, "1e6"])
 def test_amounts_must_be_positive_whole_base_units(buyer, client_for, amount):
     r = client_for(buyer).post("/api/v1/ledger/deposit/", {"amount": amount}, format="json")
@@ -292,6 +310,13 @@ def test_a_custodial_deposit_and_withdrawal_reach_the_chain_once_each(ctx, buyer
     assert c.get("/api/v1/ledger/escrow/").json()["free"] == 15 * TOKENS
     assert ctx.client.view(ctx.token, "balanceOf", address) == 35 * TOKENS
     assert ChainTx.objects.filter(purpose="deposit").count() == 1
+
+
+@pytest.mark.anvil
+def test_the_chain_endpoint_reads_the_minimum_stake_from_the_contract(ctx, client):
+    chain = client.get("/api/v1/ledger/chain/").json()["chain"]
+    assert chain["min_stake"] == ctx.client.view(ctx.market, "min_stake") == 100 * TOKENS
+    assert chain["market"] == ctx.deployment.market_address and chain["rpc_url"] == ctx.deployment.rpc_url
 
 
 # --- pages ------------------------------------------------------------------------------------
