@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from contracts import bls
 from contracts.batches import Completion, RecordedTrade, TradeFill, record_args, settlement_args
-from contracts.orders import Order, sign_order
+from contracts.orders import Order, SignedOrder, sign_order
 from ledger.chain import ChainError
 from ledger.context import ChainContext
 from ledger.custody import custodial_key_get_or_create, custodial_signer
@@ -35,6 +35,7 @@ from ledger.models import (
     SettleItem,
 )
 from ledger.outbox import tx_submit
+from ledger.wallet import signed_order_of
 from market.models import Bid, Trade, User
 from market.states import JobState, TradeState
 from market.streams import events
@@ -68,7 +69,14 @@ def _record_call(ctx: ChainContext, batch: RecordBatch) -> Any:
     for item in items:
         bid = item.trade.bid
         if bid.pk not in orders:
-            key = CustodialKey.objects.get(address=item.buyer)
+            key = CustodialKey.objects.filter(address=item.buyer).first()
+            if key is None:  # a wallet buyer's order: the signature its wallet gave
+                signed = signed_order_of(bid, chain_id=ctx.chain_id, market=ctx.deployment.market_address)
+                if signed is None:
+                    raise SettlementError(f"record batch {batch.pk}: bid {bid.pk}'s wallet signature is gone")
+                orders[bid.pk] = signed
+                fills.append(TradeFill(trade_id=item.trade_id, order_id=bid.pk, provider=item.provider, price=item.price, gpus=item.gpus))
+                continue
             order = _order_for(bid, buyer=item.buyer, deadline=item.deadline)
             orders[bid.pk] = sign_order(bytes(custodial_signer(key).key), order, chain_id=ctx.chain_id, market=ctx.deployment.market_address)
         fills.append(TradeFill(trade_id=item.trade_id, order_id=bid.pk, provider=item.provider, price=item.price, gpus=item.gpus))
@@ -89,6 +97,7 @@ def _claim_record_batch(ctx: ChainContext, *, limit: int) -> RecordBatch | None:
     orders = {}
     deadlines: dict[int, int] = {}
     budget: dict[str, int] = {}  # per buyer address: free escrow on chain, less this batch's locks
+    wallet_orders: dict[int, SignedOrder] = {}
     by_bid: dict[int, list[Trade]] = {}
     for trade in trades:
         by_bid.setdefault(trade.bid_id, []).append(trade)
@@ -99,8 +108,13 @@ def _claim_record_batch(ctx: ChainContext, *, limit: int) -> RecordBatch | None:
             continue  # a provider has not proven an address yet; the trades wait
         buyer = bid_trades[0].buyer
         if buyer.chain_address and not CustodialKey.objects.filter(user=buyer).exists():
-            continue  # a wallet buyer signs its own order (not wired yet)
-        address = custodial_key_get_or_create(user=buyer).address
+            signed = signed_order_of(bid_trades[0].bid, chain_id=ctx.chain_id, market=ctx.deployment.market_address)
+            if signed is None or signed.order.deadline <= now:
+                continue  # a wallet buyer's trades wait for its wallet to sign the order
+            wallet_orders[bid_trades[0].bid_id] = signed
+            address = buyer.chain_address
+        else:
+            address = custodial_key_get_or_create(user=buyer).address
         if address not in budget:
             budget[address] = int(ctx.client.view(ctx.market, "balance_of", address))
         lock = sum(t.price * t.gpus * t.duration_s // 3600 for t in bid_trades)
@@ -113,6 +127,9 @@ def _claim_record_batch(ctx: ChainContext, *, limit: int) -> RecordBatch | None:
     for trade in ready:
         bid = trade.bid
         provider = trade.provider.chain_address
+        if bid.pk not in orders and bid.pk in wallet_orders:
+            orders[bid.pk] = wallet_orders[bid.pk]
+            deadlines[bid.pk] = wallet_orders[bid.pk].order.deadline
         if bid.pk not in orders:
             key = custodial_key_get_or_create(user=trade.buyer)
             deadline = int(bid.deadline.timestamp()) if bid.deadline else now + bid.duration_s + ORDER_TTL_S

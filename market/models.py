@@ -133,6 +133,9 @@ class Bid(models.Model):
     weights = models.JSONField(default=dict, blank=True)
     state = models.CharField(max_length=16, choices=BidState.choices, default=BidState.OPEN)
     explanation = models.JSONField(default=dict, blank=True, help_text="Why the last round did not match it")
+    # wallet buyers only: the EIP-712 order their wallet signed (0x r s v) and its deadline
+    order_signature = models.CharField(max_length=132, blank=True, default="")
+    order_deadline = models.BigIntegerField(null=True, blank=True, help_text="Unix seconds; fixed when the order is first shown for signing")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -88,6 +88,26 @@ class MeSerializer(serializers.Serializer):
     chain_address = serializers.CharField()
 
 
+class WalletChallengeSerializer(serializers.Serializer):
+    message = serializers.CharField()
+
+
+class WalletLinkSerializer(serializers.Serializer):
+    address = serializers.CharField(max_length=42)
+    message = serializers.CharField(max_length=1000)
+    signature = serializers.CharField(max_length=200)
+
+
+class WalletOrderSignSerializer(serializers.Serializer):
+    signature = serializers.CharField(max_length=200, help_text="0x and 130 hex digits: eth_signTypedData_v4's result")
+
+
+class WalletOrderSerializer(serializers.Serializer):
+    bid = serializers.IntegerField()
+    signed = serializers.BooleanField()
+    typed_data = serializers.DictField(help_text="The EIP-712 message (types, primaryType, domain, message)")
+
+
 # --- providers -----------------------------------------------------------------
 class ProviderSerializer(serializers.ModelSerializer):
     machines = serializers.IntegerField(source="machines.count", read_only=True)

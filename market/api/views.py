@@ -86,6 +86,34 @@ class MeView(APIView):
         return Response({"id": u.pk, "username": u.username, "role": u.role, "chain_address": u.chain_address})
 
 
+class WalletChallengeView(APIView):
+    """A one-time message for a browser wallet to sign (personal_sign), to link it."""
+
+    scopes = {"post": Scope.TRADE}
+
+    @extend_schema(request=None, responses=s.WalletChallengeSerializer)
+    def post(self, request: Request) -> Response:
+        from ledger.wallet import wallet_challenge
+
+        return Response({"message": wallet_challenge(user=request.user)})
+
+
+class WalletLinkView(APIView):
+    """Link the wallet that signed a challenge: it becomes your escrow address and signs
+    your orders (before any custodial deposit only)."""
+
+    scopes = {"post": Scope.TRADE}
+
+    @extend_schema(request=s.WalletLinkSerializer, responses=s.MeSerializer)
+    def post(self, request: Request) -> Response:
+        from ledger.wallet import wallet_link
+
+        body = s.WalletLinkSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        u = wallet_link(user=request.user, **body.validated_data)
+        return Response({"id": u.pk, "username": u.username, "role": u.role, "chain_address": u.chain_address})
+
+
 class TokenViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     """Your API tokens. The token itself is shown once, when created."""
 
@@ -205,7 +233,7 @@ class BidViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     serializer_class = s.BidSerializer
     filterset_class = BidFilter
     ordering_fields = ["id", "created_at", "max_price"]
-    scopes = {"list": Scope.READ, "retrieve": Scope.READ, "create": Scope.TRADE, "cancel": Scope.TRADE}
+    scopes = {"list": Scope.READ, "retrieve": Scope.READ, "create": Scope.TRADE, "cancel": Scope.TRADE, "order": Scope.READ, "sign_order": Scope.TRADE}
 
     def get_queryset(self) -> Any:
         if getattr(self, "swagger_fake_view", False):
@@ -226,6 +254,25 @@ class BidViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     def cancel(self, request: Request, pk: str) -> Response:
         bid = get_object_or_404(self.get_queryset(), pk=pk)
         return Response(s.BidSerializer(services.bid_cancel(user=request.user, bid=bid)).data)
+
+    @extend_schema(request=None, responses=s.WalletOrderSerializer)
+    @action(detail=True, methods=["get"])
+    def order(self, request: Request, pk: str) -> Response:
+        """Wallet buyers: the bid's EIP-712 order, for ``eth_signTypedData_v4``."""
+        from ledger.wallet import wallet_order
+
+        return Response(wallet_order(user=request.user, bid_id=int(pk)))
+
+    @extend_schema(request=s.WalletOrderSignSerializer, responses=s.WalletOrderSerializer)
+    @action(detail=True, methods=["post"], url_path="order/sign")
+    def sign_order(self, request: Request, pk: str) -> Response:
+        """Wallet buyers: the wallet's signature of the bid's order; its trades are recorded
+        on chain only once the server holds it."""
+        from ledger.wallet import wallet_order_sign
+
+        body = s.WalletOrderSignSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        return Response(wallet_order_sign(user=request.user, bid_id=int(pk), signature=body.validated_data["signature"]))
 
 
 class TradeViewSet(viewsets.ReadOnlyModelViewSet):

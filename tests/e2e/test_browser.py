@@ -151,3 +151,67 @@ def test_a_new_buyer_funds_escrow_bids_and_watches_the_job_run_and_settle(page, 
     assert page.text_content("#proof-status") == "proof verified ✓"
     assert page.text_content("#settle-tx").startswith("0x")
     shot(page, "trade-settled")
+
+
+WALLET = "0x9965507D1a55bcC2695C58ba16FB37d819B0A4dc"  # anvil's dev account 5: anvil holds its key and signs for it
+OPERATOR = "0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266"  # anvil's dev account 0: the dev chain's operator and token minter
+
+
+def inject_wallet(page: Any, rpc_url: str) -> None:
+    """A real EIP-1193 provider for the page: every request goes to the dev chain's node,
+    which signs with its unlocked dev account (personal_sign, eth_signTypedData_v4,
+    eth_sendTransaction), as MetaMask would with the user's key."""
+    import httpx
+
+    def rpc(method: str, params: Any) -> Any:
+        if method in ("eth_requestAccounts", "eth_accounts"):
+            return [WALLET]
+        r = httpx.post(rpc_url, json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params or []}, timeout=30).json()
+        if "error" in r:
+            raise RuntimeError(r["error"].get("message", "wallet error"))
+        return r["result"]
+
+    page.expose_function("__walletRpc", rpc)
+    page.add_init_script("window.ethereum = { isGridBidTestWallet: true, request: ({ method, params }) => window.__walletRpc(method, params || []) };")
+
+
+def test_a_wallet_buyer_links_deposits_and_signs_its_order_in_the_browser_wallet(page, embedded):
+    """Non-custodial: the buyer's browser wallet is linked by a signed challenge, deposits
+    with approve + deposit, and signs the bid's EIP-712 order; the trade then records and
+    settles like any other."""
+    import httpx
+    from eth_utils import function_signature_to_4byte_selector
+
+    base, env = embedded
+    rpc_url = f"http://127.0.0.1:{env['GRIDBID_CHAIN_PORT']}"
+    inject_wallet(page, rpc_url)
+    sign_up(page, base, "w")
+    page.goto(base + "/wallet/")
+    page.wait_for_selector("#browser-wallet[data-wallet='present']")
+    page.click("#wallet-link")
+    page.wait_for_selector("#wallet-deposit-form")
+    assert WALLET.lower() in page.inner_text("#escrow-address").lower()
+
+    token = page.get_attribute("#wallet-deposit-form", "data-token")
+    mint = "0x" + function_signature_to_4byte_selector("mint(address,uint256)").hex() + WALLET[2:].lower().rjust(64, "0") + hex(1_000 * 10**6)[2:].rjust(64, "0")
+    sent = httpx.post(rpc_url, json={"jsonrpc": "2.0", "id": 1, "method": "eth_sendTransaction", "params": [{"from": OPERATOR, "to": token, "data": mint}]}).json()
+    assert "result" in sent, sent
+    page.fill("#wallet-deposit-form input[name=amount]", "500000000")
+    page.click("#wallet-deposit-form button")
+    page.wait_for_selector("#wallet-message.ok:has-text('Deposit sent')", timeout=60_000)
+    reload_until(page, "#escrow-free", "500.00")
+    shot(page, "wallet-browser-wallet")
+
+    page.goto(base + "/bids/new/")
+    page.select_option("#id_gpu_model", "A100-SXM-80GB")
+    page.fill("#id_gpus", "1")
+    page.fill("#id_max_price_usd", "9.00")
+    page.fill("#id_hours", "1")
+    page.wait_for_selector("#quote.ok")
+    page.click("#place")
+    page.wait_for_url("**/orders/")
+    page.click("[data-sign-order]")
+    page.wait_for_selector("[data-signed]")
+    page.wait_for_selector("tr[data-order] .pill.state-matched", timeout=40_000)
+    page.wait_for_selector("[data-trade-state].state-settled", timeout=120_000)
+    shot(page, "orders-wallet-settled")

@@ -413,3 +413,86 @@ def test_a_buyer_without_escrow_waits_and_does_not_hold_up_the_batch(ctx: Any, b
     tasks.trades_record.delay()
     _sync(ctx)
     assert set(Trade.objects.values_list("state", flat=True)) == {"recorded"}
+
+
+# --- wallet (non-custodial) buyers --------------------------------------------------------------
+WALLET_KEY = "0x47e179ec197488593b187f80a00eb0da91f1b9d0b13f8733639f19c30a34926a"  # anvil account 5
+
+
+def _link_wallet(client: Any, key: str = WALLET_KEY) -> str:
+    from eth_account import Account
+    from eth_account.messages import encode_defunct
+
+    account = Account.from_key(key)
+    message = client.post("/api/v1/me/wallet/challenge/", format="json").json()["message"]
+    signature = account.sign_message(encode_defunct(text=message)).signature.hex()
+    r = client.post("/api/v1/me/wallet/", {"address": account.address, "message": message, "signature": signature}, format="json")
+    assert r.status_code == 200, r.json()
+    return str(account.address)
+
+
+@pytest.mark.anvil
+def test_a_wallet_buyers_trade_is_recorded_only_with_its_wallets_signature(ctx: Any, buyer: Any, provider_user: Any, make_offer: Any, make_bid: Any, client_for: Any) -> None:
+    from eth_account import Account
+
+    from ledger import tasks
+    from ledger.chain import signer_from_hex
+    from ledger.outbox import tx_submit
+    from market.models import Trade
+    from market.rounds import round_clear
+
+    client = client_for(buyer)
+    address = _link_wallet(client)
+    wallet = signer_from_hex(WALLET_KEY)
+    _mint(ctx, address, 1000 * TOKENS)
+    tx_submit(client=ctx.client, signer=wallet, key="w-approve", purpose="approve", call=ctx.token.functions.approve(ctx.deployment.market_address, 1000 * TOKENS))
+    tx = tx_submit(client=ctx.client, signer=wallet, key="w-deposit", purpose="deposit", call=ctx.market.functions.deposit(1000 * TOKENS))
+    assert ctx.client.wait(tx.tx_hash).succeeded
+    _register_provider(ctx, provider_user)
+    make_offer(provider_user, price=2 * TOKENS, count=8)
+    bid = make_bid(buyer, gpus=2, max_price=3 * TOKENS, duration_s=3600)
+    round_clear()
+    tasks.trades_record.delay()
+    assert Trade.objects.get().state == "pending", "no order is recorded without the wallet's signature"
+
+    order = client.get(f"/api/v1/bids/{bid.pk}/order/").json()
+    assert order["signed"] is False and order["typed_data"]["message"]["buyer"] == address
+    assert client.get(f"/api/v1/bids/{bid.pk}/order/").json() == order, "the same order every time"
+    other = Account.create().sign_typed_data(full_message=order["typed_data"]).signature.hex()
+    r = client.post(f"/api/v1/bids/{bid.pk}/order/sign/", {"signature": other}, format="json")
+    assert r.status_code == 400 and "linked wallet" in r.json()["error"]["message"]
+    r = client.post(f"/api/v1/bids/{bid.pk}/order/sign/", {"signature": "0x1234"}, format="json")
+    assert r.status_code == 400 and r.json()["error"]["fields"]["signature"]
+    signature = Account.from_key(WALLET_KEY).sign_typed_data(full_message=order["typed_data"]).signature.hex()
+    r = client.post(f"/api/v1/bids/{bid.pk}/order/sign/", {"signature": signature}, format="json")
+    assert r.status_code == 200 and r.json()["signed"] is True
+
+    tasks.trades_record.delay()
+    _sync(ctx)
+    trade = Trade.objects.get()
+    assert trade.state == "recorded"
+    lock = trade.price * trade.gpus * trade.duration_s // 3600
+    assert ctx.client.view(ctx.market, "balance_of", address) == 1000 * TOKENS - lock
+
+
+def test_wallet_linking_refuses_bad_challenges_and_custodial_accounts(buyer: Any, stranger: Any, client_for: Any) -> None:
+    from eth_account import Account
+    from eth_account.messages import encode_defunct
+
+    from ledger.custody import custodial_key_get_or_create
+
+    account = Account.from_key(WALLET_KEY)
+    theirs = client_for(stranger).post("/api/v1/me/wallet/challenge/", format="json").json()["message"]
+    sig = account.sign_message(encode_defunct(text=theirs)).signature.hex()
+    r = client_for(buyer).post("/api/v1/me/wallet/", {"address": account.address, "message": theirs, "signature": sig}, format="json")
+    assert r.status_code == 400 and "another account" in r.json()["error"]["message"]
+    mine = client_for(buyer).post("/api/v1/me/wallet/challenge/", format="json").json()["message"]
+    forged = Account.create().sign_message(encode_defunct(text=mine)).signature.hex()
+    r = client_for(buyer).post("/api/v1/me/wallet/", {"address": account.address, "message": mine, "signature": forged}, format="json")
+    assert r.status_code == 400 and r.json()["error"]["fields"]["signature"]
+    r = client_for(buyer).post("/api/v1/me/wallet/", {"address": "0xnot", "message": mine, "signature": forged}, format="json")
+    assert r.status_code == 400 and r.json()["error"]["fields"]["address"]
+    custodial_key_get_or_create(user=buyer)
+    ok = account.sign_message(encode_defunct(text=mine)).signature.hex()
+    r = client_for(buyer).post("/api/v1/me/wallet/", {"address": account.address, "message": mine, "signature": ok}, format="json")
+    assert r.status_code == 409 and "custodial" in r.json()["error"]["message"]

@@ -1,12 +1,60 @@
-/* Says whether a browser wallet (EIP-1193, window.ethereum) is present. Orders are signed
-   by the custodial key unless the user links a wallet; this only detects and tells. */
+/* Browser wallets (EIP-1193, window.ethereum): say whether one is present, link it to the
+   account with a signed one-time message, deposit from it, and sign each bid's EIP-712
+   order in it. Without a wallet, orders are signed by the custodial key and none of this
+   shows. Every request goes to our own API with the session and its CSRF token. */
 (function () {
   "use strict";
-  function show() {
-    var el = document.getElementById("browser-wallet");
+
+  function csrf() {
+    const m = document.cookie.match(/(?:^|;\s*)csrftoken=([^;]+)/);
+    const input = document.querySelector("[name=csrfmiddlewaretoken]");
+    return m ? decodeURIComponent(m[1]) : (input ? input.value : "");
+  }
+
+  async function api(method, url, body) {
+    const r = await fetch(url, {
+      method, credentials: "same-origin",
+      headers: { "Content-Type": "application/json", "X-CSRFToken": csrf(), "Accept": "application/json" },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    const data = await r.json().catch(() => ({}));
+    if (!r.ok) throw new Error((data.error && data.error.message) || `the server answered ${r.status}`);
+    return data;
+  }
+
+  function say(text, ok) {
+    const el = document.getElementById("wallet-message");
+    if (!el) return;
+    el.hidden = false;
+    el.textContent = text;
+    el.className = "quote " + (ok ? "ok" : "no");
+  }
+
+  function walletError(e) {
+    if (e && e.code === 4001) return "You declined in your wallet; nothing was changed.";
+    return (e && e.message) || String(e);
+  }
+
+  const hex32 = (n) => BigInt(n).toString(16).padStart(64, "0");
+  const addr32 = (a) => a.toLowerCase().replace(/^0x/, "").padStart(64, "0");
+
+  async function waitMined(hash) {
+    for (let i = 0; i < 120; i++) {
+      const receipt = await window.ethereum.request({ method: "eth_getTransactionReceipt", params: [hash] });
+      if (receipt) {
+        if (receipt.status !== "0x1") throw new Error(`transaction ${hash} reverted`);
+        return receipt;
+      }
+      await new Promise((res) => setTimeout(res, 1000));
+    }
+    throw new Error(`transaction ${hash} was not mined in two minutes`);
+  }
+
+  function presence() {
+    const el = document.getElementById("browser-wallet");
     if (!el) return;
     if (window.ethereum) {
-      var name = window.ethereum.isMetaMask ? "MetaMask" : "A browser wallet";
+      const name = window.ethereum.isMetaMask ? "MetaMask" : "A browser wallet";
       el.textContent = name + " is available in this browser: orders can be signed there (EIP-712) instead of by your custodial key.";
       el.setAttribute("data-wallet", "present");
     } else {
@@ -14,5 +62,75 @@
       el.setAttribute("data-wallet", "absent");
     }
   }
-  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", show); else show();
+
+  function linkButton() {
+    const button = document.getElementById("wallet-link");
+    if (!button || !window.ethereum) return;
+    button.hidden = false;
+    button.addEventListener("click", async () => {
+      button.disabled = true;
+      try {
+        const [account] = await window.ethereum.request({ method: "eth_requestAccounts" });
+        const { message } = await api("POST", "/api/v1/me/wallet/challenge/");
+        // hex-encoded UTF-8: what every wallet accepts for personal_sign (MetaMask, geth, anvil)
+        const hexMessage = "0x" + Array.from(new TextEncoder().encode(message), (b) => b.toString(16).padStart(2, "0")).join("");
+        const signature = await window.ethereum.request({ method: "personal_sign", params: [hexMessage, account] });
+        await api("POST", "/api/v1/me/wallet/", { address: account, message, signature });
+        location.reload();
+      } catch (e) {
+        say("The wallet was not linked: " + walletError(e), false);
+        button.disabled = false;
+      }
+    });
+  }
+
+  function depositForm() {
+    const form = document.getElementById("wallet-deposit-form");
+    if (!form) return;
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      if (!window.ethereum) { say("No browser wallet here: open this page where your wallet is installed.", false); return; }
+      const amount = form.amount.value.trim();
+      if (!/^[1-9][0-9]*$/.test(amount)) { say("The amount is a positive whole number of base units (1 USDC = 1000000).", false); return; }
+      const from = form.dataset.account, d = form.dataset;
+      try {
+        say("Approve the token in your wallet…", true);
+        const approve = await window.ethereum.request({ method: "eth_sendTransaction", params: [{ from, to: d.token, data: d.approve + addr32(d.market) + hex32(amount) }] });
+        await waitMined(approve);
+        say("Now confirm the deposit in your wallet…", true);
+        const deposit = await window.ethereum.request({ method: "eth_sendTransaction", params: [{ from, to: d.market, data: d.deposit + hex32(amount) }] });
+        await waitMined(deposit);
+        say(`Deposit sent (${deposit}); it shows here once the chain confirms it.`, true);
+        form.reset();
+      } catch (e) {
+        say("The deposit did not go through: " + walletError(e), false);
+      }
+    });
+  }
+
+  function orderButtons() {
+    document.querySelectorAll("[data-sign-order]").forEach((button) => {
+      button.addEventListener("click", async () => {
+        const id = button.dataset.signOrder;
+        if (!window.ethereum) { button.textContent = "no browser wallet here"; return; }
+        button.disabled = true;
+        try {
+          const { typed_data } = await api("GET", `/api/v1/bids/${id}/order/`);
+          const signature = await window.ethereum.request({ method: "eth_signTypedData_v4", params: [button.dataset.account, JSON.stringify(typed_data)] });
+          await api("POST", `/api/v1/bids/${id}/order/sign/`, { signature });
+          const done = document.createElement("span");
+          done.className = "small muted";
+          done.dataset.signed = id;
+          done.textContent = "order signed ✓";
+          button.replaceWith(done);
+        } catch (e) {
+          button.disabled = false;
+          button.textContent = "sign order in wallet (" + walletError(e) + ")";
+        }
+      });
+    });
+  }
+
+  function start() { presence(); linkButton(); depositForm(); orderButtons(); }
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start); else start();
 })();
