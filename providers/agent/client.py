@@ -123,6 +123,13 @@ class MarketClient:
     def job_receipt(self, job_id: int, body: dict[str, Any]) -> dict[str, Any]:
         return self.request("POST", f"/api/v1/agent/jobs/{job_id}/receipt/", json=body)
 
+    # --- settlement chain and money ---
+    def chain_info(self) -> dict[str, Any]:
+        return self.request("GET", "/api/v1/ledger/chain/")
+
+    def earnings(self) -> dict[str, Any]:
+        return self.request("GET", "/api/v1/ledger/earnings/")
+
     # --- settlement co-signatures ---
     def cosigns(self) -> list[dict[str, Any]]:
         return self.request("GET", "/api/v1/agent/cosigns/")["cosigns"]

@@ -57,6 +57,7 @@ class AgentConfig:
     accept_trade_states: list[str] = field(default_factory=lambda: ["recorded"])
     require_buyer_signature: bool = False
     measured_tflops: float | None = None
+    rpc_url: str | None = None  # our own chain node; unset: the one the market names
     pricing: list[PricingRule] = field(default_factory=list)
 
     @property

@@ -10,8 +10,9 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -51,20 +52,31 @@ def agent(home: Path, *args: str, timeout: float = 60) -> subprocess.CompletedPr
     return subprocess.run([sys.executable, "-m", "providers.agent", *args], cwd=ROOT, env=agent_env(home), capture_output=True, text=True, timeout=timeout)
 
 
-def join_market(server: str, tmp_path: Path, name: str, token: str, *, region: str, price: str) -> tuple[Path, int]:
-    """A provider with a 2 x H100 machine, registered and priced; returns (agent home, machine id)."""
+def flat(text: str) -> str:
+    """Output with rich's line wrapping undone."""
+    return " ".join(text.split())
+
+
+def join_market(server: str, tmp_path: Path, name: str, token: str, *, region: str, price: str, gpu: tuple[str, int, str] = ("NVIDIA H100 80GB HBM3", 81559, "H100-SXM-80GB"),
+                states: str = "pending,recorded", chain: bool = False, fund: Callable[[Path], None] | None = None) -> tuple[Path, int]:
+    """A provider with a 2-GPU machine, registered (on chain too with `chain`, after `fund`
+    gives its address tokens and gas) and priced; returns (agent home, machine id)."""
+    gpu_name, memory_mib, model = gpu
     inventory = tmp_path / f"{name}.json"
-    inventory.write_text(json.dumps({"host": name, "gpus": [{"index": i, "name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559} for i in range(2)]}))
+    inventory.write_text(json.dumps({"host": name, "gpus": [{"index": i, "name": gpu_name, "memory_mib": memory_mib} for i in range(2)]}))
     home = tmp_path / name
-    for args in (
-        ("init", "--market", server, "--token", token, "--machine-name", name, "--region", region, "--inventory", str(inventory), "--kdf-iterations", "2", "--accept-trade-states", "pending,recorded", "--runtime", "process"),
-        ("register",),
-        ("price", "set", "H100-SXM-80GB", "--fixed", price),
-    ):
-        r = agent(home, *args)
-        assert r.returncode == 0, f"{args[0]}: {r.stderr}{r.stdout}"
-        if args[0] == "register":
-            machine_id = int(r.stdout.split("as #")[1].split()[0])
+    r = agent(home, "init", "--market", server, "--token", token, "--machine-name", name, "--region", region, "--inventory", str(inventory),
+              "--kdf-iterations", "2", "--accept-trade-states", states, "--runtime", "process")
+    assert r.returncode == 0, f"init: {r.stderr}{r.stdout}"
+    if fund is not None:
+        fund(home)
+    r = agent(home, "register", *(() if chain else ("--no-chain",)))
+    assert r.returncode == 0, f"register: {r.stderr}{r.stdout}"
+    machine_id = int(r.stdout.split("as #")[1].split()[0])
+    if chain:
+        assert "Registered on chain 31337" in r.stdout and "staked 100 tokens" in r.stdout, r.stdout
+    r = agent(home, "price", "set", model, "--fixed", price)
+    assert r.returncode == 0, f"price: {r.stderr}{r.stdout}"
     return home, machine_id
 
 
@@ -84,8 +96,10 @@ def test_an_agent_joins_the_market_and_its_offers_appear(server, tmp_path):
     assert "H100-SXM-80GB" in r.stdout and "catalogue model H100-SXM-80GB" in r.stdout
 
     r = agent(home, "register")
-    assert r.returncode == 0, r.stderr + r.stdout
+    # the machine is registered; staking on chain needs tokens the new address does not have
+    assert r.returncode == 1, r.stderr + r.stdout
     machine_id = int(r.stdout.split("as #")[1].split()[0])
+    assert "Not enough tokens for the stake" in flat(r.stderr) and "holds 0 of token" in flat(r.stderr) and "Traceback" not in r.stderr
 
     r = agent(home, "price", "set", "H100-SXM-80GB", "--floor", "2.00", "--premium", "1.00")
     assert r.returncode == 0, r.stderr + r.stdout
@@ -146,3 +160,145 @@ def test_a_matched_bid_runs_on_the_winning_agent_and_the_buyer_sees_the_receipt(
             except subprocess.TimeoutExpired:
                 proc.kill()
             log.close()
+
+
+# --- on the market's dev chain -------------------------------------------------------------
+OPERATOR = "0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266"  # anvil's account 0: the dev chain's operator and token minter
+TOKENS = 10**6
+
+
+def chain_rpc(server: str) -> tuple[Any, dict[str, Any]]:
+    from providers.agent.chain import Rpc
+
+    chain = httpx.get(f"{server}/api/v1/ledger/chain/").json()["chain"]
+    assert chain and chain["rpc_url"] and chain["min_stake"] == 100 * TOKENS, chain
+    return Rpc(chain["rpc_url"]), chain
+
+
+def fund(rpc: Any, chain: dict[str, Any], address: str, amount: int) -> None:
+    """Gas and `amount` test tokens for `address`, minted by the operator (a node-signed
+    transaction, so no nonce of the server's is taken from under it)."""
+    from providers.agent.chain import calldata
+
+    rpc.call("anvil_setBalance", [address, hex(10**20)])
+    rpc.call("anvil_impersonateAccount", [OPERATOR])
+    tx = rpc.call("eth_sendTransaction", [{"from": OPERATOR, "to": chain["token"], "data": "0x" + calldata("mint(address,uint256)", address, amount).hex()}])
+    for _ in range(100):
+        receipt = rpc.call("eth_getTransactionReceipt", [tx])
+        if receipt:
+            assert receipt["status"] == "0x1", receipt
+            return
+        time.sleep(0.1)
+    pytest.fail(f"mint {tx} not mined")
+
+
+def token_balance(rpc: Any, chain: dict[str, Any], address: str) -> int:
+    from providers.agent.chain import calldata
+
+    return int(rpc.call("eth_call", [{"to": chain["token"], "data": "0x" + calldata("balanceOf(address)", address).hex()}, "latest"]), 16)
+
+
+def wait_for(what: str, check: Callable[[], Any], *, seconds: float, logs: Callable[[], str] = lambda: "") -> Any:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.5)
+    pytest.fail(f"{what}: not within {seconds:.0f} s\n{logs()}")
+
+
+def start_daemon(home: Path, seconds: int = 150) -> tuple[subprocess.Popen[bytes], Any]:
+    log = open(home / "daemon.log", "w")  # noqa: SIM115 - closed by stop_daemons
+    proc = subprocess.Popen([sys.executable, "-m", "providers.agent", "run", "--poll-seconds", "0.5", "--heartbeat-seconds", "1", "--max-seconds", str(seconds)],
+                            cwd=ROOT, env=agent_env(home), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, log
+
+
+def stop_daemons(daemons: list[tuple[subprocess.Popen[bytes], Any]]) -> None:
+    for proc, log in daemons:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def funded_buyer(server: str, rpc: Any, chain: dict[str, Any], name: str, amount: int) -> dict[str, str]:
+    """A buyer whose custodial address got tokens and deposited them into escrow; its auth header."""
+    token = make_tokens(**{name: ("buyer", ("read", "trade"))})[name]
+    code = f"from market.models import User\nfrom ledger.custody import custodial_key_get_or_create\nprint('ADDR', custodial_key_get_or_create(user=User.objects.get(username={name!r})).address)"
+    out = subprocess.run([sys.executable, "-m", "gridbid.cli", "manage", "shell", "-c", code], cwd=ROOT, env=SERVER_ENV, capture_output=True, text=True, timeout=60)
+    address = next(line.split()[1] for line in out.stdout.splitlines() if line.startswith("ADDR "))
+    fund(rpc, chain, address, amount)
+    auth = {"Authorization": f"Bearer {token}"}
+    r = httpx.post(f"{server}/api/v1/ledger/deposit/", headers={**auth, "Idempotency-Key": f"{name}-deposit"}, json={"amount": amount}, timeout=30)
+    assert r.status_code == 202, r.text
+    wait_for("the deposit in escrow", lambda: httpx.get(f"{server}/api/v1/ledger/escrow/", headers=auth).json()["free"] == amount, seconds=30)
+    return auth
+
+
+@pytest.mark.timeout(240)
+def test_two_agents_stake_on_chain_run_a_job_cosign_its_settlement_and_withdraw_the_earnings(server, tmp_path):
+    rpc, chain = chain_rpc(server)
+    tokens = make_tokens(north=("provider", ("read", "provide")), south=("provider", ("read", "provide")))
+
+    def funds(home: Path) -> None:
+        fund(rpc, chain, json.loads((home / "keys" / "eth-keystore.json").read_text())["address"], 150 * TOKENS)
+
+    # L40S machines, so no bid of the other tests (H100) can land here
+    l40s = ("NVIDIA L40S", 46068, "L40S-48GB")
+    north, north_machine = join_market(server, tmp_path, "north", tokens["north"], region="eu-west", price="1.50", gpu=l40s, states="recorded", chain=True, fund=funds)
+    south, _ = join_market(server, tmp_path, "south", tokens["south"], region="us-east", price="2.50", gpu=l40s, states="recorded", chain=True, fund=funds)
+    again = agent(north, "register")
+    assert again.returncode == 0 and "Already registered on chain 31337" in flat(again.stdout) and "nothing to do" in again.stdout, again.stderr + again.stdout
+    provider = {"Authorization": f"Bearer {tokens['north']}"}
+    address = httpx.get(f"{server}/api/v1/providers/me/", headers=provider).json()["chain_address"]
+    assert token_balance(rpc, chain, address) == 50 * TOKENS  # 100 staked
+
+    buyer = funded_buyer(server, rpc, chain, "chainbuyer", 20 * TOKENS)
+    daemons = [start_daemon(home) for home in (north, south)]
+    server_log = Path(SERVER_ENV["GRIDBID_DATA_DIR"]) / "server.log"
+    logs = lambda: "\n".join((h / "daemon.log").read_text()[-3000:] for h in (north, south)) + "\n" + server_log.read_text()[-3000:]  # noqa: E731
+    try:
+        spec = {"command": [sys.executable, "-c", "import os, time; time.sleep(2); open(os.environ['GRIDBID_OUTPUT_DIR'] + '/result.txt', 'w').write('42')"]}
+        r = httpx.post(f"{server}/api/v1/bids/", headers=buyer, json={"job_spec": spec, "gpus": 1, "gpu_models": ["L40S-48GB"], "max_price": 3_000_000, "duration_s": 60})
+        assert r.status_code == 201, r.text
+
+        def settled() -> Any:
+            jobs = httpx.get(f"{server}/api/v1/jobs/", headers=buyer).json()["results"]
+            if not jobs:
+                return None
+            trade = httpx.get(f"{server}/api/v1/trades/{jobs[0]['trade']}/", headers=buyer).json()
+            return (jobs[0], trade) if trade["state"] == "settled" else None
+
+        job, trade = wait_for("the trade settled on chain", settled, seconds=150, logs=logs)
+        assert job["state"] == "completed" and job["machine"] == north_machine and job["exit_code"] == 0
+        proof = httpx.get(f"{server}/api/v1/ledger/trades/{trade['id']}/", headers=buyer).json()
+        settlement = proof["settlement"]
+        assert settlement["tx"]["tx_hash"] and settlement["verified"] and settlement["cosigned"] == settlement["cosigners"] == 1, proof
+
+        earnings = wait_for("the payment in the provider's earnings", lambda: (e := httpx.get(f"{server}/api/v1/ledger/earnings/", headers=provider).json())["free"] > 0 and e, seconds=20)
+        paid = earnings["free"]
+        assert earnings["paid"] == paid and earnings["stake"] == 100 * TOKENS and earnings["address"] == address
+        assert job["gpu_seconds"] >= 2 and paid == trade["price"] * job["gpu_seconds"] // 3600  # pro rata: the job ran ~2 s of its 60
+
+        r = agent(north, "earnings")
+        assert r.returncode == 0, r.stderr
+        from providers.agent.chain import tokens as fmt
+
+        assert f"free to withdraw {fmt(paid)}" in flat(r.stdout) and "settled" in r.stdout
+
+        r = agent(north, "withdraw", "--amount", "1000")
+        assert r.returncode == 2 and "more than the free balance" in flat(r.stderr), r.stderr
+        before = token_balance(rpc, chain, address)
+        r = agent(north, "withdraw")
+        assert r.returncode == 0, r.stderr + r.stdout
+        assert f"Withdrew {fmt(paid)} tokens" in flat(r.stdout) and address in r.stdout
+        assert token_balance(rpc, chain, address) == before + paid
+        r = agent(north, "withdraw")
+        assert r.returncode == 0 and "Nothing to withdraw" in r.stdout
+        wait_for("the withdrawal in the journal", lambda: httpx.get(f"{server}/api/v1/ledger/earnings/", headers=provider).json()["free"] == 0, seconds=20)
+    finally:
+        stop_daemons(daemons)

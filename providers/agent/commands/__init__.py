@@ -59,3 +59,51 @@ def console() -> Any:
     from rich.console import Console
 
     return Console()
+
+
+def rpc_for(url: str) -> Any:
+    """The chain node at `url` (a seam for tests)."""
+    from providers.agent.chain import Rpc
+
+    return Rpc(url)
+
+
+def chain_for(config: Any, client: Any, rpc_url: str | None) -> tuple[Any, str | None]:
+    """(the market's contracts on a checked node, None), or (None, why there is no chain).
+
+    The node is `rpc_url` (--rpc-url / GRIDBID_AGENT_RPC_URL), else the one saved in the
+    config, else the one the market names. Fails with a clear message when the node is
+    unreachable or is not the market's chain."""
+    from providers.agent.chain import ChainError, ChainInfo, Market, check_rpc_url
+    from providers.agent.client import MarketError
+
+    try:
+        body = client.chain_info()
+    except MarketError as exc:
+        if exc.status == 404:
+            return None, f"the market at {config.market_url} does not describe a settlement chain (an older market?)"
+        fail(exc.message)
+    try:
+        info = ChainInfo.from_api(body)
+        if info is None:
+            return None, f"the market at {config.market_url} has no settlement chain configured; its trades are not settled on chain"
+        url = rpc_url or config.rpc_url or info.rpc_url
+        if not url:
+            fail(f"The market settles on chain {info.chain_id} but publishes no node URL; pass your own node with --rpc-url URL (or GRIDBID_AGENT_RPC_URL).", 2)
+        market = Market(rpc_for(check_rpc_url(url)), info)
+        market.check()
+    except ChainError as exc:
+        fail(str(exc))
+    return market, None
+
+
+def chain_call(fn: Callable[[], Any]) -> Any:
+    """Run one chain step, turning its errors into one clear line."""
+    from providers.agent.chain import ChainError, Reverted
+
+    try:
+        return fn()
+    except Reverted as exc:
+        fail(f"the contract refused: {exc.reason}")
+    except ChainError as exc:
+        fail(str(exc))

@@ -25,4 +25,19 @@ def command(ctx: click.Context) -> None:
     t = Table("state", "trades", "amount", title="Earnings (token units; settled = paid)")
     for state, (n, amount) in sorted(totals.items()):
         t.add_row(state, str(n), format_amount(amount))
-    console().print(t)
+    out = console()
+    out.print(t)
+    from providers.agent.chain import tokens
+    from providers.agent.client import MarketError
+
+    try:
+        money = client.earnings()
+    except MarketError as exc:
+        out.print(f"On-chain earnings unavailable: {exc.message}")
+        return
+    if not money.get("address"):
+        out.print("No chain address proven yet: run `gridbid-agent register`.")
+        return
+    out.print(f"On chain ({money['address']}, from the market's journal): paid {tokens(int(money['paid']))}, "
+              f"free to withdraw {tokens(int(money['free']))}, held in disputes {tokens(int(money['held']))}, "
+              f"stake {tokens(int(money['stake']))} tokens. `gridbid-agent withdraw` pays the free balance out.")
