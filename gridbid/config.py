@@ -40,6 +40,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("PRICE_POINT", "0", "Where the uniform price sits in each bucket's clearing interval: 0 = the lowest clearing price (buyer-friendly), 0.5 = midpoint, 1 = top."),
     Variable("FAIR_SHARE_CAP", "1.0", "Largest fraction (0-1] of a scarce bucket's GPUs one buyer may take in one round."),
     Variable("CHAIN_RPC_URL", "(unset: local dev chain)", "JSON-RPC URL of the settlement chain (http:// or https://)."),
+    Variable("CHAIN_PUBLIC_RPC_URL", "(unset: the dev chain's URL, else none)", "JSON-RPC URL handed to provider agents at `/api/v1/ledger/chain/`; CHAIN_RPC_URL is never shown."),
     Variable("GRIDBID_CHAIN_PORT", "8545", "Port of the embedded dev chain (anvil), started by `gridbid up` when CHAIN_RPC_URL is unset."),
     Variable("CHAIN_ID", "31337", "Expected chain id; start-up refuses a node that reports another."),
     Variable("CHAIN_CONFIRMATIONS", "1", "Blocks a transaction must be buried under before it counts (0-100)."),
