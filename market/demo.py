@@ -123,6 +123,7 @@ def demo_tick(seed: int | None = None) -> dict[str, int]:
     names = [p[0] for p in PROVIDERS]
     machines = Machine.objects.filter(provider__user__username__in=names)
     machines.update(last_heartbeat=now, state=MachineState.ONLINE)
+    events.machines_changed(machine_ids=list(machines.values_list("pk", flat=True)))  # their owners' dashboards
     Offer.objects.filter(machine__in=machines, state=OfferState.PAUSED).update(state=OfferState.OPEN)
     finished = 0
     moved: list[int] = []

@@ -225,53 +225,32 @@ def bid_new(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def provider_dashboard(request: HttpRequest) -> HttpResponse:
-    """Machines, GPUs, utilisation, offers, sales and earnings of the signed-in provider."""
-    from django.db.models import Count, Q, Sum
-
+    """Machines with their telemetry, offers, sales and earnings of the signed-in provider.
+    Live through the `machines` and `sales` channels (docs/stream.md)."""
     from market.models import Offer
-    from market.states import OfferState, TradeState
-    from providers.models import Machine
+    from market.states import OfferState
 
     provider = getattr(request.user, "provider", None)
     if provider is None:
         return render(request, "market/provider.html", {"provider": None})
-    machines = list(
-        Machine.objects.filter(provider=provider).select_related("region").annotate(gpu_count=Count("gpus")).order_by("name")
-    )
+    machines = selectors.provider_machines(provider.pk)
     offers = list(Offer.objects.filter(machine__provider=provider).exclude(state=OfferState.WITHDRAWN).select_related("machine", "gpu_model").order_by("machine__name"))
-    by_machine: dict[int, list[Offer]] = {}
-    for o in offers:
-        by_machine.setdefault(o.machine_id, []).append(o)
-    rows = []
-    for m in machines:
-        offered = sum(o.gpus for o in by_machine.get(m.pk, []))
-        busy = sum(o.gpus - o.gpus_free for o in by_machine.get(m.pk, []))
-        rows.append({"m": m, "offered": offered, "busy": busy, "util": int(100 * busy / m.gpu_count) if m.gpu_count else 0})
-    trades = Trade.objects.filter(provider=provider).select_related("round", "job").order_by("-id")
-    totals = trades.aggregate(
-        sold=Sum("amount"),
-        settled=Sum("amount", filter=Q(state=TradeState.SETTLED)),
-        pending=Sum("amount", filter=Q(state__in=[TradeState.PENDING, TradeState.RECORDED])),
-        gpu_hours=Sum("duration_s"),
-    )
-    return render(request, "market/provider.html", {"provider": provider, "rows": rows, "offers": offers, "trades": trades[:50], "totals": totals})
+    charts = {
+        "utilisation": [{"id": m["id"], "name": m["name"], "points": m["history"]} for m in machines],
+        "earnings": selectors.provider_earnings_series(provider.pk),
+    }
+    return render(request, "market/provider.html", {
+        "provider": provider, "machines": machines, "online": sum(m["state"] == "online" for m in machines), "offers": offers,
+        "sales": selectors.provider_sales(provider.pk), "totals": selectors.provider_totals(provider.pk), "charts": charts,
+    })
 
 
 @login_required
 def operator_dashboard(request: HttpRequest) -> HttpResponse:
-    from django.db.models import Count
-
-    from market.models import Job
-    from providers.models import Machine, MachineState
-
+    """Rounds, the settlement queue and machines offline; live through the `operator` channel."""
     if not request.user.is_operator:
         return render(request, "market/operator.html", {"forbidden": True}, status=403)
-    rounds = AuctionRound.objects.order_by("-number")[:20]
-    trade_states = dict(Trade.objects.values_list("state").annotate(n=Count("id")).values_list("state", "n"))
-    job_states = dict(Job.objects.values_list("state").annotate(n=Count("id")).values_list("state", "n"))
-    offline = Machine.objects.filter(state=MachineState.OFFLINE).select_related("provider", "region").order_by("last_heartbeat")[:50]
-    failed = AuctionRound.objects.filter(state="failed").order_by("-number")[:10]
-    return render(request, "market/operator.html", {"rounds": rounds, "trade_states": trade_states, "job_states": job_states, "offline": offline, "failed": failed})
+    return render(request, "market/operator.html", {"o": selectors.operator_overview()})
 
 
 @login_required

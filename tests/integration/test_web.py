@@ -143,3 +143,35 @@ def test_my_orders_cancels_an_open_bid_and_refuses_someone_elses(buyer, stranger
     bid.refresh_from_db()
     assert bid.state == "cancelled"
     assert "can no longer be cancelled" in c.post(f"/bids/{bid.id}/cancel/", follow=True).content.decode()
+
+
+def test_provider_dashboard_without_javascript_shows_each_gpus_telemetry_and_the_chart_data(provider_user, make_machine, django_capture_on_commit_callbacks):
+    import json
+
+    from providers.jobs import machine_heartbeat
+
+    machine = make_machine(provider_user, count=2, name="rack-9")
+    c = Client()
+    c.force_login(provider_user)
+    html = c.get("/provider/").content.decode()
+    assert "0 / 1" in html and "never" in html and "no telemetry yet" in html and "No sales yet" in html
+    gpus = [{"index": i, "utilisation": u, "memory_used_mib": 0, "memory_total_mib": 81559, "temperature_c": 50.0, "power_w": 300.0} for i, u in ((0, 40.0), (1, 80.0))]
+    with django_capture_on_commit_callbacks(execute=True):  # the telemetry is stored after the commit
+        machine_heartbeat(user=provider_user, machine_id=machine.pk, gpus=gpus, jobs=[])
+    page = c.get("/provider/")
+    html = page.content.decode()
+    assert "1 / 1" in html and "GPU 1 80% utilised" in html and "rack-9: 60.0% mean GPU utilisation" in html
+    charts = json.loads(html.split('id="provider-charts" type="application/json">')[1].split("</script>")[0])
+    assert charts["utilisation"][0]["name"] == "rack-9" and charts["utilisation"][0]["points"][-1][1] == 60.0
+    assert "vendor/uplot/uPlot.iife.min.js" in html and "cdn" not in html.lower()
+
+
+def test_operator_page_shows_the_settlement_queue_with_chain_batches(operator):
+    from ledger.models import Deployment, RecordBatch
+
+    deployment = Deployment.objects.create(chain_id=31337, market_address="0x" + "1" * 40, token_address="0x" + "2" * 40)
+    RecordBatch.objects.create(deployment=deployment, root="0x" + "3" * 64)
+    c = Client()
+    c.force_login(operator)
+    html = c.get("/operator/").content.decode()
+    assert "Record batches" in html and 'state-submitted">submitted' in html and "No rounds yet" in html and "Every machine is online" in html

@@ -5,6 +5,14 @@
   const money = (v) => (v === null || v === undefined) ? "—" : (v / 1e6).toLocaleString("en-US", { minimumFractionDigits: 2, maximumFractionDigits: 2 });
   const flash = (el) => { if (!el) return; el.classList.remove("flash"); void el.offsetWidth; el.classList.add("flash"); };
   const setText = (el, text) => { if (el && el.textContent !== text) { el.textContent = text; flash(el); } };
+  const esc = (v) => String(v === null || v === undefined ? "" : v).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", "\"": "&quot;", "'": "&#39;" }[c]));
+  const readJSON = (id) => { const el = document.getElementById(id); try { return el ? JSON.parse(el.textContent) : null; } catch (e) { return null; } };
+  const ago = (iso) => {
+    if (!iso) return "never";
+    const s = Math.max(0, Math.round((Date.now() - Date.parse(iso)) / 1000));
+    return s < 2 ? "just now" : s < 90 ? `${s} s ago` : s < 5400 ? `${Math.round(s / 60)} min ago` : `${Math.round(s / 3600)} h ago`;
+  };
+  const pill = (el, state) => { if (el && el.textContent !== state) { el.textContent = state; el.className = "pill state-" + state; flash(el); } };
   const handlers = {};
   const last = {};
   let ws = null, backoff = 500;
@@ -32,6 +40,37 @@
   }
 
   function watch(channel, fn) { (handlers[channel] = handlers[channel] || []).push(fn); }
+
+  // Line charts with the vendored uPlot. Until a chart has points, and without uPlot or
+  // JavaScript, the server-rendered figures in its container stay as they are.
+  const cssVar = (name) => getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+  const PALETTE = ["--accent", "--accent2", "--warn", "--ask"];
+  const CHART_HEIGHT = 220;
+  function lineChart(el, { yFmt, rounds = false, yRange = null, minSpan = rounds ? 4 : 120 }) {
+    if (!el || !window.uPlot) return null;
+    let plot = null;
+    const width = () => Math.max(240, el.clientWidth);
+    const axis = () => ({ stroke: cssVar("--muted"), grid: { stroke: cssVar("--line"), width: 1 }, ticks: { stroke: cssVar("--line"), width: 1 } });
+    function build(data, labels) {
+      const x = rounds ? { ...axis(), incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000], values: (u, vals) => vals.map((v) => "#" + v) } : axis();
+      return new window.uPlot({
+        width: width(), height: CHART_HEIGHT,
+        // a few seconds of heartbeats, or one round, still get a readable axis
+        scales: { x: { time: !rounds, range: (u, lo, hi) => (hi - lo < minSpan ? [hi - minSpan, hi + minSpan / 20] : [lo, hi]) }, y: yRange ? { range: yRange } : {} },
+        axes: [x, { ...axis(), size: 64, values: (u, vals) => vals.map(yFmt) }],
+        series: [{ label: rounds ? "round" : "time", value: rounds ? (u, v) => (v === null ? "—" : "#" + v) : undefined },
+          ...labels.map((label, i) => ({ label, stroke: cssVar(PALETTE[i % PALETTE.length]), width: 2, spanGaps: true, points: { size: 5 }, value: (u, v) => (v === null ? "—" : yFmt(v)) }))],
+      }, data, el);
+    }
+    new ResizeObserver(() => { if (plot && plot.width !== width()) plot.setSize({ width: width(), height: CHART_HEIGHT }); }).observe(el);
+    return {
+      set(data, labels) {
+        if (!data[0].length && !plot) return; // keep the server's words ("no sales yet")
+        if (plot && plot.series.length !== data.length) { plot.destroy(); plot = null; }
+        if (!plot) { el.textContent = ""; el.classList.add("has-plot"); plot = build(data, labels); } else plot.setData(data);
+      },
+    };
+  }
 
   // Markets: one row per bucket
   document.querySelectorAll("tr[data-bucket]").forEach((row) => {
@@ -67,6 +106,21 @@
       const t = d.trade, tr = document.createElement("tr");
       tr.innerHTML = `<td>#${t.round}</td><td class="num">${money(t.price)}</td><td class="num">${t.gpus}</td><td class="num">${(t.duration_s / 3600).toFixed(1)} h</td><td class="reason">live</td>`;
       body.prepend(tr); flash(tr);
+    });
+    // clearing price per round: the server's history, then each new round's price for this market
+    const history = readJSON("price-history") || [];
+    const rounds = history.map((h) => h[0]), prices = history.map((h) => h[1] / 1e6);
+    const priceChart = lineChart(document.getElementById("price-chart"), { yFmt: (v) => "$" + v.toFixed(2), rounds: true });
+    const drawPrices = () => priceChart && priceChart.set([rounds, prices], ["clearing price"]);
+    drawPrices();
+    watch("rounds", (d, isSnapshot) => {
+      if (isSnapshot || !d.round) return;
+      const p = (d.round.prices || []).find((x) => x.gpu_model === model && x.region === region && x.price);
+      if (!p || rounds.includes(d.round.number)) return;
+      rounds.push(d.round.number); prices.push(p.price / 1e6);
+      if (rounds.length > 100) { rounds.shift(); prices.shift(); }
+      drawPrices();
+      setText(document.querySelector("[data-field=history-note]"), `${rounds.length} round${rounds.length === 1 ? "" : "s"} with trades · USDC per GPU-hour`);
     });
   }
 
@@ -119,6 +173,114 @@
         const pay = document.querySelector(`[data-trade-state="${j.id}"]`);
         if (pay && j.trade_state && pay.textContent !== j.trade_state) { pay.textContent = j.trade_state; pay.className = "pill state-" + j.trade_state; flash(pay); }
       });
+    });
+  }
+
+  // Provider dashboard: machines (online state, heartbeats, per-GPU telemetry), sales, earnings
+  const provider = document.querySelector("[data-provider-dashboard]");
+  if (provider) {
+    const charts = readJSON("provider-charts") || { utilisation: [], earnings: [] };
+    const util = new Map(charts.utilisation.map((m) => [m.id, { name: m.name, points: m.points || [] }]));
+    const utilChart = lineChart(document.getElementById("util-chart"), { yFmt: (v) => v.toFixed(0) + "%", yRange: [0, 100] });
+    const drawUtil = () => {
+      const ms = [...util.values()].filter((m) => m.points.length);
+      const xs = [...new Set(ms.flatMap((m) => m.points.map((p) => p[0])))].sort((a, b) => a - b);
+      const ys = ms.map((m) => { const at = new Map(m.points); return xs.map((x) => (at.has(x) ? at.get(x) : null)); });
+      if (utilChart) utilChart.set([xs, ...ys], ms.map((m) => m.name));
+    };
+    const earnings = charts.earnings.slice();
+    const earnChart = lineChart(document.getElementById("earnings-chart"), { yFmt: (v) => "$" + v.toLocaleString("en-US", { maximumFractionDigits: 0 }) });
+    const drawEarnings = () => earnChart && earnChart.set([earnings.map((p) => p[0]), earnings.map((p) => p[1] / 1e6)], ["sold, cumulative"]);
+    drawUtil(); drawEarnings();
+
+    const gpuCells = (m) => (m.telemetry || []).length
+      ? m.telemetry.map((g) => { const u = Math.round(g.utilisation); return `<span class="gpu" title="GPU ${esc(g.index)}: ${u}% · ${Math.round(g.temperature_c)} °C · ${Math.round(g.power_w)} W"><span class="gpu-i">${esc(g.index)}</span><span class="util mini" role="img" aria-label="GPU ${esc(g.index)} ${u}% utilised"><span style="width: ${u}%"></span></span> ${u}% · ${Math.round(g.temperature_c)} °C</span>`; }).join("")
+      : '<span class="muted">no telemetry yet</span>';
+    const booked = (m) => `<span class="util" role="img" aria-label="${m.booked_pct}% busy"><span style="width: ${m.booked_pct}%"></span></span> ${m.busy} of ${m.gpus} GPUs`;
+    function renderMachine(m) {
+      let row = document.querySelector(`tr[data-machine="${m.id}"]`);
+      if (!row) {
+        row = document.createElement("tr");
+        row.dataset.machine = m.id;
+        row.innerHTML = `<td><strong>${esc(m.name)}</strong></td><td><span class="pill" data-field="state"></span></td><td data-field="heartbeat">never</td><td class="gpus-cell" data-field="telemetry"></td><td data-field="booked"></td><td>${esc(m.region_name)}</td><td class="num" data-field="reliability"></td>`;
+        document.querySelector("#machines tbody").append(row);
+        document.querySelector("#machines").closest(".table-wrap").hidden = false;
+        const empty = document.getElementById("machines-empty"); if (empty) empty.remove();
+      }
+      pill(row.querySelector("[data-field=state]"), m.state);
+      const hb = row.querySelector("[data-field=heartbeat]");
+      if (m.last_heartbeat && hb.dataset.at !== m.last_heartbeat) { hb.dataset.at = m.last_heartbeat; hb.textContent = ago(m.last_heartbeat); flash(hb); }
+      setText(row.querySelector("[data-field=reliability]"), m.reliability.toFixed(3));
+      const b = row.querySelector("[data-field=booked]"), html = booked(m);
+      if (b.dataset.html !== html) { b.innerHTML = html; b.dataset.html = html; }
+      row.querySelector("[data-field=telemetry]").innerHTML = gpuCells(m);
+      const rows = [...document.querySelectorAll("tr[data-machine]")];
+      setText(document.querySelector("[data-kpi=online]"), `${rows.filter((r) => r.querySelector(".state-online")).length} / ${rows.length}`);
+    }
+    watch("machines", (d, isSnapshot) => {
+      (isSnapshot ? d.machines : [d.machine]).forEach((m) => {
+        renderMachine(m);
+        const series = util.get(m.id) || { name: m.name, points: [] };
+        if (isSnapshot) series.points = m.history || series.points;
+        else if (m.gpu_util !== null && m.last_heartbeat) {
+          const t = Date.parse(m.last_heartbeat) / 1000;
+          if (!series.points.length || series.points[series.points.length - 1][0] < t) series.points = [...series.points, [t, m.gpu_util]].slice(-120);
+        }
+        util.set(m.id, series);
+      });
+      drawUtil();
+    });
+    setInterval(() => document.querySelectorAll("[data-field=heartbeat][data-at]").forEach((el) => { el.textContent = ago(el.dataset.at); }), 1000);
+
+    function renderSale(t) {
+      let row = document.querySelector(`tr[data-sale="${t.id}"]`);
+      const fresh = !row;
+      if (fresh) {
+        row = document.createElement("tr");
+        row.dataset.sale = t.id;
+        row.innerHTML = `<td><a href="/trades/${t.id}/">#${t.id}</a></td><td>#${t.round}</td><td>${esc(t.gpu_model)} · ${esc(t.region)}</td><td class="num">${money(t.price)}</td><td class="num">${t.gpus}</td><td class="num">${money(t.amount)}</td><td><span class="pill" data-field="state"></span></td><td data-field="job">—</td>`;
+        document.querySelector("#sales tbody").prepend(row);
+        document.querySelector("#sales").closest(".table-wrap").hidden = false;
+        const empty = document.getElementById("sales-empty"); if (empty) empty.remove();
+        flash(row);
+      }
+      pill(row.querySelector("[data-field=state]"), t.state);
+      if (t.job) {
+        const cell = row.querySelector("[data-field=job]");
+        if (!cell.querySelector("progress")) cell.innerHTML = '<span class="job-state"></span> <progress max="1" aria-label="job progress"></progress>';
+        setText(cell.querySelector(".job-state"), t.job.state);
+        cell.querySelector("progress").value = t.job.progress;
+      }
+      return fresh;
+    }
+    watch("sales", (d, isSnapshot) => {
+      const totals = d.totals || {};
+      ["sold", "settled", "pending"].forEach((k) => setText(document.querySelector(`[data-kpi=${k}]`), money(totals[k] || 0)));
+      (isSnapshot ? d.sales.slice().reverse() : [d.sale]).forEach((t) => {
+        if (renderSale(t) && !isSnapshot) { earnings.push([Date.parse(t.created_at) / 1000, totals.sold]); drawEarnings(); }
+      });
+    });
+  }
+
+  // Operator: rounds, the settlement queue, jobs by state, machines offline
+  if (document.querySelector("[data-operator-dashboard]")) {
+    const seenRounds = new Set([...document.querySelectorAll("tr[data-round]")].map((r) => Number(r.dataset.round)));
+    const countRows = (counts, empty) => {
+      const keys = Object.keys(counts || {}).sort();
+      return keys.length ? keys.map((k) => `<tr><td><span class="pill state-${esc(k)}">${esc(k)}</span></td><td class="num">${counts[k]}</td></tr>`).join("") : `<tr><td colspan="2" class="muted">${esc(empty)}</td></tr>`;
+    };
+    const swap = (body, html) => { if (body && body.dataset.html !== html) { body.innerHTML = html; body.dataset.html = html; flash(body); } };
+    watch("operator", (d) => {
+      document.querySelectorAll("tbody[data-list]").forEach((body) => swap(body, countRows(d[body.dataset.list], body.dataset.empty)));
+      setText(document.querySelector("[data-field=offline_count]"), String(d.offline_count));
+      swap(document.querySelector("#op-offline tbody"), d.offline.length
+        ? d.offline.map((m) => `<tr data-machine="${m.id}"><td>${esc(m.provider)}</td><td>${esc(m.name)}</td><td>${esc(m.region)}</td><td>${m.last_heartbeat ? ago(m.last_heartbeat) : "never seen"}</td><td class="num">${m.reliability.toFixed(3)}</td></tr>`).join("")
+        : '<tr><td colspan="5" class="muted">Every machine is online.</td></tr>');
+      const body = document.querySelector("#op-rounds tbody");
+      if (!body) return;
+      body.innerHTML = d.rounds.length ? d.rounds.map((r) => `<tr data-round="${r.number}"><td>#${r.number}</td><td><span class="pill state-${esc(r.state)}">${esc(r.state)}</span>${r.error ? ` <span class="error">${esc(r.error)}</span>` : ""}</td><td class="num">${r.bids ?? "—"}</td><td class="num">${r.trades ?? "—"}</td><td class="num">${r.clear_ms !== null && r.clear_ms !== undefined ? r.clear_ms + " ms" : "—"}</td><td class="num">${r.gap ?? "—"}</td><td class="small">${esc(r.method)}</td></tr>`).join("")
+        : '<tr><td colspan="7" class="muted">No rounds yet: a round runs when there is at least one open bid.</td></tr>';
+      body.querySelectorAll("tr[data-round]").forEach((tr) => { const n = Number(tr.dataset.round); if (!seenRounds.has(n)) { seenRounds.add(n); flash(tr); } });
     });
   }
 
