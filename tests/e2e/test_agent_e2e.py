@@ -34,9 +34,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 def make_tokens(**users: tuple[str, tuple[str, ...]]) -> dict[str, str]:
     """Create accounts and their tokens on the server's database in one go: {name: (role, scopes)}."""
-    code = "from market import services\n" + "".join(
-        f"u = services.user_signup(username={name!r}, password='correct-horse-battery-staple', role={role!r})\n"
-        f"print({name!r}, services.token_create(user=u, name='e2e', scopes={list(scopes)!r})[1])\n"
+    code = "from market import services\nfrom market.models import User\n" + "".join(
+        (f"u = User.objects.create_user(username={name!r}, password='correct-horse-battery-staple', role='operator')\n" if role == "operator" else
+         f"u = services.user_signup(username={name!r}, password='correct-horse-battery-staple', role={role!r})\n")
+        + f"print({name!r}, services.token_create(user=u, name='e2e', scopes={list(scopes)!r})[1])\n"
         for name, (role, scopes) in users.items()
     )
     out = subprocess.run([sys.executable, "-m", "gridbid.cli", "manage", "shell", "-c", code], cwd=ROOT, env=SERVER_ENV, capture_output=True, text=True, timeout=60)
@@ -300,5 +301,70 @@ def test_two_agents_stake_on_chain_run_a_job_cosign_its_settlement_and_withdraw_
         r = agent(north, "withdraw")
         assert r.returncode == 0 and "Nothing to withdraw" in r.stdout
         wait_for("the withdrawal in the journal", lambda: httpx.get(f"{server}/api/v1/ledger/earnings/", headers=provider).json()["free"] == 0, seconds=20)
+    finally:
+        stop_daemons(daemons)
+
+
+CHECKPOINTING_JOB = """
+import json, os, signal, sys, time
+out, ckpt = os.environ["GRIDBID_OUTPUT_DIR"], os.environ["GRIDBID_CHECKPOINT_DIR"]
+step = 0
+def stop(*_):
+    with open(os.path.join(ckpt, "state.json"), "w") as f:
+        json.dump({"step": step}, f)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+while step < 600:
+    step += 1
+    with open(os.path.join(out, "progress.txt"), "w") as f:
+        f.write(str(step))
+    time.sleep(0.1)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_an_operator_preempts_a_running_job_which_checkpoints_and_is_billed_for_the_time_it_ran(server, tmp_path):
+    import hashlib
+    import tarfile
+
+    tokens = make_tokens(spotty=("provider", ("read", "provide")), spotbuyer=("buyer", ("read", "trade")), watch=("operator", ("read", "operate")))
+    # A10 machines, so no other test's bid lands here; no escrow, so the trade runs pending
+    home, machine = join_market(server, tmp_path, "spotty", tokens["spotty"], region="eu-west", price="1.00", gpu=("NVIDIA A10", 23028, "A10-24GB"))
+    buyer = {"Authorization": f"Bearer {tokens['spotbuyer']}"}
+    operator = {"Authorization": f"Bearer {tokens['watch']}"}
+    daemons = [start_daemon(home, seconds=90)]
+    logs = lambda: (home / "daemon.log").read_text()[-3000:]  # noqa: E731
+    try:
+        spec = {"command": [sys.executable, "-c", CHECKPOINTING_JOB]}
+        r = httpx.post(f"{server}/api/v1/bids/", headers=buyer, json={"job_spec": spec, "gpus": 2, "gpu_models": ["A10-24GB"], "max_price": 2_000_000, "duration_s": 600, "klass": "spot"})
+        assert r.status_code == 201, r.text
+
+        def running() -> Any:
+            jobs = httpx.get(f"{server}/api/v1/jobs/", headers=buyer).json()["results"]
+            return jobs[0] if jobs and jobs[0]["state"] == "running" else None
+
+        job = wait_for("the job running", running, seconds=40, logs=logs)
+        assert job["machine"] == machine
+        work = home / "jobs" / str(job["trade"]) / "work"
+        wait_for("the job making progress", lambda: (work / "outputs" / "progress.txt").exists(), seconds=15, logs=logs)
+        time.sleep(1.5)
+        assert httpx.post(f"{server}/api/v1/jobs/{job['id']}/preempt/", headers=buyer).status_code == 403  # operators only
+        r = httpx.post(f"{server}/api/v1/jobs/{job['id']}/preempt/", headers=operator)
+        assert r.status_code == 200, r.text
+
+        def preempted() -> Any:
+            j = httpx.get(f"{server}/api/v1/jobs/{job['id']}/", headers=buyer).json()
+            return j if j["state"] == "preempted" and "receipt" in j["checkpoint"] else None
+
+        done = wait_for("the job checkpointed and preempted", preempted, seconds=30, logs=logs)
+        checkpoint = done["checkpoint"]["latest_checkpoint"]
+        tar = Path(checkpoint["url"].removeprefix("file://"))
+        assert hashlib.sha256(tar.read_bytes()).hexdigest() == checkpoint["sha256"].removeprefix("0x") and tar.stat().st_size == checkpoint["size"]
+        with tarfile.open(tar) as packed:
+            state = json.load(packed.extractfile(next(m for m in packed.getmembers() if m.name.endswith("state.json"))))  # type: ignore[arg-type]
+        assert state["step"] > 10  # the job's own state at the moment it was stopped
+        receipt = done["checkpoint"]["receipt"]["body"]
+        assert receipt["outcome"] == "preempted" and receipt["checkpoint"]
+        assert 2 * 2 <= done["gpu_seconds"] <= 2 * 40  # 2 GPUs for the seconds it ran, not the 600 booked
     finally:
         stop_daemons(daemons)
