@@ -327,17 +327,26 @@ class Solver:
                 b for b, q in self.assigned.items() if b in mine and q[0][0] in touched
             )
             grp = np.union1d(frac, np.asarray(tenants, dtype=np.int64))
+            saved: dict[int, list[Part]] = {}
             if int(np.isin(pb, grp).sum()) <= self.milp_pairs:
-                for b in tenants:
-                    self.unplace(b)
+                saved = {b: self.unplace(b) for b in tenants}
                 frac = grp
             keep = np.isin(pb, frac)
             qb, qo, qs = pb[keep], po[keep], ps[keep]
             if len(qb) <= self.milp_pairs:
                 free = np.asarray(st.free, dtype=np.int64)
                 pick = milp_pick(mkt, qb, qo, qs, free, self.milp_nodes)
+                # a node-limited MILP may stop at a weak incumbent: keep it only when it
+                # is worth at least what the tenants it displaced were
+                if int(qs[pick].sum()) < sum(p[2] for parts in saved.values() for p in parts):
+                    pick = np.zeros(0, dtype=np.int64)
+                    for b, parts in saved.items():
+                        self.place(b, parts)
                 for i in pick.tolist():
                     self._try(int(qb[i]), int(qo[i]), int(qs[i]))
+            else:
+                for b, parts in saved.items():
+                    self.place(b, parts)
         # 4. whatever is still open: by LP weight, then score net of shadow price
         net = ps - mkt.b_gpus[pb] * price
         xr = np.round(x, 6)
