@@ -198,14 +198,15 @@ def provider_totals(provider_id: int) -> dict[str, int]:
 
 
 def provider_earnings_series(provider_id: int, limit: int = 500) -> list[tuple[float, int]]:
-    """(unix time, cumulative amount sold) after each sale, oldest first."""
-    rows = list(Trade.objects.filter(provider_id=provider_id).order_by("-id").values_list("created_at", "amount")[:limit])[::-1]
-    base = Trade.objects.filter(provider_id=provider_id).aggregate(n=Sum("amount"))["n"] or 0
-    total = base - sum(a for _, a in rows)
+    """(unix time, cumulative amount sold) after each round with sales, oldest first."""
+    rows = list(
+        Trade.objects.filter(provider_id=provider_id).values("round_id").annotate(at=Min("created_at"), amount=Sum("amount")).order_by("-round_id")[:limit]
+    )[::-1]
+    total = (Trade.objects.filter(provider_id=provider_id).aggregate(n=Sum("amount"))["n"] or 0) - sum(r["amount"] for r in rows)
     out = []
-    for at, amount in rows:
-        total += amount
-        out.append((round(at.timestamp(), 3), total))
+    for r in rows:
+        total += r["amount"]
+        out.append((round(r["at"].timestamp(), 3), total))
     return out
 
 

@@ -29,6 +29,7 @@
     ws.onclose = () => { status("reconnecting…", false); setTimeout(connect, backoff + Math.random() * backoff); backoff = Math.min(backoff * 2, 15000); };
     ws.onmessage = (ev) => {
       const msg = JSON.parse(ev.data);
+      if (msg.type === "error" && msg.code === "forbidden") { status("not updating: " + msg.message, false); return; }
       if (msg.type === "snapshot") { last[msg.channel] = msg.seq; (handlers[msg.channel] || []).forEach((h) => h(msg.data, true)); return; }
       if (msg.type !== "update") return;
       const prev = last[msg.channel];
@@ -52,13 +53,16 @@
     const width = () => Math.max(240, el.clientWidth);
     const axis = () => ({ stroke: cssVar("--muted"), grid: { stroke: cssVar("--line"), width: 1 }, ticks: { stroke: cssVar("--line"), width: 1 } });
     function build(data, labels) {
-      const x = rounds ? { ...axis(), incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000], values: (u, vals) => vals.map((v) => "#" + v) } : axis();
+      const clock = (v) => new Date(v * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" });
+      const x = rounds ? { ...axis(), incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000], values: (u, vals) => vals.map((v) => "#" + v) } : { ...axis(), space: 80, values: (u, vals) => vals.map(clock) };
       return new window.uPlot({
         width: width(), height: CHART_HEIGHT,
         // a few seconds of heartbeats, or one round, still get a readable axis
-        scales: { x: { time: !rounds, range: (u, lo, hi) => (hi - lo < minSpan ? [hi - minSpan, hi + minSpan / 20] : [lo, hi]) }, y: yRange ? { range: yRange } : {} },
+        // from the data itself (uPlot pads a single x by a day); a few seconds of heartbeats,
+        // or one round, still get a readable axis
+        scales: { x: { time: !rounds, range: (u) => { const xs = u.data[0], lo = xs[0], hi = xs[xs.length - 1]; return hi - lo < minSpan ? [hi - minSpan, hi + minSpan / 20] : [lo, hi]; } }, y: yRange ? { range: yRange } : {} },
         axes: [x, { ...axis(), size: 64, values: (u, vals) => vals.map(yFmt) }],
-        series: [{ label: rounds ? "round" : "time", value: rounds ? (u, v) => (v === null ? "—" : "#" + v) : undefined },
+        series: [{ label: rounds ? "round" : "time", value: (u, v) => (v === null ? "—" : rounds ? "#" + v : new Date(v * 1000).toLocaleString()) },
           ...labels.map((label, i) => ({ label, stroke: cssVar(PALETTE[i % PALETTE.length]), width: 2, spanGaps: true, points: { size: 5 }, value: (u, v) => (v === null ? "—" : yFmt(v)) }))],
       }, data, el);
     }
@@ -189,7 +193,7 @@
       if (utilChart) utilChart.set([xs, ...ys], ms.map((m) => m.name));
     };
     const earnings = charts.earnings.slice();
-    const earnChart = lineChart(document.getElementById("earnings-chart"), { yFmt: (v) => "$" + v.toLocaleString("en-US", { maximumFractionDigits: 0 }) });
+    const earnChart = lineChart(document.getElementById("earnings-chart"), { yFmt: (v) => "$" + v.toLocaleString("en-US", { maximumFractionDigits: Math.abs(v) < 100 ? 2 : 0 }) });
     const drawEarnings = () => earnChart && earnChart.set([earnings.map((p) => p[0]), earnings.map((p) => p[1] / 1e6)], ["sold, cumulative"]);
     drawUtil(); drawEarnings();
 
@@ -257,7 +261,12 @@
       const totals = d.totals || {};
       ["sold", "settled", "pending"].forEach((k) => setText(document.querySelector(`[data-kpi=${k}]`), money(totals[k] || 0)));
       (isSnapshot ? d.sales.slice().reverse() : [d.sale]).forEach((t) => {
-        if (renderSale(t) && !isSnapshot) { earnings.push([Date.parse(t.created_at) / 1000, totals.sold]); drawEarnings(); }
+        if (renderSale(t) && !isSnapshot) {
+          // one point per round: the sales of one round share its moment
+          const at = Date.parse(t.created_at) / 1000, lastPoint = earnings[earnings.length - 1];
+          if (lastPoint && at - lastPoint[0] < 1) lastPoint[1] = totals.sold; else earnings.push([at, totals.sold]);
+          drawEarnings();
+        }
       });
     });
   }
