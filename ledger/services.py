@@ -86,6 +86,14 @@ def _record_call(ctx: ChainContext, batch: RecordBatch) -> Any:
     return ctx.market.functions.record_trades(orders_abi, trades_abi)
 
 
+def _registered(ctx: ChainContext, address: str, seen: dict[str, bool]) -> bool:
+    """Whether the contract holds an active registration (stake + BLS key) for a provider."""
+    key = address.lower()
+    if key not in seen:
+        seen[key] = int(ctx.client.view(ctx.market, "providers", address)[0]) == 1
+    return seen[key]
+
+
 def _claim_record_batch(ctx: ChainContext, *, limit: int) -> RecordBatch | None:
     from contracts.merkle import merkle_root
 
@@ -98,6 +106,7 @@ def _claim_record_batch(ctx: ChainContext, *, limit: int) -> RecordBatch | None:
     deadlines: dict[int, int] = {}
     budget: dict[str, int] = {}  # per buyer address: free escrow on chain, less this batch's locks
     wallet_orders: dict[int, SignedOrder] = {}
+    registered: dict[str, bool] = {}
     by_bid: dict[int, list[Trade]] = {}
     for trade in trades:
         by_bid.setdefault(trade.bid_id, []).append(trade)
@@ -106,6 +115,8 @@ def _claim_record_batch(ctx: ChainContext, *, limit: int) -> RecordBatch | None:
         # an order is used once, so a bid's trades go into one batch together or wait together
         if any(not t.provider.chain_address or t.duration_s != t.bid.duration_s for t in bid_trades):
             continue  # a provider has not proven an address yet; the trades wait
+        if not all(_registered(ctx, t.provider.chain_address, registered) for t in bid_trades):
+            continue  # the contract would refuse the whole batch ("bad provider"): wait for its stake
         buyer = bid_trades[0].buyer
         if buyer.chain_address and not CustodialKey.objects.filter(user=buyer).exists():
             signed = signed_order_of(bid_trades[0].bid, chain_id=ctx.chain_id, market=ctx.deployment.market_address)

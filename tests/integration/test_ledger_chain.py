@@ -496,3 +496,27 @@ def test_wallet_linking_refuses_bad_challenges_and_custodial_accounts(buyer: Any
     ok = account.sign_message(encode_defunct(text=mine)).signature.hex()
     r = client_for(buyer).post("/api/v1/me/wallet/", {"address": account.address, "message": mine, "signature": ok}, format="json")
     assert r.status_code == 409 and "custodial" in r.json()["error"]["message"]
+
+
+@pytest.mark.anvil
+def test_trades_of_a_provider_not_registered_on_chain_wait_without_holding_up_the_batch(ctx: Any, buyer: Any, provider_user: Any, other_provider_user: Any, make_offer: Any, make_bid: Any) -> None:
+    from ledger import tasks
+    from ledger.models import RecordBatch
+    from market.models import Trade
+    from market.rounds import round_clear
+
+    _register_provider(ctx, provider_user)
+    unstaked = other_provider_user.provider
+    unstaked.chain_address = "0x14dC79964da2C08b23698B3D3cc7Ca32193d9955"  # proved an address, never staked
+    unstaked.save()
+    _fund_buyer(ctx, buyer, 1000 * TOKENS)
+    make_offer(provider_user, price=2 * TOKENS, count=2)
+    make_offer(other_provider_user, price=2 * TOKENS, count=2)
+    make_bid(buyer, gpus=2, max_price=3 * TOKENS, duration_s=3600)
+    make_bid(buyer, gpus=2, max_price=3 * TOKENS, duration_s=3600)
+    round_clear()
+    assert Trade.objects.count() == 2
+    tasks.trades_record.delay()
+    _sync(ctx)
+    assert dict(Trade.objects.values_list("provider__user__username", "state")) == {provider_user.username: "recorded", other_provider_user.username: "pending"}
+    assert not RecordBatch.objects.filter(state="failed").exists()
