@@ -105,6 +105,30 @@ def demo_load(seed: int = 7) -> str:
     return f"{len(PROVIDERS)} providers, {n_offers} offers, {n_bids} bids; log in as operator / acme-llm / lambda-labs-east with password {DEMO_PASSWORD!r}"
 
 
+def _heartbeats(rng: random.Random, names: list[str]) -> None:
+    """What each demo machine's agent would send: one heartbeat through the same service
+    real agents use, with GPUs busy where jobs run (85-98%) and idle elsewhere."""
+    from market.models import Job
+    from market.states import JobState
+    from providers.jobs import machine_heartbeat
+    from providers.models import Machine
+
+    busy: dict[int, int] = {}
+    for machine_id, gpus in Job.objects.filter(trade__provider__user__username__in=names, state=JobState.RUNNING).values_list("trade__offer__machine_id", "trade__gpus"):
+        busy[machine_id] = busy.get(machine_id, 0) + gpus
+    for machine in Machine.objects.filter(provider__user__username__in=names).select_related("provider__user").prefetch_related("gpus__model").order_by("id"):
+        gpus = []
+        for n, gpu in enumerate(sorted(machine.gpus.all(), key=lambda g: g.index)):
+            load = rng.uniform(85, 98) if n < busy.get(machine.pk, 0) else rng.uniform(0, 3)
+            total = gpu.model.memory_gib * 1024
+            gpus.append({
+                "index": gpu.index, "utilisation": round(load, 1), "memory_used_mib": int(total * load / 110),
+                "memory_total_mib": total, "temperature_c": round(35 + load * 0.45 + rng.uniform(-2, 2), 1),
+                "power_w": round(gpu.model.tdp_watts * (0.12 + 0.85 * load / 100), 1),
+            })
+        machine_heartbeat(user=machine.provider.user, machine_id=machine.pk, gpus=gpus, jobs=[], agent_version="demo")
+
+
 def demo_tick(seed: int | None = None) -> dict[str, int]:
     """Keep the demo market alive: its simulated providers send heartbeats, jobs
     whose time is up finish and free their GPUs, and buyers keep placing bids.
@@ -115,15 +139,14 @@ def demo_tick(seed: int | None = None) -> dict[str, int]:
 
     from market.models import Bid, Job, Offer
     from market.states import BidState, JobState, OfferState
-    from providers.models import Machine, MachineState
+    from providers.models import Machine
 
     rng = random.Random(seed)
     now = timezone.now()
     speed = settings.CONFIG.demo_speed
     names = [p[0] for p in PROVIDERS]
+    _heartbeats(rng, names)
     machines = Machine.objects.filter(provider__user__username__in=names)
-    machines.update(last_heartbeat=now, state=MachineState.ONLINE)
-    events.machines_changed(machine_ids=list(machines.values_list("pk", flat=True)))  # their owners' dashboards
     Offer.objects.filter(machine__in=machines, state=OfferState.PAUSED).update(state=OfferState.OPEN)
     finished = 0
     moved: list[int] = []
