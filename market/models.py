@@ -136,6 +136,8 @@ class Bid(models.Model):
     # wallet buyers only: the EIP-712 order their wallet signed (0x r s v) and its deadline
     order_signature = models.CharField(max_length=132, blank=True, default="")
     order_deadline = models.BigIntegerField(null=True, blank=True, help_text="Unix seconds; fixed when the order is first shown for signing")
+    # a continuation: the rest of a preempted job, resuming from its checkpoint {url, sha256, size, trade}
+    resume_from = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

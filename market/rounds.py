@@ -105,7 +105,11 @@ def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundRes
         bid.state = BidState.MATCHED
         bid.explanation = {"round": rnd.number, "matched": True, "reasons": [p.reason for p in parts]}
     Trade.objects.bulk_create(trades)
-    jobs = Job.objects.bulk_create(Job(trade=t) for t in Trade.objects.filter(round=rnd).select_related("offer").order_by("id"))
+    jobs = Job.objects.bulk_create(
+        # a continuation's job starts from the checkpoint its preempted predecessor left
+        Job(trade=t, checkpoint={"resume_from": t.bid.resume_from} if t.bid.resume_from else {})
+        for t in Trade.objects.filter(round=rnd).select_related("offer", "bid").order_by("id")
+    )
     for job in jobs:
         machine_wake(job.trade.offer.machine_id, reason="assigned", job_id=job.pk)
     Offer.objects.bulk_update([o for o in offers.values()], ["gpus_free"])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -18,7 +18,7 @@ from django.utils import timezone
 from market import states
 from market.api.auth import TOKEN_PREFIX, token_digest
 from market.errors import Conflict, DomainError, NotAllowed
-from market.models import ApiToken, Bid, Offer, Role, Scope, User
+from market.models import ApiToken, Bid, Job, Offer, Role, Scope, User
 from market.states import BidState, OfferState
 from market.streams import events
 from providers.models import GpuModel, Machine, Provider, Region
@@ -183,6 +183,33 @@ def bid_place(*, user: User, data: dict[str, Any]) -> Bid:
     bid = Bid.objects.create(buyer=user, **data)
     events.bid_changed(bid)
     return bid
+
+
+CONTINUE_FIELDS = ("job_spec", "gpus", "gpu_models", "min_memory_gib", "min_compute_units", "vendor", "same_machine", "allowed_regions",
+                   "preferred_regions", "location_region", "max_latency_ms", "max_price", "deadline", "klass", "min_reliability", "weights")
+MIN_CONTINUATION_S = 60
+
+
+def bid_continue(*, job: Job, checkpoint: dict[str, Any]) -> Bid | None:
+    """A preempted job with a checkpoint goes back to the market for the time it had left:
+    a new bid on the buyer's terms that resumes from the checkpoint wherever it matches.
+    None when too little time is left, the deadline has passed, or the checkpoint names no
+    URL and digest to fetch it by. Runs inside the caller's transaction."""
+    trade = job.trade
+    url, sha = checkpoint.get("url"), str(checkpoint.get("sha256") or "").removeprefix("0x")
+    if not isinstance(url, str) or len(sha) != 64:
+        return None
+    used_s = -(-int(job.gpu_seconds or 0) // max(1, trade.gpus))
+    left = trade.duration_s - used_s
+    bid = trade.bid
+    if left < MIN_CONTINUATION_S or (bid.deadline is not None and bid.deadline <= timezone.now() + timedelta(seconds=left)):
+        return None
+    if Bid.objects.filter(resume_from__trade=trade.pk).exists():
+        return None  # a repeated report: continued once already
+    fields = {f: getattr(bid, f) for f in CONTINUE_FIELDS}
+    follow = Bid.objects.create(buyer=bid.buyer, duration_s=left, resume_from={"url": url, "sha256": sha, "size": checkpoint.get("size"), "trade": trade.pk}, **fields)
+    events.bid_changed(follow)
+    return follow
 
 
 @transaction.atomic

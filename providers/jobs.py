@@ -237,6 +237,13 @@ def job_event(*, user: User, job_id: int, event: str, at: int | None = None, pro
             job.progress = 1.0
     job.checkpoint = meta
     job.save()
+    if event == "preempted" and meta.get("latest_checkpoint"):
+        from market.services import bid_continue
+
+        follow = bid_continue(job=job, checkpoint=meta["latest_checkpoint"])
+        if follow is not None:
+            job.checkpoint = {**meta, "continued_by_bid": follow.pk}
+            job.save(update_fields=["checkpoint", "updated_at"])
     events.jobs_changed(job_ids=[job.pk])
     events.operator_changed()  # jobs by state
     return job

@@ -288,7 +288,8 @@ class BidCreateSerializer(serializers.Serializer):
 class BidSerializer(serializers.ModelSerializer):
     class Meta:
         model = Bid
-        fields = ["id", "client_order_id", "buyer", "job_spec", "gpus", "gpu_models", "min_memory_gib", "min_compute_units", "vendor", "same_machine", "allowed_regions", "preferred_regions", "location_region", "max_latency_ms", "max_price", "duration_s", "deadline", "klass", "min_reliability", "weights", "state", "explanation", "created_at", "updated_at"]
+        fields = ["id", "client_order_id", "buyer", "job_spec", "gpus", "gpu_models", "min_memory_gib", "min_compute_units", "vendor", "same_machine", "allowed_regions", "preferred_regions", "location_region", "max_latency_ms", "max_price", "duration_s", "deadline", "klass", "min_reliability", "weights", "state", "explanation", "resume_from", "created_at", "updated_at"]
+        read_only_fields = ["resume_from"]
 
 
 # --- rounds, trades, jobs ---------------------------------------------------------

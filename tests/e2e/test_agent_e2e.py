@@ -309,6 +309,12 @@ CHECKPOINTING_JOB = """
 import json, os, signal, sys, time
 out, ckpt = os.environ["GRIDBID_OUTPUT_DIR"], os.environ["GRIDBID_CHECKPOINT_DIR"]
 step = 0
+resume = os.environ.get("GRIDBID_RESUME_FROM")
+if resume and os.path.exists(os.path.join(resume, "state.json")):
+    with open(os.path.join(resume, "state.json")) as f:
+        step = json.load(f)["step"]
+    with open(os.path.join(out, "resumed_at_step.txt"), "w") as f:
+        f.write(str(step))
 def stop(*_):
     with open(os.path.join(ckpt, "state.json"), "w") as f:
         json.dump({"step": step}, f)
@@ -322,8 +328,8 @@ while step < 600:
 """
 
 
-@pytest.mark.timeout(120)
-def test_an_operator_preempts_a_running_job_which_checkpoints_and_is_billed_for_the_time_it_ran(server, tmp_path):
+@pytest.mark.timeout(200)
+def test_an_operator_preempts_a_running_job_which_checkpoints_and_resumes_on_another_machine(server, tmp_path):
     import hashlib
     import tarfile
 
@@ -366,5 +372,30 @@ def test_an_operator_preempts_a_running_job_which_checkpoints_and_is_billed_for_
         receipt = done["checkpoint"]["receipt"]["body"]
         assert receipt["outcome"] == "preempted" and receipt["checkpoint"]
         assert 2 * 2 <= done["gpu_seconds"] <= 2 * 40  # 2 GPUs for the seconds it ran, not the 600 booked
+
+        # the rest of the job goes back to the market and resumes from its checkpoint elsewhere:
+        # this machine leaves (daemon stopped, offer withdrawn), another A10 machine joins
+        follow_id = done["checkpoint"]["continued_by_bid"]
+        follow = httpx.get(f"{server}/api/v1/bids/{follow_id}/", headers=buyer).json()
+        assert follow["resume_from"]["trade"] == job["trade"] and follow["duration_s"] == 600 - -(-done["gpu_seconds"] // 2)
+        stop_daemons(daemons)
+        daemons = []
+        provider = {"Authorization": f"Bearer {tokens['spotty']}"}
+        for offer in httpx.get(f"{server}/api/v1/offers/", headers=provider, params={"machine": machine}).json()["results"]:
+            if offer["machine"] == machine and offer["state"] in ("open", "paused"):
+                assert httpx.post(f"{server}/api/v1/offers/{offer['id']}/withdraw/", headers=provider).status_code == 200
+        other_tokens = make_tokens(spotty2=("provider", ("read", "provide")))
+        home2, machine2 = join_market(server, tmp_path, "spotty2", other_tokens["spotty2"], region="eu-west", price="1.00", gpu=("NVIDIA A10", 23028, "A10-24GB"))
+        daemons.append(start_daemon(home2, seconds=90))
+        logs2 = lambda: (home2 / "daemon.log").read_text()[-3000:]  # noqa: E731
+
+        def resumed() -> Any:
+            jobs = httpx.get(f"{server}/api/v1/jobs/", headers=buyer).json()["results"]
+            return next((j for j in jobs if j["machine"] == machine2 and j["state"] in ("running", "completed")), None)
+
+        again = wait_for("the rest of the job running on the other machine", resumed, seconds=40, logs=logs2)
+        marker = home2 / "jobs" / str(again["trade"]) / "work" / "outputs" / "resumed_at_step.txt"
+        wait_for("the job resuming from its checkpoint", marker.exists, seconds=20, logs=logs2)
+        assert int(marker.read_text()) == state["step"], "it carried on from the step it was stopped at"
     finally:
         stop_daemons(daemons)

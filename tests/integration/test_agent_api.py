@@ -380,3 +380,44 @@ def test_agent_keeps_offers_in_step_with_its_pricing(provider_user, make_machine
     agent.tick()
     offer.refresh_from_db()
     assert offer.price == 2_200_000
+
+
+def test_a_preempted_job_goes_back_to_the_market_for_its_time_left_and_resumes_from_its_checkpoint(provider_user, other_provider_user, client_for, make_job, make_offer):
+    from market.models import Bid, Job
+    from market.rounds import round_clear
+
+    job = make_job(provider_user, gpus=2, duration_s=3600)
+    client = client_for(provider_user)
+    post_event(client, job, event="started")
+    ck = {"size": 10, "sha256": "cd" * 32, "url": "https://store.example/ck.tar"}
+    r = post_event(client, job, event="preempted", exit_code=0, gpu_seconds=2 * 600, checkpoint=ck)
+    assert r.status_code == 200
+    follow = Bid.objects.get(resume_from__isnull=False)
+    original = job.trade.bid
+    assert (follow.buyer_id, follow.gpus, follow.max_price, follow.job_spec) == (original.buyer_id, original.gpus, original.max_price, original.job_spec)
+    assert follow.duration_s == 3000 and follow.state == "open", "the 50 minutes it had left"
+    assert follow.resume_from == {"url": ck["url"], "sha256": ck["sha256"], "size": 10, "trade": job.trade_id}
+    assert post_event(client, job, event="preempted", exit_code=0, gpu_seconds=1200, checkpoint=ck).status_code == 200
+    assert Bid.objects.filter(resume_from__isnull=False).count() == 1, "a repeated report continues nothing twice"
+
+    make_offer(other_provider_user, count=4, price=original.max_price // 2)
+    round_clear()
+    follow.refresh_from_db()
+    assert follow.state == "matched"
+    resumed = Job.objects.get(trade__bid=follow)
+    r = client_for(other_provider_user).get(f"/api/v1/agent/machines/{resumed.trade.offer.machine_id}/assignments/")
+    (mine,) = [a for a in r.json()["assignments"] if a["job"] == resumed.pk]
+    assert mine["resume_from"]["url"] == ck["url"] and mine["resume_from"]["sha256"] == ck["sha256"], "the agent fetches and checks it"
+
+
+def test_a_preemption_without_a_fetchable_checkpoint_or_time_left_is_not_continued(provider_user, client_for, make_job):
+    from market.models import Bid
+
+    client = client_for(provider_user)
+    job = make_job(provider_user, gpus=2, duration_s=3600)
+    post_event(client, job, event="started")
+    post_event(client, job, event="preempted", exit_code=0, gpu_seconds=600, checkpoint={"size": 10, "sha256": "cd" * 32})  # no URL
+    late = make_job(provider_user, gpus=2, duration_s=3600)
+    post_event(client, late, event="started")
+    post_event(client, late, event="preempted", exit_code=0, gpu_seconds=2 * 3590, checkpoint={"size": 1, "sha256": "ab" * 32, "url": "https://x/c.tar"})
+    assert not Bid.objects.filter(resume_from__isnull=False).exists()
