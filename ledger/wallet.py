@@ -27,6 +27,7 @@ from contracts.orders import Order, SignedOrder, recover_order_signer, typed_dat
 from ledger.models import CustodialKey
 from market.errors import Conflict, DomainError
 from market.models import Bid, User
+from providers.agent.receipts import spec_hash, spec_message
 
 CHALLENGE_SALT = "gridbid.ledger.wallet-link"
 CHALLENGE_MAX_AGE_S = 600
@@ -82,13 +83,13 @@ def _order(bid: Bid) -> Order:
 
 
 def _chain() -> tuple[int, str]:
-    from ledger.escrow import ChainUnavailable, chain_for_writes
+    """The deployment orders are signed for (no node needed: its chain id and address)."""
+    from ledger.context import deployment_current
 
-    try:
-        ctx = chain_for_writes()
-    except ChainUnavailable as exc:
-        raise Conflict(str(exc)) from None
-    return ctx.chain_id, ctx.deployment.market_address
+    d = deployment_current()
+    if d is None:
+        raise Conflict("No chain is configured on this server: there is no market contract to sign orders for.")
+    return d.chain_id, d.market_address
 
 
 @transaction.atomic
@@ -107,12 +108,22 @@ def wallet_order(*, user: User, bid_id: int) -> dict[str, Any]:
         deadline = int(bid.deadline.timestamp()) if bid.deadline else int(time.time()) + bid.duration_s + ORDER_TTL_S
         Bid.objects.filter(pk=bid.pk).update(order_deadline=deadline)
         bid.order_deadline = deadline
-    return {"bid": bid.pk, "signed": bool(bid.order_signature), "typed_data": typed_data(_order(bid), chain_id=chain_id, market=market)}
+    return {"bid": bid.pk, "signed": bool(bid.order_signature), "typed_data": typed_data(_order(bid), chain_id=chain_id, market=market),
+            "spec_message": spec_message(spec_hash(bid.job_spec)), "spec_signed": bool(bid.spec_signature)}
 
 
-def wallet_order_sign(*, user: User, bid_id: int, signature: Any) -> dict[str, Any]:
-    """Keep the wallet's signature of the bid's order once it recovers to the linked address."""
+def wallet_order_sign(*, user: User, bid_id: int, signature: Any, spec_signature: Any = None) -> dict[str, Any]:
+    """Keep the wallet's signature of the bid's order once it recovers to the linked address,
+    and of its job spec (what agents check before they run it) when given."""
     order = wallet_order(user=user, bid_id=bid_id)
+    if spec_signature is not None:
+        try:
+            spec_signer = Account.recover_message(encode_defunct(text=order["spec_message"]), signature=spec_signature)
+        except Exception:  # noqa: BLE001 - a malformed signature is the caller's input error
+            spec_signer = ""
+        if spec_signer.lower() != user.chain_address.lower():
+            raise DomainError("Invalid input. spec_signature: not your linked wallet's signature of spec_message.",
+                              fields={"spec_signature": ["personal_sign of spec_message by your linked wallet."]})
     raw = signature.removeprefix("0x") if isinstance(signature, str) else ""
     if len(raw) != 130 or any(c not in "0123456789abcdefABCDEF" for c in raw):
         raise DomainError("Invalid input. signature: 65 bytes as 0x and 130 hex digits (eth_signTypedData_v4's result).", fields={"signature": ["0x and 130 hex digits."]})
@@ -128,7 +139,9 @@ def wallet_order_sign(*, user: User, bid_id: int, signature: Any) -> dict[str, A
     if signer.lower() != user.chain_address.lower():
         raise DomainError("Invalid input. signature: it does not recover to your linked wallet over this order.", fields={"signature": ["Not your wallet's signature of this order."]})
     Bid.objects.filter(pk=bid.pk).update(order_signature="0x" + sig[:64].hex() + f"{v:02x}")
-    return {**order, "signed": True}
+    if spec_signature is not None:
+        Bid.objects.filter(pk=bid.pk).update(spec_signature=str(spec_signature))
+    return {**order, "signed": True, "spec_signed": bool(spec_signature) or order["spec_signed"]}
 
 
 def signed_order_of(bid: Bid, *, chain_id: int, market: str) -> SignedOrder | None:

@@ -138,6 +138,8 @@ class Bid(models.Model):
     order_deadline = models.BigIntegerField(null=True, blank=True, help_text="Unix seconds; fixed when the order is first shown for signing")
     # a continuation: the rest of a preempted job, resuming from its checkpoint {url, sha256, size, trade}
     resume_from = models.JSONField(null=True, blank=True)
+    # the buyer's EIP-191 signature of the job spec's hash: agents run only specs their buyer signed
+    spec_signature = models.CharField(max_length=132, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -185,7 +185,25 @@ def bid_place(*, user: User, data: dict[str, Any]) -> Bid:
     return bid
 
 
-CONTINUE_FIELDS = ("job_spec", "gpus", "gpu_models", "min_memory_gib", "min_compute_units", "vendor", "same_machine", "allowed_regions",
+def spec_signature_custodial(bid: Bid) -> str:
+    """The bid's spec signature, made now with the custodial key for a custodial buyer who
+    has none yet (kept on the bid); "" for a wallet buyer who has not signed."""
+    from eth_account.messages import encode_defunct
+
+    from ledger.custody import custodial_key_get_or_create, custodial_signer
+    from ledger.wallet import is_wallet_buyer
+    from providers.agent.receipts import spec_hash, spec_message
+
+    if bid.spec_signature or is_wallet_buyer(bid.buyer):
+        return bid.spec_signature
+    signer = custodial_signer(custodial_key_get_or_create(user=bid.buyer))
+    signature = "0x" + bytes(signer.sign_message(encode_defunct(text=spec_message(spec_hash(bid.job_spec)))).signature).hex()
+    Bid.objects.filter(pk=bid.pk, spec_signature="").update(spec_signature=signature)
+    bid.spec_signature = signature
+    return signature
+
+
+CONTINUE_FIELDS = ("job_spec", "spec_signature", "gpus", "gpu_models", "min_memory_gib", "min_compute_units", "vendor", "same_machine", "allowed_regions",
                    "preferred_regions", "location_region", "max_latency_ms", "max_price", "deadline", "klass", "min_reliability", "weights")
 MIN_CONTINUATION_S = 60
 

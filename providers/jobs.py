@@ -17,9 +17,11 @@ from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
 
+from ledger.custody import buyer_address
 from market import states
 from market.errors import Conflict, DomainError, NotFound
 from market.models import Job, Offer, User
+from market.services import spec_signature_custodial
 from market.states import JobState, OfferState
 from market.streams import events
 from providers.agent import receipts as receipt_format
@@ -175,8 +177,8 @@ def machine_assignments(*, user: User, machine_id: int) -> list[dict[str, Any]]:
             "price": trade.price,
             "job_spec": spec,
             "spec_hash": receipt_format.spec_hash(spec),
-            "spec_signature": meta.get("spec_signature"),
-            "buyer_address": trade.buyer.chain_address,
+            "spec_signature": spec_signature_custodial(trade.bid) or None,
+            "buyer_address": buyer_address(trade.buyer),
             "preempt": bool(meta.get("preempt_requested")),
             "resume_from": meta.get("resume_from"),
         })

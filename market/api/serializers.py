@@ -100,12 +100,15 @@ class WalletLinkSerializer(serializers.Serializer):
 
 class WalletOrderSignSerializer(serializers.Serializer):
     signature = serializers.CharField(max_length=200, help_text="0x and 130 hex digits: eth_signTypedData_v4's result")
+    spec_signature = serializers.CharField(max_length=200, required=False, help_text="personal_sign of spec_message: agents run only specs their buyer signed")
 
 
 class WalletOrderSerializer(serializers.Serializer):
     bid = serializers.IntegerField()
     signed = serializers.BooleanField()
     typed_data = serializers.DictField(help_text="The EIP-712 message (types, primaryType, domain, message)")
+    spec_message = serializers.CharField(help_text="The text to personal_sign so agents know you wrote this job spec")
+    spec_signed = serializers.BooleanField()
 
 
 # --- providers -----------------------------------------------------------------
@@ -288,8 +291,8 @@ class BidCreateSerializer(serializers.Serializer):
 class BidSerializer(serializers.ModelSerializer):
     class Meta:
         model = Bid
-        fields = ["id", "client_order_id", "buyer", "job_spec", "gpus", "gpu_models", "min_memory_gib", "min_compute_units", "vendor", "same_machine", "allowed_regions", "preferred_regions", "location_region", "max_latency_ms", "max_price", "duration_s", "deadline", "klass", "min_reliability", "weights", "state", "explanation", "resume_from", "created_at", "updated_at"]
-        read_only_fields = ["resume_from"]
+        fields = ["id", "client_order_id", "buyer", "job_spec", "gpus", "gpu_models", "min_memory_gib", "min_compute_units", "vendor", "same_machine", "allowed_regions", "preferred_regions", "location_region", "max_latency_ms", "max_price", "duration_s", "deadline", "klass", "min_reliability", "weights", "state", "explanation", "resume_from", "spec_signature", "created_at", "updated_at"]
+        read_only_fields = ["resume_from", "spec_signature"]
 
 
 # --- rounds, trades, jobs ---------------------------------------------------------

@@ -272,7 +272,8 @@ class BidViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
 
         body = s.WalletOrderSignSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        return Response(wallet_order_sign(user=request.user, bid_id=int(pk), signature=body.validated_data["signature"]))
+        return Response(wallet_order_sign(user=request.user, bid_id=int(pk), signature=body.validated_data["signature"],
+                                          spec_signature=body.validated_data.get("spec_signature")))
 
 
 class TradeViewSet(viewsets.ReadOnlyModelViewSet):

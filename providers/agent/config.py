@@ -55,7 +55,7 @@ class AgentConfig:
     grace_s: float = 30.0
     max_output_bytes: int = 10 * 1024**3
     accept_trade_states: list[str] = field(default_factory=lambda: ["recorded"])
-    require_buyer_signature: bool = False
+    require_buyer_signature: bool = True  # the market signs custodial buyers' specs; wallet buyers sign their own
     measured_tflops: float | None = None
     rpc_url: str | None = None  # our own chain node; unset: the one the market names
     pricing: list[PricingRule] = field(default_factory=list)

@@ -421,3 +421,49 @@ def test_a_preemption_without_a_fetchable_checkpoint_or_time_left_is_not_continu
     post_event(client, late, event="started")
     post_event(client, late, event="preempted", exit_code=0, gpu_seconds=2 * 3590, checkpoint={"size": 1, "sha256": "ab" * 32, "url": "https://x/c.tar"})
     assert not Bid.objects.filter(resume_from__isnull=False).exists()
+
+
+def test_assignments_carry_the_buyers_signature_over_the_spec_which_agents_check(provider_user, client_for, make_job):
+    from ledger.custody import buyer_address
+    from providers.agent import receipts
+
+    job = make_job(provider_user)
+    r = client_for(provider_user).get(f"/api/v1/agent/machines/{job.trade.offer.machine_id}/assignments/")
+    (a,) = r.json()["assignments"]
+    assert a["buyer_address"] == buyer_address(job.trade.buyer), "the custodial address that signs the buyer's orders"
+    assert receipts.spec_signer(a["job_spec"], a["spec_signature"]) == a["buyer_address"]
+    again = client_for(provider_user).get(f"/api/v1/agent/machines/{job.trade.offer.machine_id}/assignments/").json()["assignments"][0]
+    assert again["spec_signature"] == a["spec_signature"], "signed once, kept on the bid"
+
+
+def test_a_wallet_buyer_signs_its_spec_in_its_wallet_and_a_wrong_signature_is_refused(buyer, client_for, make_offer, provider_user):
+    from eth_account import Account
+    from eth_account.messages import encode_defunct
+
+    from ledger.models import Deployment
+    from market.rounds import round_clear
+    from providers.agent import receipts
+    from tests.conftest import bid_body
+
+    Deployment.objects.create(chain_id=31337, rpc_url="http://127.0.0.1:9", market_address="0x5FbDB2315678afecb367f053371D33aA2a4B0c5A",
+                              token_address="0xe7f1725E7734CE288F8367e1Bb143E90bb3F0512", deployed_block=1)
+    wallet = Account.create()
+    client = client_for(buyer)
+    message = client.post("/api/v1/me/wallet/challenge/", format="json").json()["message"]
+    assert client.post("/api/v1/me/wallet/", {"address": wallet.address, "message": message,
+                                              "signature": wallet.sign_message(encode_defunct(text=message)).signature.hex()}, format="json").status_code == 200
+    bid = client.post("/api/v1/bids/", bid_body(gpus=2), format="json").json()
+    order = client.get(f"/api/v1/bids/{bid['id']}/order/").json()
+    assert order["spec_message"] == receipts.spec_message(receipts.spec_hash(bid["job_spec"])) and order["spec_signed"] is False
+    typed = wallet.sign_typed_data(full_message=order["typed_data"]).signature.hex()
+    wrong = Account.create().sign_message(encode_defunct(text=order["spec_message"])).signature.hex()
+    r = client.post(f"/api/v1/bids/{bid['id']}/order/sign/", {"signature": typed, "spec_signature": wrong}, format="json")
+    assert r.status_code == 400 and "spec_signature" in r.json()["error"]["fields"]
+    right = wallet.sign_message(encode_defunct(text=order["spec_message"])).signature.hex()
+    r = client.post(f"/api/v1/bids/{bid['id']}/order/sign/", {"signature": typed, "spec_signature": right}, format="json")
+    assert r.status_code == 200 and r.json()["spec_signed"] is True
+
+    offer = make_offer(provider_user, count=4)
+    round_clear()
+    (a,) = client_for(provider_user).get(f"/api/v1/agent/machines/{offer.machine_id}/assignments/").json()["assignments"]
+    assert a["buyer_address"] == wallet.address and receipts.spec_signer(a["job_spec"], a["spec_signature"]) == wallet.address

@@ -35,6 +35,8 @@
     return (e && e.message) || String(e);
   }
 
+  // hex-encoded UTF-8: what every wallet accepts for personal_sign (MetaMask, geth, anvil)
+  const utf8Hex = (text) => "0x" + Array.from(new TextEncoder().encode(text), (b) => b.toString(16).padStart(2, "0")).join("");
   const hex32 = (n) => BigInt(n).toString(16).padStart(64, "0");
   const addr32 = (a) => a.toLowerCase().replace(/^0x/, "").padStart(64, "0");
 
@@ -72,9 +74,7 @@
       try {
         const [account] = await window.ethereum.request({ method: "eth_requestAccounts" });
         const { message } = await api("POST", "/api/v1/me/wallet/challenge/");
-        // hex-encoded UTF-8: what every wallet accepts for personal_sign (MetaMask, geth, anvil)
-        const hexMessage = "0x" + Array.from(new TextEncoder().encode(message), (b) => b.toString(16).padStart(2, "0")).join("");
-        const signature = await window.ethereum.request({ method: "personal_sign", params: [hexMessage, account] });
+        const signature = await window.ethereum.request({ method: "personal_sign", params: [utf8Hex(message), account] });
         await api("POST", "/api/v1/me/wallet/", { address: account, message, signature });
         location.reload();
       } catch (e) {
@@ -115,9 +115,11 @@
         if (!window.ethereum) { button.textContent = "no browser wallet here"; return; }
         button.disabled = true;
         try {
-          const { typed_data } = await api("GET", `/api/v1/bids/${id}/order/`);
+          const { typed_data, spec_message } = await api("GET", `/api/v1/bids/${id}/order/`);
           const signature = await window.ethereum.request({ method: "eth_signTypedData_v4", params: [button.dataset.account, JSON.stringify(typed_data)] });
-          await api("POST", `/api/v1/bids/${id}/order/sign/`, { signature });
+          // and the job spec, so the provider's agent knows the buyer wrote it
+          const spec_signature = await window.ethereum.request({ method: "personal_sign", params: [utf8Hex(spec_message), button.dataset.account] });
+          await api("POST", `/api/v1/bids/${id}/order/sign/`, { signature, spec_signature });
           const done = document.createElement("span");
           done.className = "small muted";
           done.dataset.signed = id;

@@ -86,9 +86,24 @@ def make_agent(home: Path, market: FakeMarket, key: BlsKey, **cfg) -> Agent:
     return Agent(home=home, config=config, client=market, state=State(home / "state.sqlite3"), inventory=INVENTORY, bls_key=key)  # type: ignore[arg-type]
 
 
+BUYER_KEY = "0x" + "42" * 32  # the buyer whose signature over each spec the agent checks
+
+
+def signed_spec(spec: dict) -> str:
+    from eth_account import Account
+    from eth_account.messages import encode_defunct
+
+    from providers.agent.receipts import spec_message
+
+    return "0x" + Account.from_key(BUYER_KEY).sign_message(encode_defunct(text=spec_message(spec_hash(spec)))).signature.hex().removeprefix("0x")
+
+
 def assignment(trade: int, code: str, *, job: int | None = None, gpus=(0, 1), **kw) -> dict:
+    from eth_account import Account
+
     spec = {"command": [PY, "-c", code], "output_dir": "outputs"}
-    base = {"job": job or trade + 100, "trade": trade, "machine": MACHINE, "state": "assigned", "trade_state": "recorded", "gpus": list(gpus), "duration_s": 600, "job_spec": spec, "spec_hash": spec_hash(spec), "preempt": False}
+    base = {"job": job or trade + 100, "trade": trade, "machine": MACHINE, "state": "assigned", "trade_state": "recorded", "gpus": list(gpus), "duration_s": 600, "job_spec": spec, "spec_hash": spec_hash(spec), "preempt": False,
+            "spec_signature": signed_spec(spec), "buyer_address": Account.from_key(BUYER_KEY).address}
     return {**base, **kw}
 
 
@@ -149,9 +164,11 @@ def test_a_buyer_signed_spec_is_accepted_and_an_unsigned_one_refused_when_requir
 
     buyer = Account.create()
     market = FakeMarket()
-    agent = make_agent(tmp_path, market, key, require_buyer_signature=True)
-    a = assignment(4, "pass")
+    agent = make_agent(tmp_path, market, key)  # required by default
+    a = assignment(4, "pass", spec_signature=None)
     assert agent.assign(a) == "refused"
+    other = assignment(6, "pass", buyer_address=Account.create().address)
+    assert agent.assign(other) == "refused", "signed, but not by the trade's buyer"
     signed = assignment(5, "pass", buyer_address=buyer.address)
     signed["spec_signature"] = buyer.sign_message(encode_defunct(text=spec_message(signed["spec_hash"]))).signature.hex()
     assert agent.assign(signed) == "accepted"
@@ -312,10 +329,10 @@ def test_inputs_are_fetched_before_the_start_and_a_bad_digest_fails_the_job(tmp_
     agent = make_agent(tmp_path / "home", market, key)
     good = assignment(30, "import os; open('outputs/n', 'w').write(str(os.path.getsize('inputs/w.bin')))")
     good["job_spec"]["inputs"] = [{"url": data.as_uri(), "sha256": hashlib.sha256(b"w" * 1000).hexdigest(), "path": "w.bin"}]
-    good["spec_hash"] = spec_hash(good["job_spec"])
+    good["spec_hash"], good["spec_signature"] = spec_hash(good["job_spec"]), signed_spec(good["job_spec"])
     bad = assignment(31, "open('outputs/ran', 'w')")
     bad["job_spec"]["inputs"] = [{"url": data.as_uri(), "sha256": "0" * 64}]
-    bad["spec_hash"] = spec_hash(bad["job_spec"])
+    bad["spec_hash"], bad["spec_signature"] = spec_hash(bad["job_spec"]), signed_spec(bad["job_spec"])
     market.assignments_list = [good, bad]
     run_until(agent, lambda: len(market.receipts) == 2)
     assert (tmp_path / "home/jobs/30/work/outputs/n").read_text() == "1000"
