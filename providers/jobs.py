@@ -252,7 +252,8 @@ def job_event(*, user: User, job_id: int, event: str, at: int | None = None, pro
 
 
 # --- receipts ---------------------------------------------------------------------------------
-def job_receipt_submit(*, user: User, job_id: int, receipt: dict[str, Any], signature: str, outputs: list[dict[str, Any]] | None = None) -> Job:
+def job_receipt_submit(*, user: User, job_id: int, receipt: dict[str, Any], signature: str, outputs: list[dict[str, Any]] | None = None,
+                       outputs_archive: dict[str, Any] | None = None) -> Job:
     """Check a signed completion receipt against the job and the provider's BLS key, and keep it.
 
     The signature is verified before the row is locked: py-ecc takes ~0.5 s.
@@ -289,6 +290,8 @@ def job_receipt_submit(*, user: User, job_id: int, receipt: dict[str, Any], sign
         if job.state != OUTCOME_STATE[r.outcome]:
             raise Conflict(f"The receipt says {r.outcome} but the job is {job.state}; report the outcome event first.")
         meta["receipt"] = {"body": r.body(), "signature": signature, "digest": digest, "leaf": r.leaf().hex(), "outputs": outputs or [], "received_at": timezone.now().isoformat()}
+        if outputs_archive:
+            meta["outputs_archive"] = dict(outputs_archive)  # where the buyer fetches them, and their digest
         job.checkpoint = meta
         job.gpu_seconds = r.gpu_seconds
         job.exit_code = r.exit_code

@@ -245,6 +245,16 @@ class JobSpecSerializer(serializers.Serializer):
     inputs = JobInputSerializer(many=True, required=False, default=list, max_length=64)
     output_dir = serializers.RegexField(r"^[A-Za-z0-9_.-][A-Za-z0-9_./-]{0,254}$", required=False, default="outputs")
     checkpoint_interval_s = serializers.IntegerField(min_value=10, max_value=86400, required=False, allow_null=True)
+    upload_url = serializers.URLField(
+        max_length=1024, required=False, allow_null=True,
+        help_text="An http(s) folder the provider's agent PUTs trade-<id>/outputs.tar (and checkpoint.tar on preemption) to, "
+                  "each with its SHA-256; without it outputs stay on the provider's machine, listed with their digests in the receipt.",
+    )
+
+    def validate_upload_url(self, url: str | None) -> str | None:
+        if url and not url.lower().startswith(("http://", "https://")):
+            raise serializers.ValidationError("An http:// or https:// URL.")
+        return url
 
     def validate_env(self, env: dict[str, str]) -> dict[str, str]:
         if len(env) > 128:

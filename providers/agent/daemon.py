@@ -25,7 +25,14 @@ from typing import Any
 from providers.agent import __version__, inventory, keys, receipts
 from providers.agent.client import AuthFailed, MarketClient, Rejected, Transient, backoff_delays
 from providers.agent.config import AgentConfig
-from providers.agent.inputs import fetch_inputs, pack_checkpoint, unpack_checkpoint
+from providers.agent.inputs import (
+    UploadError,
+    fetch_inputs,
+    pack_checkpoint,
+    unpack_checkpoint,
+    upload_archive,
+    upload_url,
+)
 from providers.agent.runtime import (
     ContainerRuntime,
     JobPaths,
@@ -329,6 +336,23 @@ class Agent:
         checkpoint = None
         if outcome.reason in ("preempted", "timeout") and paths.checkpoint.exists():
             checkpoint = pack_checkpoint(paths.checkpoint, self.home / "checkpoints" / f"trade-{trade}.tar")
+        store = job["spec"].get("upload_url")
+        archive = None
+        if store:
+            # the job names a store: the checkpoint goes there (so any machine can resume from
+            # it) and so do the outputs, as one reproducible tar with its digest
+            if checkpoint:
+                try:
+                    checkpoint = upload_archive(checkpoint, upload_url(store, trade, "checkpoint.tar"))
+                except UploadError as exc:
+                    log(f"trade {trade}: checkpoint kept here, not uploaded: {exc}")
+            packed = pack_checkpoint(paths.output(job["spec"].get("output_dir") or "outputs"), self.home / "outputs" / f"trade-{trade}.tar") if paths.work.exists() else None
+            if packed:
+                try:
+                    archive = upload_archive(packed, upload_url(store, trade, "outputs.tar"))
+                    log(f"trade {trade}: outputs uploaded to {archive['url']} ({archive['size']} bytes)")
+                except UploadError as exc:
+                    log(f"trade {trade}: outputs kept here, not uploaded: {exc}")
         if outcome.reason == "preempted":
             result = "preempted"
         elif outcome.reason == "exited" and outcome.exit_code == 0:
@@ -347,7 +371,10 @@ class Agent:
         if checkpoint and job.get("started_at"):
             self.state.report(trade_id=trade, job_id=job["job_id"], kind="event", body={"event": "checkpointed", "at": int(ended), "checkpoint": checkpoint})
         self.state.report(trade_id=trade, job_id=job["job_id"], kind="event", body=event)
-        self.state.report(trade_id=trade, job_id=job["job_id"], kind="receipt", body={"receipt": receipt.body(), "signature": signature, "outputs": [f.__dict__ for f in files]})
+        report = {"receipt": receipt.body(), "signature": signature, "outputs": [f.__dict__ for f in files]}
+        if archive:
+            report["outputs_archive"] = archive
+        self.state.report(trade_id=trade, job_id=job["job_id"], kind="receipt", body=report)
         log(f"trade {trade}: {result} ({outcome.reason}, exit {outcome.exit_code}, {gpu_seconds} GPU-s); receipt signed")
         return receipt
 

@@ -112,3 +112,40 @@ def unpack_checkpoint(archive: Path, dest: Path) -> None:
 
 def copy_outputs(src: Path, dest: Path) -> None:
     shutil.copytree(src, dest, dirs_exist_ok=True)
+
+
+class UploadError(Exception):
+    pass
+
+
+def upload_url(base: str, trade_id: int, name: str) -> str:
+    """Where an archive of a trade goes under the job's `upload_url` folder."""
+    return f"{base.rstrip('/')}/trade-{trade_id}/{name}"
+
+
+def upload_archive(archive: dict[str, Any], url: str, *, attempts: int = 4, timeout_s: float = 120.0) -> dict[str, Any]:
+    """PUT a packed archive ({size, sha256, url: file://...}) to `url` (http or https), with its
+    digest in `X-Content-SHA256`; retried with backoff on transport errors and 5xx. Returns
+    the archive's description with `url` now the uploaded location."""
+    import time
+
+    import httpx
+
+    if urlparse(url).scheme not in ("http", "https"):
+        raise UploadError(f"upload_url must be http or https, not {url!r}")
+    path = Path(unquote(urlparse(archive["url"]).path))
+    last = ""
+    for attempt in range(attempts):
+        try:
+            with open(path, "rb") as body:
+                r = httpx.put(url, content=body, timeout=timeout_s,
+                              headers={"Content-Type": "application/x-tar", "X-Content-SHA256": archive["sha256"], "Content-Length": str(archive["size"])})
+            if r.status_code < 300:
+                return {**archive, "url": url}
+            last = f"the store answered {r.status_code}"
+            if r.status_code < 500:
+                break  # refused: retrying will not help
+        except httpx.HTTPError as exc:
+            last = str(exc)
+        time.sleep(min(8.0, 0.5 * 2**attempt))
+    raise UploadError(f"upload to {url} failed: {last}")

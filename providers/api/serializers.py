@@ -69,10 +69,17 @@ class OutputFileSerializer(serializers.Serializer):
     sha256 = serializers.RegexField(HEX64)
 
 
+class OutputArchiveSerializer(serializers.Serializer):
+    url = serializers.URLField(max_length=2048)
+    size = serializers.IntegerField(min_value=0, max_value=2**50)
+    sha256 = serializers.RegexField(HEX64)
+
+
 class ReceiptSubmitSerializer(serializers.Serializer):
     receipt = serializers.JSONField(help_text="The receipt body exactly as signed (see docs/agent.md)")
     signature = serializers.RegexField(r"^[0-9a-f]{192}$", error_messages={"invalid": "A 96-byte BLS signature as 192 lower-case hex digits."})
     outputs = OutputFileSerializer(many=True, max_length=10_000, required=False, default=list)
+    outputs_archive = OutputArchiveSerializer(required=False, allow_null=True, default=None)
 
     def validate_receipt(self, value: object) -> dict:
         if not isinstance(value, dict):

@@ -328,8 +328,49 @@ while step < 600:
 """
 
 
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A plain HTTP object store on 127.0.0.1: PUT writes a file, GET reads it back."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    root = tmp_path / "store"
+    root.mkdir()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_PUT(self) -> None:  # noqa: N802 - http.server's naming
+            target = root / self.path.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(self.rfile.read(int(self.headers["Content-Length"])))
+            self.send_response(201)
+            self.end_headers()
+
+        def do_GET(self) -> None:  # noqa: N802
+            target = root / self.path.lstrip("/")
+            if not target.is_file():
+                self.send_response(404)
+                self.end_headers()
+                return
+            data = target.read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/jobs", root / "jobs"
+    finally:
+        httpd.shutdown()
+
+
 @pytest.mark.timeout(200)
-def test_an_operator_preempts_a_running_job_which_checkpoints_and_resumes_on_another_machine(server, tmp_path):
+def test_an_operator_preempts_a_running_job_which_checkpoints_and_resumes_on_another_machine(server, tmp_path, store):
     import hashlib
     import tarfile
 
@@ -341,7 +382,8 @@ def test_an_operator_preempts_a_running_job_which_checkpoints_and_resumes_on_ano
     daemons = [start_daemon(home, seconds=90)]
     logs = lambda: (home / "daemon.log").read_text()[-3000:]  # noqa: E731
     try:
-        spec = {"command": [sys.executable, "-c", CHECKPOINTING_JOB]}
+        store_url, store_root = store
+        spec = {"command": [sys.executable, "-c", CHECKPOINTING_JOB], "upload_url": store_url}
         r = httpx.post(f"{server}/api/v1/bids/", headers=buyer, json={"job_spec": spec, "gpus": 2, "gpu_models": ["A10-24GB"], "max_price": 2_000_000, "duration_s": 600, "klass": "spot"})
         assert r.status_code == 201, r.text
 
@@ -364,7 +406,9 @@ def test_an_operator_preempts_a_running_job_which_checkpoints_and_resumes_on_ano
 
         done = wait_for("the job checkpointed and preempted", preempted, seconds=30, logs=logs)
         checkpoint = done["checkpoint"]["latest_checkpoint"]
-        tar = Path(checkpoint["url"].removeprefix("file://"))
+        # uploaded to the job's store, so any machine can resume from it, not only this one
+        assert checkpoint["url"] == f"{store_url}/trade-{job['trade']}/checkpoint.tar"
+        tar = store_root / f"trade-{job['trade']}" / "checkpoint.tar"
         assert hashlib.sha256(tar.read_bytes()).hexdigest() == checkpoint["sha256"].removeprefix("0x") and tar.stat().st_size == checkpoint["size"]
         with tarfile.open(tar) as packed:
             state = json.load(packed.extractfile(next(m for m in packed.getmembers() if m.name.endswith("state.json"))))  # type: ignore[arg-type]
@@ -372,6 +416,11 @@ def test_an_operator_preempts_a_running_job_which_checkpoints_and_resumes_on_ano
         receipt = done["checkpoint"]["receipt"]["body"]
         assert receipt["outcome"] == "preempted" and receipt["checkpoint"]
         assert 2 * 2 <= done["gpu_seconds"] <= 2 * 40  # 2 GPUs for the seconds it ran, not the 600 booked
+        outputs = done["checkpoint"]["outputs_archive"]
+        packed = store_root / f"trade-{job['trade']}" / "outputs.tar"
+        assert outputs["url"].endswith("/outputs.tar") and hashlib.sha256(packed.read_bytes()).hexdigest() == outputs["sha256"]
+        with tarfile.open(packed) as tar_out:
+            assert "progress.txt" in tar_out.getnames()
 
         # the rest of the job goes back to the market and resumes from its checkpoint elsewhere:
         # this machine leaves (daemon stopped, offer withdrawn), another A10 machine joins
