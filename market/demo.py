@@ -147,7 +147,7 @@ def demo_tick(seed: int | None = None) -> dict[str, int]:
     names = [p[0] for p in PROVIDERS]
     _heartbeats(rng, names)
     machines = Machine.objects.filter(provider__user__username__in=names)
-    Offer.objects.filter(machine__in=machines, state=OfferState.PAUSED).update(state=OfferState.OPEN)
+    Offer.objects.filter(machine__in=machines, state=OfferState.PAUSED, paused_by="offline").update(state=OfferState.OPEN, paused_by="")
     finished = 0
     moved: list[int] = []
     with transaction.atomic():

@@ -74,6 +74,9 @@ class Offer(models.Model):
     spot_allowed = models.BooleanField(default=True)
     reserved_only = models.BooleanField(default=False)
     state = models.CharField(max_length=16, choices=OfferState.choices, default=OfferState.OPEN)
+    # who paused it: "offline" (its machine went quiet; its next heartbeat reopens it) or
+    # "provider" (by hand; only the provider reopens it)
+    paused_by = models.CharField(max_length=16, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

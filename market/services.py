@@ -139,6 +139,7 @@ def offer_update(*, user: User, offer: Offer, **changes: Any) -> Offer:
         offer.gpus_free = changes["gpus"] - taken
     if "state" in changes and changes["state"] != offer.state:
         states.advance("offer", offer, changes.pop("state"))
+        offer.paused_by = "provider" if offer.state == OfferState.PAUSED else ""
     for key, value in changes.items():
         setattr(offer, key, value)
     if offer.reserved_only and offer.spot_allowed:

@@ -108,7 +108,8 @@ def machine_heartbeat(*, user: User, machine_id: int, gpus: list[dict[str, Any]]
     reopened = 0
     if came_back:
         # offers paused while the machine was silent come back with it
-        reopened = Offer.objects.filter(machine=machine, state=OfferState.PAUSED).update(state=OfferState.OPEN, updated_at=timezone.now())
+        # (those its provider paused by hand stay paused)
+        reopened = Offer.objects.filter(machine=machine, state=OfferState.PAUSED, paused_by="offline").update(state=OfferState.OPEN, paused_by="", updated_at=timezone.now())
     updated = 0
     moved: list[int] = []
     for row in jobs:

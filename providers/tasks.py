@@ -28,6 +28,6 @@ def machines_mark_offline() -> int:
         if not ids:
             return 0
         Machine.objects.filter(id__in=ids).update(state=MachineState.OFFLINE, reliability=Greatest(F("reliability") - RELIABILITY_PENALTY, 0.0))
-        Offer.objects.filter(machine_id__in=ids, state=OfferState.OPEN).update(state=OfferState.PAUSED)
+        Offer.objects.filter(machine_id__in=ids, state=OfferState.OPEN).update(state=OfferState.PAUSED, paused_by="offline")
         events.machines_changed(machine_ids=ids, states_changed=True)  # owners and operators see them go quiet
     return len(ids)

@@ -62,6 +62,24 @@ def test_heartbeat_brings_an_offline_machine_back_and_reopens_its_paused_offers(
     assert offer.state == "open"
 
 
+def test_an_offer_its_provider_paused_stays_paused_when_the_machine_comes_back(provider_user, client_for, make_offer):
+    from providers.tasks import machines_mark_offline
+
+    mine = make_offer(provider_user, count=1)
+    client = client_for(provider_user)
+    r = client.patch(f"/api/v1/offers/{mine.pk}/", {"state": "paused"}, format="json")
+    assert r.status_code == 200 and r.json()["state"] == "paused"
+    machine = mine.machine
+    type(machine).objects.filter(pk=machine.pk).update(last_heartbeat=timezone.now() - timedelta(minutes=5))
+    machines_mark_offline()
+    r = client.post(f"/api/v1/agent/machines/{machine.id}/heartbeat/", {"gpus": [telemetry(0)]}, format="json")
+    assert r.status_code == 200 and r.json()["reopened_offers"] == 0
+    mine.refresh_from_db()
+    assert mine.state == "paused" and mine.paused_by == "provider", "only its provider reopens it"
+    r = client.patch(f"/api/v1/offers/{mine.pk}/", {"state": "open"}, format="json")
+    assert r.status_code == 200 and r.json()["state"] == "open"
+
+
 def test_heartbeat_carries_job_progress(provider_user, client_for, make_job):
     job = make_job(provider_user)
     Job.objects.filter(pk=job.pk).update(state="running")
