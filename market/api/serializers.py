@@ -236,6 +236,10 @@ class JobInputSerializer(serializers.Serializer):
         return value
 
 
+class JobResourcesSerializer(serializers.Serializer):
+    memory_bytes = serializers.IntegerField(min_value=2**20, max_value=2**44, required=False, help_text="Memory limit of the job's processes")
+
+
 class JobSpecSerializer(serializers.Serializer):
     """What the provider's agent runs. Either a container image or a command."""
 
@@ -245,6 +249,9 @@ class JobSpecSerializer(serializers.Serializer):
     inputs = JobInputSerializer(many=True, required=False, default=list, max_length=64)
     output_dir = serializers.RegexField(r"^[A-Za-z0-9_.-][A-Za-z0-9_./-]{0,254}$", required=False, default="outputs")
     checkpoint_interval_s = serializers.IntegerField(min_value=10, max_value=86400, required=False, allow_null=True)
+    time_limit_s = serializers.IntegerField(min_value=1, max_value=MAX_DURATION_S, required=False, allow_null=True,
+                                            help_text="Stop the job after this many seconds (default: the bid's duration)")
+    resources = JobResourcesSerializer(required=False)
     upload_url = serializers.URLField(
         max_length=1024, required=False, allow_null=True,
         help_text="An http(s) folder the provider's agent PUTs trade-<id>/outputs.tar (and checkpoint.tar on preemption) to, "
