@@ -75,6 +75,19 @@ def telemetry_key(machine_id: int) -> str:
     return f"gridbid:machine:{machine_id}:telemetry"
 
 
+def log_key(job_id: int) -> str:
+    return f"gridbid:job:{job_id}:log-tail"
+
+
+def job_log_tail(job: Job) -> str:
+    """The end of a job's output: the last one its agent reported once it ended, else live
+    from its agent's heartbeats."""
+    final = (job.checkpoint or {}).get("log_tail")
+    if final:
+        return str(final)
+    return str(cache.get(log_key(job.pk)) or "")
+
+
 def telemetry_history_key(machine_id: int) -> str:
     return f"gridbid:machine:{machine_id}:telemetry-history"
 
@@ -117,6 +130,8 @@ def machine_heartbeat(*, user: User, machine_id: int, gpus: list[dict[str, Any]]
         updated += n
         if n:
             moved.append(row["job"])
+            if "log_tail" in row:  # a display cache: no harm if this transaction rolls back
+                cache.set(log_key(row["job"]), row["log_tail"], TELEMETRY_TTL_S * 4)
     events.jobs_changed(job_ids=moved)  # progress bars on the buyer's page follow the heartbeats
     snapshot = {"at": machine.last_heartbeat.isoformat(), "agent_version": agent_version, "gpus": gpus}
     at = machine.last_heartbeat
@@ -202,7 +217,7 @@ def job_preempt_request(*, job: Job, reason: str = "") -> Job:
 
 # --- job events -----------------------------------------------------------------------------
 @transaction.atomic
-def job_event(*, user: User, job_id: int, event: str, at: int | None = None, progress: float | None = None, exit_code: int | None = None, gpu_seconds: int | None = None, checkpoint: dict[str, Any] | None = None, reason: str = "") -> Job:
+def job_event(*, user: User, job_id: int, event: str, at: int | None = None, progress: float | None = None, exit_code: int | None = None, gpu_seconds: int | None = None, checkpoint: dict[str, Any] | None = None, reason: str = "", log_tail: str = "") -> Job:
     """Move the job through its states as its agent reports; a repeated report changes nothing."""
     job = _own_job(user, job_id, lock=True)
     trade = job.trade
@@ -236,6 +251,8 @@ def job_event(*, user: User, job_id: int, event: str, at: int | None = None, pro
         job.gpu_seconds = gpu_seconds or 0
         if reason:
             meta["reason"] = reason[:500]
+        if log_tail:
+            meta["log_tail"] = log_tail
         if event == "completed":
             job.progress = 1.0
     job.checkpoint = meta

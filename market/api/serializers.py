@@ -364,7 +364,13 @@ class TradeSerializer(serializers.ModelSerializer):
 
 class JobSerializer(serializers.ModelSerializer):
     machine = serializers.IntegerField(source="trade.offer.machine_id", read_only=True)
+    log_tail = serializers.SerializerMethodField(help_text="The end of the job's output, as its agent last reported it")
 
     class Meta:
         model = Job
-        fields = ["id", "trade", "machine", "state", "progress", "started_at", "ended_at", "exit_code", "gpu_seconds", "checkpoint", "updated_at"]
+        fields = ["id", "trade", "machine", "state", "progress", "started_at", "ended_at", "exit_code", "gpu_seconds", "checkpoint", "log_tail", "updated_at"]
+
+    def get_log_tail(self, job: Job) -> str:
+        from providers.jobs import job_log_tail
+
+        return job_log_tail(job)

@@ -11,6 +11,7 @@ urlpatterns = [
     path("offers/", views.offers, name="offers"),
     path("rounds/", views.rounds, name="rounds"),
     path("orders/", views.my_orders, name="orders"),
+    path("jobs/<int:job_id>/", views.job_page, name="job"),
     path("bids/new/", views.bid_new, name="bid-new"),
     path("bids/<int:bid_id>/cancel/", views.bid_cancel, name="bid-cancel"),
     path("account/", views.account, name="account"),

@@ -136,6 +136,21 @@ def my_orders(request: HttpRequest) -> HttpResponse:
     return render(request, "market/orders.html", {"bids": bids})
 
 
+@login_required
+def job_page(request: HttpRequest, job_id: int) -> HttpResponse:
+    """One job for its buyer (or provider, or an operator): state, progress, the end of
+    its output, its receipt and where its outputs went; refreshed while it runs."""
+    from providers.jobs import job_log_tail
+
+    job = selectors.jobs_visible(request.user).filter(pk=job_id).select_related("trade__bid", "trade__offer__machine").first()
+    if job is None:
+        raise Http404("No such job of yours")
+    meta = job.checkpoint or {}
+    return render(request, "market/job.html", {"job": job, "log_tail": job_log_tail(job), "receipt": (meta.get("receipt") or {}).get("body"),
+                                               "outputs": (meta.get("receipt") or {}).get("outputs") or [], "archive": meta.get("outputs_archive"),
+                                               "continued_by": meta.get("continued_by_bid"), "resume_from": meta.get("resume_from")})
+
+
 class TokenForm(forms.Form):
     name = forms.CharField(max_length=64, initial="my-bot")
     scopes = forms.MultipleChoiceField(choices=[(s.value, s.label) for s in Scope], widget=forms.CheckboxSelectMultiple, initial=["read", "trade"])

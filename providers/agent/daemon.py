@@ -48,6 +48,19 @@ from providers.agent.runtime import (
 )
 from providers.agent.state import State
 
+LOG_TAIL_BYTES = 4096
+
+
+def log_tail(path: Path) -> str:
+    """The last few KB of a job's output, for its buyer (what the market keeps of it)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - LOG_TAIL_BYTES))
+            return f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
 
 class Stop(Exception):
     """The daemon cannot go on; the message says why and what to do."""
@@ -174,7 +187,7 @@ class Agent:
         jobs = []
         for trade, sup in self.running.items():
             job = self.state.job(trade)
-            jobs.append({"job": job["job_id"], "progress": self._progress(job, sup)})
+            jobs.append({"job": job["job_id"], "progress": self._progress(job, sup), "log_tail": log_tail(sup.paths.log)})
         body = {"agent_version": __version__, "gpus": [t.as_dict() for t in inventory.telemetry(self.inventory, busy)], "jobs": jobs}
         return self.client.heartbeat(self.machine_id, body)
 
@@ -365,7 +378,8 @@ class Agent:
         )
         signature = receipts.receipt_sign(receipt, self.bls_key)
         self.state.job_update(trade, state="finished", ended_at=ended, exit_code=outcome.exit_code, reason=outcome.reason, gpu_seconds=gpu_seconds, checkpoint=checkpoint, receipt=receipt.body(), signature=signature)
-        event = {"event": result, "at": int(ended), "exit_code": outcome.exit_code, "gpu_seconds": gpu_seconds, "reason": outcome.reason}
+        event = {"event": result, "at": int(ended), "exit_code": outcome.exit_code, "gpu_seconds": gpu_seconds, "reason": outcome.reason,
+                 "log_tail": log_tail(paths.log)}
         if checkpoint:
             event["checkpoint"] = checkpoint
         if checkpoint and job.get("started_at"):

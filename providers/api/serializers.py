@@ -23,9 +23,14 @@ class GpuTelemetrySerializer(serializers.Serializer):
         return attrs
 
 
+LOG_TAIL_CHARS = 8192
+
+
 class JobProgressSerializer(serializers.Serializer):
     job = serializers.IntegerField(min_value=1)
     progress = serializers.FloatField(min_value=0, max_value=1)
+    log_tail = serializers.CharField(max_length=LOG_TAIL_CHARS, required=False, allow_blank=True, trim_whitespace=False,
+                                     help_text="The end of the job's output (stdout and stderr), for its buyer")
 
 
 class HeartbeatSerializer(serializers.Serializer):
@@ -54,6 +59,7 @@ class JobEventSerializer(serializers.Serializer):
     gpu_seconds = serializers.IntegerField(min_value=0, max_value=2**40, required=False, allow_null=True, default=None)
     checkpoint = CheckpointSerializer(required=False, allow_null=True, default=None)
     reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+    log_tail = serializers.CharField(max_length=LOG_TAIL_CHARS, required=False, allow_blank=True, default="", trim_whitespace=False)
 
     def validate(self, attrs: dict) -> dict:
         if attrs["event"] == "progress" and attrs.get("progress") is None:

@@ -135,7 +135,7 @@ def test_a_matched_bid_runs_on_the_winning_agent_and_the_buyer_sees_the_receipt(
         daemons.append((subprocess.Popen([sys.executable, "-m", "providers.agent", "run", "--poll-seconds", "0.5", "--heartbeat-seconds", "1", "--max-seconds", "50"], cwd=ROOT, env=agent_env(home), stdout=log, stderr=subprocess.STDOUT, start_new_session=True), log))
     try:
         buyer = {"Authorization": f"Bearer {tokens['trainer']}"}
-        spec = {"command": [sys.executable, "-c", "import os; open(os.environ['GRIDBID_OUTPUT_DIR'] + '/result.txt', 'w').write('42')"]}
+        spec = {"command": [sys.executable, "-c", "import os; print('training done, loss 0.042', flush=True); open(os.environ['GRIDBID_OUTPUT_DIR'] + '/result.txt', 'w').write('42')"]}
         r = httpx.post(f"{server}/api/v1/bids/", headers=buyer, json={"job_spec": spec, "gpus": 1, "gpu_models": ["H100-SXM-80GB"], "max_price": 3_000_000, "duration_s": 60})
         assert r.status_code == 201, r.text
         deadline = time.monotonic() + 40
@@ -150,6 +150,7 @@ def test_a_matched_bid_runs_on_the_winning_agent_and_the_buyer_sees_the_receipt(
         assert job["state"] == "completed" and job["exit_code"] == 0 and job["machine"] == cheap_machine
         receipt = job["checkpoint"]["receipt"]
         assert receipt["body"]["outcome"] == "completed" and receipt["outputs"][0]["path"] == "result.txt"
+        assert "training done, loss 0.042" in job["log_tail"], "the buyer sees the end of the job's output"
         trade = httpx.get(f"{server}/api/v1/trades/{job['trade']}/", headers=buyer).json()
         assert trade["price"] <= 3_000_000
         assert (cheap / "jobs" / str(job["trade"]) / "work" / "outputs" / "result.txt").read_text() == "42"

@@ -485,3 +485,27 @@ def test_a_wallet_buyer_signs_its_spec_in_its_wallet_and_a_wrong_signature_is_re
     round_clear()
     (a,) = client_for(provider_user).get(f"/api/v1/agent/machines/{offer.machine_id}/assignments/").json()["assignments"]
     assert a["buyer_address"] == wallet.address and receipts.spec_signer(a["job_spec"], a["spec_signature"]) == wallet.address
+
+
+def test_a_jobs_output_reaches_its_buyer_live_and_after_it_ends(provider_user, buyer, stranger, client_for, make_job):
+    job = make_job(provider_user)
+    machine = job.trade.offer.machine_id
+    agent = client_for(provider_user)
+    post_event(agent, job, event="started")
+    r = agent.post(f"/api/v1/agent/machines/{machine}/heartbeat/", {"gpus": [], "jobs": [{"job": job.pk, "progress": 0.3, "log_tail": "epoch 1 loss 0.91\n"}]}, format="json")
+    assert r.status_code == 200
+    assert client_for(buyer).get(f"/api/v1/jobs/{job.pk}/").json()["log_tail"] == "epoch 1 loss 0.91\n"
+    r = agent.post(f"/api/v1/agent/machines/{machine}/heartbeat/", {"gpus": [], "jobs": [{"job": job.pk, "progress": 0.3, "log_tail": "x" * 9000}]}, format="json")
+    assert r.status_code == 400 and any("log_tail" in k for k in r.json()["error"]["fields"]), r.json()
+    post_event(agent, job, event="completed", exit_code=0, gpu_seconds=60, log_tail="epoch 3 loss 0.12\ndone\n")
+    assert client_for(buyer).get(f"/api/v1/jobs/{job.pk}/").json()["log_tail"].endswith("done\n")
+
+    from django.test import Client
+
+    page = Client()
+    page.force_login(buyer)
+    html = page.get(f"/jobs/{job.pk}/")
+    assert html.status_code == 200 and "epoch 3 loss 0.12" in html.content.decode()
+    other = Client()
+    other.force_login(stranger)
+    assert other.get(f"/jobs/{job.pk}/").status_code == 404
