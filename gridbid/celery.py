@@ -40,4 +40,5 @@ def _schedule(sender: Celery, **_: object) -> None:
         "ledger-settle": {"task": "ledger.tasks.batches_settle", "schedule": 10.0, "options": {"queue": Queue.CHAIN, "expires": 20}},
         "ledger-txs": {"task": "ledger.tasks.chain_txs_track", "schedule": 3.0, "options": {"queue": Queue.CHAIN, "expires": 6}},
         "ledger-events": {"task": "ledger.tasks.chain_events_sync", "schedule": 3.0, "options": {"queue": Queue.CHAIN, "expires": 6}},
+        "ledger-reconcile": {"task": "ledger.tasks.ledger_reconcile", "schedule": 60.0, "options": {"queue": Queue.CHAIN, "expires": 120}},
     }

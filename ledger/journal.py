@@ -146,3 +146,31 @@ def journal_verify(*, ctx: Any, block: int | None = None) -> list[str]:
     if sum(balances.values()) != 0:
         problems.append(f"the accounts do not sum to zero ({sum(balances.values())})")
     return problems
+
+
+RECONCILIATION_KEY = "gridbid:ledger:reconciliation"
+
+
+def reconcile(*, ctx: Any) -> dict[str, Any]:
+    """Run `journal_verify` and keep its outcome for the operator page (and say it):
+    {at, ok, entries, problems (the first 20), block}. The same check as `gridbid ledger verify`."""
+    from django.core.cache import cache
+    from django.utils import timezone
+
+    from ledger.models import JournalEntry, ListenerCursor
+
+    cursor = ListenerCursor.objects.filter(deployment=ctx.deployment).first()
+    block = cursor.applied_to if cursor is not None and cursor.applied_to >= 0 else None
+    problems = journal_verify(ctx=ctx, block=block)
+    status = {"at": timezone.now().isoformat(), "ok": not problems, "entries": JournalEntry.objects.count(),
+              "problems": problems[:20], "more": max(0, len(problems) - 20), "block": block}
+    cache.set(RECONCILIATION_KEY, status, None)
+    return status
+
+
+def reconciliation_status() -> dict[str, Any] | None:
+    """The last reconciliation's outcome, or None before the first one."""
+    from django.core.cache import cache
+
+    value = cache.get(RECONCILIATION_KEY)
+    return value if isinstance(value, dict) else None

@@ -61,6 +61,25 @@ def chain_events_sync() -> int:
     return events_sync(ctx=ctx).applied
 
 
+@shared_task(name="ledger.tasks.ledger_reconcile", **RETRY)
+def ledger_reconcile() -> bool | None:
+    """The journal against the chain (hash chain, every balance, totals): the operator page
+    shows the outcome; a discrepancy is logged as an error."""
+    import logging
+
+    from ledger.journal import reconcile
+    from market.streams import events
+
+    ctx = chain_context()
+    if ctx is None:
+        return None
+    status = reconcile(ctx=ctx)
+    if not status["ok"]:
+        logging.getLogger("gridbid.ledger").error("reconciliation: %s", "; ".join(status["problems"]))
+    events.operator_changed()
+    return bool(status["ok"])
+
+
 @shared_task(name="ledger.tasks.demo_agents_tick", **RETRY)
 def demo_agents_tick() -> dict[str, int]:
     """Under `gridbid up --demo` only: the demo providers' simulated agents sign receipts

@@ -227,7 +227,10 @@ def operator_overview() -> dict[str, Any]:
         {"id": m.pk, "provider": m.provider.display_name, "name": m.name, "region": m.region_id, "last_heartbeat": m.last_heartbeat, "reliability": m.reliability}
         for m in Machine.objects.filter(state=MachineState.OFFLINE).select_related("provider").order_by("last_heartbeat", "id")[:50]
     ]
+    from ledger.journal import reconciliation_status
+
     return {
+        "reconciliation": reconciliation_status(),
         "rounds": rounds,
         "trade_states": by_state(Trade.objects.all()),
         "job_states": by_state(Job.objects.all()),

@@ -520,3 +520,27 @@ def test_trades_of_a_provider_not_registered_on_chain_wait_without_holding_up_th
     _sync(ctx)
     assert dict(Trade.objects.values_list("provider__user__username", "state")) == {provider_user.username: "recorded", other_provider_user.username: "pending"}
     assert not RecordBatch.objects.filter(state="failed").exists()
+
+
+@pytest.mark.anvil
+def test_the_periodic_reconciliation_reports_to_the_operator_page(ctx: Any, buyer: Any, make_user: Any) -> None:
+    from django.test import Client
+
+    from ledger import tasks
+    from ledger.journal import reconciliation_status
+    from ledger.models import JournalEntry
+
+    _fund_buyer(ctx, buyer, 10 * TOKENS)
+    _sync(ctx)
+    assert tasks.ledger_reconcile.delay().get() is True
+    status = reconciliation_status()
+    assert status is not None and status["ok"] and status["entries"] == JournalEntry.objects.count() > 0
+    operator = make_user("op", role="operator")
+    page = Client()
+    page.force_login(operator)
+    html = page.get("/operator/").content.decode()
+    assert "matches the chain" in html and f"{status['entries']} journal entries" in html
+
+    JournalEntry.objects.filter(pk=JournalEntry.objects.order_by("seq").first().pk).update(amount=1)  # tampered
+    assert tasks.ledger_reconcile.delay().get() is False
+    assert "differs from the chain" in page.get("/operator/").content.decode()

@@ -282,6 +282,13 @@
     watch("operator", (d) => {
       document.querySelectorAll("tbody[data-list]").forEach((body) => swap(body, countRows(d[body.dataset.list], body.dataset.empty)));
       setText(document.querySelector("[data-field=offline_count]"), String(d.offline_count));
+      const rec = d.reconciliation, recEl = document.getElementById("op-reconciliation");
+      if (rec && recEl) {
+        const html = rec.ok
+          ? `<span class="pill state-settled">matches the chain</span> ${rec.entries} journal entries, hash chain intact, every balance equal to the contract's${rec.block ? " at block " + rec.block : ""} · checked ${esc(new Date(rec.at).toLocaleTimeString())}`
+          : `<span class="pill state-failed">differs from the chain</span> ${rec.problems.map((p) => "<br><code>" + esc(p) + "</code>").join("")}${rec.more ? "<br>and " + rec.more + " more" : ""}`;
+        swap(recEl, html);
+      }
       swap(document.querySelector("#op-offline tbody"), d.offline.length
         ? d.offline.map((m) => `<tr data-machine="${m.id}"><td>${esc(m.provider)}</td><td>${esc(m.name)}</td><td>${esc(m.region)}</td><td>${m.last_heartbeat ? ago(m.last_heartbeat) : "never seen"}</td><td class="num">${m.reliability.toFixed(3)}</td></tr>`).join("")
         : '<tr><td colspan="5" class="muted">Every machine is online.</td></tr>');
