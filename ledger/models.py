@@ -74,6 +74,11 @@ class ChainTx(models.Model):
     block_hash = models.CharField(max_length=66, blank=True, default="")
     gas_used = models.PositiveBigIntegerField(null=True, blank=True)
     broadcasts = models.PositiveIntegerField(default=0)
+    # fee bumping: a transaction stuck unmined is re-signed with higher fees, same nonce;
+    # the hashes it replaced stay here (any of them may still be the one that is mined)
+    fee_bumps = models.PositiveIntegerField(default=0)
+    replaced = models.JSONField(default=list, blank=True)
+    signed_at = models.DateTimeField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -13,17 +13,23 @@ No chain call happens while a database transaction is open.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from ledger.chain import ChainClient, ChainError, Signer
-from ledger.chain.client import NonceConsumed, SignedTx
+from ledger.chain.client import Fees, NonceConsumed, SignedTx
 from ledger.models import ChainTx, ChainTxState, NonceCursor
 
 log = logging.getLogger("gridbid.ledger.outbox")
 
 OPEN_STATES = (ChainTxState.SIGNED, ChainTxState.SENT, ChainTxState.MINED)
+FEE_BUMP_AFTER_S = 90.0  # unmined this long after signing: re-sign with higher fees
+FEE_BUMP_MAX = 8  # at most this many replacements (1.125 ** 8 = 2.6x the first fees, or the node's)
+SignerFor = Callable[[str], Signer | None]
 
 
 class NonceManager:
@@ -63,7 +69,7 @@ def tx_submit(*, client: ChainClient, signer: Signer, key: str, purpose: str, ca
             signed = client.sign(fields, nonce=nonce, fees=fees, signer=signer)
             row = ChainTx.objects.create(
                 purpose=purpose, key=key, chain_id=client.chain_id, sender=signer.address, to=str(fields.get("to", "")),
-                nonce=nonce, tx_hash=signed.tx_hash, raw=signed.raw,
+                nonce=nonce, tx_hash=signed.tx_hash, raw=signed.raw, signed_at=timezone.now(),
             )
     except IntegrityError:  # a concurrent submit of the same key won
         row = ChainTx.objects.get(key=key)
@@ -91,16 +97,53 @@ def tx_broadcast(*, client: ChainClient, tx: ChainTx) -> None:
     tx.refresh_from_db()
 
 
-def tx_track(*, client: ChainClient, tx: ChainTx, confirmations: int) -> ChainTx:
+def tx_bump(*, client: ChainClient, tx: ChainTx, signer: Signer) -> ChainTx:
+    """Replace a stuck transaction: the same nonce and call, fees raised by at least 12.5%
+    (what nodes require of a replacement) or to what the node suggests now, whichever is
+    higher. The old hash is kept: if it is mined after all, that one counts."""
+    old = client.fees_of(tx.raw)
+    now = client.fees()
+    fees = Fees(
+        max_fee_per_gas=max(now.max_fee_per_gas, old.max_fee_per_gas * 9 // 8 + 1),
+        max_priority_fee_per_gas=max(now.max_priority_fee_per_gas, old.max_priority_fee_per_gas * 9 // 8 + 1),
+    )
+    signed = client.resign(tx.raw, fees=fees, signer=signer)
+    ChainTx.objects.filter(pk=tx.pk, tx_hash=tx.tx_hash).update(
+        tx_hash=signed.tx_hash, raw=signed.raw, replaced=[*tx.replaced, tx.tx_hash], fee_bumps=tx.fee_bumps + 1,
+        signed_at=timezone.now(), state=ChainTxState.SIGNED,
+    )
+    tx.refresh_from_db()
+    log.info("%s %s: fees raised to %s (bump %d), replaces %s", tx.purpose, tx.key, fees, tx.fee_bumps, tx.replaced[-1])
+    tx_broadcast(client=client, tx=tx)
+    return tx
+
+
+def tx_track(*, client: ChainClient, tx: ChainTx, confirmations: int, signer_for: SignerFor | None = None,
+             bump_after_s: float = FEE_BUMP_AFTER_S) -> ChainTx:
     """Move a transaction along signed -> sent -> mined -> confirmed/failed from its receipt.
-    A mined transaction whose block was reorged out goes back to sent and is rebroadcast."""
+    A mined transaction whose block was reorged out goes back to sent and is rebroadcast;
+    one unmined `bump_after_s` after signing is replaced with higher fees when `signer_for`
+    gives its sender's key."""
     if tx.state in (ChainTxState.CONFIRMED, ChainTxState.FAILED):
         return tx
     receipt = client.receipt(tx.tx_hash)
+    if (receipt is None or receipt.confirmations == 0) and tx.replaced:
+        for earlier in reversed(tx.replaced):  # a replaced version may be the one that got mined
+            found = client.receipt(earlier)
+            if found is not None and found.confirmations > 0:
+                ChainTx.objects.filter(pk=tx.pk).update(tx_hash=earlier, replaced=[h for h in tx.replaced if h != earlier] + [tx.tx_hash])
+                tx.refresh_from_db()
+                receipt = found
+                break
     if receipt is None or receipt.confirmations == 0:
         if tx.state == ChainTxState.MINED:
             ChainTx.objects.filter(pk=tx.pk).update(state=ChainTxState.SENT, block_number=None, block_hash="")
             tx.refresh_from_db()
+        stuck = tx.signed_at is not None and timezone.now() - tx.signed_at >= timedelta(seconds=bump_after_s)
+        if tx.state == ChainTxState.SENT and stuck and signer_for is not None and tx.fee_bumps < FEE_BUMP_MAX:
+            signer = signer_for(tx.sender)
+            if signer is not None:
+                return tx_bump(client=client, tx=tx, signer=signer)
         tx_broadcast(client=client, tx=tx)
         return tx
     final = receipt.confirmations >= max(confirmations, 1)
@@ -115,9 +158,24 @@ def tx_track(*, client: ChainClient, tx: ChainTx, confirmations: int) -> ChainTx
     return tx
 
 
-def txs_track(*, client: ChainClient, confirmations: int, limit: int = 200) -> int:
+def txs_track(*, client: ChainClient, confirmations: int, limit: int = 200, signer_for: SignerFor | None = None,
+              bump_after_s: float = FEE_BUMP_AFTER_S) -> int:
     """Track every open transaction of this chain, oldest first (nonce order). Returns how many."""
     rows = list(ChainTx.objects.filter(chain_id=client.chain_id, state__in=OPEN_STATES).order_by("id")[:limit])
     for row in rows:
-        tx_track(client=client, tx=row, confirmations=confirmations)
+        tx_track(client=client, tx=row, confirmations=confirmations, signer_for=signer_for, bump_after_s=bump_after_s)
     return len(rows)
+
+
+def signers_of(operator: Signer) -> SignerFor:
+    """The keys this server holds: the operator's and the custodial buyers'."""
+    from ledger.custody import custodial_signer
+    from ledger.models import CustodialKey
+
+    def signer_for(address: str) -> Signer | None:
+        if address.lower() == operator.address.lower():
+            return operator
+        key = CustodialKey.objects.filter(address__iexact=address).first()
+        return custodial_signer(key) if key is not None else None
+
+    return signer_for

@@ -41,13 +41,14 @@ def batches_settle() -> int:
 
 @shared_task(name="ledger.tasks.chain_txs_track", **RETRY)
 def chain_txs_track() -> int:
-    """Rebroadcast unmined transactions and follow receipts to the confirmation depth."""
-    from ledger.outbox import txs_track
+    """Rebroadcast unmined transactions (with higher fees once stuck) and follow receipts to
+    the confirmation depth."""
+    from ledger.outbox import signers_of, txs_track
 
     ctx = chain_context()
     if ctx is None:
         return 0
-    return txs_track(client=ctx.client, confirmations=ctx.confirmations)
+    return txs_track(client=ctx.client, confirmations=ctx.confirmations, signer_for=signers_of(ctx.operator))
 
 
 @shared_task(name="ledger.tasks.chain_events_sync", **RETRY)

@@ -220,6 +220,26 @@ class ChainClient:
         signed = signer.sign_transaction(fields)
         return SignedTx(raw=_hex(signed.raw_transaction), tx_hash=_hex(signed.hash))
 
+    @staticmethod
+    def fees_of(raw: str) -> Fees:
+        """The EIP-1559 fees a signed transaction offers."""
+        from eth_account.typed_transactions.typed_transaction import TypedTransaction
+
+        fields = TypedTransaction.from_bytes(HexBytes(raw)).as_dict()
+        return Fees(max_fee_per_gas=int(fields["maxFeePerGas"]), max_priority_fee_per_gas=int(fields["maxPriorityFeePerGas"]))
+
+    def resign(self, raw: str, *, fees: Fees, signer: LocalAccount) -> SignedTx:
+        """The same transaction (same nonce, call, gas) with other fees: a replacement."""
+        from eth_account.typed_transactions.typed_transaction import TypedTransaction
+
+        fields = dict(TypedTransaction.from_bytes(HexBytes(raw)).as_dict())
+        for k in ("v", "r", "s"):
+            fields.pop(k, None)
+        fields["maxFeePerGas"] = fees.max_fee_per_gas
+        fields["maxPriorityFeePerGas"] = fees.max_priority_fee_per_gas
+        signed = signer.sign_transaction(fields)
+        return SignedTx(raw=_hex(signed.raw_transaction), tx_hash=_hex(signed.hash))
+
     def broadcast(self, signed: SignedTx) -> str:
         """Send signed bytes; sending bytes the node already has (or has mined) is fine."""
         try:

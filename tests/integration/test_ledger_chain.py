@@ -544,3 +544,36 @@ def test_the_periodic_reconciliation_reports_to_the_operator_page(ctx: Any, buye
     JournalEntry.objects.filter(pk=JournalEntry.objects.order_by("seq").first().pk).update(amount=1)  # tampered
     assert tasks.ledger_reconcile.delay().get() is False
     assert "differs from the chain" in page.get("/operator/").content.decode()
+
+
+@pytest.mark.anvil
+def test_a_stuck_transaction_is_replaced_with_higher_fees_and_the_nonce_is_used_once(ctx: Any) -> None:
+    from ledger.models import ChainTx
+    from ledger.outbox import signers_of, tx_submit, txs_track
+
+    client = ctx.client
+    client.rpc("evm_setAutomine", [False])
+    before = client.pending_nonce(ctx.operator.address)
+    tx = tx_submit(client=client, signer=ctx.operator, key="mint:stuck", purpose="mint", call=ctx.token.functions.mint(ctx.operator.address, 7))
+    first = tx.tx_hash
+    offered = client.fees_of(tx.raw).max_fee_per_gas
+    # the base fee jumps past what it offered: it can no longer be mined
+    client.rpc("anvil_setNextBlockBaseFeePerGas", [hex(offered * 4)])
+    client.rpc("evm_mine")
+    assert client.receipt(first) is None
+
+    txs_track(client=client, confirmations=1, signer_for=signers_of(ctx.operator), bump_after_s=3600)
+    assert ChainTx.objects.get(key="mint:stuck").tx_hash == first, "not stuck long enough: only rebroadcast"
+    txs_track(client=client, confirmations=1, signer_for=signers_of(ctx.operator), bump_after_s=0)
+    row = ChainTx.objects.get(key="mint:stuck")
+    assert row.tx_hash != first and row.replaced == [first] and row.fee_bumps == 1 and row.nonce == tx.nonce
+    assert client.fees_of(row.raw).max_fee_per_gas > offered * 4
+
+    client.rpc("evm_mine")
+    client.rpc("evm_setAutomine", [True])
+    _mint(ctx, ctx.operator.address, 1)  # one more block buries it
+    txs_track(client=client, confirmations=1, signer_for=signers_of(ctx.operator), bump_after_s=3600)
+    row.refresh_from_db()
+    assert row.state == "confirmed" and client.receipt(first) is None
+    assert client.pending_nonce(ctx.operator.address) == before + 2, "the replacement took the nonce; only the next mint followed"
+    assert client.view(ctx.token, "balanceOf", ctx.operator.address) == 8
