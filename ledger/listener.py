@@ -215,10 +215,12 @@ def events_apply(*, ctx: ChainContext, up_to: int) -> int:
     cursor = ListenerCursor.objects.select_for_update().get(deployment=ctx.deployment)
     limit = min(up_to, cursor.scanned_to)
     events = list(ChainEvent.objects.filter(deployment=ctx.deployment, applied=False, block_number__lte=limit).order_by("block_number", "log_index"))
+    touched: set[str] = set()
     for event in events:
         legs = _legs(ctx, event)
         journal_append(legs=legs, tx_hash=event.tx_hash, log_index=event.log_index, block_number=event.block_number, block_hash=event.block_hash)
         ChainEvent.objects.filter(pk=event.pk).update(applied=True)
+        touched |= {acct.split(":", 1)[1] for leg in legs for acct in (leg.debit, leg.credit) if ":" in acct}
     if limit > cursor.applied_to:
         cursor.applied_to = limit
         cursor.save(update_fields=["applied_to", "updated_at"])
@@ -226,4 +228,5 @@ def events_apply(*, ctx: ChainContext, up_to: int) -> int:
         from market.streams import events as stream_events
 
         stream_events.operator_changed()  # batches confirmed, trades recorded or settled: the settlement queue moved
+        stream_events.balances_changed(addresses=sorted(touched))  # each owner's escrow, live
     return len(events)

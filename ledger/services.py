@@ -223,6 +223,19 @@ def _completions(items: list[SettleItem] | list[tuple[RecordItem, int, bytes]]) 
     return out
 
 
+def _exits_before_disputes_close(ctx: ChainContext, address: str, seen: dict[str, bool]) -> bool:
+    """Whether a provider has asked to exit and its stake may leave within one dispute window
+    from now. The contract lets the operator settle such a provider, but a buyer's dispute
+    would then find no stake to hold: the operator does not settle it (its trades are
+    refunded after their deadline instead)."""
+    key = address.lower()
+    if key not in seen:
+        state = int(ctx.client.view(ctx.market, "providers", address)[0])
+        window = int(ctx.client.view(ctx.market, "dispute_window"))
+        seen[key] = state > 1 and ctx.client.block_timestamp() + window >= state
+    return seen[key]
+
+
 def settle_collect(*, ctx: ChainContext, limit: int = 256) -> SettleBatch | None:
     """Batch the recorded trades whose jobs finished with a receipt and ask each provider
     to co-sign the root (with the proof of one of its leaves)."""
@@ -235,10 +248,13 @@ def settle_collect(*, ctx: ChainContext, limit: int = 256) -> SettleBatch | None
         .order_by("id")[:limit]
     )
     entries: list[tuple[RecordItem, int, bytes]] = []
+    exiting: dict[str, bool] = {}
     for trade in candidates:
         receipt = (trade.job.checkpoint or {}).get("receipt")
         if not receipt or not trade.provider.bls_public_key:
             continue
+        if _exits_before_disputes_close(ctx, trade.provider.chain_address, exiting):
+            continue  # settling now would let its stake leave before the buyer could dispute
         entries.append((trade.record_item, int(receipt["body"]["gpu_seconds"]), bytes.fromhex(receipt["digest"])))
     if not entries:
         return None

@@ -167,6 +167,10 @@ class ChainClient:
             raise
         return _hex(block["hash"])
 
+    def block_timestamp(self) -> int:
+        """The head block's timestamp: the chain's idea of now (contracts compare with it)."""
+        return int(self._retry(self.w3.eth.get_block, "latest")["timestamp"])
+
     def pending_nonce(self, address: str) -> int:
         return int(self._retry(self.w3.eth.get_transaction_count, Web3.to_checksum_address(address), "pending"))
 

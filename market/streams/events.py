@@ -106,3 +106,25 @@ def _send_machines(machine_ids: list[int]) -> None:
 def operator_changed() -> None:
     """Rounds, the settlement queue or job states moved: operators get the overview, whole."""
     transaction.on_commit(lambda: publish("operator", snapshots.operator()))
+
+
+def balances_changed(*, addresses: list[str]) -> None:
+    """Confirmed chain events moved money of these addresses: each owner (a buyer's custodial
+    key or wallet, a provider's address) gets its escrow on the ``balances`` channel."""
+    from ledger.models import CustodialKey
+    from market.models import User
+    from providers.models import Provider
+
+    if not addresses:
+        return
+    owners: set[int] = set()
+    for address in addresses:
+        owners |= set(CustodialKey.objects.filter(address__iexact=address).values_list("user_id", flat=True))
+        owners |= set(User.objects.filter(chain_address__iexact=address).values_list("pk", flat=True))
+        owners |= set(Provider.objects.filter(chain_address__iexact=address).values_list("user_id", flat=True))
+
+    def send() -> None:
+        for user in User.objects.filter(pk__in=sorted(owners)):
+            publish("balances", snapshots.balances(user), user_id=user.pk)
+
+    transaction.on_commit(send)

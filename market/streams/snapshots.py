@@ -141,5 +141,21 @@ def snapshot(channel: str, user: User | None) -> dict[str, Any]:
         return sales(user)
     if channel == "operator":
         return operator()
-    return {"balances": None, "note": "escrow balances appear here once settlement is enabled"}
+    return balances(user)
+
+
+def balances(user: User) -> dict[str, Any]:
+    """The user's escrow as the journal has it (confirmed chain events only): address, free,
+    locked and, for providers, stake; the same figures as the wallet page."""
+    from ledger.journal import account_balances
+    from ledger.selectors import escrow_of
+
+    escrow = escrow_of(user=user)
+    address = escrow["address"]
+    provider = getattr(user, "provider", None)
+    stake_address = provider.chain_address if provider is not None and provider.chain_address else None
+    stake = account_balances(prefix_filter=stake_address).get(f"stake:{stake_address}", 0) if stake_address else 0
+    earned = account_balances(prefix_filter=stake_address).get(f"free:{stake_address}", 0) if stake_address else 0
+    return {"balances": {"address": address, "custodial": escrow["custodial"], "free": escrow["free"], "locked": escrow["locked"],
+                         "locks": len(escrow["locks"]), "provider_address": stake_address, "earnings_free": earned, "stake": stake}}
 

@@ -548,10 +548,20 @@ def test_the_periodic_reconciliation_reports_to_the_operator_page(ctx: Any, buye
 
 @pytest.mark.anvil
 def test_a_stuck_transaction_is_replaced_with_higher_fees_and_the_nonce_is_used_once(ctx: Any) -> None:
+    client = ctx.client
+    base = int(client.rpc("eth_getBlockByNumber", ["latest", False])["baseFeePerGas"], 16)
+    try:
+        _stuck_then_replaced(ctx, client)
+    finally:
+        # anvil does not roll its next base fee back with a snapshot: put it back for the next test
+        client.rpc("anvil_setNextBlockBaseFeePerGas", [hex(base)])
+        client.rpc("evm_setAutomine", [True])
+
+
+def _stuck_then_replaced(ctx: Any, client: Any) -> None:
     from ledger.models import ChainTx
     from ledger.outbox import signers_of, tx_submit, txs_track
 
-    client = ctx.client
     client.rpc("evm_setAutomine", [False])
     before = client.pending_nonce(ctx.operator.address)
     tx = tx_submit(client=client, signer=ctx.operator, key="mint:stuck", purpose="mint", call=ctx.token.functions.mint(ctx.operator.address, 7))
@@ -577,3 +587,66 @@ def test_a_stuck_transaction_is_replaced_with_higher_fees_and_the_nonce_is_used_
     assert row.state == "confirmed" and client.receipt(first) is None
     assert client.pending_nonce(ctx.operator.address) == before + 2, "the replacement took the nonce; only the next mint followed"
     assert client.view(ctx.token, "balanceOf", ctx.operator.address) == 8
+
+
+@pytest.mark.anvil
+def test_a_deposit_reaches_the_buyers_balances_channel_once_confirmed(ctx: Any, buyer: Any, stranger: Any, django_capture_on_commit_callbacks: Any) -> None:
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    from market.streams.publish import group_name
+    from market.streams.snapshots import snapshot
+
+    assert snapshot("balances", buyer)["balances"]["free"] == 0
+    layer = get_channel_layer()
+    mine, theirs = async_to_sync(layer.new_channel)(), async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(group_name("balances", buyer.pk), mine)
+    async_to_sync(layer.group_add)(group_name("balances", stranger.pk), theirs)
+    with django_capture_on_commit_callbacks(execute=True):
+        address = _fund_buyer(ctx, buyer, 25 * TOKENS)
+        _sync(ctx)
+    message = async_to_sync(layer.receive)(mine)
+    assert message["channel"] == "balances"
+    got = message["data"]["balances"]
+    assert (got["address"], got["free"], got["locked"], got["custodial"]) == (address, 25 * TOKENS, 0, True)
+
+    async def nothing_for_them() -> bool:
+        import asyncio
+
+        try:
+            await asyncio.wait_for(layer.receive(theirs), timeout=0.3)
+        except TimeoutError:
+            return True
+        return False
+
+    assert async_to_sync(nothing_for_them)()
+
+
+@pytest.mark.anvil
+def test_a_provider_whose_stake_could_leave_before_disputes_close_is_not_settled(ctx: Any, buyer: Any, provider_user: Any, make_offer: Any, make_bid: Any) -> None:
+    from ledger import tasks
+    from ledger.chain import signer_from_hex
+    from ledger.models import SettleBatch
+    from ledger.outbox import tx_submit
+    from market.models import Trade
+    from market.rounds import round_clear
+
+    bls_key = _register_provider(ctx, provider_user)
+    _fund_buyer(ctx, buyer, 1000 * TOKENS)
+    make_offer(provider_user, price=2 * TOKENS, count=8)
+    make_bid(buyer, gpus=2, max_price=3 * TOKENS, duration_s=3600)
+    round_clear()
+    tasks.trades_record.delay()
+    _sync(ctx)
+    trade = Trade.objects.get()
+    assert trade.state == "recorded"
+    provider = signer_from_hex(PROVIDER_KEYS[0])
+    tx = tx_submit(client=ctx.client, signer=provider, key="exit-request", purpose="exit", call=ctx.market.functions.request_exit())
+    assert ctx.client.wait(tx.tx_hash).succeeded
+    exit_at = int(ctx.market.functions.providers(provider.address).call()[0])
+    window = int(ctx.market.functions.dispute_window().call())
+    ctx.client.rpc("evm_setNextBlockTimestamp", [exit_at - window + 60])
+    ctx.client.rpc("evm_mine")
+    _finish_with_receipt(trade, bls_key, trade.gpus * 600)
+    tasks.batches_settle.delay()
+    assert not SettleBatch.objects.exists(), "its stake could leave before the buyer's dispute window closes"

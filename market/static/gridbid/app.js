@@ -300,6 +300,17 @@
     });
   }
 
+  // Wallet: the escrow follows confirmed chain events
+  if (document.getElementById("escrow-free")) {
+    watch("balances", (d) => {
+      const b = d.balances;
+      if (!b) return;
+      const free = document.getElementById("escrow-free"), locked = document.getElementById("escrow-locked");
+      if (free && free.textContent !== money(b.free)) { free.textContent = money(b.free); flash(free); }
+      if (locked && locked.textContent !== money(b.locked)) { locked.textContent = money(b.locked); flash(locked); }
+    });
+  }
+
   if (Object.keys(handlers).length) connect();
   window.GridBid = { money, watch };
 })();
