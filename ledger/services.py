@@ -26,6 +26,7 @@ from ledger.context import ChainContext
 from ledger.custody import custodial_key_get_or_create, custodial_signer
 from ledger.models import (
     BatchState,
+    ChainEvent,
     ChainTx,
     Cosign,
     CustodialKey,
@@ -227,12 +228,18 @@ def _exits_before_disputes_close(ctx: ChainContext, address: str, seen: dict[str
     """Whether a provider has asked to exit and its stake may leave within one dispute window
     from now. The contract lets the operator settle such a provider, but a buyer's dispute
     would then find no stake to hold: the operator does not settle it (its trades are
-    refunded after their deadline instead)."""
+    refunded after their deadline instead). The exit request is read from the listener's
+    events (it lands days before it matters: exit_delay >= the dispute window), so only a
+    provider that asked to exit costs a call to the node."""
     key = address.lower()
     if key not in seen:
-        state = int(ctx.client.view(ctx.market, "providers", address)[0])
-        window = int(ctx.client.view(ctx.market, "dispute_window"))
-        seen[key] = state > 1 and ctx.client.block_timestamp() + window >= state
+        requests_ = ChainEvent.objects.filter(deployment=ctx.deployment, name="ExitRequested").order_by("-block_number", "-log_index")
+        exit_at = next((int(e.args["exit_at"]) for e in requests_ if str(e.args.get("provider", "")).lower() == key), None)
+        if exit_at is None:
+            seen[key] = False
+        else:
+            window = int(ctx.client.view(ctx.market, "dispute_window"))
+            seen[key] = ctx.client.block_timestamp() + window >= exit_at
     return seen[key]
 
 

@@ -103,6 +103,19 @@ def test_a_bad_bid_shows_errors_a_person_understands(page, embedded_server):
     assert "latency limit needs your location" in page.inner_text("main")
 
 
+def place_a100_bid(page: Any, base: str) -> None:
+    """One A100 for an hour at up to 9.00/h, once the live quote says it would match; then
+    the orders page."""
+    page.goto(base + "/bids/new/")
+    page.select_option("#id_gpu_model", "A100-SXM-80GB")
+    page.fill("#id_gpus", "1")
+    page.fill("#id_max_price_usd", "9.00")
+    page.fill("#id_hours", "1")
+    page.wait_for_selector("#quote.ok")
+    page.click("#place")
+    page.wait_for_url("**/orders/")
+
+
 def reload_until(page: Any, selector: str, text: str, timeout_s: float = 60) -> None:
     """Server-rendered figures that change when the chain confirms: reload until they show."""
     import time
@@ -129,14 +142,7 @@ def test_a_new_buyer_funds_escrow_bids_and_watches_the_job_run_and_settle(page, 
     reload_until(page, "#escrow-free", "500.00")
     shot(page, "wallet-deposited")
 
-    page.goto(embedded_server + "/bids/new/")
-    page.select_option("#id_gpu_model", "A100-SXM-80GB")
-    page.fill("#id_gpus", "1")
-    page.fill("#id_max_price_usd", "9.00")
-    page.fill("#id_hours", "1")
-    page.wait_for_selector("#quote.ok")
-    page.click("#place")
-    page.wait_for_url("**/orders/")
+    place_a100_bid(page, embedded_server)
     page.wait_for_selector("#live-status[data-ok='1']")
     page.evaluate("window.__stillHere = true")
     page.wait_for_selector("tr[data-order] .pill.state-matched", timeout=40_000)
@@ -202,14 +208,7 @@ def test_a_wallet_buyer_links_deposits_and_signs_its_order_in_the_browser_wallet
     reload_until(page, "#escrow-free", "500.00")
     shot(page, "wallet-browser-wallet")
 
-    page.goto(base + "/bids/new/")
-    page.select_option("#id_gpu_model", "A100-SXM-80GB")
-    page.fill("#id_gpus", "1")
-    page.fill("#id_max_price_usd", "9.00")
-    page.fill("#id_hours", "1")
-    page.wait_for_selector("#quote.ok")
-    page.click("#place")
-    page.wait_for_url("**/orders/")
+    place_a100_bid(page, base)
     page.click("[data-sign-order]")
     page.wait_for_selector("[data-signed]")
     page.wait_for_selector("tr[data-order] .pill.state-matched", timeout=40_000)

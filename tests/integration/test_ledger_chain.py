@@ -643,10 +643,16 @@ def test_a_provider_whose_stake_could_leave_before_disputes_close_is_not_settled
     provider = signer_from_hex(PROVIDER_KEYS[0])
     tx = tx_submit(client=ctx.client, signer=provider, key="exit-request", purpose="exit", call=ctx.market.functions.request_exit())
     assert ctx.client.wait(tx.tx_hash).succeeded
+    _sync(ctx)  # the listener has seen the exit request
     exit_at = int(ctx.market.functions.providers(provider.address).call()[0])
     window = int(ctx.market.functions.dispute_window().call())
+    _finish_with_receipt(trade, bls_key, trade.gpus * 600)
+    ctx.client.rpc("evm_setNextBlockTimestamp", [exit_at - window - 3600])
+    ctx.client.rpc("evm_mine")
+    from ledger.services import _exits_before_disputes_close
+
+    assert _exits_before_disputes_close(ctx, provider.address, {}) is False, "a day and an hour before: still safe to settle"
     ctx.client.rpc("evm_setNextBlockTimestamp", [exit_at - window + 60])
     ctx.client.rpc("evm_mine")
-    _finish_with_receipt(trade, bls_key, trade.gpus * 600)
     tasks.batches_settle.delay()
     assert not SettleBatch.objects.exists(), "its stake could leave before the buyer's dispute window closes"
