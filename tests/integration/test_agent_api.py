@@ -6,34 +6,16 @@ real agent daemon in-process against these endpoints through an httpx transport.
 
 from __future__ import annotations
 
-import itertools
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.utils import timezone
 
-from market.models import AuctionRound, Job, Offer, Trade
+from market.models import Job, Offer
+from tests.integration.helpers import drive
 
 pytestmark = pytest.mark.django_db
-
-_rounds = itertools.count(1)
-
-
-@pytest.fixture
-def make_job(make_offer, make_bid, buyer):
-    def make(user, *, offer=None, gpus=2, duration_s=3600, trade_state="recorded", job_spec=None, count=4) -> Job:
-        offer = offer or make_offer(user, count=count)
-        bid = make_bid(buyer, gpus=gpus, duration_s=duration_s, **({"job_spec": job_spec} if job_spec else {}))
-        rnd = AuctionRound.objects.create(number=next(_rounds), scheduled_for=timezone.now())
-        trade = Trade.objects.create(
-            round=rnd, bid=bid, offer=offer, buyer=buyer, provider=offer.machine.provider, gpu_model=offer.gpu_model,
-            region=offer.machine.region, price=offer.price, gpus=gpus, duration_s=duration_s,
-            amount=offer.price * gpus * duration_s // 3600, state=trade_state,
-        )
-        return Job.objects.create(trade=trade)
-
-    return make
 
 
 def telemetry(index: int, **kw: Any) -> dict[str, Any]:
@@ -297,65 +279,6 @@ def test_a_forged_or_foreign_challenge_is_refused(provider_user, other_provider_
     theirs = client_for(other_provider_user).post("/api/v1/agent/challenge/").json()["challenge"]
     r = client_for(provider_user).post("/api/v1/agent/challenge/verify/", {"challenge": theirs, "signature": sign_text(acct, theirs), "address": acct.address}, format="json")
     assert r.status_code == 400
-
-
-# --- the real agent daemon against these endpoints -------------------------------------------
-class DjangoTransport:
-    """An httpx transport that hands each request to Django's test client (same DB transaction)."""
-
-    def __init__(self) -> None:
-        from django.test import Client
-
-        self.client = Client()
-
-    def handle_request(self, request):  # type: ignore[no-untyped-def]
-        import httpx
-
-        resp = self.client.generic(
-            request.method, request.url.raw_path.decode(), data=request.content,
-            content_type=request.headers.get("content-type", "application/json"),
-            HTTP_AUTHORIZATION=request.headers.get("authorization", ""),
-        )
-        return httpx.Response(resp.status_code, content=resp.content, headers={"content-type": resp.get("Content-Type", "")})
-
-    def close(self) -> None:
-        pass
-
-
-@pytest.fixture
-def agent_for(tmp_path, client_for):
-    from providers.agent import keys
-    from providers.agent.client import MarketClient
-    from providers.agent.config import AgentConfig
-    from providers.agent.daemon import Agent
-    from providers.agent.inventory import declared_inventory
-    from providers.agent.state import State
-
-    def make(user, machine, **cfg):
-        home = tmp_path / f"agent-{machine.id}"
-        keys.create_keys(home, kdf_iterations=2)
-        bls_key = keys.load_bls(home)
-        user.provider.bls_public_key = bls_key.public_key.hex()
-        user.provider.save()
-        raw = client_for(user, ["read", "provide"]).raw_token
-        client = MarketClient("http://testserver", raw, transport=DjangoTransport())  # type: ignore[arg-type]
-        inv = declared_inventory({"host": f"h{machine.id}", "gpus": [{"name": g.model.name, "model": g.model_id, "index": g.index, "uuid": g.uuid} for g in machine.gpus.all()]})
-        config = AgentConfig(market_url="http://testserver", token=raw, machine_name=machine.name, machine_id=machine.id, heartbeat_s=0.2, poll_s=0.2, grace_s=3, **cfg)
-        return Agent(home=home, config=config, client=client, state=State(home / "state.sqlite3"), inventory=inv, bls_key=bls_key, account=keys.load_eth(home))
-
-    return make
-
-
-def drive(agent, done, timeout=20.0):
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        agent.tick()
-        if done():
-            return
-        time.sleep(0.05)
-    raise AssertionError("the agent did not get there in time")
 
 
 def test_agent_runs_an_assigned_job_and_the_market_holds_its_verified_receipt(provider_user, make_job, agent_for):

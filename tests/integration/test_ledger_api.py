@@ -1,4 +1,3 @@
-# ruff: noqa: F811 - fixtures imported from the agent-API and chain suites are used by name
 """The ledger's REST API: co-signature transport between the market and real agents, and
 the buyer's and provider's money endpoints (escrow, earnings, one trade's proofs,
 deposits and withdrawals), with and without a chain.
@@ -16,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_agent_api import DjangoTransport, agent_for, drive, make_job  # noqa: F401 - fixtures
+from tests.integration.helpers import TOKENS, drive, mint
 
 pytestmark = pytest.mark.django_db
 
@@ -270,7 +269,6 @@ def test_a_wallet_user_is_told_to_use_the_wallet(buyer, client_for):
 
 
 # --- on a real chain ---------------------------------------------------------------------------
-from tests.integration.test_ledger_chain import TOKENS, _mint, anvil, ctx  # noqa: E402,F401 - fixtures
 
 
 @pytest.mark.anvil
@@ -281,7 +279,7 @@ def test_a_custodial_deposit_and_withdrawal_reach_the_chain_once_each(ctx, buyer
 
     address = custodial_key_get_or_create(user=buyer).address
     ctx.client.rpc("anvil_setBalance", [address, hex(10**20)])
-    _mint(ctx, address, 50 * TOKENS)
+    mint(ctx, address, 50 * TOKENS)
     c = client_for(buyer)
 
     r = c.post("/api/v1/ledger/deposit/", {"amount": 60 * TOKENS}, format="json")

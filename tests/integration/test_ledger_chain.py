@@ -3,149 +3,22 @@ through the Celery tasks, the listener across a reorg, and the journal's verify.
 
 from __future__ import annotations
 
-import socket
-import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.conftest import service_missing
+from tests.integration.helpers import (
+    PROVIDER_KEYS,
+    TOKENS,
+    agents_cosign,
+    finish_with_receipt,
+    fund_buyer,
+    mint,
+    register_provider,
+    sync_chain,
+)
 
 pytestmark = pytest.mark.django_db
-
-OPERATOR_KEY = "0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80"
-PROVIDER_KEYS = [
-    "0x5de4111afa1a4b94908f83103eb1f1706367c2e68ca870fc3fb9a804cdab365a",
-    "0x7c852118294e51e653712a81e05800f419141751be58f605c371e15141b007a6",
-]
-TOKENS = 10**6
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def anvil() -> Iterator[dict[str, Any]]:
-    from ledger.chain import ChainClient
-    from ledger.chain.anvil import AnvilNotFound, find_anvil, start_anvil, stop_anvil
-
-    try:
-        find_anvil()
-    except AnvilNotFound as exc:
-        service_missing(str(exc))
-    port = _free_port()
-    proc = start_anvil(port=port)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        client = ChainClient(url)
-        from contracts.deploy import deploy_all
-        from ledger.chain import signer_from_hex
-
-        operator = signer_from_hex(OPERATOR_KEY)
-        addrs = deploy_all(client.w3, deployer=operator.address, operator=operator.address, arbiter=operator.address)
-        block = client.block_number()
-        snapshot = client.rpc("evm_snapshot")
-        yield {"url": url, "client": client, "snapshot": snapshot, "block": block, **addrs}
-    finally:
-        stop_anvil(proc)
-
-
-@pytest.fixture
-def ctx(anvil: dict[str, Any], db: Any) -> Iterator[Any]:
-    from ledger.context import chain_context, chain_context_reset
-    from ledger.models import Deployment
-
-    client = anvil["client"]
-    client.rpc("evm_revert", [anvil["snapshot"]])
-    anvil["snapshot"] = client.rpc("evm_snapshot")
-    client.rpc("evm_setAutomine", [True])
-    Deployment.objects.create(chain_id=31337, rpc_url=anvil["url"], market_address=anvil["market"], token_address=anvil["token"], deployed_block=1)
-    chain_context_reset()
-    context = chain_context()
-    assert context is not None
-    context.confirmations = 1
-    yield context
-    chain_context_reset()
-
-
-def _mint(ctx: Any, to: str, amount: int) -> None:
-    from ledger.outbox import tx_submit
-
-    tx = tx_submit(client=ctx.client, signer=ctx.operator, key=f"mint:{to}:{amount}:{time.monotonic_ns()}", purpose="mint",
-                   call=ctx.token.functions.mint(to, amount))
-    assert ctx.client.wait(tx.tx_hash).succeeded
-
-
-def _fund_buyer(ctx: Any, user: Any, amount: int) -> str:
-    from ledger.custody import custodial_key_get_or_create
-    from ledger.services import escrow_deposit
-
-    key = custodial_key_get_or_create(user=user)
-    ctx.client.rpc("anvil_setBalance", [key.address, hex(10**20)])
-    _mint(ctx, key.address, amount)
-    tx = escrow_deposit(ctx=ctx, user=user, amount=amount, key=f"{user.pk}:1")
-    assert ctx.client.wait(tx.tx_hash).succeeded
-    return key.address
-
-
-def _register_provider(ctx: Any, provider_user: Any, index: int = 0) -> Any:
-    from contracts import bls
-    from ledger.chain import signer_from_hex
-    from ledger.outbox import tx_submit
-    from providers.agent.keys import BlsKey
-
-    account = signer_from_hex(PROVIDER_KEYS[index])
-    sk = bls.keygen(bytes([index + 7]) * 32)
-    key = BlsKey(sk, bls.public_key(sk), bls.pop_prove(sk))
-    stake = 100 * TOKENS
-    _mint(ctx, account.address, stake)
-    tx_submit(client=ctx.client, signer=account, key=f"approve-stake:{account.address}", purpose="approve",
-              call=ctx.token.functions.approve(ctx.deployment.market_address, stake))
-    tx = tx_submit(client=ctx.client, signer=account, key=f"register:{account.address}", purpose="register",
-                   call=ctx.market.functions.register(bls.g1_to_eip2537(key.public_key), bls.g2_to_eip2537(key.proof_of_possession), stake))
-    assert ctx.client.wait(tx.tx_hash).succeeded
-    provider = provider_user.provider
-    provider.chain_address = account.address
-    provider.bls_public_key = key.public_key.hex()
-    provider.save()
-    return key
-
-
-def _finish_with_receipt(trade: Any, bls_key: Any, gpu_seconds: int) -> Any:
-    from market.models import Job
-    from providers.agent import receipts
-
-    r = receipts.Receipt(trade_id=trade.pk, job_spec_hash=receipts.spec_hash(trade.bid.job_spec), started_at=1, ended_at=2,
-                         gpu_seconds=gpu_seconds, exit_code=0, outputs_root=receipts.EMPTY_OUTPUTS_ROOT, outcome="completed")
-    signature = receipts.receipt_sign(r, bls_key)
-    Job.objects.filter(trade=trade).update(state="completed", gpu_seconds=gpu_seconds, checkpoint={
-        "receipt": {"body": r.body(), "signature": signature, "digest": r.digest().hex(), "leaf": r.leaf().hex()}})
-    return r
-
-
-def _agents_cosign(batch: Any, keys: dict[str, Any], receipts_by_trade: dict[int, Any]) -> None:
-    """What each provider's agent does: check its own leaf by Merkle proof, then sign."""
-    from ledger.services import cosign_submit
-    from providers.agent import receipts
-
-    for cosign in batch.cosigns.select_related("provider"):
-        req = cosign.request
-        sig = receipts.cosign(receipt=receipts_by_trade[req["trade"]], root=bytes.fromhex(req["root"][2:]),
-                              proof=[bytes.fromhex(p[2:]) for p in req["proof"]], index=req["index"],
-                              chain_id=req["chain_id"], market=req["market"], bls_key=keys[cosign.address])
-        cosign_submit(cosign_id=cosign.pk, provider=cosign.provider, signature_hex=sig.hex())
-
-
-def _sync(ctx: Any) -> Any:
-    from ledger import tasks
-
-    tasks.chain_txs_track.delay()
-    return tasks.chain_events_sync.delay()
-
 
 # --- nonces and the outbox ------------------------------------------------------------------
 def test_the_nonce_manager_resumes_from_the_chain_when_its_cursor_is_behind(ctx: Any) -> None:
@@ -154,7 +27,7 @@ def test_the_nonce_manager_resumes_from_the_chain_when_its_cursor_is_behind(ctx:
     from ledger.models import NonceCursor
     from ledger.outbox import NonceManager
 
-    _mint(ctx, ctx.operator.address, 1)  # the operator has sent transactions (the deploys, this mint)
+    mint(ctx, ctx.operator.address, 1)  # the operator has sent transactions (the deploys, this mint)
     pending = ctx.client.pending_nonce(ctx.operator.address)
     NonceCursor.objects.filter(address=ctx.operator.address).update(next_nonce=0)  # a restored, older database
     with transaction.atomic():
@@ -227,8 +100,8 @@ def test_trades_are_recorded_settled_and_paid_through_the_celery_tasks(ctx: Any,
     from market.models import Trade
     from market.rounds import round_clear
 
-    bls_key = _register_provider(ctx, provider_user)
-    buyer_address = _fund_buyer(ctx, buyer, 1000 * TOKENS)
+    bls_key = register_provider(ctx, provider_user)
+    buyer_address = fund_buyer(ctx, buyer, 1000 * TOKENS)
     make_offer(provider_user, price=2 * TOKENS, count=8)
     make_bid(buyer, gpus=4, max_price=3 * TOKENS, duration_s=3600)
     round_clear()
@@ -238,20 +111,20 @@ def test_trades_are_recorded_settled_and_paid_through_the_celery_tasks(ctx: Any,
     tasks.trades_record.delay()
     tasks.trades_record.delay()  # a duplicate delivery sends nothing more
     assert RecordBatch.objects.count() == 1
-    _sync(ctx)
+    sync_chain(ctx)
     trade.refresh_from_db()
     assert trade.state == "recorded"
     assert ctx.client.view(ctx.market, "balance_of", buyer_address) == 1000 * TOKENS - lock
 
     used = trade.gpus * 1800  # half the time bought
-    r = _finish_with_receipt(trade, bls_key, used)
+    r = finish_with_receipt(trade, bls_key, used)
     tasks.batches_settle.delay()
     batch = SettleBatch.objects.get()
     assert batch.state == "collecting"
-    _agents_cosign(batch, {provider_user.provider.chain_address: bls_key}, {trade.pk: r})
+    agents_cosign(batch, {provider_user.provider.chain_address: bls_key}, {trade.pk: r})
     tasks.batches_settle.delay()
     tasks.batches_settle.delay()
-    _sync(ctx)
+    sync_chain(ctx)
     trade.refresh_from_db()
     assert trade.state == "settled"
     paid = trade.price * used // 3600
@@ -273,7 +146,7 @@ def test_the_listener_rolls_back_a_reorged_deposit_and_applies_it_again_when_it_
     from ledger.models import ChainEvent, ChainTx, JournalEntry
     from ledger.outbox import txs_track
 
-    address = _fund_buyer(ctx, buyer, 50 * TOKENS)
+    address = fund_buyer(ctx, buyer, 50 * TOKENS)
     result = events_sync(ctx=ctx, confirmations=0)
     assert result.rolled_back_to is None
     assert account_balances()[f"free:{address}"] == 50 * TOKENS
@@ -306,7 +179,7 @@ def test_unconfirmed_events_are_not_journaled(ctx: Any, buyer: Any) -> None:
     from ledger.listener import events_sync
     from ledger.models import JournalEntry
 
-    _fund_buyer(ctx, buyer, 5 * TOKENS)
+    fund_buyer(ctx, buyer, 5 * TOKENS)
     events_sync(ctx=ctx, confirmations=3)
     assert not JournalEntry.objects.filter(kind="deposit").exists()
     ctx.client.rpc("anvil_mine", [hex(2)])
@@ -321,7 +194,7 @@ def test_verify_exits_non_zero_on_an_edited_entry_or_a_balance_the_chain_disagre
     from ledger.listener import events_sync
     from ledger.models import JournalEntry
 
-    address = _fund_buyer(ctx, buyer, 9 * TOKENS)
+    address = fund_buyer(ctx, buyer, 9 * TOKENS)
     events_sync(ctx=ctx, confirmations=0)
     call_command("ledger_verify")
 
@@ -362,7 +235,7 @@ def test_the_demo_market_records_and_settles_its_trades_on_the_dev_chain(ctx: An
     round_clear()
     assert Trade.objects.exists(), "the demo's bids match some of its offers"
     tasks.trades_record.delay()
-    _sync(ctx)
+    sync_chain(ctx)
     recorded = list(Trade.objects.filter(state="recorded"))
     assert recorded, "the demo's trades are recorded on chain"
 
@@ -372,7 +245,7 @@ def test_the_demo_market_records_and_settles_its_trades_on_the_dev_chain(ctx: An
     tasks.batches_settle.delay()
     assert demo_agents_act(ctx)["cosigned"] >= 1
     tasks.batches_settle.delay()
-    _sync(ctx)
+    sync_chain(ctx)
     assert set(Trade.objects.filter(pk__in=[t.pk for t in recorded]).values_list("state", flat=True)) == {"settled"}
     assert journal_verify(ctx=ctx) == []
 
@@ -395,23 +268,23 @@ def test_a_buyer_without_escrow_waits_and_does_not_hold_up_the_batch(ctx: Any, b
     from market.models import Trade
     from market.rounds import round_clear
 
-    _register_provider(ctx, provider_user)
-    _fund_buyer(ctx, buyer, 1000 * TOKENS)
+    register_provider(ctx, provider_user)
+    fund_buyer(ctx, buyer, 1000 * TOKENS)
     make_offer(provider_user, price=2 * TOKENS, count=8)
     make_bid(buyer, gpus=2, max_price=3 * TOKENS, duration_s=3600)
     make_bid(stranger, gpus=2, max_price=3 * TOKENS, duration_s=3600)  # never deposited
     round_clear()
     assert Trade.objects.count() == 2
     tasks.trades_record.delay()
-    _sync(ctx)
+    sync_chain(ctx)
     assert dict(Trade.objects.values_list("buyer__username", "state")) == {buyer.username: "recorded", stranger.username: "pending"}
     assert not RecordBatch.objects.filter(state="failed").exists(), "nothing was sent that the contract would revert"
     tasks.trades_record.delay()
     assert RecordBatch.objects.count() == 1, "the unfunded bid keeps waiting without a batch"
 
-    _fund_buyer(ctx, stranger, 1000 * TOKENS)
+    fund_buyer(ctx, stranger, 1000 * TOKENS)
     tasks.trades_record.delay()
-    _sync(ctx)
+    sync_chain(ctx)
     assert set(Trade.objects.values_list("state", flat=True)) == {"recorded"}
 
 
@@ -444,11 +317,11 @@ def test_a_wallet_buyers_trade_is_recorded_only_with_its_wallets_signature(ctx: 
     client = client_for(buyer)
     address = _link_wallet(client)
     wallet = signer_from_hex(WALLET_KEY)
-    _mint(ctx, address, 1000 * TOKENS)
+    mint(ctx, address, 1000 * TOKENS)
     tx_submit(client=ctx.client, signer=wallet, key="w-approve", purpose="approve", call=ctx.token.functions.approve(ctx.deployment.market_address, 1000 * TOKENS))
     tx = tx_submit(client=ctx.client, signer=wallet, key="w-deposit", purpose="deposit", call=ctx.market.functions.deposit(1000 * TOKENS))
     assert ctx.client.wait(tx.tx_hash).succeeded
-    _register_provider(ctx, provider_user)
+    register_provider(ctx, provider_user)
     make_offer(provider_user, price=2 * TOKENS, count=8)
     bid = make_bid(buyer, gpus=2, max_price=3 * TOKENS, duration_s=3600)
     round_clear()
@@ -468,7 +341,7 @@ def test_a_wallet_buyers_trade_is_recorded_only_with_its_wallets_signature(ctx: 
     assert r.status_code == 200 and r.json()["signed"] is True
 
     tasks.trades_record.delay()
-    _sync(ctx)
+    sync_chain(ctx)
     trade = Trade.objects.get()
     assert trade.state == "recorded"
     lock = trade.price * trade.gpus * trade.duration_s // 3600
@@ -505,11 +378,11 @@ def test_trades_of_a_provider_not_registered_on_chain_wait_without_holding_up_th
     from market.models import Trade
     from market.rounds import round_clear
 
-    _register_provider(ctx, provider_user)
+    register_provider(ctx, provider_user)
     unstaked = other_provider_user.provider
     unstaked.chain_address = "0x14dC79964da2C08b23698B3D3cc7Ca32193d9955"  # proved an address, never staked
     unstaked.save()
-    _fund_buyer(ctx, buyer, 1000 * TOKENS)
+    fund_buyer(ctx, buyer, 1000 * TOKENS)
     make_offer(provider_user, price=2 * TOKENS, count=2)
     make_offer(other_provider_user, price=2 * TOKENS, count=2)
     make_bid(buyer, gpus=2, max_price=3 * TOKENS, duration_s=3600)
@@ -517,7 +390,7 @@ def test_trades_of_a_provider_not_registered_on_chain_wait_without_holding_up_th
     round_clear()
     assert Trade.objects.count() == 2
     tasks.trades_record.delay()
-    _sync(ctx)
+    sync_chain(ctx)
     assert dict(Trade.objects.values_list("provider__user__username", "state")) == {provider_user.username: "recorded", other_provider_user.username: "pending"}
     assert not RecordBatch.objects.filter(state="failed").exists()
 
@@ -530,8 +403,8 @@ def test_the_periodic_reconciliation_reports_to_the_operator_page(ctx: Any, buye
     from ledger.journal import reconciliation_status
     from ledger.models import JournalEntry
 
-    _fund_buyer(ctx, buyer, 10 * TOKENS)
-    _sync(ctx)
+    fund_buyer(ctx, buyer, 10 * TOKENS)
+    sync_chain(ctx)
     assert tasks.ledger_reconcile.delay().get() is True
     status = reconciliation_status()
     assert status is not None and status["ok"] and status["entries"] == JournalEntry.objects.count() > 0
@@ -581,7 +454,7 @@ def _stuck_then_replaced(ctx: Any, client: Any) -> None:
 
     client.rpc("evm_mine")
     client.rpc("evm_setAutomine", [True])
-    _mint(ctx, ctx.operator.address, 1)  # one more block buries it
+    mint(ctx, ctx.operator.address, 1)  # one more block buries it
     txs_track(client=client, confirmations=1, signer_for=signers_of(ctx.operator), bump_after_s=3600)
     row.refresh_from_db()
     assert row.state == "confirmed" and client.receipt(first) is None
@@ -603,8 +476,8 @@ def test_a_deposit_reaches_the_buyers_balances_channel_once_confirmed(ctx: Any, 
     async_to_sync(layer.group_add)(group_name("balances", buyer.pk), mine)
     async_to_sync(layer.group_add)(group_name("balances", stranger.pk), theirs)
     with django_capture_on_commit_callbacks(execute=True):
-        address = _fund_buyer(ctx, buyer, 25 * TOKENS)
-        _sync(ctx)
+        address = fund_buyer(ctx, buyer, 25 * TOKENS)
+        sync_chain(ctx)
     message = async_to_sync(layer.receive)(mine)
     assert message["channel"] == "balances"
     got = message["data"]["balances"]
@@ -631,22 +504,22 @@ def test_a_provider_whose_stake_could_leave_before_disputes_close_is_not_settled
     from market.models import Trade
     from market.rounds import round_clear
 
-    bls_key = _register_provider(ctx, provider_user)
-    _fund_buyer(ctx, buyer, 1000 * TOKENS)
+    bls_key = register_provider(ctx, provider_user)
+    fund_buyer(ctx, buyer, 1000 * TOKENS)
     make_offer(provider_user, price=2 * TOKENS, count=8)
     make_bid(buyer, gpus=2, max_price=3 * TOKENS, duration_s=3600)
     round_clear()
     tasks.trades_record.delay()
-    _sync(ctx)
+    sync_chain(ctx)
     trade = Trade.objects.get()
     assert trade.state == "recorded"
     provider = signer_from_hex(PROVIDER_KEYS[0])
     tx = tx_submit(client=ctx.client, signer=provider, key="exit-request", purpose="exit", call=ctx.market.functions.request_exit())
     assert ctx.client.wait(tx.tx_hash).succeeded
-    _sync(ctx)  # the listener has seen the exit request
+    sync_chain(ctx)  # the listener has seen the exit request
     exit_at = int(ctx.market.functions.providers(provider.address).call()[0])
     window = int(ctx.market.functions.dispute_window().call())
-    _finish_with_receipt(trade, bls_key, trade.gpus * 600)
+    finish_with_receipt(trade, bls_key, trade.gpus * 600)
     ctx.client.rpc("evm_setNextBlockTimestamp", [exit_at - window - 3600])
     ctx.client.rpc("evm_mine")
     from ledger.services import _exits_before_disputes_close

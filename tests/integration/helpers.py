@@ -1,0 +1,130 @@
+"""Helpers shared by the integration suites: the anvil dev accounts and money helpers, the
+steps of a provider's life on chain, and an in-process transport for the real agent daemon."""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+OPERATOR_KEY = "0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80"
+PROVIDER_KEYS = [
+    "0x5de4111afa1a4b94908f83103eb1f1706367c2e68ca870fc3fb9a804cdab365a",
+    "0x7c852118294e51e653712a81e05800f419141751be58f605c371e15141b007a6",
+]
+TOKENS = 10**6
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def mint(ctx: Any, to: str, amount: int) -> None:
+    from ledger.outbox import tx_submit
+
+    tx = tx_submit(client=ctx.client, signer=ctx.operator, key=f"mint:{to}:{amount}:{time.monotonic_ns()}", purpose="mint",
+                   call=ctx.token.functions.mint(to, amount))
+    assert ctx.client.wait(tx.tx_hash).succeeded
+
+
+def fund_buyer(ctx: Any, user: Any, amount: int) -> str:
+    from ledger.custody import custodial_key_get_or_create
+    from ledger.services import escrow_deposit
+
+    key = custodial_key_get_or_create(user=user)
+    ctx.client.rpc("anvil_setBalance", [key.address, hex(10**20)])
+    mint(ctx, key.address, amount)
+    tx = escrow_deposit(ctx=ctx, user=user, amount=amount, key=f"{user.pk}:1")
+    assert ctx.client.wait(tx.tx_hash).succeeded
+    return key.address
+
+
+def register_provider(ctx: Any, provider_user: Any, index: int = 0) -> Any:
+    from contracts import bls
+    from ledger.chain import signer_from_hex
+    from ledger.outbox import tx_submit
+    from providers.agent.keys import BlsKey
+
+    account = signer_from_hex(PROVIDER_KEYS[index])
+    sk = bls.keygen(bytes([index + 7]) * 32)
+    key = BlsKey(sk, bls.public_key(sk), bls.pop_prove(sk))
+    stake = 100 * TOKENS
+    mint(ctx, account.address, stake)
+    tx_submit(client=ctx.client, signer=account, key=f"approve-stake:{account.address}", purpose="approve",
+              call=ctx.token.functions.approve(ctx.deployment.market_address, stake))
+    tx = tx_submit(client=ctx.client, signer=account, key=f"register:{account.address}", purpose="register",
+                   call=ctx.market.functions.register(bls.g1_to_eip2537(key.public_key), bls.g2_to_eip2537(key.proof_of_possession), stake))
+    assert ctx.client.wait(tx.tx_hash).succeeded
+    provider = provider_user.provider
+    provider.chain_address = account.address
+    provider.bls_public_key = key.public_key.hex()
+    provider.save()
+    return key
+
+
+def finish_with_receipt(trade: Any, bls_key: Any, gpu_seconds: int) -> Any:
+    from market.models import Job
+    from providers.agent import receipts
+
+    r = receipts.Receipt(trade_id=trade.pk, job_spec_hash=receipts.spec_hash(trade.bid.job_spec), started_at=1, ended_at=2,
+                         gpu_seconds=gpu_seconds, exit_code=0, outputs_root=receipts.EMPTY_OUTPUTS_ROOT, outcome="completed")
+    signature = receipts.receipt_sign(r, bls_key)
+    Job.objects.filter(trade=trade).update(state="completed", gpu_seconds=gpu_seconds, checkpoint={
+        "receipt": {"body": r.body(), "signature": signature, "digest": r.digest().hex(), "leaf": r.leaf().hex()}})
+    return r
+
+
+def agents_cosign(batch: Any, keys: dict[str, Any], receipts_by_trade: dict[int, Any]) -> None:
+    """What each provider's agent does: check its own leaf by Merkle proof, then sign."""
+    from ledger.services import cosign_submit
+    from providers.agent import receipts
+
+    for cosign in batch.cosigns.select_related("provider"):
+        req = cosign.request
+        sig = receipts.cosign(receipt=receipts_by_trade[req["trade"]], root=bytes.fromhex(req["root"][2:]),
+                              proof=[bytes.fromhex(p[2:]) for p in req["proof"]], index=req["index"],
+                              chain_id=req["chain_id"], market=req["market"], bls_key=keys[cosign.address])
+        cosign_submit(cosign_id=cosign.pk, provider=cosign.provider, signature_hex=sig.hex())
+
+
+def sync_chain(ctx: Any) -> Any:
+    from ledger import tasks
+
+    tasks.chain_txs_track.delay()
+    return tasks.chain_events_sync.delay()
+
+
+class DjangoTransport:
+    """An httpx transport that hands each request to Django's test client (same DB transaction)."""
+
+    def __init__(self) -> None:
+        from django.test import Client
+
+        self.client = Client()
+
+    def handle_request(self, request):  # type: ignore[no-untyped-def]
+        import httpx
+
+        resp = self.client.generic(
+            request.method, request.url.raw_path.decode(), data=request.content,
+            content_type=request.headers.get("content-type", "application/json"),
+            HTTP_AUTHORIZATION=request.headers.get("authorization", ""),
+        )
+        return httpx.Response(resp.status_code, content=resp.content, headers={"content-type": resp.get("Content-Type", "")})
+
+    def close(self) -> None:
+        pass
+
+
+def drive(agent, done, timeout=20.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        agent.tick()
+        if done():
+            return
+        time.sleep(0.05)
+    raise AssertionError("the agent did not get there in time")
