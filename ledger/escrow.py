@@ -22,6 +22,7 @@ from ledger.custody import custodial_key_get_or_create, custodial_signer
 from ledger.journal import account_balances
 from ledger.models import ChainTx, CustodialKey
 from ledger.outbox import tx_submit
+from ledger.wallet import is_wallet_buyer
 from market.errors import Conflict, DomainError
 from market.models import User
 
@@ -61,7 +62,7 @@ def escrow_request(*, user: User, action: str, amount: Any, key: str) -> dict[st
     if action not in ACTIONS:
         raise ValueError(action)
     value = _amount(amount)
-    if user.chain_address and not CustodialKey.objects.filter(user=user).exists():
+    if is_wallet_buyer(user):
         raise Conflict(f"Your escrow belongs to your own wallet ({user.chain_address}): {action} from the wallet, not through the server.")
     if action == "withdraw":
         existing = CustodialKey.objects.filter(user=user).first()
@@ -119,7 +120,7 @@ def faucet_request(*, user: User, key: str) -> dict[str, Any]:
     new buyer can deposit and trade without a wallet. Sent after commit, once per key."""
     if not faucet_available():
         raise Conflict("The test-token faucet only runs on the embedded dev chain (gridbid up without CHAIN_RPC_URL).")
-    if user.chain_address and not CustodialKey.objects.filter(user=user).exists():
+    if is_wallet_buyer(user):
         raise Conflict(f"Your escrow belongs to your own wallet ({user.chain_address}); the faucet funds custodial accounts.")
     address = custodial_key_get_or_create(user=user).address
 

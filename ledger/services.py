@@ -36,7 +36,7 @@ from ledger.models import (
     SettleItem,
 )
 from ledger.outbox import tx_submit
-from ledger.wallet import signed_order_of
+from ledger.wallet import is_wallet_buyer, signed_order_of
 from market.models import Bid, Trade, User
 from market.states import JobState, TradeState
 from market.streams import events
@@ -71,15 +71,14 @@ def _record_call(ctx: ChainContext, batch: RecordBatch) -> Any:
         bid = item.trade.bid
         if bid.pk not in orders:
             key = CustodialKey.objects.filter(address=item.buyer).first()
-            if key is None:  # a wallet buyer's order: the signature its wallet gave
+            if key is not None:
+                order = _order_for(bid, buyer=item.buyer, deadline=item.deadline)
+                orders[bid.pk] = sign_order(bytes(custodial_signer(key).key), order, chain_id=ctx.chain_id, market=ctx.deployment.market_address)
+            else:  # a wallet buyer's order: the signature its wallet gave
                 signed = signed_order_of(bid, chain_id=ctx.chain_id, market=ctx.deployment.market_address)
                 if signed is None:
                     raise SettlementError(f"record batch {batch.pk}: bid {bid.pk}'s wallet signature is gone")
                 orders[bid.pk] = signed
-                fills.append(TradeFill(trade_id=item.trade_id, order_id=bid.pk, provider=item.provider, price=item.price, gpus=item.gpus))
-                continue
-            order = _order_for(bid, buyer=item.buyer, deadline=item.deadline)
-            orders[bid.pk] = sign_order(bytes(custodial_signer(key).key), order, chain_id=ctx.chain_id, market=ctx.deployment.market_address)
         fills.append(TradeFill(trade_id=item.trade_id, order_id=bid.pk, provider=item.provider, price=item.price, gpus=item.gpus))
     orders_abi, trades_abi, recorded = record_args(list(orders.values()), fills)
     if [r.leaf for r in recorded] != [bytes.fromhex(i.leaf[2:]) for i in items]:
@@ -119,7 +118,7 @@ def _claim_record_batch(ctx: ChainContext, *, limit: int) -> RecordBatch | None:
         if not all(_registered(ctx, t.provider.chain_address, registered) for t in bid_trades):
             continue  # the contract would refuse the whole batch ("bad provider"): wait for its stake
         buyer = bid_trades[0].buyer
-        if buyer.chain_address and not CustodialKey.objects.filter(user=buyer).exists():
+        if is_wallet_buyer(buyer):
             signed = signed_order_of(bid_trades[0].bid, chain_id=ctx.chain_id, market=ctx.deployment.market_address)
             if signed is None or signed.order.deadline <= now:
                 continue  # a wallet buyer's trades wait for its wallet to sign the order

@@ -25,9 +25,9 @@ from eth_utils import is_address, to_checksum_address
 
 from contracts.orders import Order, SignedOrder, recover_order_signer, typed_data
 from ledger.models import CustodialKey
-from market.errors import Conflict, DomainError
+from market.errors import Conflict, DomainError, NotFound
 from market.models import Bid, User
-from providers.agent.receipts import spec_hash, spec_message
+from providers.agent.receipts import spec_hash, spec_message, spec_signer
 
 CHALLENGE_SALT = "gridbid.ledger.wallet-link"
 CHALLENGE_MAX_AGE_S = 600
@@ -98,8 +98,6 @@ def wallet_order(*, user: User, bid_id: int) -> dict[str, Any]:
     deadline is fixed the first time it is asked for, so every request gives the same order."""
     bid = Bid.objects.select_for_update().select_related("buyer").filter(pk=bid_id, buyer=user).first()
     if bid is None:
-        from market.errors import NotFound
-
         raise NotFound("No such bid of yours.")
     if not is_wallet_buyer(user):
         raise Conflict("Your orders are signed by your custodial key; link a wallet first (POST /api/v1/me/wallet/).")
@@ -116,12 +114,13 @@ def wallet_order_sign(*, user: User, bid_id: int, signature: Any, spec_signature
     """Keep the wallet's signature of the bid's order once it recovers to the linked address,
     and of its job spec (what agents check before they run it) when given."""
     order = wallet_order(user=user, bid_id=bid_id)
+    bid = Bid.objects.select_related("buyer").get(pk=bid_id)
     if spec_signature is not None:
         try:
-            spec_signer = Account.recover_message(encode_defunct(text=order["spec_message"]), signature=spec_signature)
+            signer_of_spec = spec_signer(bid.job_spec, spec_signature)
         except Exception:  # noqa: BLE001 - a malformed signature is the caller's input error
-            spec_signer = ""
-        if spec_signer.lower() != user.chain_address.lower():
+            signer_of_spec = ""
+        if signer_of_spec.lower() != user.chain_address.lower():
             raise DomainError("Invalid input. spec_signature: not your linked wallet's signature of spec_message.",
                               fields={"spec_signature": ["personal_sign of spec_message by your linked wallet."]})
     raw = signature.removeprefix("0x") if isinstance(signature, str) else ""
@@ -129,8 +128,8 @@ def wallet_order_sign(*, user: User, bid_id: int, signature: Any, spec_signature
         raise DomainError("Invalid input. signature: 65 bytes as 0x and 130 hex digits (eth_signTypedData_v4's result).", fields={"signature": ["0x and 130 hex digits."]})
     sig = bytes.fromhex(raw)
     v = sig[64] if sig[64] >= 27 else sig[64] + 27
-    bid = Bid.objects.select_related("buyer").get(pk=bid_id)
-    chain_id, market = _chain()
+    domain = order["typed_data"]["domain"]
+    chain_id, market = int(domain["chainId"]), str(domain["verifyingContract"])
     signed = SignedOrder(order=_order(bid), v=v, r=sig[:32], s=sig[32:64])
     try:
         signer = recover_order_signer(signed, chain_id=chain_id, market=market)

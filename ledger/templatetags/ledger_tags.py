@@ -15,7 +15,9 @@ register = template.Library()
 @register.filter
 def wallet_buyer(user: Any) -> bool:
     """The user's orders are signed by its own browser wallet, not a custodial key."""
-    return bool(getattr(user, "chain_address", "")) and not CustodialKey.objects.filter(user=user).exists()
+    from ledger.wallet import is_wallet_buyer
+
+    return bool(getattr(user, "is_authenticated", False)) and is_wallet_buyer(user)
 
 
 @register.filter

@@ -154,8 +154,8 @@ def balances(user: User) -> dict[str, Any]:
     address = escrow["address"]
     provider = getattr(user, "provider", None)
     stake_address = provider.chain_address if provider is not None and provider.chain_address else None
-    stake = account_balances(prefix_filter=stake_address).get(f"stake:{stake_address}", 0) if stake_address else 0
-    earned = account_balances(prefix_filter=stake_address).get(f"free:{stake_address}", 0) if stake_address else 0
+    mine = account_balances(prefix_filter=stake_address) if stake_address else {}
+    stake, earned = mine.get(f"stake:{stake_address}", 0), mine.get(f"free:{stake_address}", 0)
     return {"balances": {"address": address, "custodial": escrow["custodial"], "free": escrow["free"], "locked": escrow["locked"],
                          "locks": len(escrow["locks"]), "provider_address": stake_address, "earnings_free": earned, "stake": stake}}
 
