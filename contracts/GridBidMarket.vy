@@ -26,24 +26,34 @@
         trade itself is committed as a leaf of the batch's Merkle root, and
         settlement, refund and dispute present the trade again and prove it.
         Balances of the buyers and providers of a batch are summed in memory
-        and written once per run of equal addresses.
+        and written once per buyer, once per provider. A provider's key tag,
+        state and settled earnings share one slot, so settling a provider
+        reads and writes one slot; its keys come in calldata, checked
+        against the tag. BLS verification lives in a separate stateless
+        contract (BlsVerifier.vy) so this one stays under the size limit.
 
         Disputes are backed by the provider's stake: settled payments are
         withdrawable at once; a buyer's dispute inside the window holds the
-        disputed amount from the provider's balance, then its stake, for the
-        arbiter to pay back or refund (and slash).
+        disputed amount from the provider's earnings and balance, then its
+        stake, for the arbiter to pay back or refund (and slash). A provider
+        whose exit is due within one dispute window is no longer settled.
 @dev    Hashing is mirrored in contracts/merkle.py and contracts/orders.py.
 """
 
 from ethereum.ercs import IERC20
 import bls12_381 as bls
 
+interface BlsVerifier:
+    def verify(pubkey: Bytes[128], message: bytes32, signature: Bytes[256]) -> bool: view
+    def pop_verify(pubkey: Bytes[128], proof: Bytes[256]) -> bool: view
+
 # ---------------------------------------------------------------- limits
 # Vyper copies array arguments into memory at their maximum size and memory
 # is priced quadratically, so the bounds are as small as the batches allow.
 MAX_TRADES: constant(uint256) = 512
 MAX_ORDERS: constant(uint256) = 256
-MAX_SIGNERS: constant(uint256) = 128
+MAX_SIGNERS: constant(uint256) = 64
+MAX_BUYERS: constant(uint256) = 128
 MAX_SEGMENTS: constant(uint256) = 16
 MAX_FILLERS: constant(uint256) = 512
 MAX_DEPTH: constant(uint256) = 16
@@ -60,6 +70,8 @@ TOUCHED: constant(uint256) = 1 << 128
 AMOUNT_MASK: constant(uint256) = (1 << 128) - 1
 U128: constant(uint256) = (1 << 128) - 1
 U64: constant(uint256) = (1 << 64) - 1
+U40: constant(uint256) = (1 << 40) - 1
+TAG_SHIFT: constant(uint256) = 104
 U32: constant(uint256) = (1 << 32) - 1
 U16: constant(uint256) = (1 << 16) - 1
 S_MASK: constant(uint256) = (1 << 255) - 1
@@ -77,12 +89,15 @@ VERSION_HASH: constant(bytes32) = keccak256("1")
 SETTLEMENT_TAG: constant(bytes32) = keccak256("GridBid.settlement.v1")
 
 # ---------------------------------------------------------------- types
-# Calldata and memory are the bill at scale, so the batch structs pack their
-# small fields into words (contracts/batches.py builds them):
+# Calldata and memory are the bill at scale (Vyper copies array arguments
+# into memory at their maximum size, and memory is priced quadratically), so
+# the batch arguments pack their small fields into words and name buyers and
+# providers once per batch, by index (contracts/batches.py builds them):
 #   order terms: max_price << 128 | gpus << 96 | duration << 64 | deadline
-#   trade terms: order index << 160 | price << 32 | gpus
+#   trade: order index << 240 | provider index << 224 | trade_id << 160 | price << 32 | gpus
 #   receipt terms: price << 128 | gpus << 96 | duration << 64 | deadline
-#   receipt place: gpu_seconds << 128 | signer index << 96 | position << 64 | batch
+#   receipt place: gpu_seconds << 192 | trade_id << 128 | batch << 64 | position << 32
+#                  | signer index << 16 | buyer index
 # The signature is EIP-2098 compact: vs = (v - 27) << 255 | s.
 struct SignedOrder:
     order_id: uint256
@@ -90,11 +105,6 @@ struct SignedOrder:
     terms: uint256
     r: bytes32
     vs: bytes32
-
-struct TradeIn:
-    trade_id: uint256
-    provider: address
-    terms: uint256
 
 struct Trade:
     trade_id: uint256
@@ -106,22 +116,31 @@ struct Trade:
     deadline: uint256
 
 struct Receipt:
-    trade_id: uint256
-    buyer: address
     terms: uint256
     place: uint256
     digest: bytes32
+
+# A provider of a settlement with its registered BLS key, EIP-2537 G1 packed
+# in three words: pk0 = x[0:32] << 128 | y[0:32] (each the 16 bytes after the
+# padding), pk1 = x[32:64], pk2 = y[32:64]. The contract keeps only a hash.
+struct Signer:
+    account: address
+    pk0: uint256
+    pk1: uint256
+    pk2: uint256
 
 struct Coverage:
     batch: uint256
     size: uint256
 
+# ident = key tag << 104 | state << 64 | earned: one slot holds everything
+# settlement reads and writes of a signer. The key tag is the top 152 bits of
+# keccak256(pk0, pk1, pk2); state is 0 (none), 1 (active) or the time its
+# exit is due; earned is what settlements paid it and it has not withdrawn
+# (its part of the free balance; past 2**64 it spills into the balance word).
 struct Provider:
-    state: uint256
+    ident: uint256
     stake: uint256
-    pk0: uint256
-    pk1: uint256
-    pk2: uint256
 
 struct Dispute:
     buyer: address
@@ -191,6 +210,7 @@ event ArbiterChanged:
 
 # -------------------------------------------------------------- storage
 token: public(immutable(IERC20))
+bls_verifier: public(immutable(BlsVerifier))
 min_stake: public(immutable(uint256))
 grace_period: public(immutable(uint256))
 dispute_window: public(immutable(uint256))
@@ -204,7 +224,7 @@ arbiter: public(address)
 paused: public(bool)
 
 _balances: HashMap[address, uint256]
-providers: public(HashMap[address, Provider])
+_providers: HashMap[address, Provider]
 trade_status_words: HashMap[uint256, uint256]
 order_used_words: HashMap[uint256, uint256]
 record_roots: public(HashMap[uint256, bytes32])
@@ -219,6 +239,7 @@ total_held: public(uint256)
 @deploy
 def __init__(
     _token: address,
+    _bls_verifier: address,
     _admin: address,
     _operator: address,
     _arbiter: address,
@@ -229,7 +250,10 @@ def __init__(
 ):
     assert _token != empty(address), "market: zero token"
     assert _exit_delay >= _dispute_window, "market: exit delay below dispute window"
+    assert _exit_delay < 1 << 32, "market: exit delay too long"
+    assert _bls_verifier.is_contract, "market: no BLS verifier"
     token = IERC20(_token)
+    bls_verifier = BlsVerifier(_bls_verifier)
     min_stake = _min_stake
     grace_period = _grace_period
     dispute_window = _dispute_window
@@ -250,7 +274,18 @@ def balance_of(account: address) -> uint256:
     """
     @notice Free (withdrawable) balance of a buyer or provider.
     """
-    return self._balances[account] & AMOUNT_MASK
+    return (self._balances[account] & AMOUNT_MASK) + (self._providers[account].ident & U64)
+
+
+@external
+@view
+def providers(account: address) -> (uint256, uint256, uint256):
+    """
+    @notice A provider's state (0 none, 1 active, else when its exit is due),
+            stake, and the top 152 bits of keccak256 of its packed BLS key.
+    """
+    p: Provider = self._providers[account]
+    return (p.ident >> 64) & U40, p.stake, p.ident >> TAG_SHIFT
 
 
 @external
@@ -312,9 +347,12 @@ def withdraw(amount: uint256):
             escrow or a provider's earnings) out to the caller. Open while paused.
     """
     assert amount > 0, "market: zero amount"
-    word: uint256 = self._balances[msg.sender]
-    assert word & AMOUNT_MASK >= amount, "market: low balance"
-    self._balances[msg.sender] = word - amount
+    # a provider's settled earnings first, then the balance word
+    ident: uint256 = self._providers[msg.sender].ident
+    from_earned: uint256 = min(ident & U64, amount)
+    if from_earned > 0:
+        self._providers[msg.sender].ident = ident - from_earned
+    self._debit(msg.sender, amount - from_earned)
     log Withdrawn(account=msg.sender, amount=amount)
     assert extcall token.transfer(msg.sender, amount, default_return_value=True), "market: transfer failed"
 
@@ -329,21 +367,18 @@ def register(pubkey: Bytes[128], pop: Bytes[256], stake: uint256):
             G2), verified here so no rogue key can cancel others in an aggregate.
     """
     assert not self.paused, "market: paused"
-    assert self.providers[msg.sender].state == 0, "market: already registered"
+    assert self._providers[msg.sender].ident == 0, "market: already registered"
     assert stake >= min_stake, "market: stake below minimum"
     assert len(pubkey) == 128 and len(pop) == 256, "market: bad key encoding"
-    assert bls.pop_verify(pubkey, pop), "market: bad pop"
-    x_hi: uint256 = convert(slice(pubkey, 0, 32), uint256)
-    y_hi: uint256 = convert(slice(pubkey, 64, 32), uint256)
-    self.providers[msg.sender] = Provider(
-        state=1,
+    assert staticcall bls_verifier.pop_verify(pubkey, pop), "market: bad pop"
+    self._providers[msg.sender] = Provider(
+        ident=self._key_hash(
+            (convert(slice(pubkey, 0, 32), uint256) << 128) | convert(slice(pubkey, 64, 32), uint256),
+            convert(slice(pubkey, 32, 32), uint256),
+            convert(slice(pubkey, 96, 32), uint256),
+        ) | 1 << 64,
         stake=stake,
-        pk0=(x_hi << 128) | y_hi,
-        pk1=convert(slice(pubkey, 32, 32), uint256),
-        pk2=convert(slice(pubkey, 96, 32), uint256),
     )
-    # touch the balance word now so the first settlement updates a warm-able slot
-    self._balances[msg.sender] |= TOUCHED
     self.total_staked += stake
     log ProviderRegistered(provider=msg.sender, stake=stake, pubkey=pubkey)
     if stake > 0:
@@ -356,11 +391,11 @@ def request_exit():
     @notice Stop taking trades; the stake can leave after `exit_delay`
             (at least the dispute window), once disputes had their chance.
     """
-    state: uint256 = self.providers[msg.sender].state
-    assert state != 0, "market: not provider"
-    assert state == 1, "market: exiting"
+    ident: uint256 = self._providers[msg.sender].ident
+    assert ident != 0, "market: not provider"
+    assert (ident >> 64) & U40 == 1, "market: exiting"
     exit_at: uint256 = block.timestamp + exit_delay
-    self.providers[msg.sender].state = exit_at
+    self._providers[msg.sender].ident = ident ^ (1 << 64) | exit_at << 64
     log ExitRequested(provider=msg.sender, exit_at=exit_at)
 
 
@@ -371,12 +406,14 @@ def exit():
     @notice After the exit delay, deregister and pay the remaining stake out.
             Earnings stay in the free balance for `withdraw`. Open while paused.
     """
-    state: uint256 = self.providers[msg.sender].state
-    assert state != 0, "market: not provider"
+    p: Provider = self._providers[msg.sender]
+    assert p.ident != 0, "market: not provider"
+    state: uint256 = (p.ident >> 64) & U40
     assert state > 1, "market: exit not requested"
     assert block.timestamp >= state, "market: too early"
-    stake: uint256 = self.providers[msg.sender].stake
-    self.providers[msg.sender] = empty(Provider)
+    stake: uint256 = p.stake
+    self._providers[msg.sender] = empty(Provider)
+    self._credit(msg.sender, p.ident & U64)
     self.total_staked -= stake
     log ProviderExited(provider=msg.sender, stake=stake)
     if stake > 0:
@@ -385,14 +422,19 @@ def exit():
 
 # -------------------------------------------------------------- operator
 @external
-def record_trades(orders: DynArray[SignedOrder, MAX_ORDERS], trades: DynArray[TradeIn, MAX_TRADES]) -> uint256:
+def record_trades(
+    orders: DynArray[SignedOrder, MAX_ORDERS],
+    providers: DynArray[address, MAX_SIGNERS],
+    trades: DynArray[uint256, MAX_TRADES],
+) -> uint256:
     """
     @notice Lock price x gpus x duration / 3600 from each trade's buyer, with
             the buyer's consent checked on chain: each trade fills one of the
-            signed `orders` (index `order`), every order is signed by its
-            buyer, unused, unexpired and filled by at least one trade, with
-            prices <= its max price and GPUs <= its GPUs in total.
-            Orders sorted by buyer and trades by order and id cost least.
+            signed `orders` (by index), every order is signed by its buyer,
+            unused, unexpired and filled by at least one trade, with prices
+            <= its max price and GPUs <= its GPUs in total. Each trade names
+            its provider by index in `providers`, every one of them active.
+            Orders sorted by buyer cost least.
     @return The record batch number; its Merkle root (contracts/merkle.py,
             trade leaves in `trades` order) is `record_roots(batch)`.
     """
@@ -401,9 +443,11 @@ def record_trades(orders: DynArray[SignedOrder, MAX_ORDERS], trades: DynArray[Tr
     assert len(trades) > 0, "market: empty batch"
     domain: bytes32 = self._domain()
 
+    for pi: uint256 in range(len(providers), bound=MAX_SIGNERS):
+        assert (self._providers[providers[pi]].ident >> 64) & U40 == 1, "market: bad provider"
+
     # consent: one ecrecover per order, each order id used once
-    filled: DynArray[uint256, MAX_ORDERS] = []
-    locked: DynArray[uint256, MAX_ORDERS] = []
+    fills: DynArray[uint256, MAX_ORDERS] = []  # per order: locked << 64 | GPUs filled
     word_key: uint256 = max_value(uint256)
     word: uint256 = 0
     for oi: uint256 in range(len(orders), bound=MAX_ORDERS):
@@ -429,8 +473,7 @@ def record_trades(orders: DynArray[SignedOrder, MAX_ORDERS], trades: DynArray[Tr
         bit: uint256 = 1 << (o.order_id & 255)
         assert word & bit == 0, "market: order used"
         word |= bit
-        filled.append(0)
-        locked.append(0)
+        fills.append(0)
     if word_key != max_value(uint256):
         self.order_used_words[word_key] = word
 
@@ -438,35 +481,33 @@ def record_trades(orders: DynArray[SignedOrder, MAX_ORDERS], trades: DynArray[Tr
     leaves: DynArray[bytes32, MAX_TRADES] = []
     word_key = max_value(uint256)
     word = 0
-    last_provider: address = empty(address)
     for ti: uint256 in range(len(trades), bound=MAX_TRADES):
-        t: TradeIn = trades[ti]
-        oi: uint256 = t.terms >> 160
+        t: uint256 = trades[ti]
+        oi: uint256 = t >> 240
         assert oi < len(orders), "market: unknown order"
-        o: SignedOrder = orders[oi]
-        price: uint256 = (t.terms >> 32) & U128
-        gpus: uint256 = t.terms & U32
-        duration: uint256 = (o.terms >> 64) & U32
-        assert price <= o.terms >> 128, "market: price above order"
+        pi: uint256 = (t >> 224) & U16
+        assert pi < len(providers), "market: unknown provider"
+        trade_id: uint256 = (t >> 160) & U64
+        price: uint256 = (t >> 32) & U128
+        gpus: uint256 = t & U32
+        terms: uint256 = orders[oi].terms
+        duration: uint256 = (terms >> 64) & U32
+        assert price <= terms >> 128, "market: price above order"
         assert gpus > 0, "market: zero gpus"
-        if t.provider != last_provider:
-            assert self.providers[t.provider].state == 1, "market: bad provider"
-            last_provider = t.provider
         # price < 2**128, gpus and duration < 2**32, at most MAX_TRADES terms: no overflow
-        filled[oi] = unsafe_add(filled[oi], gpus)
-        locked[oi] = unsafe_add(locked[oi], unsafe_div(unsafe_mul(unsafe_mul(price, gpus), duration), 3600))
+        fills[oi] = unsafe_add(fills[oi], unsafe_add(unsafe_div(unsafe_mul(unsafe_mul(price, gpus), duration), 3600) << 64, gpus))
 
-        key: uint256 = t.trade_id >> 7
+        key: uint256 = trade_id >> 7
         if key != word_key:
             if word_key != max_value(uint256):
                 self.trade_status_words[word_key] = word
             word_key = key
             word = self.trade_status_words[key]
-        offset: uint256 = (t.trade_id & 127) << 1
+        offset: uint256 = (trade_id & 127) << 1
         assert (word >> offset) & 3 == UNKNOWN, "market: trade exists"
         word |= OPEN << offset
 
-        leaves.append(keccak256(concat(b"\x02", abi_encode(t.trade_id, o.buyer, t.provider, price, gpus, duration, o.terms & U64))))
+        leaves.append(keccak256(concat(b"\x02", abi_encode(trade_id, orders[oi].buyer, providers[pi], price, gpus, duration, terms & U64))))
     self.trade_status_words[word_key] = word
 
     # debit buyers once per run of equal buyers
@@ -474,16 +515,17 @@ def record_trades(orders: DynArray[SignedOrder, MAX_ORDERS], trades: DynArray[Tr
     run_buyer: address = empty(address)
     run_amount: uint256 = 0
     for i: uint256 in range(len(orders), bound=MAX_ORDERS):
-        assert filled[i] > 0, "market: order not filled"
-        assert filled[i] <= (orders[i].terms >> 96) & U32, "market: order over-filled"
+        filled: uint256 = fills[i] & U64
+        assert filled > 0, "market: order not filled"
+        assert filled <= (orders[i].terms >> 96) & U32, "market: order over-filled"
         buyer: address = orders[i].buyer
         if buyer != run_buyer:
             self._debit(run_buyer, run_amount)
             run_buyer = buyer
             run_amount = 0
         # each at most MAX_TRADES locks below 2**192: no overflow
-        run_amount = unsafe_add(run_amount, locked[i])
-        total = unsafe_add(total, locked[i])
+        run_amount = unsafe_add(run_amount, fills[i] >> 64)
+        total = unsafe_add(total, fills[i] >> 64)
     self._debit(run_buyer, run_amount)
 
     # Merkle root, in place (contracts/merkle.py): index-ordered pairs, an odd
@@ -514,7 +556,8 @@ def record_trades(orders: DynArray[SignedOrder, MAX_ORDERS], trades: DynArray[Tr
 def settle_batch(
     root: bytes32,
     receipts: DynArray[Receipt, MAX_TRADES],
-    signers: DynArray[address, MAX_SIGNERS],
+    buyers: DynArray[address, MAX_BUYERS],
+    signers: DynArray[Signer, MAX_SIGNERS],
     aggregate_signature: Bytes[256],
     coverage: DynArray[Coverage, MAX_SEGMENTS],
     fillers: DynArray[bytes32, MAX_FILLERS],
@@ -523,11 +566,14 @@ def settle_batch(
     @notice Settle completed trades. `root` is the Merkle root of the
             receipts' leaves (trade id, GPU-seconds, digest) in `receipts`
             order; every provider of the batch, and only they, are `signers`
-            (strictly ascending), and `aggregate_signature` is their BLS
-            aggregate over `settlement_message(root)`, checked against the sum
-            of their registered keys. Each receipt pays its provider
-            price x GPU-seconds / 3600 (at most the lock), returns the rest to
-            the buyer and marks the trade settled.
+            (strictly ascending by address, each with its registered key),
+            and `aggregate_signature` is their BLS aggregate over
+            `settlement_message(root)`, checked against the sum of their keys.
+            A provider whose exit is due within the dispute window can't be
+            settled: buyers could no longer reach its stake. Each receipt pays
+            its provider price x GPU-seconds / 3600 (at most the lock), returns
+            the rest to its buyer (by index in `buyers`) and marks the trade
+            settled.
     @dev    Trades are proven against their record roots without per-trade
             proofs: `coverage` lists each record batch touched (in order, with
             its size); receipts are sorted by (batch, position) and the
@@ -541,83 +587,71 @@ def settle_batch(
     assert len(signers) > 0, "market: no signers"
     assert self.settled_at[root] == 0, "market: root settled"
 
-    # signers strictly ascending: no duplicate key in the aggregate
-    previous: uint256 = 0
-    for si: uint256 in range(len(signers), bound=MAX_SIGNERS):
-        s: uint256 = convert(signers[si], uint256)
-        assert s > previous, "market: unsorted signers"
-        previous = s
-
     credits: DynArray[uint256, MAX_SIGNERS] = []
     for _: uint256 in range(len(signers), bound=MAX_SIGNERS):
         credits.append(0)
+    refunds: DynArray[uint256, MAX_BUYERS] = []
+    for _: uint256 in range(len(buyers), bound=MAX_BUYERS):
+        refunds.append(0)
     seen: uint256 = 0
-    receipt_leaves: DynArray[bytes32, MAX_TRADES] = []
     total_paid: uint256 = 0
     total_refunded: uint256 = 0
-    run_buyer: address = empty(address)
-    run_amount: uint256 = 0
     word_key: uint256 = max_value(uint256)
     word: uint256 = 0
     ri: uint256 = 0
     fi: uint256 = 0
-    n_leaves: uint256 = 0
+    leaves: DynArray[bytes32, MAX_TRADES] = []
 
-    # one pass per record batch touched, then a last pass for the completion root
+    # pass 0 rebuilds the completion root, then one pass per record batch touched
     for ci: uint256 in range(len(coverage) + 1, bound=MAX_SEGMENTS + 1):
-        leaves: DynArray[bytes32, MAX_TRADES] = []
+        leaves = []
         expected: bytes32 = root
-        seg: Coverage = empty(Coverage)
-        if ci < len(coverage):
-            seg = coverage[ci]
-            expected = self.record_roots[seg.batch]
+        if ci == 0:
+            for i: uint256 in range(n, bound=MAX_TRADES):
+                place: uint256 = receipts[i].place
+                leaves.append(keccak256(concat(b"\x00", abi_encode((place >> 128) & U64, place >> 192, receipts[i].digest))))
         else:
-            assert ri == n, "market: stray receipt"
-            assert fi == len(fillers), "market: unused filler"
-            leaves = receipt_leaves
-        for pos: uint256 in range(seg.size, bound=MAX_TRADES):
-            r: Receipt = empty(Receipt)
-            if ri < n:
-                r = receipts[ri]
-            if ri < n and r.place & U64 == seg.batch and (r.place >> 64) & U32 == pos:
-                ri = unsafe_add(ri, 1)
-                signer: uint256 = (r.place >> 96) & U32
-                assert signer < len(signers), "market: bad signer"
-                price: uint256 = r.terms >> 128
-                gpus: uint256 = (r.terms >> 96) & U32
-                duration: uint256 = (r.terms >> 64) & U32
-                deadline: uint256 = r.terms & U64
-                gpu_seconds: uint256 = r.place >> 128
-                leaves.append(keccak256(concat(b"\x02", abi_encode(r.trade_id, r.buyer, signers[signer], price, gpus, duration, deadline))))
-                receipt_leaves.append(keccak256(concat(b"\x00", abi_encode(r.trade_id, gpu_seconds, r.digest))))
-                assert block.timestamp <= deadline + grace_period, "market: trade expired"
-                seen |= 1 << signer
+            seg: Coverage = coverage[unsafe_sub(ci, 1)]
+            expected = self.record_roots[seg.batch]
+            for pos: uint256 in range(seg.size, bound=MAX_TRADES):
+                r: Receipt = empty(Receipt)
+                if ri < n:
+                    r = receipts[ri]
+                if ri < n and (r.place >> 64) & U64 == seg.batch and (r.place >> 32) & U32 == pos:
+                    ri = unsafe_add(ri, 1)
+                    si: uint256 = (r.place >> 16) & U16
+                    assert si < len(signers), "market: bad signer"
+                    bi: uint256 = r.place & U16
+                    assert bi < len(buyers), "market: bad buyer"
+                    trade_id: uint256 = (r.place >> 128) & U64
+                    price: uint256 = r.terms >> 128
+                    gpus: uint256 = (r.terms >> 96) & U32
+                    duration: uint256 = (r.terms >> 64) & U32
+                    deadline: uint256 = r.terms & U64
+                    leaves.append(keccak256(concat(b"\x02", abi_encode(trade_id, buyers[bi], signers[si].account, price, gpus, duration, deadline))))
+                    assert block.timestamp <= deadline + grace_period, "market: trade expired"
+                    seen |= 1 << si
 
-                key: uint256 = r.trade_id >> 7
-                if key != word_key:
-                    if word_key != max_value(uint256):
-                        self.trade_status_words[word_key] = word
-                    word_key = key
-                    word = self.trade_status_words[key]
-                offset: uint256 = (r.trade_id & 127) << 1
-                assert (word >> offset) & 3 == OPEN, "market: trade not open"
-                word ^= (OPEN ^ SETTLED) << offset
+                    key: uint256 = trade_id >> 7
+                    if key != word_key:
+                        if word_key != max_value(uint256):
+                            self.trade_status_words[word_key] = word
+                        word_key = key
+                        word = self.trade_status_words[key]
+                    offset: uint256 = (trade_id & 127) << 1
+                    assert (word >> offset) & 3 == OPEN, "market: trade not open"
+                    word ^= (OPEN ^ SETTLED) << offset
 
-                # price < 2**128; gpus, duration < 2**32; gpu_seconds < 2**128: no overflow
-                lock: uint256 = unsafe_div(unsafe_mul(unsafe_mul(price, gpus), duration), 3600)
-                paid: uint256 = min(lock, unsafe_div(unsafe_mul(price, gpu_seconds), 3600))
-                credits[signer] = unsafe_add(credits[signer], paid)
-                total_paid = unsafe_add(total_paid, paid)
-                if r.buyer != run_buyer:
-                    self._credit(run_buyer, run_amount)
-                    run_buyer = r.buyer
-                    run_amount = 0
-                run_amount = unsafe_add(run_amount, unsafe_sub(lock, paid))
-                total_refunded = unsafe_add(total_refunded, unsafe_sub(lock, paid))
-            else:
-                assert fi < len(fillers), "market: no filler"
-                leaves.append(fillers[fi])
-                fi = unsafe_add(fi, 1)
+                    # price < 2**128; gpus, duration < 2**32; gpu_seconds < 2**64: no overflow
+                    lock: uint256 = unsafe_div(unsafe_mul(unsafe_mul(price, gpus), duration), 3600)
+                    paid: uint256 = min(lock, unsafe_div(unsafe_mul(price, r.place >> 192), 3600))
+                    credits[si] = unsafe_add(credits[si], paid)
+                    refunds[bi] = unsafe_add(refunds[bi], unsafe_sub(lock, paid))
+                    total_paid = unsafe_add(total_paid, paid)
+                else:
+                    assert fi < len(fillers), "market: no filler"
+                    leaves.append(fillers[fi])
+                    fi = unsafe_add(fi, 1)
         # rebuild the root in place (contracts/merkle.py)
         m: uint256 = len(leaves)
         assert m > 0, "market: unknown trade"
@@ -632,33 +666,47 @@ def settle_batch(
                     right = leaves[unsafe_add(j, 1)]
                 leaves[k] = keccak256(concat(b"\x01", leaves[j], right))
             m = half
-        if ci < len(coverage):
-            assert leaves[0] == expected, "market: unknown trade"
-        else:
+        if ci == 0:
             assert leaves[0] == expected, "market: root mismatch"
+        else:
+            assert leaves[0] == expected, "market: unknown trade"
+    assert ri == n, "market: stray receipt"
+    assert fi == len(fillers), "market: unused filler"
     assert seen == (1 << len(signers)) - 1, "market: idle signer"
     self.trade_status_words[word_key] = word
-    self._credit(run_buyer, run_amount)
+    for i: uint256 in range(len(buyers), bound=MAX_BUYERS):
+        self._credit(buyers[i], refunds[i])
+        total_refunded = unsafe_add(total_refunded, refunds[i])
 
-    # one aggregate BLS check for the whole batch
+    # one aggregate BLS check for the whole batch, against the registered keys
     agg: Bytes[128] = b""
+    previous: uint256 = 0
     for i: uint256 in range(len(signers), bound=MAX_SIGNERS):
-        p: address = signers[i]
-        pk0: uint256 = self.providers[p].pk0
-        assert pk0 != 0, "market: unknown signer"
+        s: Signer = signers[i]
+        # strictly ascending: no key counted twice in the aggregate
+        assert convert(s.account, uint256) > previous, "market: unsorted signers"
+        previous = convert(s.account, uint256)
+        ident: uint256 = self._providers[s.account].ident
+        assert ident >> TAG_SHIFT << TAG_SHIFT == self._key_hash(s.pk0, s.pk1, s.pk2), "market: unknown signer"
+        state: uint256 = (ident >> 64) & U40
+        assert state == 1 or block.timestamp + dispute_window < state, "market: provider exiting"
+        # its pay joins its earnings in the same slot; past 2**64 they move to the balance word
+        earned: uint256 = (ident & U64) + credits[i]
+        if earned > U64:
+            self._credit(s.account, earned)
+            earned = 0
+        self._providers[s.account].ident = ident ^ (ident & U64) | earned
         pk: Bytes[128] = concat(
-            convert(pk0 >> 128, bytes32),
-            convert(self.providers[p].pk1, bytes32),
-            convert(pk0 & AMOUNT_MASK, bytes32),
-            convert(self.providers[p].pk2, bytes32),
+            convert(s.pk0 >> 128, bytes32),
+            convert(s.pk1, bytes32),
+            convert(s.pk0 & AMOUNT_MASK, bytes32),
+            convert(s.pk2, bytes32),
         )
         if i == 0:
             agg = pk
         else:
             agg = bls.g1_add(agg, pk)
-        self._credit(p, credits[i])
-    message: bytes32 = self._settlement_message(root)
-    assert bls.verify(agg, concat(message, b""), aggregate_signature), "market: bad signature"
+    assert staticcall bls_verifier.verify(agg, self._settlement_message(root), aggregate_signature), "market: bad signature"
 
     self.settled_at[root] = block.timestamp
     self.total_locked -= total_paid + total_refunded
@@ -729,14 +777,16 @@ def dispute(
     lock: uint256 = trade.price * trade.gpus * trade.duration // 3600
     paid: uint256 = min(lock, trade.price * gpu_seconds // 3600)
 
+    # held from the provider's earnings, then its balance word, then its stake
+    p: Provider = self._providers[trade.provider]
+    from_earned: uint256 = min(p.ident & U64, paid)
     word: uint256 = self._balances[trade.provider]
-    from_balance: uint256 = min(word & AMOUNT_MASK, paid)
+    from_balance: uint256 = min(word & AMOUNT_MASK, paid - from_earned)
     self._balances[trade.provider] = word - from_balance
-    from_stake: uint256 = min(self.providers[trade.provider].stake, paid - from_balance)
-    if from_stake > 0:
-        self.providers[trade.provider].stake -= from_stake
-        self.total_staked -= from_stake
-    held: uint256 = from_balance + from_stake
+    from_stake: uint256 = min(p.stake, paid - from_earned - from_balance)
+    self._providers[trade.provider] = Provider(ident=p.ident - from_earned, stake=p.stake - from_stake)
+    self.total_staked -= from_stake
+    held: uint256 = from_earned + from_balance + from_stake
     self.disputes[trade.trade_id] = Dispute(
         buyer=trade.buyer, provider=trade.provider, held=held, from_stake=from_stake
     )
@@ -763,9 +813,9 @@ def resolve_dispute(trade_id: uint256, pay_provider: bool, slash: uint256):
         # the provider was right: what was held (balance and stake) becomes free balance
         self._credit(d.provider, d.held)
     else:
-        slashed = min(slash, self.providers[d.provider].stake)
+        slashed = min(slash, self._providers[d.provider].stake)
         if slashed > 0:
-            self.providers[d.provider].stake -= slashed
+            self._providers[d.provider].stake -= slashed
             self.total_staked -= slashed
         self._credit(d.buyer, d.held + slashed)
     log DisputeResolved(trade_id=trade_id, provider_paid=pay_provider, amount=d.held, slashed=slashed)
@@ -831,6 +881,13 @@ def _set_status(trade_id: uint256, expected: uint256, new: uint256, reason: Stri
     word: uint256 = self.trade_status_words[key]
     assert (word >> offset) & 3 == expected, reason
     self.trade_status_words[key] = word ^ ((expected ^ new) << offset)
+
+
+@internal
+@pure
+def _key_hash(pk0: uint256, pk1: uint256, pk2: uint256) -> uint256:
+    # the key tag: the top 152 bits of the key's hash, in place above state and earnings
+    return convert(keccak256(abi_encode(pk0, pk1, pk2)), uint256) >> TAG_SHIFT << TAG_SHIFT
 
 
 @internal

@@ -15,14 +15,23 @@ from typing import Any
 
 from eth_utils import to_checksum_address
 
+from contracts import bls
 from contracts.merkle import MerkleTree, receipt_leaf, settlement_message, trade_leaf
 from contracts.orders import SignedOrder
 
+# the contract's bounds (GridBidMarket.vy): distinct providers and buyers of one settlement
+MAX_SIGNERS = 64
+MAX_BUYERS = 128
+
 __all__ = [
+    "MAX_BUYERS",
+    "MAX_SIGNERS",
     "Completion",
+    "RecordCall",
     "RecordedTrade",
     "Settlement",
     "TradeFill",
+    "packed_key",
     "record_args",
     "settlement_args",
 ]
@@ -74,32 +83,35 @@ class RecordedTrade:
         )
 
 
-def record_args(
-    orders: Sequence[SignedOrder], fills: Sequence[TradeFill]
-) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], list[RecordedTrade]]:
-    """``(orders_abi, trades_abi, recorded)`` for ``record_trades(orders, trades)``.
+@dataclass(frozen=True, slots=True)
+class RecordCall:
+    """The arguments of one ``record_trades`` call and the trades it records."""
 
-    ``recorded[i]`` is the trade at position ``i`` of the batch's record tree.
-    """
+    args: tuple[Any, ...]  # (orders, providers, trades)
+    recorded: list[RecordedTrade]  # recorded[i] is at position i of the batch's record tree
+
+
+def record_args(orders: Sequence[SignedOrder], fills: Sequence[TradeFill]) -> RecordCall:
+    """Pack a record batch: each trade is one word naming its order and its
+    provider by index (providers listed once each, in order of first use)."""
     index = {o.order.order_id: i for i, o in enumerate(orders)}
-    trades_abi: list[tuple[Any, ...]] = []
+    providers: dict[str, int] = {}
+    trades: list[int] = []
     recorded: list[RecordedTrade] = []
     for fill in fills:
         i = index[fill.order_id]
         order = orders[i].order
-        if fill.price >= 2**128 or fill.gpus >= 2**32:
-            raise ValueError("batches: price or gpus too large for the packed trade")
-        # packed TradeIn: (trade_id, provider, order index << 160 | price << 32 | gpus)
-        trades_abi.append(
-            (fill.trade_id, to_checksum_address(fill.provider), (i << 160) | (fill.price << 32) | fill.gpus)
-        )
+        provider = to_checksum_address(fill.provider)
+        p = providers.setdefault(provider, len(providers))
+        if fill.price >= 2**128 or fill.gpus >= 2**32 or fill.trade_id >= 2**64:
+            raise ValueError("batches: trade id, price or gpus too large for the packed trade")
+        trades.append((i << 240) | (p << 224) | (fill.trade_id << 160) | (fill.price << 32) | fill.gpus)
         recorded.append(
             RecordedTrade(
-                fill.trade_id, order.buyer, to_checksum_address(fill.provider), fill.price,
-                fill.gpus, order.duration, order.deadline,
+                fill.trade_id, order.buyer, provider, fill.price, fill.gpus, order.duration, order.deadline,
             )
         )
-    return [o.as_abi() for o in orders], trades_abi, recorded
+    return RecordCall(args=([o.as_abi() for o in orders], list(providers), trades), recorded=recorded)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +130,9 @@ class Settlement:
     root: bytes
     message: bytes  # what each provider signs with BLS
     receipts: list[tuple[Any, ...]]
-    signers: list[str]
+    buyers: list[str]
+    signers: list[str]  # the providers, ascending by address
+    signer_keys: list[tuple[Any, ...]]  # (address, pk0, pk1, pk2) of each signer
     coverage: list[tuple[int, int]]
     fillers: list[bytes]
     tree: MerkleTree
@@ -128,7 +142,8 @@ class Settlement:
         return (
             self.root,
             self.receipts,
-            self.signers,
+            self.buyers,
+            self.signer_keys,
             aggregate_signature_eip2537,
             self.coverage,
             self.fillers,
@@ -141,15 +156,29 @@ def settlement_args(
     *,
     chain_id: int,
     market: str,
+    keys: Mapping[str, bytes],
 ) -> Settlement:
     """Order receipts by (batch, position), fill the record trees' other leaves,
     and compute the completion root and the message providers sign.
 
-    ``record_batches[b]`` is the full list of trades recorded in batch ``b``.
+    ``record_batches[b]`` is the full list of trades recorded in batch ``b``;
+    ``keys`` maps each provider's address to its registered BLS public key
+    (48 bytes compressed, as ``bls.public_key`` makes it).
     """
     done = sorted(completions, key=lambda c: (c.batch, c.position))
     signers = sorted({to_checksum_address(c.trade.provider) for c in done}, key=lambda a: int(a, 16))
+    buyers = list(dict.fromkeys(to_checksum_address(c.trade.buyer) for c in done))
+    if len(signers) > MAX_SIGNERS or len(buyers) > MAX_BUYERS:
+        raise ValueError(
+            f"batches: {len(signers)} providers and {len(buyers)} buyers in one settlement; "
+            f"the contract takes at most {MAX_SIGNERS} and {MAX_BUYERS}"
+        )
+    by_address = {to_checksum_address(a): k for a, k in keys.items()}
+    missing = [s for s in signers if s not in by_address]
+    if missing:
+        raise ValueError(f"batches: no BLS key for provider {missing[0]}")
     signer_index = {s: i for i, s in enumerate(signers)}
+    buyer_index = {b: i for i, b in enumerate(buyers)}
     coverage: list[tuple[int, int]] = []
     fillers: list[bytes] = []
     by_batch: dict[int, set[int]] = {}
@@ -161,22 +190,41 @@ def settlement_args(
         trades = record_batches[batch]
         coverage.append((batch, len(trades)))
         fillers.extend(t.leaf for pos, t in enumerate(trades) if pos not in by_batch[batch])
-    # packed Receipt: (trade_id, buyer, terms, place, digest), see GridBidMarket.vy
+    # packed Receipt: (terms, place, digest), see GridBidMarket.vy
     receipts = []
     for c in done:
         t = c.trade
+        if c.gpu_seconds >= 2**64 or t.trade_id >= 2**64 or c.batch >= 2**64 or c.position >= 2**32:
+            raise ValueError(f"batches: receipt of trade {t.trade_id} too large for the packed receipt")
         terms = (t.price << 128) | (t.gpus << 96) | (t.duration << 64) | t.deadline
         signer = signer_index[to_checksum_address(t.provider)]
-        place = (c.gpu_seconds << 128) | (signer << 96) | (c.position << 64) | c.batch
-        receipts.append((t.trade_id, to_checksum_address(t.buyer), terms, place, c.digest))
+        buyer = buyer_index[to_checksum_address(t.buyer)]
+        place = (
+            (c.gpu_seconds << 192) | (t.trade_id << 128) | (c.batch << 64) | (c.position << 32)
+            | (signer << 16) | buyer
+        )
+        receipts.append((terms, place, c.digest))
     tree = MerkleTree([receipt_leaf(c.trade.trade_id, c.gpu_seconds, c.digest) for c in done])
     return Settlement(
         root=tree.root,
         message=settlement_message(tree.root, chain_id, market),
         receipts=receipts,
+        buyers=buyers,
         signers=signers,
+        signer_keys=[(s, *packed_key(by_address[s])) for s in signers],
         coverage=coverage,
         fillers=fillers,
         tree=tree,
         completions=done,
     )
+
+
+def packed_key(public_key: bytes) -> tuple[int, int, int]:
+    """A BLS public key as ``GridBidMarket`` takes it in a ``Signer``: the
+    EIP-2537 G1 encoding in three words (pk0 = x[16:32] << 128 | y[16:32]
+    of the padded halves, pk1 = x[32:64], pk2 = y[32:64])."""
+    eip = bls.g1_to_eip2537(public_key) if len(public_key) == 48 else bytes(public_key)
+    if len(eip) != 128:
+        raise ValueError("batches: a BLS public key is 48 bytes compressed or 128 bytes EIP-2537")
+    word = [int.from_bytes(eip[i : i + 32], "big") for i in range(0, 128, 32)]
+    return (word[0] << 128) | word[2], word[1], word[3]

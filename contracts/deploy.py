@@ -18,6 +18,7 @@ from contracts.compile import load_artifact
 __all__ = [
     "MARKET_DEFAULTS",
     "contract_at",
+    "deploy_bls_verifier",
     "deploy_all",
     "deploy_contract",
     "deploy_market",
@@ -69,6 +70,11 @@ def deploy_token(w3: Web3, deployer: Deployer) -> Contract:
     return deploy_contract(w3, "TestToken", deployer=deployer)
 
 
+def deploy_bls_verifier(w3: Web3, deployer: Deployer) -> Contract:
+    """The stateless BLS verifier the market calls (one serves any number of markets)."""
+    return deploy_contract(w3, "BlsVerifier", deployer=deployer)
+
+
 def deploy_market(
     w3: Web3,
     *,
@@ -77,16 +83,22 @@ def deploy_market(
     operator: str,
     arbiter: str,
     deployer: Deployer | None = None,
+    bls_verifier: str | None = None,
     min_stake: int = MARKET_DEFAULTS["min_stake"],
     grace_period: int = MARKET_DEFAULTS["grace_period"],
     dispute_window: int = MARKET_DEFAULTS["dispute_window"],
     exit_delay: int = MARKET_DEFAULTS["exit_delay"],
 ) -> Contract:
-    """GridBidMarket over ``token`` (any ERC-20 address). Times are in seconds."""
+    """GridBidMarket over ``token`` (any ERC-20 address), calling ``bls_verifier``
+    (deployed first when not given). Times are in seconds."""
+    deployer = deployer if deployer is not None else admin
+    if bls_verifier is None:
+        bls_verifier = deploy_bls_verifier(w3, deployer).address
     return deploy_contract(
         w3,
         "GridBidMarket",
         Web3.to_checksum_address(token),
+        Web3.to_checksum_address(bls_verifier),
         Web3.to_checksum_address(admin),
         Web3.to_checksum_address(operator),
         Web3.to_checksum_address(arbiter),
@@ -94,7 +106,7 @@ def deploy_market(
         grace_period,
         dispute_window,
         exit_delay,
-        deployer=deployer if deployer is not None else admin,
+        deployer=deployer,
     )
 
 
@@ -106,9 +118,10 @@ def deploy_all(
     arbiter: str,
     admin: str | None = None,
     token: str | None = None,
-    **market_params: int,
+    **market_params: Any,
 ) -> dict[str, str]:
-    """Deploy the market, and a TestToken first when no ``token`` address is given.
+    """Deploy the market, and a TestToken first when no ``token`` address is given
+    (``market_params``: ``deploy_market``'s times, stake and ``bls_verifier``).
 
     Returns ``{"token": address, "market": address, "chain_id": ...}``.
     """

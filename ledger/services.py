@@ -17,9 +17,18 @@ from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
+from eth_utils import to_checksum_address
 
 from contracts import bls
-from contracts.batches import Completion, RecordedTrade, TradeFill, record_args, settlement_args
+from contracts.batches import (
+    MAX_BUYERS,
+    MAX_SIGNERS,
+    Completion,
+    RecordedTrade,
+    TradeFill,
+    record_args,
+    settlement_args,
+)
 from contracts.orders import Order, SignedOrder, sign_order
 from ledger.chain import ChainError
 from ledger.context import ChainContext
@@ -80,10 +89,10 @@ def _record_call(ctx: ChainContext, batch: RecordBatch) -> Any:
                     raise SettlementError(f"record batch {batch.pk}: bid {bid.pk}'s wallet signature is gone")
                 orders[bid.pk] = signed
         fills.append(TradeFill(trade_id=item.trade_id, order_id=bid.pk, provider=item.provider, price=item.price, gpus=item.gpus))
-    orders_abi, trades_abi, recorded = record_args(list(orders.values()), fills)
-    if [r.leaf for r in recorded] != [bytes.fromhex(i.leaf[2:]) for i in items]:
+    call = record_args(list(orders.values()), fills)
+    if [r.leaf for r in call.recorded] != [bytes.fromhex(i.leaf[2:]) for i in items]:
         raise SettlementError(f"record batch {batch.pk}: rebuilt trades differ from the stored ones")
-    return ctx.market.functions.record_trades(orders_abi, trades_abi)
+    return ctx.market.functions.record_trades(*call.args)
 
 
 def _registered(ctx: ChainContext, address: str, seen: dict[str, bool]) -> bool:
@@ -152,7 +161,7 @@ def _claim_record_batch(ctx: ChainContext, *, limit: int) -> RecordBatch | None:
         fills.append(TradeFill(trade_id=trade.pk, order_id=bid.pk, provider=provider, price=trade.price, gpus=trade.gpus))
     if not fills:
         return None
-    _, _, recorded = record_args(list(orders.values()), fills)
+    recorded = record_args(list(orders.values()), fills).recorded
     with transaction.atomic():
         batch = RecordBatch.objects.create(
             deployment=ctx.deployment, root=_hex(merkle_root([r.leaf for r in recorded])),
@@ -209,7 +218,14 @@ def _settlement(ctx: ChainContext, completions: list[Completion]) -> Any:
     record_batches = {}
     for rb in RecordBatch.objects.filter(deployment=ctx.deployment, number__in=numbers):
         record_batches[rb.number] = [_recorded(i) for i in rb.items.order_by("position")]
-    return settlement_args(completions, record_batches, chain_id=ctx.chain_id, market=ctx.deployment.market_address)
+    spellings = {form for c in completions for form in (c.trade.provider, c.trade.provider.lower(), to_checksum_address(c.trade.provider))}
+    keys = {
+        p.chain_address: bytes.fromhex(p.bls_public_key)
+        for p in Provider.objects.filter(chain_address__in=spellings).exclude(bls_public_key="")
+    }
+    return settlement_args(
+        completions, record_batches, chain_id=ctx.chain_id, market=ctx.deployment.market_address, keys=keys
+    )
 
 
 def _completions(items: list[SettleItem] | list[tuple[RecordItem, int, bytes]]) -> list[Completion]:
@@ -225,9 +241,9 @@ def _completions(items: list[SettleItem] | list[tuple[RecordItem, int, bytes]]) 
 
 def _exits_before_disputes_close(ctx: ChainContext, address: str, seen: dict[str, bool]) -> bool:
     """Whether a provider has asked to exit and its stake may leave within one dispute window
-    from now. The contract lets the operator settle such a provider, but a buyer's dispute
-    would then find no stake to hold: the operator does not settle it (its trades are
-    refunded after their deadline instead). The exit request is read from the listener's
+    from now. A buyer's dispute would then find no stake to hold, so the contract refuses to
+    settle it ("market: provider exiting") and the operator does not try: its trades are
+    refunded after their deadline instead. The exit request is read from the listener's
     events (it lands days before it matters: exit_delay >= the dispute window), so only a
     provider that asked to exit costs a call to the node."""
     key = address.lower()
@@ -255,12 +271,19 @@ def settle_collect(*, ctx: ChainContext, limit: int = 256) -> SettleBatch | None
     )
     entries: list[tuple[RecordItem, int, bytes]] = []
     exiting: dict[str, bool] = {}
+    signers: set[str] = set()
+    buyers: set[str] = set()
     for trade in candidates:
         receipt = (trade.job.checkpoint or {}).get("receipt")
         if not receipt or not trade.provider.bls_public_key:
             continue
         if _exits_before_disputes_close(ctx, trade.provider.chain_address, exiting):
-            continue  # settling now would let its stake leave before the buyer could dispute
+            continue  # the contract refuses it: its stake could leave before the buyer could dispute
+        signer, buyer = trade.provider.chain_address.lower(), trade.record_item.buyer.lower()
+        if len(signers | {signer}) > MAX_SIGNERS or len(buyers | {buyer}) > MAX_BUYERS:
+            continue  # the contract's bounds on one settlement: the next batch takes it
+        signers.add(signer)
+        buyers.add(buyer)
         entries.append((trade.record_item, int(receipt["body"]["gpu_seconds"]), bytes.fromhex(receipt["digest"])))
     if not entries:
         return None

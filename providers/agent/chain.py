@@ -28,7 +28,7 @@ MARKET_FUNCTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "register": ("register(bytes,bytes,uint256)", ()),
     "withdraw": ("withdraw(uint256)", ()),
     "balance_of": ("balance_of(address)", ("uint256",)),
-    "providers": ("providers(address)", ("uint256", "uint256", "uint256", "uint256", "uint256")),
+    "providers": ("providers(address)", ("uint256", "uint256", "uint256")),
     "min_stake": ("min_stake()", ("uint256",)),
     "token": ("token()", ("address",)),
     "paused": ("paused()", ("bool",)),

@@ -1,6 +1,6 @@
 """Gas per trade of GridBid's whole trade lifecycle (record + settle) on anvil.
 
-    .venv/bin/python tests/bench/bench_gas.py [--sizes 1,10,100,500] [--port 18645]
+    .venv/bin/python tests/bench/bench_gas.py [--sizes 1,10,100,500] [--port 18645] [--profile 100]
 
 Starts anvil (ledger/chain/anvil.py, Prague), deploys through contracts/deploy.py,
 registers 20 providers with real BLS keys, funds 40 buyers, then for each batch
@@ -30,6 +30,7 @@ from contracts.compile import compile_contract  # noqa: E402
 from contracts.deploy import deploy_market, deploy_token  # noqa: E402
 from contracts.orders import Order, sign_order  # noqa: E402
 from ledger.chain.anvil import start_anvil, stop_anvil  # noqa: E402
+from tests.bench.gas_profile import print_profile  # noqa: E402
 
 TARGET = 20_000
 BUYERS = 40
@@ -43,6 +44,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1,10,100,500")
     parser.add_argument("--port", type=int, default=18645)
+    parser.add_argument("--profile", type=int, default=0, metavar="BATCH",
+                        help="print where the gas of this batch size goes, by source line")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
 
@@ -57,7 +60,8 @@ def main() -> int:
 
     proc = start_anvil(
         port=args.port,
-        extra_args=["--accounts", str(n_accounts), "--mnemonic", MNEMONIC, "--gas-limit", "100000000"],
+        extra_args=["--accounts", str(n_accounts), "--mnemonic", MNEMONIC, "--gas-limit", "100000000",
+                    *(["--steps-tracing"] if args.profile else [])],
     )
     try:
         w3 = Web3(Web3.HTTPProvider(f"http://127.0.0.1:{args.port}", request_kwargs={"timeout": 120}))
@@ -111,15 +115,17 @@ def main() -> int:
                     fills.append(TradeFill(next_trade, next_order, providers[k % np_].address, PRICE, 1))
                     next_trade += 1
                 next_order += 1
-            orders_abi, trades_abi, recorded = record_args(orders, fills)
-            rec = send(market.functions.record_trades(orders_abi, trades_abi), operator)
+            call = record_args(orders, fills)
+            recorded = call.recorded
+            rec = send(market.functions.record_trades(*call.args), operator)
 
             completions = [
                 Completion(t, batch_no, pos, DURATION * t.gpus * 3 // 4, hashlib.sha256(b"%d" % t.trade_id).digest())
                 for pos, t in enumerate(recorded)
             ]
-            batch = settlement_args(completions, {batch_no: recorded}, chain_id=chain_id, market=market.address)
             by_address = {p.address: sk for p, sk in zip(providers, bls_keys, strict=True)}
+            batch = settlement_args(completions, {batch_no: recorded}, chain_id=chain_id, market=market.address,
+                                    keys={a: bls.public_key(sk) for a, sk in by_address.items()})
             agg = bls.aggregate([bls.sign(by_address[s], batch.message) for s in batch.signers])
             st = send(market.functions.settle_batch(*batch.args(bls.g2_to_eip2537(agg))), operator)
             batch_no += 1  # noqa: SIM113 - the contract numbers record batches; enumerate would hide that
@@ -132,6 +138,10 @@ def main() -> int:
                 naive_gas += send(naive.functions.open(t.trade_id, t.provider, t.lock), buyer.address)["gasUsed"]
                 naive_gas += send(naive.functions.release(t.trade_id, t.payment(DURATION * 3 // 4)), naive_operator)["gasUsed"]
             rows.append((size, nb, np_, rec["gasUsed"], st["gasUsed"], naive_gas / len(sample)))
+            if size == args.profile:
+                source = ROOT / "contracts/GridBidMarket.vy"
+                print_profile(w3, rec["transactionHash"], source, f"record_trades, batch {size}")
+                print_profile(w3, st["transactionHash"], source, f"settle_batch, batch {size}")
 
         print(f"GridBid gas per trade on anvil (prague), {BUYERS} buyers / {PROVIDERS} providers at most, one order per buyer")
         print(f"{'batch':>6} {'buyers':>6} {'provs':>5} {'record':>9} {'settle':>9} {'total':>9} {'naive':>9} {'saving':>7}")

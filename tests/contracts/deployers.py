@@ -83,15 +83,19 @@ class Market:
         return TradeFill(trade_id, signed.order.order_id, self.roles[provider], price, gpus)
 
     def record(self, orders, fills, *, sender: str = "operator") -> tuple[int, list[RecordedTrade], dict]:
-        orders_abi, trades_abi, recorded = record_args(orders, fills)
-        fn = self.market.functions.record_trades(orders_abi, trades_abi)
+        call = record_args(orders, fills)
+        recorded = call.recorded
+        fn = self.market.functions.record_trades(*call.args)
         batch = fn.call({"from": self.roles[sender]})
         receipt = self.w3.eth.wait_for_transaction_receipt(fn.transact({"from": self.roles[sender]}))
         self.records[batch] = recorded
         return batch, recorded, receipt
 
     def settlement(self, completions: list[Completion]):
-        return settlement_args(completions, self.records, chain_id=self.chain_id, market=self.market.address)
+        keys = {self.roles[name]: k.pk for name, k in self.bls_keys.items() if name in self.roles}
+        return settlement_args(
+            completions, self.records, chain_id=self.chain_id, market=self.market.address, keys=keys
+        )
 
     def aggregate(self, message: bytes, providers: list[str]) -> bytes:
         return bls.g2_to_eip2537(bls.aggregate([bls.sign(self.bls_keys[p].sk, message) for p in providers]))

@@ -229,33 +229,42 @@ def test_receipt_for_another_trade_is_rejected(m, two_trades):
     _, _, completions = two_trades
     s = m.settlement(completions)
     sig = b"\x00" * 256
-    root, receipts, signers, _, coverage, fillers = s.args(sig)
+    root, receipts, buyers, signers, _, coverage, fillers = s.args(sig)
     # the first receipt re-labelled with the second trade's id
+    id_bits = ((1 << 64) - 1) << 128
     forged = list(receipts)
-    forged[0] = (receipts[1][0], *receipts[0][1:])
-    with reverts("market: (unknown trade|trade not open)"):
-        send(m, m.market.functions.settle_batch(root, forged, signers, sig, coverage, fillers), "operator")
+    forged[0] = (receipts[0][0], receipts[0][1] & ~id_bits | receipts[1][1] & id_bits, receipts[0][2])
+    with reverts("market: (unknown trade|trade not open|root mismatch)"):
+        send(m, m.market.functions.settle_batch(root, forged, buyers, signers, sig, coverage, fillers), "operator")
 
 
 def test_settle_checks_signers_and_caller(m, two_trades):
     _, _, completions = two_trades
     s = m.settlement(completions)
     sig = b"\x00" * 256
-    root, receipts, signers, _, coverage, fillers = s.args(sig)
+    root, receipts, buyers, signers, _, coverage, fillers = s.args(sig)
     fn = m.market.functions.settle_batch
     with reverts("market: not operator"):
-        send(m, fn(root, receipts, signers, sig, coverage, fillers), "stranger")
-    with reverts("market: unsorted signers"):
-        send(m, fn(root, receipts, signers[::-1], sig, coverage, fillers), "operator")
+        send(m, fn(root, receipts, buyers, signers, sig, coverage, fillers), "stranger")
     with reverts("market: root mismatch"):
-        send(m, fn(b"\x01" * 32, receipts, signers, sig, coverage, fillers), "operator")
+        send(m, fn(b"\x01" * 32, receipts, buyers, signers, sig, coverage, fillers), "operator")
     with reverts("market: idle signer"):
         one_root = s.tree.leaves[0]  # a one-leaf tree's root is its leaf
-        send(m, fn(one_root, receipts[:1], signers, sig, coverage, [s.completions[1].trade.leaf]), "operator")
+        send(m, fn(one_root, receipts[:1], buyers, signers, sig, coverage, [s.completions[1].trade.leaf]), "operator")
     with reverts("market: stray receipt"):
-        send(m, fn(root, receipts, signers, sig, [], fillers), "operator")
+        send(m, fn(root, receipts, buyers, signers, sig, [], fillers), "operator")
     with reverts("market: empty batch"):
-        send(m, fn(root, [], signers, sig, coverage, fillers), "operator")
+        send(m, fn(root, [], buyers, signers, sig, coverage, fillers), "operator")
+    # signers swapped (each receipt's index follows, so only the order is wrong)
+    swap = [(r[0], r[1] ^ (1 << 16) if len(signers) == 2 else r[1], r[2]) for r in receipts]
+    with reverts("market: unsorted signers"):
+        send(m, fn(root, swap, buyers, signers[::-1], sig, coverage, fillers), "operator")
+    # a signer presented with another provider's key
+    wrong_key = [signers[0], (signers[1][0], *signers[0][1:])]
+    with reverts("market: unknown signer"):
+        send(m, fn(root, receipts, buyers, wrong_key, sig, coverage, fillers), "operator")
+    with reverts("market: bad buyer"):
+        send(m, fn(root, receipts, buyers[:0], signers, sig, coverage, fillers), "operator")
 
 
 # ----------------------------------------------------------------- refunds
@@ -320,6 +329,42 @@ def test_exit_waits_for_the_delay_then_returns_the_stake(m, travel):
     with reverts("market: not provider"):
         send(m, m.market.functions.request_exit(), "stranger")
 
+
+
+def test_an_exiting_provider_is_settled_only_while_its_stake_outlasts_the_dispute_window(m, travel):
+    day = 86400
+    orders = [m.order("buyer", deadline=m.now() + 8 * day) for _ in range(2)]
+    batch, recorded, _ = m.record(orders, [m.fill(o, "provider") for o in orders])
+    send(m, m.market.functions.request_exit(), "provider")
+    exit_at = m.market.functions.providers(m.roles["provider"]).call()[0]
+    # a day's disputes still fit before the stake may leave: it settles, into its earnings
+    s, r = m.settle([Completion(recorded[0], batch, 0, 3600, DIGEST)])
+    assert r["status"] == 1
+    assert bal(m, "provider") == PRICE
+    # within a dispute window of the exit a buyer could no longer reach the stake
+    travel(exit_at - m.now() - day)
+    with reverts("market: provider exiting"):
+        m.settle([Completion(recorded[1], batch, 1, 3600, DIGEST)])
+    # after the exit the earnings stay withdrawable, from the balance word
+    travel(day + 1)
+    send(m, m.market.functions.exit(), "provider")
+    assert list(m.market.functions.providers(m.roles["provider"]).call()) == [0, 0, 0]
+    assert bal(m, "provider") == PRICE
+    before = m.token.functions.balanceOf(m.roles["provider"]).call()
+    send(m, m.market.functions.withdraw(PRICE), "provider")
+    assert m.token.functions.balanceOf(m.roles["provider"]).call() == before + PRICE
+    assert bal(m, "provider") == 0
+
+
+def test_a_provider_withdraws_earnings_first_then_its_balance(m, two_trades):
+    _, _, completions = two_trades
+    m.settle(completions)
+    assert bal(m, "provider2") == PRICE  # earnings, in the provider's slot
+    send(m, m.market.functions.deposit(10), "provider2")  # and 10 in its balance word
+    send(m, m.market.functions.withdraw(PRICE + 5), "provider2")
+    assert bal(m, "provider2") == 5
+    with reverts("market: low balance"):
+        send(m, m.market.functions.withdraw(6), "provider2")
 
 # ------------------------------------------------------------------- admin
 def test_admin_rotates_operator_and_arbiter(m):

@@ -212,8 +212,8 @@ class MarketMachine(RuleBasedStateMachine):
              "data": contract.encode_abi(name, args=list(args))},
             "latest",
         )
-        (value,) = decode(self.world.outputs[contract.address, name], to_bytes(hexstr=raw))
-        return value
+        values = decode(self.world.outputs[contract.address, name], to_bytes(hexstr=raw))
+        return values[0] if len(values) == 1 else tuple(values)
 
     def token_balance(self, name: str) -> int:
         return int(self.view("balanceOf", self.m.roles[name], contract=self.m.token))
@@ -267,7 +267,12 @@ class MarketMachine(RuleBasedStateMachine):
 
     def settleable(self, trade_id: int) -> bool:
         t = self.trades[trade_id]
-        return t.status == OPEN and not self.expired(t) and self.state[self.name_of[t.rec.provider]] != 0
+        return t.status == OPEN and not self.expired(t) and self.settles(self.name_of[t.rec.provider])
+
+    def settles(self, provider: str) -> bool:
+        """The contract settles a provider whose stake stays for a whole dispute window."""
+        state = self.state[provider]
+        return state == 1 or (state != 0 and self.now() + WINDOW < state)
 
     def refundable(self, trade_id: int) -> bool:
         return self.refund_reason(self.trades[trade_id]) is None
@@ -284,8 +289,11 @@ class MarketMachine(RuleBasedStateMachine):
                 return "market: trade expired"
             if self.trades[c.trade.trade_id].status != OPEN:
                 return "market: trade not open"
-        if any(self.state[self.name_of[c.trade.provider]] == 0 for c in completions):
-            return "market: unknown signer"  # an exited provider's key is gone
+        for address in sorted({c.trade.provider for c in completions}, key=lambda a: int(a, 16)):
+            if self.state[self.name_of[address]] == 0:
+                return "market: unknown signer"  # an exited provider's key is gone
+            if not self.settles(self.name_of[address]):
+                return "market: provider exiting"
         return None
 
     def refund_reason(self, t: Trade, *, tampered: bool = False) -> str | None:
@@ -314,8 +322,7 @@ class MarketMachine(RuleBasedStateMachine):
         return Completion(t.rec, t.batch, t.position, gpu_seconds, next(self.digests))
 
     def record_call(self, orders: list[SignedOrder], fills: list[Any]) -> Any:
-        orders_abi, trades_abi, _ = record_args(orders, fills)
-        return self.m.market.functions.record_trades(orders_abi, trades_abi)
+        return self.m.market.functions.record_trades(*record_args(orders, fills).args)
 
     def unsigned_settle_call(self, completions: list[Completion]) -> Any:
         return self.m.market.functions.settle_batch(*self.m.settlement(completions).args(NO_SIGNATURE))
@@ -403,7 +410,7 @@ class MarketMachine(RuleBasedStateMachine):
             for provider, share in zip(providers, shares, strict=True):
                 price = data.draw(st.sampled_from([max_price, max_price // 2]), label="price")
                 fills.append(m.fill(o, provider, gpus=share, price=price, trade_id=next(self.ids)))
-        _, _, recorded = record_args(orders, fills)
+        recorded = record_args(orders, fills).recorded
         need: dict[str, int] = {}
         for t in recorded:
             need[self.name_of[t.buyer]] = need.get(self.name_of[t.buyer], 0) + t.lock
