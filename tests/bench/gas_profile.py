@@ -5,7 +5,9 @@ charges each step what it really cost (the drop in gas to the next step at the
 same depth, so a call is charged with everything it spent), and maps its
 program counter to a source line through the compiler's source map. Calldata
 and the transaction's base cost are not steps: they are the difference between
-``gasUsed`` and the traced execution.
+``gasUsed`` and the traced execution. The node must trace steps (anvil
+``--steps-tracing``). Under ``OPTIMIZE = "codesize"`` most of the code is shared
+subroutines the source map can't place: they are the "(unmapped)" row.
 """
 
 from __future__ import annotations
@@ -58,9 +60,6 @@ def line_costs(w3: Any, tx_hash: Any, path: Path) -> tuple[Counter[tuple[int, in
         executed += cost
         by_line[pcs.get(step["pc"], (-1, -1))] += cost
         by_op[step["op"]] += cost
-    print("  steps:", len(steps), "keys:", sorted(steps[0]) if steps else None,
-          "MSTORE count", sum(1 for s_ in steps if s_["op"] == "MSTORE"),
-          "MLOAD count", sum(1 for s_ in steps if s_["op"] == "MLOAD"))
     used = int(w3.eth.get_transaction_receipt(tx_hash)["gasUsed"])
     return by_line, by_op, used - executed
 
@@ -69,8 +68,11 @@ def print_profile(w3: Any, tx_hash: Any, path: Path, title: str, top: int = 25) 
     by_line, by_op, outside = line_costs(w3, tx_hash, path)
     lines = path.read_text().splitlines()
     total = sum(by_line.values()) + outside
-    print(f"\n{title}: {total:,} gas; calldata + base {outside:,}")
+    print(f"\n{title}: {total:,} gas; outside execution (base, calldata, refunds) {outside:,}")
     print("  by opcode: " + ", ".join(f"{op} {g:,}" for op, g in by_op.most_common(12)))
     for (src, line), gas in by_line.most_common(top):
-        text = lines[line - 1].strip() if src == 0 and 0 < line <= len(lines) else f"(module {src}, line {line})"
+        if src == 0 and 0 < line <= len(lines):
+            text = lines[line - 1].strip()
+        else:
+            text = "(unmapped)" if line < 0 else f"(module {src}, line {line})"
         print(f"  {gas:>9,}  {line:>4}  {text[:90]}")
