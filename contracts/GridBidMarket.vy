@@ -58,6 +58,11 @@ MAX_SEGMENTS: constant(uint256) = 16
 MAX_FILLERS: constant(uint256) = 512
 MAX_DEPTH: constant(uint256) = 16
 
+# ---------------------------------------------------- provider states
+# (any larger state is the time a requested exit is due)
+ACTIVE: constant(uint256) = 1
+SUSPENDED: constant(uint256) = 2  # stake below min_stake: no new trades, no settlement
+
 # ------------------------------------------------------- trade statuses
 UNKNOWN: constant(uint256) = 0
 OPEN: constant(uint256) = 1
@@ -135,8 +140,8 @@ struct Coverage:
 
 # ident = key tag << 104 | state << 64 | earned: one slot holds everything
 # settlement reads and writes of a signer. The key tag is the top 152 bits of
-# keccak256(pk0, pk1, pk2); state is 0 (none), 1 (active) or the time its
-# exit is due; earned is what settlements paid it and it has not withdrawn
+# keccak256(pk0, pk1, pk2); state is 0 (none), 1 (active), 2 (suspended:
+# stake below min_stake) or the time its exit is due; earned is what settlements paid it and it has not withdrawn
 # (its part of the free balance; past 2**64 it spills into the balance word).
 struct Provider:
     ident: uint256
@@ -161,6 +166,11 @@ event ProviderRegistered:
     provider: indexed(address)
     stake: uint256
     pubkey: Bytes[128]
+
+event StakeAdded:
+    provider: indexed(address)
+    amount: uint256
+    stake: uint256
 
 event ExitRequested:
     provider: indexed(address)
@@ -192,12 +202,14 @@ event DisputeOpened:
     buyer: indexed(address)
     provider: indexed(address)
     held: uint256
+    from_stake: uint256
 
 event DisputeResolved:
     trade_id: indexed(uint256)
     provider_paid: bool
     amount: uint256
     slashed: uint256
+    restaked: uint256
 
 event PausedSet:
     paused: bool
@@ -281,7 +293,8 @@ def balance_of(account: address) -> uint256:
 @view
 def providers(account: address) -> (uint256, uint256, uint256):
     """
-    @notice A provider's state (0 none, 1 active, else when its exit is due),
+    @notice A provider's state (0 none, 1 active, 2 suspended below the
+            minimum stake, else when its exit is due),
             stake, and the top 152 bits of keccak256 of its packed BLS key.
     """
     p: Provider = self._providers[account]
@@ -386,6 +399,26 @@ def register(pubkey: Bytes[128], pop: Bytes[256], stake: uint256):
 
 
 @external
+@nonreentrant
+def add_stake(amount: uint256):
+    """
+    @notice Top up the caller's stake (after `approve`). A provider suspended
+            because disputes took its stake below `min_stake` is active again
+            once the stake reaches it.
+    """
+    assert not self.paused, "market: paused"
+    assert amount > 0, "market: zero amount"
+    p: Provider = self._providers[msg.sender]
+    assert p.ident != 0, "market: not provider"
+    assert (p.ident >> 64) & U40 <= SUSPENDED, "market: exiting"
+    stake: uint256 = p.stake + amount
+    self._providers[msg.sender] = Provider(ident=self._standing(p.ident, stake), stake=stake)
+    self.total_staked += amount
+    log StakeAdded(provider=msg.sender, amount=amount, stake=stake)
+    assert extcall token.transferFrom(msg.sender, self, amount, default_return_value=True), "market: transfer failed"
+
+
+@external
 def request_exit():
     """
     @notice Stop taking trades; the stake can leave after `exit_delay`
@@ -393,7 +426,7 @@ def request_exit():
     """
     ident: uint256 = self._providers[msg.sender].ident
     assert ident != 0, "market: not provider"
-    assert (ident >> 64) & U40 == 1, "market: exiting"
+    assert (ident >> 64) & U40 <= SUSPENDED, "market: exiting"
     exit_at: uint256 = block.timestamp + exit_delay
     self._providers[msg.sender].ident = ident ^ (1 << 64) | exit_at << 64
     log ExitRequested(provider=msg.sender, exit_at=exit_at)
@@ -409,7 +442,7 @@ def exit():
     p: Provider = self._providers[msg.sender]
     assert p.ident != 0, "market: not provider"
     state: uint256 = (p.ident >> 64) & U40
-    assert state > 1, "market: exit not requested"
+    assert state > SUSPENDED, "market: exit not requested"
     assert block.timestamp >= state, "market: too early"
     stake: uint256 = p.stake
     self._providers[msg.sender] = empty(Provider)
@@ -444,7 +477,7 @@ def record_trades(
     domain: bytes32 = self._domain()
 
     for pi: uint256 in range(len(providers), bound=MAX_SIGNERS):
-        assert (self._providers[providers[pi]].ident >> 64) & U40 == 1, "market: bad provider"
+        assert (self._providers[providers[pi]].ident >> 64) & U40 == ACTIVE, "market: bad provider"
 
     # consent: one ecrecover per order, each order id used once
     fills: DynArray[uint256, MAX_ORDERS] = []  # per order: locked << 64 | GPUs filled
@@ -689,7 +722,8 @@ def settle_batch(
         ident: uint256 = self._providers[s.account].ident
         assert ident >> TAG_SHIFT << TAG_SHIFT == self._key_hash(s.pk0, s.pk1, s.pk2), "market: unknown signer"
         state: uint256 = (ident >> 64) & U40
-        assert state == 1 or block.timestamp + dispute_window < state, "market: provider exiting"
+        assert state != SUSPENDED, "market: provider suspended"
+        assert state == ACTIVE or block.timestamp + dispute_window < state, "market: provider exiting"
         # its pay joins its earnings in the same slot; past 2**64 they move to the balance word
         earned: uint256 = (ident & U64) + credits[i]
         if earned > U64:
@@ -784,41 +818,49 @@ def dispute(
     from_balance: uint256 = min(word & AMOUNT_MASK, paid - from_earned)
     self._balances[trade.provider] = word - from_balance
     from_stake: uint256 = min(p.stake, paid - from_earned - from_balance)
-    self._providers[trade.provider] = Provider(ident=p.ident - from_earned, stake=p.stake - from_stake)
+    self._providers[trade.provider] = Provider(
+        ident=self._standing(p.ident - from_earned, p.stake - from_stake), stake=p.stake - from_stake
+    )
     self.total_staked -= from_stake
     held: uint256 = from_earned + from_balance + from_stake
     self.disputes[trade.trade_id] = Dispute(
         buyer=trade.buyer, provider=trade.provider, held=held, from_stake=from_stake
     )
     self.total_held += held
-    log DisputeOpened(trade_id=trade.trade_id, buyer=trade.buyer, provider=trade.provider, held=held)
+    log DisputeOpened(trade_id=trade.trade_id, buyer=trade.buyer, provider=trade.provider, held=held, from_stake=from_stake)
 
 
 @external
 def resolve_dispute(trade_id: uint256, pay_provider: bool, slash: uint256):
     """
-    @notice Arbiter's ruling. `pay_provider`: the held amount goes back to
-            the provider. Otherwise it goes to the buyer, and the provider,
-            found at fault, is slashed up to `slash` from its stake, also to
-            the buyer.
+    @notice Arbiter's ruling. `pay_provider`: what was held goes back to
+            the provider, to its stake what came from its stake (to its free
+            balance if it has exited since). Otherwise it goes to the buyer,
+            and the provider, found at fault, is slashed up to `slash` from
+            its stake, also to the buyer. A stake that falls below min_stake
+            suspends the provider until `add_stake`.
     """
     assert msg.sender == self.arbiter, "market: not arbiter"
     d: Dispute = self.disputes[trade_id]
     assert d.buyer != empty(address), "market: no dispute"
     self.disputes[trade_id] = empty(Dispute)
     self.total_held -= d.held
+    p: Provider = self._providers[d.provider]
     slashed: uint256 = 0
+    restaked: uint256 = 0
     if pay_provider:
         assert slash == 0, "market: slash without fault"
-        # the provider was right: what was held (balance and stake) becomes free balance
-        self._credit(d.provider, d.held)
+        if p.ident != 0:
+            restaked = d.from_stake
+        self._credit(d.provider, d.held - restaked)
     else:
-        slashed = min(slash, self._providers[d.provider].stake)
-        if slashed > 0:
-            self._providers[d.provider].stake -= slashed
-            self.total_staked -= slashed
+        slashed = min(slash, p.stake)
         self._credit(d.buyer, d.held + slashed)
-    log DisputeResolved(trade_id=trade_id, provider_paid=pay_provider, amount=d.held, slashed=slashed)
+    if p.ident != 0:
+        stake: uint256 = p.stake + restaked - slashed
+        self._providers[d.provider] = Provider(ident=self._standing(p.ident, stake), stake=stake)
+        self.total_staked = self.total_staked + restaked - slashed
+    log DisputeResolved(trade_id=trade_id, provider_paid=pay_provider, amount=d.held, slashed=slashed, restaked=restaked)
 
 
 # ------------------------------------------------------------------ admin
@@ -881,6 +923,16 @@ def _set_status(trade_id: uint256, expected: uint256, new: uint256, reason: Stri
     word: uint256 = self.trade_status_words[key]
     assert (word >> offset) & 3 == expected, reason
     self.trade_status_words[key] = word ^ ((expected ^ new) << offset)
+
+
+@internal
+@view
+def _standing(ident: uint256, stake: uint256) -> uint256:
+    # active <-> suspended as the stake crosses min_stake; an exiting provider stays exiting
+    state: uint256 = (ident >> 64) & U40
+    if (state == ACTIVE and stake < min_stake) or (state == SUSPENDED and stake >= min_stake):
+        return ident ^ ((ACTIVE ^ SUSPENDED) << 64)
+    return ident
 
 
 @internal

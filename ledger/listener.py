@@ -17,7 +17,7 @@ from typing import Any
 from django.db import transaction
 
 from ledger.context import ChainContext
-from ledger.journal import Leg, balance_of, journal_append, journal_truncate
+from ledger.journal import Leg, journal_append, journal_truncate
 from ledger.models import (
     BatchState,
     ChainEvent,
@@ -121,6 +121,8 @@ def _legs(ctx: ChainContext, event: ChainEvent) -> list[Leg]:
         return [Leg("withdraw", f"wallet:{a['account']}", f"free:{a['account']}", int(a["amount"]))]
     if name == "ProviderRegistered":
         return [Leg("stake", f"stake:{a['provider']}", f"wallet:{a['provider']}", int(a["stake"]))]
+    if name == "StakeAdded":
+        return [Leg("stake", f"stake:{a['provider']}", f"wallet:{a['provider']}", int(a["amount"]))]
     if name == "ProviderExited":
         return [Leg("unstake", f"wallet:{a['provider']}", f"stake:{a['provider']}", int(a["stake"]))]
     if name == "TradesRecorded":
@@ -152,10 +154,10 @@ def _legs(ctx: ChainContext, event: ChainEvent) -> list[Leg]:
         return [Leg("refund", f"free:{a['buyer']}", f"locked:{a['buyer']}", int(a["amount"]), int(a["trade_id"]))]
     if name == "DisputeOpened":
         provider, held, trade_id = a["provider"], int(a["held"]), int(a["trade_id"])
-        from_balance = min(max(balance_of(f"free:{provider}"), 0), held)
+        from_stake = int(a["from_stake"])
         _advance_trades(Trade.objects.filter(pk=trade_id), TradeState.DISPUTED)
-        return [Leg("hold", f"held:{trade_id}", f"free:{provider}", from_balance, trade_id),
-                Leg("hold", f"held:{trade_id}", f"stake:{provider}", held - from_balance, trade_id)]
+        return [Leg("hold", f"held:{trade_id}", f"free:{provider}", held - from_stake, trade_id),
+                Leg("hold", f"held:{trade_id}", f"stake:{provider}", from_stake, trade_id)]
     if name == "DisputeResolved":
         trade_id = int(a["trade_id"])
         opened = ChainEvent.objects.filter(deployment=ctx.deployment, name="DisputeOpened", args__trade_id=trade_id).order_by("-block_number").first()
@@ -165,7 +167,9 @@ def _legs(ctx: ChainContext, event: ChainEvent) -> list[Leg]:
         buyer, provider = opened.args["buyer"], opened.args["provider"]
         if a["provider_paid"]:
             _advance_trades(Trade.objects.filter(pk=trade_id), TradeState.SETTLED)
-            return [Leg("release", f"free:{provider}", f"held:{trade_id}", int(a["amount"]), trade_id)]
+            restaked = int(a["restaked"])
+            return [Leg("release", f"free:{provider}", f"held:{trade_id}", int(a["amount"]) - restaked, trade_id),
+                    Leg("release", f"stake:{provider}", f"held:{trade_id}", restaked, trade_id)]
         _advance_trades(Trade.objects.filter(pk=trade_id), TradeState.REFUNDED)
         return [Leg("refund", f"free:{buyer}", f"held:{trade_id}", int(a["amount"]), trade_id),
                 Leg("slash", f"free:{buyer}", f"stake:{provider}", int(a["slashed"]), trade_id)]

@@ -258,6 +258,20 @@ def _exits_before_disputes_close(ctx: ChainContext, address: str, seen: dict[str
     return seen[key]
 
 
+def _suspended(ctx: ChainContext, address: str, seen: dict[str, bool]) -> bool:
+    """Whether disputes took a provider's stake below the minimum: the contract then refuses
+    to settle it ("market: provider suspended") until it tops the stake up. Only a provider
+    a buyer has disputed can be, so only those cost a call to the node."""
+    key = address.lower()
+    if key not in seen:
+        disputed = any(
+            str(e.args.get("provider", "")).lower() == key
+            for e in ChainEvent.objects.filter(deployment=ctx.deployment, name="DisputeOpened").only("args")
+        )
+        seen[key] = disputed and int(ctx.client.view(ctx.market, "providers", address)[0]) == 2
+    return seen[key]
+
+
 def settle_collect(*, ctx: ChainContext, limit: int = 256) -> SettleBatch | None:
     """Batch the recorded trades whose jobs finished with a receipt and ask each provider
     to co-sign the root (with the proof of one of its leaves)."""
@@ -271,6 +285,7 @@ def settle_collect(*, ctx: ChainContext, limit: int = 256) -> SettleBatch | None
     )
     entries: list[tuple[RecordItem, int, bytes]] = []
     exiting: dict[str, bool] = {}
+    suspended: dict[str, bool] = {}
     signers: set[str] = set()
     buyers: set[str] = set()
     for trade in candidates:
@@ -279,6 +294,8 @@ def settle_collect(*, ctx: ChainContext, limit: int = 256) -> SettleBatch | None
             continue
         if _exits_before_disputes_close(ctx, trade.provider.chain_address, exiting):
             continue  # the contract refuses it: its stake could leave before the buyer could dispute
+        if _suspended(ctx, trade.provider.chain_address, suspended):
+            continue  # the contract refuses it until its stake is back to the minimum
         signer, buyer = trade.provider.chain_address.lower(), trade.record_item.buyer.lower()
         if len(signers | {signer}) > MAX_SIGNERS or len(buyers | {buyer}) > MAX_BUYERS:
             continue  # the contract's bounds on one settlement: the next batch takes it

@@ -27,6 +27,7 @@ import httpx
 MARKET_FUNCTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "register": ("register(bytes,bytes,uint256)", ()),
     "withdraw": ("withdraw(uint256)", ()),
+    "add_stake": ("add_stake(uint256)", ()),
     "balance_of": ("balance_of(address)", ("uint256",)),
     "providers": ("providers(address)", ("uint256", "uint256", "uint256")),
     "min_stake": ("min_stake()", ("uint256",)),
@@ -253,6 +254,10 @@ class Market:
     def register(self, account: Any, *, pubkey_eip2537: bytes, pop_eip2537: bytes, stake: int) -> dict[str, Any]:
         data = calldata(MARKET_FUNCTIONS["register"][0], pubkey_eip2537, pop_eip2537, stake)
         return self.transact(account, self.info.market, data, what="registration")
+
+    def add_stake(self, account: Any, amount: int) -> dict[str, Any]:
+        data = calldata(MARKET_FUNCTIONS["add_stake"][0], amount)
+        return self.transact(account, self.info.market, data, what="stake top-up")
 
     def withdraw(self, account: Any, amount: int) -> dict[str, Any]:
         data = calldata(MARKET_FUNCTIONS["withdraw"][0], amount)

@@ -23,6 +23,7 @@ COMMANDS = {
     "jobs": "List jobs, show one, print its logs.",
     "earnings": "Show what this provider has sold and earned.",
     "withdraw": "Withdraw earnings on chain.",
+    "stake": "Top up the provider's stake on chain.",
 }
 
 

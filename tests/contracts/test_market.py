@@ -366,6 +366,64 @@ def test_a_provider_withdraws_earnings_first_then_its_balance(m, two_trades):
     with reverts("market: low balance"):
         send(m, m.market.functions.withdraw(6), "provider2")
 
+
+def _dispute_first(m, batch, recorded, s):
+    t = recorded[0]
+    record_tree = MerkleTree([x.leaf for x in recorded])
+    args = (t.as_abi(), batch, 0, record_tree.proof(0), 1800, DIGEST, s.root, 0, s.tree.proof(0))
+    return send(m, m.market.functions.dispute(*args), "buyer")
+
+
+def state_and_stake(m, who):
+    return list(m.market.functions.providers(m.roles[who]).call())[:2]
+
+
+def test_a_provider_slashed_below_the_minimum_is_suspended_until_it_tops_up(m, two_trades):
+    batch, recorded, completions = two_trades
+    later = m.order("buyer2")
+    batch2, recorded2, _ = m.record([later], [m.fill(later, "provider")])
+    s, _ = m.settle(completions)
+    _dispute_first(m, batch, recorded, s)
+    send(m, m.market.functions.resolve_dispute(recorded[0].trade_id, False, 10), "arbiter")
+    assert state_and_stake(m, "provider") == [2, 10**8 - 10]
+    # suspended: no new trades, and its open trade waits
+    o = m.order("buyer")
+    with reverts("market: bad provider"):
+        m.record([o], [m.fill(o, "provider")])
+    pending = [Completion(recorded2[0], batch2, 0, 3600, DIGEST)]
+    with reverts("market: provider suspended"):
+        m.settle(pending)
+    with reverts("market: zero amount"):
+        send(m, m.market.functions.add_stake(0), "provider")
+    with reverts("market: not provider"):
+        send(m, m.market.functions.add_stake(5), "stranger")
+    send(m, m.market.functions.add_stake(5), "provider")
+    assert state_and_stake(m, "provider") == [2, 10**8 - 5]
+    r = send(m, m.market.functions.add_stake(5), "provider")
+    assert events(m, r, "StakeAdded")[0]["args"]["stake"] == 10**8
+    assert state_and_stake(m, "provider") == [1, 10**8]
+    assert m.settle(pending)[1]["status"] == 1
+    # an exiting provider's stake only leaves
+    send(m, m.market.functions.request_exit(), "provider")
+    with reverts("market: exiting"):
+        send(m, m.market.functions.add_stake(5), "provider")
+
+
+def test_a_provider_found_right_gets_back_what_was_held_from_its_stake(m, two_trades):
+    batch, recorded, completions = two_trades
+    s, _ = m.settle(completions)
+    staked = m.market.functions.total_staked().call()
+    send(m, m.market.functions.withdraw(PRICE // 2), "provider")  # nothing free left to hold
+    r = _dispute_first(m, batch, recorded, s)
+    held = events(m, r, "DisputeOpened")[0]["args"]
+    assert (held["held"], held["from_stake"]) == (PRICE // 2, PRICE // 2)
+    assert state_and_stake(m, "provider") == [2, 10**8 - PRICE // 2]
+    r = send(m, m.market.functions.resolve_dispute(recorded[0].trade_id, True, 0), "arbiter")
+    assert events(m, r, "DisputeResolved")[0]["args"]["restaked"] == PRICE // 2
+    assert state_and_stake(m, "provider") == [1, 10**8]
+    assert bal(m, "provider") == 0
+    assert m.market.functions.total_staked().call() == staked
+
 # ------------------------------------------------------------------- admin
 def test_admin_rotates_operator_and_arbiter(m):
     r = send(m, m.market.functions.set_operator(m.roles["stranger"]), "admin")

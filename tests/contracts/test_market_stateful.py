@@ -190,7 +190,7 @@ class MarketMachine(RuleBasedStateMachine):
         self.free = {n: self.view("balance_of", self.m.roles[n]) for n in ACCOUNTS}
         self.wallet = {n: self.token_balance(n) for n in ACCOUNTS}
         self.stake = dict(STAKES)
-        self.state = dict.fromkeys(PROVIDERS, 1)  # 1 active, its exit time while leaving, 0 gone
+        self.state = dict.fromkeys(PROVIDERS, 1)  # 1 active, 2 suspended, its exit time while leaving, 0 gone
         self.trades: dict[int, Trade] = {}
         self.holds: dict[int, Hold] = {}
         self.payouts: dict[int, list[str]] = {}
@@ -260,7 +260,14 @@ class MarketMachine(RuleBasedStateMachine):
         return self.state[provider] == 1
 
     def exit_due(self, provider: str) -> bool:
-        return 1 < self.state[provider] <= self.now()
+        return 2 < self.state[provider] <= self.now()
+
+    def standing(self, provider: str) -> None:
+        """Active <-> suspended as its stake crosses the minimum; exiting stays exiting."""
+        if self.state[provider] == 1 and self.stake[provider] < MIN_STAKE:
+            self.state[provider] = 2
+        elif self.state[provider] == 2 and self.stake[provider] >= MIN_STAKE:
+            self.state[provider] = 1
 
     def expired(self, t: Trade) -> bool:
         return self.now() > t.rec.deadline + GRACE
@@ -272,7 +279,7 @@ class MarketMachine(RuleBasedStateMachine):
     def settles(self, provider: str) -> bool:
         """The contract settles a provider whose stake stays for a whole dispute window."""
         state = self.state[provider]
-        return state == 1 or (state != 0 and self.now() + WINDOW < state)
+        return state == 1 or (state > 2 and self.now() + WINDOW < state)
 
     def refundable(self, trade_id: int) -> bool:
         return self.refund_reason(self.trades[trade_id]) is None
@@ -292,6 +299,8 @@ class MarketMachine(RuleBasedStateMachine):
         for address in sorted({c.trade.provider for c in completions}, key=lambda a: int(a, 16)):
             if self.state[self.name_of[address]] == 0:
                 return "market: unknown signer"  # an exited provider's key is gone
+            if self.state[self.name_of[address]] == 2:
+                return "market: provider suspended"
             if not self.settles(self.name_of[address]):
                 return "market: provider exiting"
         return None
@@ -514,10 +523,12 @@ class MarketMachine(RuleBasedStateMachine):
         from_stake = min(self.stake[provider], t.settled.paid - from_balance)
         self.free[provider] -= from_balance
         self.stake[provider] -= from_stake
+        self.standing(provider)
         self.holds[t.rec.trade_id] = Hold(buyer, provider, from_balance + from_stake, from_stake)
         t.status = CLOSED
         self.statuses_written = True
-        assert self.event(receipt, "DisputeOpened")["held"] == from_balance + from_stake
+        ev = self.event(receipt, "DisputeOpened")
+        assert (ev["held"], ev["from_stake"]) == (from_balance + from_stake, from_stake)
         self.pay_again(t)
 
     @precondition(lambda self: self.holds)
@@ -537,23 +548,42 @@ class MarketMachine(RuleBasedStateMachine):
         receipt = self.act(fn(trade_id, pay_provider, slash), who, reason)
         if receipt is None:
             return
-        slashed = 0
+        slashed = restaked = 0
         if pay_provider:
-            self.free[h.provider] += h.held
+            # what came from the stake goes back to it, unless the provider has left
+            restaked = h.from_stake if self.state[h.provider] != 0 else 0
+            self.stake[h.provider] += restaked
+            self.free[h.provider] += h.held - restaked
         else:
             slashed = min(slash, self.stake[h.provider])
             self.stake[h.provider] -= slashed
             self.free[h.buyer] += h.held + slashed
+        self.standing(h.provider)
         del self.holds[trade_id]
         ev = self.event(receipt, "DisputeResolved")
-        assert (ev["provider_paid"], ev["amount"], ev["slashed"]) == (pay_provider, h.held, slashed)
+        assert (ev["provider_paid"], ev["amount"], ev["slashed"], ev["restaked"]) == (pay_provider, h.held, slashed, restaked)
         # a ruling pays once, either way
         for again in (True, False):
             self.refuse(fn(trade_id, again, 0), "arbiter", "market: no dispute")
 
     # ---------------------------------------------------------- providers
+    @rule(provider=st.sampled_from(PROVIDERS), amount=st.sampled_from([1, MIN_STAKE]))
+    def add_stake(self, provider: str, amount: int) -> None:
+        reason = None
+        if self.state[provider] == 0:
+            reason = "market: not provider"
+        elif self.state[provider] > 2:
+            reason = "market: exiting"
+        receipt = self.act(self.m.market.functions.add_stake(amount), provider, reason)
+        if receipt is None:
+            return
+        self.stake[provider] += amount
+        self.wallet[provider] -= amount
+        self.standing(provider)
+        assert self.event(receipt, "StakeAdded")["stake"] == self.stake[provider]
+
     # one provider leaves at most: the others keep the market trading
-    @precondition(lambda self: all(self.active(p) for p in PROVIDERS))
+    @precondition(lambda self: all(self.state[p] in (1, 2) for p in PROVIDERS))
     @rule(provider=st.sampled_from(PROVIDERS))
     def request_exit(self, provider: str) -> None:
         now = self.now()
@@ -574,7 +604,7 @@ class MarketMachine(RuleBasedStateMachine):
         reason = None
         if self.state[provider] == 0:
             reason = "market: not provider"
-        elif self.state[provider] == 1:
+        elif self.state[provider] in (1, 2):
             reason = "market: exit not requested"
         elif self.now() < self.state[provider]:
             reason = "market: too early"

@@ -149,7 +149,8 @@ class FakeChain:
         word = lambda *v: "0x" + encode(["uint256"] * len(v), list(v)).hex()  # noqa: E731
         if name == "providers":
             a = args[0].lower()
-            return word(1 if a in self.stake else 0, self.stake.get(a, 0), 0, 0, 0)
+            state = 0 if a not in self.stake else 1 if self.stake[a] >= self.min_stake else 2
+            return word(state, self.stake.get(a, 0), 0)
         if name == "min_stake":
             return word(self.min_stake)
         if name == "balance_of":
@@ -172,6 +173,15 @@ class FakeChain:
             if not dry:
                 self.stake[sender] = stake
                 self.tokens[sender] -= stake
+            return "0x"
+        if name == "add_stake":
+            if sender not in self.stake:
+                raise ch.Reverted("market: not provider")
+            if self.allowance[(sender, MARKET.lower())] < args[0]:
+                raise ch.Reverted("token: allowance")
+            if not dry:
+                self.stake[sender] += args[0]
+                self.tokens[sender] -= args[0]
             return "0x"
         if name == "withdraw":
             if self.free[sender] < args[0]:
@@ -374,3 +384,40 @@ def test_withdraw_from_an_unreachable_node_says_so(agent):
     agent.node.down = True
     r = agent.run("withdraw", "--rpc-url", "http://127.0.0.1:9")
     assert r.exit_code == 1 and "cannot reach the chain node at http://127.0.0.1:9" in r.flat
+
+
+# --- stake ---------------------------------------------------------------------------------
+def test_stake_tops_a_suspended_provider_up_to_the_minimum(agent):
+    agent.node.eth[agent.address] = 10**18
+    agent.node.stake[agent.address] = 40 * T  # a ruling slashed it below the 100-token minimum
+    agent.node.tokens[agent.address] = 70 * T
+    r = agent.run("stake")
+    assert r.exit_code == 0, r.output
+    assert agent.node.sent == ["approve", "add_stake"] and agent.node.stake[agent.address] == 100 * T
+    assert "Added 60 tokens of stake" in r.flat and "40 -> 100 (minimum 100)" in r.flat
+    assert "suspended: stake below the minimum -> active" in r.flat
+
+
+def test_stake_an_amount_above_the_minimum(agent):
+    agent.node.eth[agent.address] = 10**18
+    agent.node.stake[agent.address] = 100 * T
+    agent.node.tokens[agent.address] = 70 * T
+    r = agent.run("stake", "--amount", "25")
+    assert r.exit_code == 0, r.output
+    assert agent.node.stake[agent.address] == 125 * T and "active -> active" in r.flat
+
+
+@pytest.mark.parametrize("setup,args,msg", [
+    ({}, [], "not registered in the market contract"),
+    ({"stake": 100 * T}, [], "Nothing to add"),
+    ({"stake": 40 * T, "tokens": 10 * T}, [], "Not enough tokens"),
+    ({"stake": 40 * T}, ["--amount", "0"], "must be more than 0"),
+])
+def test_stake_says_why_it_sends_nothing(agent, setup, args, msg):
+    agent.node.eth[agent.address] = 10**18
+    if "stake" in setup:
+        agent.node.stake[agent.address] = setup["stake"]
+    agent.node.tokens[agent.address] = setup.get("tokens", 0)
+    r = agent.run("stake", *args)
+    assert msg in r.flat and agent.node.sent == []
+    assert r.exit_code == (0 if msg == "Nothing to add" else 2)
