@@ -275,3 +275,77 @@ class WithdrawView(_EscrowMove):
     @idempotent
     def post(self, request: Request) -> Response:
         return self._handle(request)
+
+
+# --- disputes ------------------------------------------------------------------------------------
+DISPUTE_RESPONSE = inline_serializer("DisputeRequest", {
+    "action": serializers.CharField(), "trade": serializers.IntegerField(), "state": serializers.CharField(),
+    "window_left_s": serializers.IntegerField(required=False), "transactions": serializers.ListField(child=serializers.DictField(), required=False),
+    "call": serializers.DictField(required=False, help_text="For a wallet: the transaction to send (to, from, data, chain_id)"),
+})
+
+
+def _trade_of(request: Request, trade_id: int) -> Trade:
+    trade = Trade.objects.filter(pk=trade_id).first()
+    if trade is None or not selectors.trade_visible(user=request.user, trade=trade):
+        raise NotFound(f"No trade {trade_id} of yours.")
+    return trade
+
+
+def _accepted(body: dict[str, Any]) -> Response:
+    if "transactions" in body:
+        # without an Idempotency-Key there is no surrounding transaction: the send already ran
+        body["transactions"] = escrow_transactions(keys=body["transactions"])
+        return Response(body, status=status.HTTP_202_ACCEPTED)
+    return Response(body)
+
+
+class DisputeView(APIView):
+    """Dispute a settled trade inside its dispute window: the contract holds what it paid
+    (from the provider's earnings, then its stake) for the arbiter. Custodial buyers: sent
+    by the server (202). Wallet buyers: the transaction to send from the wallet (200)."""
+
+    permission_classes = [ScopedAccess]
+    scopes = {"post": Scope.TRADE}
+
+    @extend_schema(request=None, responses={200: DISPUTE_RESPONSE, 202: DISPUTE_RESPONSE}, exclude=SCHEMA_EXCLUDES_WRITES)
+    @idempotent
+    def post(self, request: Request, trade_id: int) -> Response:
+        from ledger.disputes import dispute_request
+
+        trade = _trade_of(request, trade_id)
+        key = f"api:{request.user.pk}:{request.META.get(HEADER) or uuid.uuid4().hex}"
+        try:
+            return _accepted(dispute_request(user=request.user, trade=trade, key=key))
+        except ChainUnavailable as exc:
+            raise ChainUnavailableError(str(exc)) from exc
+
+
+class RulingSerializer(serializers.Serializer):
+    pay_provider = serializers.BooleanField(help_text="true: the provider was right and keeps the payment; false: refund the buyer")
+    slash = serializers.IntegerField(min_value=0, default=0, help_text="Token base units slashed from the provider's stake to the buyer (only with pay_provider false)")
+
+
+class RulingView(APIView):
+    """The arbiter's ruling on a disputed trade (operators). Sent by the server when its
+    operator key is the contract's arbiter (202); otherwise the transaction to send from the
+    arbiter's wallet (200)."""
+
+    permission_classes = [ScopedAccess]
+    scopes = {"post": Scope.OPERATE}
+
+    @extend_schema(request=RulingSerializer, responses={200: DISPUTE_RESPONSE, 202: DISPUTE_RESPONSE}, exclude=SCHEMA_EXCLUDES_WRITES)
+    @idempotent
+    def post(self, request: Request, trade_id: int) -> Response:
+        from ledger.disputes import ruling_request
+
+        if not is_operator(request):
+            raise PermissionDenied("Only operators rule on disputes.")
+        trade = _trade_of(request, trade_id)
+        data = RulingSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        key = f"api:{request.user.pk}:{request.META.get(HEADER) or uuid.uuid4().hex}"
+        try:
+            return _accepted(ruling_request(trade=trade, key=key, **data.validated_data))
+        except ChainUnavailable as exc:
+            raise ChainUnavailableError(str(exc)) from exc

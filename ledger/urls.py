@@ -9,6 +9,8 @@ urlpatterns = [
     path("escrow/", api.EscrowView.as_view(), name="ledger-escrow"),
     path("earnings/", api.EarningsView.as_view(), name="ledger-earnings"),
     path("trades/<int:trade_id>/", api.TradeLedgerView.as_view(), name="ledger-trade"),
+    path("trades/<int:trade_id>/dispute/", api.DisputeView.as_view(), name="ledger-dispute"),
+    path("trades/<int:trade_id>/ruling/", api.RulingView.as_view(), name="ledger-ruling"),
     path("deposit/", api.DepositView.as_view(), name="ledger-deposit"),
     path("withdraw/", api.WithdrawView.as_view(), name="ledger-withdraw"),
 ]

@@ -20,6 +20,7 @@ from ledger.escrow import (
 )
 from market.errors import DomainError
 from market.models import Trade
+from market.states import TradeState
 
 
 @login_required
@@ -56,14 +57,50 @@ def wallet(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def trade_page(request: HttpRequest, trade_id: int) -> HttpResponse:
-    """A trade's record and settlement transactions and its receipt's Merkle proof."""
+    """A trade's record and settlement transactions and its receipt's Merkle proof; its
+    buyer disputes a settled trade here, and an operator rules on a disputed one."""
     trade = Trade.objects.filter(pk=trade_id).select_related("provider", "buyer").first()
     if trade is None or not selectors.trade_visible(user=request.user, trade=trade):
         raise Http404("No such trade of yours")
+    if request.method == "POST":
+        _trade_action(request, trade)
+        return redirect("web:trade", trade_id=trade.pk)
     ledger = selectors.trade_ledger(trade=trade)
     s = ledger["settlement"]
     proof_inputs = None
     if s is not None:
         proof_inputs = {"trade": trade.pk, "gpu_seconds": s["gpu_seconds"], "digest": s["digest"], "leaf": s["leaf"],
                         "proof": s["proof"], "index": s["index"], "root": s["root"]}
-    return render(request, "ledger/trade.html", {"trade": trade, "ledger": ledger, "proof_inputs": proof_inputs})
+    return render(request, "ledger/trade.html", {
+        "trade": trade, "ledger": ledger, "proof_inputs": proof_inputs, "nonce": uuid.uuid4().hex,
+        "can_dispute": trade.state == TradeState.SETTLED and trade.buyer_id == request.user.pk,
+        "can_rule": trade.state == TradeState.DISPUTED and request.user.is_operator,
+    })
+
+
+def _trade_action(request: HttpRequest, trade: Trade) -> None:
+    from ledger.disputes import dispute_request, ruling_request
+
+    action = request.POST.get("action", "")
+    # the form's nonce names the request: a double submit sends one transaction
+    key = f"web:{request.user.pk}:{request.POST.get('nonce', '')[:64] or uuid.uuid4().hex}"
+    try:
+        if action == "dispute":
+            done = dispute_request(user=request.user, trade=trade, key=key)
+            if "call" in done:
+                messages.info(request, "Your escrow is your wallet's: send the dispute from it (the call is in the API's answer).")
+            else:
+                messages.success(request, f"Dispute sent: what trade {trade.pk} paid is held for the arbiter once the chain confirms it "
+                                          f"({done['window_left_s'] // 3600} h of the window were left).")
+        elif action in ("pay-provider", "refund-buyer") and request.user.is_operator:
+            slash = request.POST.get("slash", "0").strip() or "0"
+            done = ruling_request(trade=trade, pay_provider=action == "pay-provider",
+                                  slash=int(slash) if slash.isdigit() else slash, key=key)
+            if "call" in done:
+                messages.info(request, f"The arbiter is {done['call']['from']}, not this server's key: send the ruling from its wallet.")
+            else:
+                messages.success(request, "Ruling sent; the money moves once the chain confirms it.")
+        else:
+            messages.error(request, "Choose dispute, or (operators) pay the provider or refund the buyer.")
+    except (DomainError, ChainUnavailable) as exc:
+        messages.error(request, str(getattr(exc, "message", exc)))

@@ -529,3 +529,144 @@ def test_a_provider_whose_stake_could_leave_before_disputes_close_is_not_settled
     ctx.client.rpc("evm_mine")
     tasks.batches_settle.delay()
     assert not SettleBatch.objects.exists(), "its stake could leave before the buyer's dispute window closes"
+
+
+# --- disputes ---------------------------------------------------------------------------------
+def _settled_trade(ctx: Any, buyer: Any, provider_user: Any, make_offer: Any, make_bid: Any) -> tuple[Any, str, str]:
+    """A trade recorded and settled through the tasks, half its time used: (trade, buyer, provider)."""
+    from ledger import tasks
+    from ledger.models import SettleBatch
+    from market.models import Trade
+    from market.rounds import round_clear
+
+    bls_key = register_provider(ctx, provider_user)
+    buyer_address = fund_buyer(ctx, buyer, 1000 * TOKENS)
+    make_offer(provider_user, price=2 * TOKENS, count=8)
+    make_bid(buyer, gpus=4, max_price=3 * TOKENS, duration_s=3600)
+    round_clear()
+    trade = Trade.objects.get()
+    tasks.trades_record.delay()
+    sync_chain(ctx)
+    trade.refresh_from_db()
+    r = finish_with_receipt(trade, bls_key, trade.gpus * 1800)
+    tasks.batches_settle.delay()
+    agents_cosign(SettleBatch.objects.get(), {provider_user.provider.chain_address: bls_key}, {trade.pk: r})
+    tasks.batches_settle.delay()
+    sync_chain(ctx)
+    trade.refresh_from_db()
+    assert trade.state == "settled"
+    return trade, buyer_address, provider_user.provider.chain_address
+
+
+@pytest.mark.anvil
+def test_a_buyer_disputes_through_the_api_and_the_arbiter_refunds_and_slashes(
+    ctx: Any, buyer: Any, provider_user: Any, operator: Any, stranger: Any, make_offer: Any, make_bid: Any,
+    client_for: Any, django_capture_on_commit_callbacks: Any,
+) -> None:
+    from ledger.journal import account_balances, journal_verify
+
+    trade, buyer_address, provider = _settled_trade(ctx, buyer, provider_user, make_offer, make_bid)
+    paid = trade.price * trade.gpus * 1800 // 3600
+    url = f"/api/v1/ledger/trades/{trade.pk}/dispute/"
+    assert client_for(stranger).post(url).status_code == 404
+    assert client_for(provider_user).post(url).status_code == 409  # only its buyer disputes
+    with django_capture_on_commit_callbacks(execute=True):
+        r = client_for(buyer).post(url, HTTP_IDEMPOTENCY_KEY="d1")
+    assert r.status_code == 202, r.content
+    assert r.json()["window_left_s"] > 0 and r.json()["transactions"][0]["key"] == f"dispute:api:{buyer.pk}:d1"
+    sync_chain(ctx)
+    sync_chain(ctx)
+    trade.refresh_from_db()
+    assert trade.state == "disputed"
+    assert ctx.client.view(ctx.market, "total_held") == paid
+    assert account_balances()[f"held:{trade.pk}"] == paid
+    assert journal_verify(ctx=ctx) == []
+    again = client_for(buyer).post(url)
+    assert again.status_code == 409 and "disputed" in again.json()["error"]["message"]
+
+    ruling = f"/api/v1/ledger/trades/{trade.pk}/ruling/"
+    assert client_for(buyer).post(ruling, {"pay_provider": False, "slash": 5}, format="json").status_code == 403
+    bad = client_for(operator).post(ruling, {"pay_provider": True, "slash": 5}, format="json")
+    assert bad.status_code == 400 and "slash" in bad.json()["error"]["fields"]
+    with django_capture_on_commit_callbacks(execute=True):
+        r = client_for(operator).post(ruling, {"pay_provider": False, "slash": 5 * TOKENS}, format="json")
+    assert r.status_code == 202, r.content
+    sync_chain(ctx)
+    sync_chain(ctx)
+    trade.refresh_from_db()
+    assert trade.state == "refunded"
+    balances = account_balances()
+    lock = trade.price * trade.gpus * trade.duration_s // 3600
+    assert balances[f"free:{buyer_address}"] == 1000 * TOKENS - lock + (lock - paid) + paid + 5 * TOKENS
+    assert balances[f"stake:{provider}"] == 95 * TOKENS
+    state, stake, _ = ctx.client.view(ctx.market, "providers", provider)
+    assert (state, stake) == (2, 95 * TOKENS), "slashed below the minimum: suspended"
+    assert journal_verify(ctx=ctx) == []
+
+
+@pytest.mark.anvil
+def test_a_ruling_for_the_provider_puts_back_what_was_held_from_its_stake(
+    ctx: Any, buyer: Any, provider_user: Any, operator: Any, make_offer: Any, make_bid: Any,
+    client_for: Any, django_capture_on_commit_callbacks: Any,
+) -> None:
+    from ledger.chain import signer_from_hex
+    from ledger.journal import account_balances, journal_verify
+    from ledger.outbox import tx_submit
+
+    trade, _, provider = _settled_trade(ctx, buyer, provider_user, make_offer, make_bid)
+    paid = trade.price * trade.gpus * 1800 // 3600
+    account = signer_from_hex(PROVIDER_KEYS[0])
+    tx = tx_submit(client=ctx.client, signer=account, key="take-earnings", purpose="withdraw", call=ctx.market.functions.withdraw(paid))
+    assert ctx.client.wait(tx.tx_hash).succeeded
+    with django_capture_on_commit_callbacks(execute=True):
+        assert client_for(buyer).post(f"/api/v1/ledger/trades/{trade.pk}/dispute/").status_code == 202
+    sync_chain(ctx)
+    sync_chain(ctx)
+    assert account_balances()[f"stake:{provider}"] == 100 * TOKENS - paid, "nothing free: held from the stake"
+    assert ctx.client.view(ctx.market, "providers", provider)[0] == 2
+    with django_capture_on_commit_callbacks(execute=True):
+        r = client_for(operator).post(f"/api/v1/ledger/trades/{trade.pk}/ruling/", {"pay_provider": True}, format="json")
+    assert r.status_code == 202, r.content
+    sync_chain(ctx)
+    sync_chain(ctx)
+    trade.refresh_from_db()
+    assert trade.state == "settled"
+    assert account_balances()[f"stake:{provider}"] == 100 * TOKENS
+    assert tuple(ctx.client.view(ctx.market, "providers", provider))[:2] == (1, 100 * TOKENS)
+    assert journal_verify(ctx=ctx) == []
+
+
+@pytest.mark.anvil
+def test_the_trade_page_disputes_for_its_buyer_and_rules_for_an_operator(
+    ctx: Any, buyer: Any, provider_user: Any, operator: Any, make_offer: Any, make_bid: Any,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    from django.test import Client
+
+    trade, _, _ = _settled_trade(ctx, buyer, provider_user, make_offer, make_bid)
+    page = f"/trades/{trade.pk}/"
+    as_buyer, as_provider, as_operator = Client(), Client(), Client()
+    as_buyer.force_login(buyer)
+    as_provider.force_login(provider_user)
+    as_operator.force_login(operator)
+    assert b'value="dispute"' in as_buyer.get(page).content
+    assert b'value="dispute"' not in as_provider.get(page).content
+    with django_capture_on_commit_callbacks(execute=True):
+        r = as_buyer.post(page, {"action": "dispute", "nonce": "n1"}, follow=True)
+    assert b"Dispute sent" in r.content
+    sync_chain(ctx)
+    sync_chain(ctx)
+    trade.refresh_from_db()
+    assert trade.state == "disputed"
+    assert b'value="dispute"' not in as_buyer.get(page).content
+    shown = as_operator.get(page).content
+    assert b'value="pay-provider"' in shown and b'value="refund-buyer"' in shown
+    r = as_operator.post(page, {"action": "refund-buyer", "slash": "lots", "nonce": "n2"}, follow=True)
+    assert b"slash" in r.content and b"whole number" in r.content  # refused, nothing sent
+    with django_capture_on_commit_callbacks(execute=True):
+        r = as_operator.post(page, {"action": "refund-buyer", "slash": "0", "nonce": "n3"}, follow=True)
+    assert b"Ruling sent" in r.content
+    sync_chain(ctx)
+    sync_chain(ctx)
+    trade.refresh_from_db()
+    assert trade.state == "refunded"

@@ -1,0 +1,143 @@
+"""Disputes: a buyer contests a settled trade inside the dispute window, the arbiter rules.
+
+The contract takes the trade and its receipt again, each with its Merkle proof (against
+the record root and the settled completion root); ``dispute_call`` builds that call from
+the ledger's own records. A custodial buyer's dispute is signed with its custodial key
+and sent by the server; a wallet buyer gets the call to send from its wallet. The arbiter
+rules through the server when the server's operator key is the contract's arbiter (the
+dev chain); otherwise it gets the call to send from the arbiter's wallet.
+
+The money moves (the hold, the release or refund and slash) reach the journal from the
+confirmed events, like every other movement.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.db import transaction
+
+from contracts.batches import RecordedTrade
+from ledger.custody import custodial_signer
+from ledger.escrow import UNREACHABLE, ChainUnavailable, chain_for_writes
+from ledger.models import BatchState, CustodialKey, RecordItem, SettleItem
+from ledger.outbox import tx_submit
+from ledger.selectors import trade_ledger
+from ledger.wallet import is_wallet_buyer
+from market.errors import Conflict, DomainError
+from market.models import Trade, User
+from market.states import TradeState
+
+log = logging.getLogger("gridbid.ledger.disputes")
+
+__all__ = ["dispute_args", "dispute_request", "ruling_request"]
+
+
+def _recorded(item: RecordItem) -> RecordedTrade:
+    return RecordedTrade(item.trade_id, item.buyer, item.provider, item.price, item.gpus, item.duration, item.deadline)
+
+
+def dispute_args(trade: Trade) -> tuple[Any, ...]:
+    """The arguments of the contract's ``dispute`` for ``trade`` (settled, with a confirmed
+    record and settlement): the trade and its receipt, each with its Merkle proof."""
+    item = RecordItem.objects.filter(trade=trade, batch__state=BatchState.CONFIRMED).first()
+    settle = SettleItem.objects.filter(trade=trade, batch__state=BatchState.CONFIRMED).select_related("batch").first()
+    if item is None or settle is None or item.batch.number is None:
+        raise Conflict(f"Trade {trade.pk} has no confirmed settlement on chain to dispute.")
+    ledger = trade_ledger(trade=trade)
+    record, settlement = ledger["record"], ledger["settlement"]
+    return (
+        _recorded(item).as_abi(),
+        int(item.batch.number),
+        item.position,
+        [bytes.fromhex(p[2:]) for p in record["proof"]],
+        settle.gpu_seconds,
+        bytes.fromhex(settle.digest[2:]),
+        bytes.fromhex(settle.batch.root[2:]),
+        settle.index,
+        [bytes.fromhex(p[2:]) for p in settlement["proof"]],
+    )
+
+
+def _window_left(ctx: Any, trade: Trade) -> int:
+    """Seconds left to dispute a settled trade, by the chain's own clock."""
+    settle = SettleItem.objects.select_related("batch").get(trade=trade)
+    settled_at = int(ctx.client.view(ctx.market, "settled_at", bytes.fromhex(settle.batch.root[2:])))
+    window = int(ctx.client.view(ctx.market, "dispute_window"))
+    return settled_at + window - ctx.client.block_timestamp()
+
+
+def _calldata(ctx: Any, name: str, args: tuple[Any, ...], sender: str) -> dict[str, Any]:
+    """A call for the user's own wallet to send (eth_sendTransaction fields)."""
+    data = ctx.market.encode_abi(name, args=list(args))
+    return {"to": ctx.deployment.market_address, "from": sender, "data": data, "chain_id": ctx.chain_id}
+
+
+def dispute_request(*, user: User, trade: Trade, key: str) -> dict[str, Any]:
+    """Dispute a settled trade of ``user``'s. Custodial buyers: checked, then sent once the
+    database transaction commits (once per ``key``). Wallet buyers: the call to send."""
+    if trade.buyer_id != user.pk:
+        raise Conflict("Only the buyer of a trade can dispute it.")
+    if trade.state != TradeState.SETTLED:
+        raise Conflict(f"Trade {trade.pk} is {trade.state}: only a settled trade can be disputed, inside its dispute window.")
+    ctx = chain_for_writes()
+    args = dispute_args(trade)
+    try:
+        left = _window_left(ctx, trade)
+    except UNREACHABLE as exc:
+        raise ChainUnavailable(f"The chain node does not answer ({exc}).") from exc
+    if left < 0:
+        raise Conflict(f"The dispute window of trade {trade.pk} closed {-left:,} s ago.")
+    if is_wallet_buyer(user):
+        return {"action": "dispute", "trade": trade.pk, "state": "sign in your wallet",
+                "window_left_s": left, "call": _calldata(ctx, "dispute", args, user.chain_address)}
+    signer = custodial_signer(CustodialKey.objects.get(user=user))
+
+    def send() -> None:
+        try:
+            live = chain_for_writes()
+            tx_submit(client=live.client, signer=signer, key=f"dispute:{key}", purpose="dispute",
+                      call=live.market.functions.dispute(*args))
+        except (*UNREACHABLE, ChainUnavailable, Conflict) as exc:
+            log.warning("dispute of trade %s (%s) not sent: %s", trade.pk, key, exc)
+
+    transaction.on_commit(send)
+    return {"action": "dispute", "trade": trade.pk, "state": "accepted", "window_left_s": left,
+            "transactions": [f"dispute:{key}"]}
+
+
+def ruling_request(*, trade: Trade, pay_provider: Any, slash: Any, key: str) -> dict[str, Any]:
+    """The arbiter's ruling on a disputed trade: ``pay_provider`` (bool) and ``slash`` (token
+    base units from the provider's stake, only when the buyer was right)."""
+    errors: dict[str, list[str]] = {}
+    if not isinstance(pay_provider, bool):
+        errors["pay_provider"] = ["true (the provider was right: it keeps the payment) or false (refund the buyer)."]
+    if isinstance(slash, bool) or not isinstance(slash, int) or slash < 0 or slash >= 2**255:
+        errors["slash"] = ["A whole number of token base units, 0 or more."]
+    elif pay_provider is True and slash:
+        errors["slash"] = ["Only a provider found at fault is slashed: send 0 with pay_provider true."]
+    if errors:
+        raise DomainError("Invalid input. " + "; ".join(f"{k}: {v[0]}" for k, v in errors.items()), fields=errors)
+    if trade.state != TradeState.DISPUTED:
+        raise Conflict(f"Trade {trade.pk} is {trade.state}: only a disputed trade takes a ruling.")
+    ctx = chain_for_writes()
+    args = (trade.pk, pay_provider, slash)
+    try:
+        arbiter = str(ctx.client.view(ctx.market, "arbiter"))
+    except UNREACHABLE as exc:
+        raise ChainUnavailable(f"The chain node does not answer ({exc}).") from exc
+    if arbiter.lower() != ctx.operator.address.lower():
+        return {"action": "ruling", "trade": trade.pk, "state": "sign with the arbiter's wallet",
+                "call": _calldata(ctx, "resolve_dispute", args, arbiter)}
+
+    def send() -> None:
+        try:
+            live = chain_for_writes()
+            tx_submit(client=live.client, signer=live.operator, key=f"ruling:{key}", purpose="ruling",
+                      call=live.market.functions.resolve_dispute(*args))
+        except (*UNREACHABLE, ChainUnavailable) as exc:
+            log.warning("ruling on trade %s (%s) not sent: %s", trade.pk, key, exc)
+
+    transaction.on_commit(send)
+    return {"action": "ruling", "trade": trade.pk, "state": "accepted", "transactions": [f"ruling:{key}"]}
