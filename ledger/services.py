@@ -218,14 +218,25 @@ def _settlement(ctx: ChainContext, completions: list[Completion]) -> Any:
     record_batches = {}
     for rb in RecordBatch.objects.filter(deployment=ctx.deployment, number__in=numbers):
         record_batches[rb.number] = [_recorded(i) for i in rb.items.order_by("position")]
-    spellings = {form for c in completions for form in (c.trade.provider, c.trade.provider.lower(), to_checksum_address(c.trade.provider))}
-    keys = {
-        p.chain_address: bytes.fromhex(p.bls_public_key)
-        for p in Provider.objects.filter(chain_address__in=spellings).exclude(bls_public_key="")
-    }
     return settlement_args(
-        completions, record_batches, chain_id=ctx.chain_id, market=ctx.deployment.market_address, keys=keys
+        completions, record_batches, chain_id=ctx.chain_id, market=ctx.deployment.market_address,
+        keys=_registered_keys(ctx, {c.trade.provider for c in completions}),
     )
+
+
+def _registered_keys(ctx: ChainContext, addresses: set[str]) -> dict[str, bytes]:
+    """Each provider's BLS key as the contract holds it: from its (latest) ProviderRegistered
+    event, or, before the listener has seen that, the key the provider gave the market."""
+    wanted = {a.lower() for a in addresses}
+    keys: dict[str, bytes] = {}
+    for event in ChainEvent.objects.filter(deployment=ctx.deployment, name="ProviderRegistered").order_by("block_number", "log_index"):
+        address = str(event.args.get("provider", "")).lower()
+        if address in wanted:
+            keys[address] = bytes.fromhex(str(event.args["pubkey"])[2:])
+    spellings = {form for a in addresses if a.lower() not in keys for form in (a, a.lower(), to_checksum_address(a))}
+    for p in Provider.objects.filter(chain_address__in=spellings).exclude(bls_public_key=""):
+        keys.setdefault(p.chain_address.lower(), bytes.fromhex(p.bls_public_key))
+    return keys
 
 
 def _completions(items: list[SettleItem] | list[tuple[RecordItem, int, bytes]]) -> list[Completion]:
