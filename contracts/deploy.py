@@ -123,7 +123,7 @@ def deploy_all(
     """Deploy the market, and a TestToken first when no ``token`` address is given
     (``market_params``: ``deploy_market``'s times, stake and ``bls_verifier``).
 
-    Returns ``{"token": address, "market": address, "chain_id": ...}``.
+    Returns ``{"token": address, "market": address, "chain_id": ..., "bls_verifier": address}``.
     """
     if token is None:
         token = deploy_token(w3, deployer).address
@@ -136,4 +136,7 @@ def deploy_all(
         deployer=deployer,
         **market_params,
     )
-    return {"token": str(token), "market": str(market.address), "chain_id": str(w3.eth.chain_id)}
+    return {
+        "token": str(token), "market": str(market.address), "chain_id": str(w3.eth.chain_id),
+        "bls_verifier": str(market.functions.bls_verifier().call()),
+    }
