@@ -107,3 +107,33 @@ def chain_call(fn: Callable[[], Any]) -> Any:
         fail(f"the contract refused: {exc.reason}")
     except ChainError as exc:
         fail(str(exc))
+
+
+def amount_option(amount: str | None) -> int | None:
+    """The --amount of a chain command in base units (None when not given); exits 2 on a bad one."""
+    from providers.agent.pricing import PricingError, parse_amount
+
+    if amount is None:
+        return None
+    try:
+        value = parse_amount(amount)
+    except PricingError as exc:
+        fail(f"--amount: {exc}", 2)
+    if value <= 0:
+        fail("--amount must be more than 0.", 2)
+    return value
+
+
+def provider_on_chain(ctx: click.Context, config: Any, rpc_url: str | None, nothing: str) -> tuple[Any, Any]:
+    """(the provider's Ethereum account, the market's contracts): for the commands that send
+    from the provider's address. Exits 2 with ``nothing``: why, when there is no chain."""
+    from providers.agent import keys
+
+    try:
+        account = keys.load_eth(home_of(ctx))
+    except keys.KeyError_ as exc:
+        fail(str(exc), 2)
+    market, why_not = chain_for(config, client_for(config), rpc_url)
+    if market is None:
+        fail(f"{nothing}: {why_not}.", 2)
+    return account, market

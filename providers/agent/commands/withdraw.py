@@ -17,29 +17,13 @@ def command(ctx: click.Context, amount: str | None, rpc_url: str | None) -> None
     """
     from rich.table import Table
 
-    from providers.agent import keys
     from providers.agent.chain import tokens
-    from providers.agent.commands import chain_call, chain_for, client_for, console, home_of, load
-    from providers.agent.pricing import PricingError, parse_amount
+    from providers.agent.commands import amount_option, chain_call, console, load, provider_on_chain
 
-    home = home_of(ctx)
     config = load(ctx)
     out = console()
-    wanted = None
-    if amount is not None:
-        try:
-            wanted = parse_amount(amount)
-        except PricingError as exc:
-            fail(f"--amount: {exc}", 2)
-        if wanted <= 0:
-            fail("--amount must be more than 0.", 2)
-    try:
-        account = keys.load_eth(home)
-    except keys.KeyError_ as exc:
-        fail(str(exc), 2)
-    market, why_not = chain_for(config, client_for(config), rpc_url)
-    if market is None:
-        fail(f"Nothing to withdraw on chain: {why_not}.", 2)
+    wanted = amount_option(amount)
+    account, market = provider_on_chain(ctx, config, rpc_url, "Nothing to withdraw on chain")
     address = account.address
     free = int(chain_call(lambda: market.market_view("balance_of", address)))
     if free == 0:
