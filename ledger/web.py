@@ -18,6 +18,7 @@ from ledger.escrow import (
     faucet_request,
     tokens_held,
 )
+from ledger.wallet import is_wallet_buyer
 from market.errors import DomainError
 from market.models import Trade
 from market.states import TradeState
@@ -75,6 +76,7 @@ def trade_page(request: HttpRequest, trade_id: int) -> HttpResponse:
         "trade": trade, "ledger": ledger, "proof_inputs": proof_inputs, "nonce": uuid.uuid4().hex,
         "can_dispute": trade.state == TradeState.SETTLED and trade.buyer_id == request.user.pk,
         "can_rule": trade.state == TradeState.DISPUTED and request.user.is_operator,
+        "wallet_buyer": is_wallet_buyer(request.user),
     })
 
 

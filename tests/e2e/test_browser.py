@@ -158,6 +158,13 @@ def test_a_new_buyer_funds_escrow_bids_and_watches_the_job_run_and_settle(page, 
     assert page.text_content("#settle-tx").startswith("0x")
     shot(page, "trade-settled")
 
+    # the job was not what was bought: the buyer disputes inside the window
+    page.click("button[value=dispute]")
+    page.wait_for_selector(".msg.success:has-text('Dispute sent')")
+    reload_until(page, "h1 .pill", "disputed")
+    assert page.query_selector("button[value=dispute]") is None
+    shot(page, "trade-disputed")
+
 
 WALLET = "0x9965507D1a55bcC2695C58ba16FB37d819B0A4dc"  # anvil's dev account 5: anvil holds its key and signs for it
 OPERATOR = "0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266"  # anvil's dev account 0: the dev chain's operator and token minter
@@ -214,3 +221,9 @@ def test_a_wallet_buyer_links_deposits_and_signs_its_order_in_the_browser_wallet
     page.wait_for_selector("tr[data-order] .pill.state-matched", timeout=40_000)
     page.wait_for_selector("[data-trade-state].state-settled", timeout=120_000)
     shot(page, "orders-wallet-settled")
+
+    # a wallet buyer's dispute is sent from its wallet
+    page.click("[data-trade-state]")
+    page.click("[data-dispute-trade]")
+    page.wait_for_selector("#wallet-message.ok:has-text('mined')", timeout=60_000)
+    reload_until(page, "h1 .pill", "disputed")

@@ -1,6 +1,6 @@
 /* Browser wallets (EIP-1193, window.ethereum): say whether one is present, link it to the
    account with a signed one-time message, deposit from it, and sign each bid's EIP-712
-   order in it. Without a wallet, orders are signed by the custodial key and none of this
+   order in it, and send its disputes. Without a wallet, orders are signed by the custodial key and none of this
    shows. Every request goes to our own API with the session and its CSRF token. */
 (function () {
   "use strict";
@@ -133,6 +133,28 @@
     });
   }
 
-  function start() { presence(); linkButton(); depositForm(); orderButtons(); }
+  // a wallet buyer's dispute: the server builds the call (trade, receipt, both Merkle
+  // proofs), the wallet sends it; the page follows the trade once the chain confirms it
+  function disputeButtons() {
+    document.querySelectorAll("[data-dispute-trade]").forEach((button) => {
+      button.addEventListener("click", async () => {
+        if (!window.ethereum) { say("No browser wallet in this browser: your escrow is your wallet's, dispute from it.", false); return; }
+        button.disabled = true;
+        try {
+          const answer = await api("POST", `/api/v1/ledger/trades/${button.dataset.disputeTrade}/dispute/`);
+          const { from, to, data } = answer.call;
+          const hash = await window.ethereum.request({ method: "eth_sendTransaction", params: [{ from, to, data }] });
+          say(`Dispute sent from your wallet (${hash.slice(0, 10)}…); waiting for the chain…`, true);
+          await waitMined(hash);
+          say("Dispute sent and mined: what this trade paid is held for the arbiter.", true);
+        } catch (e) {
+          button.disabled = false;
+          say("The dispute did not go through: " + walletError(e), false);
+        }
+      });
+    });
+  }
+
+  function start() { presence(); linkButton(); depositForm(); orderButtons(); disputeButtons(); }
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start); else start();
 })();
