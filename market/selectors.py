@@ -228,8 +228,15 @@ def operator_overview() -> dict[str, Any]:
         for m in Machine.objects.filter(state=MachineState.OFFLINE).select_related("provider").order_by("last_heartbeat", "id")[:50]
     ]
     from ledger.journal import reconciliation_status
+    from market.states import TradeState
 
+    disputes = [
+        {"trade": t.pk, "buyer": t.buyer.username, "provider": t.provider.display_name, "gpus": t.gpus,
+         "model": t.gpu_model_id, "amount": t.amount}
+        for t in Trade.objects.filter(state=TradeState.DISPUTED).select_related("buyer", "provider").order_by("id")[:50]
+    ]
     return {
+        "disputes": disputes,
         "reconciliation": reconciliation_status(),
         "rounds": rounds,
         "trade_states": by_state(Trade.objects.all()),

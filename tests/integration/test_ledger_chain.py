@@ -659,6 +659,7 @@ def test_the_trade_page_disputes_for_its_buyer_and_rules_for_an_operator(
     trade.refresh_from_db()
     assert trade.state == "disputed"
     assert b'value="dispute"' not in as_buyer.get(page).content
+    assert f'href="{page}">rule'.encode() in as_operator.get("/operator/").content  # listed as open
     shown = as_operator.get(page).content
     assert b'value="pay-provider"' in shown and b'value="refund-buyer"' in shown
     r = as_operator.post(page, {"action": "refund-buyer", "slash": "lots", "nonce": "n2"}, follow=True)
