@@ -7,6 +7,7 @@ installs it from npm) the server runs without settlement and says so in one line
 
 from __future__ import annotations
 
+import logging
 import subprocess
 from dataclasses import dataclass
 
@@ -17,6 +18,8 @@ from ledger.chain import ChainClient, signer_from_hex
 from ledger.chain.anvil import AnvilNotFound, find_anvil, start_anvil, stop_anvil
 from ledger.context import ANVIL_DEV_KEY, DEV_CHAIN_ID, chain_context_reset, operator_signer
 from ledger.models import Deployment
+
+log = logging.getLogger("gridbid.ledger.devchain")
 
 # anvil's well-known dev accounts 1 and 2 (their keys are public): demo providers and wallet buyers
 DEMO_KEYS = (
@@ -58,18 +61,29 @@ def devchain_start(*, port: int | None = None) -> DevChain | None:
 
 
 def deployment_ensure(client: ChainClient, *, rpc_url: str = "", fund: tuple[str, ...] = ()) -> Deployment:
-    """The active deployment on this chain if its code is still there, else a fresh one.
+    """The active deployment on this chain if its code is still there and current, else a
+    fresh one.
 
-    On a chain restarted without its state file the old addresses are empty: the old
-    row is deactivated and the contracts are deployed again."""
+    On a chain restarted without its state file the old addresses are empty; after an
+    upgrade of GridBid the market there is an older contract than the one this code talks
+    to. Either way the old row is deactivated and the contracts are deployed again (on
+    the dev chain: what the old market held stays in it)."""
+    from contracts.compile import load_artifact
     from contracts.deploy import deploy_all
 
     chain_id = client.chain_id
     current = Deployment.objects.filter(chain_id=chain_id, active=True).order_by("-id").first()
-    if current is not None and client.has_code(current.market_address):
-        if rpc_url and current.rpc_url != rpc_url:
-            Deployment.objects.filter(pk=current.pk).update(rpc_url=rpc_url)
-        return current
+    if current is not None:
+        # the deployed code is the compiled runtime followed by the immutables' values
+        runtime = bytes.fromhex(load_artifact("GridBidMarket")["deployedBytecode"].removeprefix("0x"))
+        code = client.code(current.market_address)
+        if code.startswith(runtime):
+            if rpc_url and current.rpc_url != rpc_url:
+                Deployment.objects.filter(pk=current.pk).update(rpc_url=rpc_url)
+            return current
+        if code:
+            log.warning("the market at %s is an older contract than this GridBid's: deploying the current one",
+                        current.market_address)
     Deployment.objects.filter(chain_id=chain_id, active=True).update(active=False)
     operator = operator_signer(chain_id)
     token = settings.CONFIG.token_address

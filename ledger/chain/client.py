@@ -175,7 +175,10 @@ class ChainClient:
         return int(self._retry(self.w3.eth.get_transaction_count, Web3.to_checksum_address(address), "pending"))
 
     def has_code(self, address: str) -> bool:
-        return len(self._retry(self.w3.eth.get_code, Web3.to_checksum_address(address))) > 0
+        return len(self.code(address)) > 0
+
+    def code(self, address: str) -> bytes:
+        return bytes(self._retry(self.w3.eth.get_code, Web3.to_checksum_address(address)))
 
     def eth_balance(self, address: str) -> int:
         return int(self._retry(self.w3.eth.get_balance, Web3.to_checksum_address(address)))

@@ -671,3 +671,18 @@ def test_the_trade_page_disputes_for_its_buyer_and_rules_for_an_operator(
     sync_chain(ctx)
     trade.refresh_from_db()
     assert trade.state == "refunded"
+
+
+@pytest.mark.anvil
+def test_the_dev_chain_keeps_a_current_market_and_redeploys_an_older_one(ctx: Any) -> None:
+    from ledger.devchain import deployment_ensure
+    from ledger.models import Deployment
+
+    kept = deployment_ensure(ctx.client)
+    assert kept.pk == ctx.deployment.pk, "the market there is this code's: kept"
+    # code at the address, but not this GridBid's market (as after an upgrade)
+    Deployment.objects.filter(pk=kept.pk).update(market_address=ctx.deployment.token_address)
+    fresh = deployment_ensure(ctx.client)
+    assert fresh.pk != kept.pk and fresh.active and not Deployment.objects.get(pk=kept.pk).active
+    assert ctx.client.code(fresh.market_address) != ctx.client.code(ctx.deployment.token_address)
+    assert deployment_ensure(ctx.client).pk == fresh.pk
