@@ -133,8 +133,8 @@ def class_lp(
     maximum is read off directly; the pruned pairs of a bid matter only if
     ``rest[b]`` (the candidate search's bound on their scores) exceeds it,
     and those bids are priced out by a scan of their views at ``lam``. Pairs
-    that beat the columns' maximum join as columns and the LP is solved
-    again (column generation), up to ``rounds`` times or until the bound is
+    that beat the columns' maximum join as columns and HiGHS carries on from
+    its last basis (column generation, ``_WarmLP``), up to ``rounds`` times or until the bound is
     within ``CG_TOLERANCE`` of the LP over the columns; the last scan's
     maxima stand in the bound, so it holds even when rounds run out.
     All of it is integer arithmetic except HiGHS's prices, which only need
@@ -145,14 +145,17 @@ def class_lp(
     pb, po, ps = cols
     added = 0
     sol: tuple[float, F64, F64] | None = None
+    lp = _WarmLP(mkt, free)
+    lp.add(pb, po, ps)
     for it in range(rounds + 1):
-        sol = _lp(mkt, pb, po, ps, free)
+        sol = lp.solve()
         if sol is None:
             return None
         value, x, lam_f = sol
         lam = np.floor(np.maximum(lam_f, 0.0) + 1e-9).astype(np.int64)
         bound, (nb_, no_, ns_) = bound_at(mkt, bids, (pb, po, ps), free, lam, rest, views, skip)
         if len(nb_) and it < rounds and bound - value > CG_TOLERANCE * bound:
+            lp.add(nb_, no_, ns_)
             pb = np.concatenate([pb, nb_])
             po = np.concatenate([po, no_])
             ps = np.concatenate([ps, ns_])
@@ -255,6 +258,87 @@ def lagrange_bound(
             if stall >= 3:
                 mu, stall = mu / 2, 0
     return bound_at(mkt, bids, cols, free, best_lam, rest, views, skip)[0]
+
+
+try:  # the HiGHS that scipy ships (what linprog runs), driven directly to keep its basis
+    from scipy.optimize._highspy import _core as _highs
+except ImportError:  # pragma: no cover - another scipy layout: cold solves through linprog
+    _highs = None
+
+
+class _WarmLP:
+    """The class LP kept in one HiGHS model across rounds of column generation: new
+    columns join the model and the next solve starts from the last basis (a few simplex
+    iterations, not a solve from scratch: about half the engine's time at 10k). Every
+    divisibility row that can cut is there from the start; one no column uses is empty
+    and its price is 0, so the LP is the same as ``_lp``'s. Uses the HiGHS bundled with
+    scipy (``_highs``); where scipy does not ship it, each round is a cold ``_lp``."""
+
+    def __init__(self, mkt: Market, free: I64) -> None:
+        self.mkt, self.free = mkt, free
+        self.cols: list[tuple[I64, I64, I64]] = []
+        if _highs is None:  # pragma: no cover
+            return
+        nb, no = len(mkt.bids), len(mkt.offers)
+        caps = cut_caps(free)
+        self.cut_row = np.full((no, CUT_TIERS), -1, dtype=np.int64)
+        rhs = [np.ones(nb), caps[:, 0].astype(np.float64)]
+        top = nb + no
+        for j in range(1, CUT_TIERS):
+            offs = np.flatnonzero(caps[:, j] < caps[:, 0])
+            self.cut_row[offs, j] = top + np.arange(len(offs))
+            rhs.append(caps[offs, j].astype(np.float64))
+            top += len(offs)
+        self.nb, self.no, self.rows = nb, no, top
+        h = _highs._Highs()
+        h.setOptionValue("output_flag", False)
+        h.setOptionValue("threads", 1)
+        h.setOptionValue("random_seed", 0)
+        upper = np.concatenate(rhs)
+        none = np.zeros(0, dtype=np.int32)
+        h.addRows(top, np.full(top, -_highs.kHighsInf), upper, 0, none, none, np.zeros(0))
+        h.changeObjectiveSense(_highs.ObjSense.kMaximize)
+        self.h = h
+
+    def add(self, pb: I64, po: I64, ps: I64) -> None:
+        n = len(pb)
+        self.cols.append((pb, po, ps))
+        if n == 0 or _highs is None:
+            return
+        mkt = self.mkt
+        g = mkt.b_gpus[pb].astype(np.float64)
+        jp = size_tier(mkt.b_gpus[pb], mkt.b_same[pb])
+        col = np.arange(n)
+        rows, cols, vals = [pb, self.nb + po], [col, col], [np.ones(n), g]
+        for j in range(1, CUT_TIERS):
+            r = self.cut_row[po, j]
+            sel = (jp >= j) & (r >= 0)
+            rows.append(r[sel])
+            cols.append(col[sel])
+            vals.append(g[sel])
+        a = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(self.rows, n)).tocsc()
+        self.h.addCols(n, ps.astype(np.float64), np.zeros(n), np.ones(n), a.nnz, a.indptr[:-1].astype(np.int32),
+                       a.indices.astype(np.int32), a.data)
+
+    def solve(self) -> tuple[float, F64, F64] | None:
+        if _highs is None:  # pragma: no cover
+            pb, po, ps = (np.concatenate(c) for c in zip(*self.cols, strict=True))
+            return _lp(self.mkt, pb, po, ps, self.free)
+        no = self.no
+        if sum(len(c[0]) for c in self.cols) == 0:
+            return 0.0, np.zeros(0), np.zeros((no, CUT_TIERS))
+        self.h.run()
+        if self.h.getModelStatus() != _highs.HighsModelStatus.kOptimal:
+            return None
+        sol = self.h.getSolution()
+        # maximising under <= rows, HiGHS's row duals are the prices (>= 0; clip round-off)
+        dual = np.maximum(np.asarray(sol.row_dual, dtype=np.float64), 0.0)
+        lam = np.zeros((no, CUT_TIERS), dtype=np.float64)
+        lam[:, 0] = dual[self.nb : self.nb + no]
+        for j in range(1, CUT_TIERS):
+            has = self.cut_row[:, j] >= 0
+            lam[has, j] = dual[self.cut_row[has, j]]
+        return float(self.h.getInfo().objective_function_value), np.asarray(sol.col_value, dtype=np.float64), lam
 
 
 def _lp(mkt: Market, pb: I64, po: I64, ps: I64, free: I64) -> tuple[float, F64, F64] | None:
