@@ -426,9 +426,10 @@ def request_exit():
     """
     ident: uint256 = self._providers[msg.sender].ident
     assert ident != 0, "market: not provider"
-    assert (ident >> 64) & U40 <= SUSPENDED, "market: exiting"
+    state: uint256 = (ident >> 64) & U40
+    assert state <= SUSPENDED, "market: exiting"
     exit_at: uint256 = block.timestamp + exit_delay
-    self._providers[msg.sender].ident = ident ^ (1 << 64) | exit_at << 64
+    self._providers[msg.sender].ident = ident - (state << 64) + (exit_at << 64)
     log ExitRequested(provider=msg.sender, exit_at=exit_at)
 
 

@@ -409,6 +409,19 @@ def test_a_provider_slashed_below_the_minimum_is_suspended_until_it_tops_up(m, t
         send(m, m.market.functions.add_stake(5), "provider")
 
 
+def test_a_suspended_provider_can_still_leave(m, two_trades):
+    batch, recorded, completions = two_trades
+    s, _ = m.settle(completions)
+    _dispute_first(m, batch, recorded, s)
+    send(m, m.market.functions.resolve_dispute(recorded[0].trade_id, False, 10), "arbiter")
+    assert state_and_stake(m, "provider")[0] == 2
+    r = send(m, m.market.functions.request_exit(), "provider")
+    exit_at = events(m, r, "ExitRequested")[0]["args"]["exit_at"]
+    assert state_and_stake(m, "provider") == [exit_at, 10**8 - 10]
+    with reverts("market: exiting"):
+        send(m, m.market.functions.request_exit(), "provider")
+
+
 def test_a_provider_found_right_gets_back_what_was_held_from_its_stake(m, two_trades):
     batch, recorded, completions = two_trades
     s, _ = m.settle(completions)
