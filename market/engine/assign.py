@@ -35,8 +35,7 @@ from .market import F64, I64, BidViews, Candidates, Market, top_candidates, unfi
 
 Part = tuple[int, int, int]  # offer index, GPUs, score
 FIT_TOLERANCE = 0.0
-LP_CG_COLUMNS = 150_000  # above this many columns, one round of column generation
-LP_CG_ROUNDS = 6  # rounds of column generation below it; it stops sooner once the bound meets the LP
+LP_CG_ROUNDS = 6  # rounds of column generation (warm-started); it stops sooner once the bound meets the LP
 LP_MAX_COLUMNS = 400_000  # above this, greedy + a Lagrangian-priced bound instead of the LP
 
 
@@ -283,8 +282,7 @@ class Solver:
             self.greedy(bids)
             got = sum(p[2] for b in bids for p in self.assigned.get(b, ()))
             return lagrange_bound(self.mkt, arr, (pb, po, ps), free, rest, views, skip, got)
-        rounds = LP_CG_ROUNDS if len(pb) <= LP_CG_COLUMNS else 1
-        lp = class_lp(self.mkt, arr, (pb, po, ps), free, rest, views, rounds=rounds, skip=skip)
+        lp = class_lp(self.mkt, arr, (pb, po, ps), free, rest, views, rounds=LP_CG_ROUNDS, skip=skip)
         if lp is None:  # pragma: no cover - HiGHS failing on a feasible LP
             self.greedy(bids)
             return None
