@@ -18,12 +18,12 @@ from typing import Any
 
 from django.db import transaction
 
-from contracts.batches import RecordedTrade
 from ledger.custody import custodial_signer
 from ledger.escrow import UNREACHABLE, ChainUnavailable, chain_for_writes
-from ledger.models import BatchState, CustodialKey, RecordItem, SettleItem
+from ledger.models import BatchState, CustodialKey, RecordItem
 from ledger.outbox import tx_submit
 from ledger.selectors import trade_ledger
+from ledger.services import recorded_trade
 from ledger.wallet import is_wallet_buyer
 from market.errors import Conflict, DomainError
 from market.models import Trade, User
@@ -34,36 +34,30 @@ log = logging.getLogger("gridbid.ledger.disputes")
 __all__ = ["dispute_args", "dispute_request", "ruling_request"]
 
 
-def _recorded(item: RecordItem) -> RecordedTrade:
-    return RecordedTrade(item.trade_id, item.buyer, item.provider, item.price, item.gpus, item.duration, item.deadline)
-
-
 def dispute_args(trade: Trade) -> tuple[Any, ...]:
     """The arguments of the contract's ``dispute`` for ``trade`` (settled, with a confirmed
     record and settlement): the trade and its receipt, each with its Merkle proof."""
-    item = RecordItem.objects.filter(trade=trade, batch__state=BatchState.CONFIRMED).first()
-    settle = SettleItem.objects.filter(trade=trade, batch__state=BatchState.CONFIRMED).select_related("batch").first()
-    if item is None or settle is None or item.batch.number is None:
-        raise Conflict(f"Trade {trade.pk} has no confirmed settlement on chain to dispute.")
     ledger = trade_ledger(trade=trade)
     record, settlement = ledger["record"], ledger["settlement"]
+    confirmed = (record or {}).get("state") == BatchState.CONFIRMED and (settlement or {}).get("state") == BatchState.CONFIRMED
+    if not confirmed or record["batch"] is None:
+        raise Conflict(f"Trade {trade.pk} has no confirmed settlement on chain to dispute.")
     return (
-        _recorded(item).as_abi(),
-        int(item.batch.number),
-        item.position,
+        recorded_trade(RecordItem.objects.get(trade=trade)).as_abi(),
+        int(record["batch"]),
+        record["position"],
         [bytes.fromhex(p[2:]) for p in record["proof"]],
-        settle.gpu_seconds,
-        bytes.fromhex(settle.digest[2:]),
-        bytes.fromhex(settle.batch.root[2:]),
-        settle.index,
+        settlement["gpu_seconds"],
+        bytes.fromhex(settlement["digest"][2:]),
+        bytes.fromhex(settlement["root"][2:]),
+        settlement["index"],
         [bytes.fromhex(p[2:]) for p in settlement["proof"]],
     )
 
 
-def _window_left(ctx: Any, trade: Trade) -> int:
-    """Seconds left to dispute a settled trade, by the chain's own clock."""
-    settle = SettleItem.objects.select_related("batch").get(trade=trade)
-    settled_at = int(ctx.client.view(ctx.market, "settled_at", bytes.fromhex(settle.batch.root[2:])))
+def _window_left(ctx: Any, args: tuple[Any, ...]) -> int:
+    """Seconds left to dispute, by the chain's own clock (``args``: the dispute's, root at 6)."""
+    settled_at = int(ctx.client.view(ctx.market, "settled_at", args[6]))
     window = int(ctx.client.view(ctx.market, "dispute_window"))
     return settled_at + window - ctx.client.block_timestamp()
 
@@ -84,7 +78,7 @@ def dispute_request(*, user: User, trade: Trade, key: str) -> dict[str, Any]:
     ctx = chain_for_writes()
     args = dispute_args(trade)
     try:
-        left = _window_left(ctx, trade)
+        left = _window_left(ctx, args)
     except UNREACHABLE as exc:
         raise ChainUnavailable(f"The chain node does not answer ({exc}).") from exc
     if left < 0:

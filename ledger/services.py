@@ -209,7 +209,8 @@ def batch_record(*, ctx: ChainContext, limit: int = 256) -> RecordBatch | None:
 
 
 # --- settle --------------------------------------------------------------------------------
-def _recorded(item: RecordItem) -> RecordedTrade:
+def recorded_trade(item: RecordItem) -> RecordedTrade:
+    """A recorded trade as the contract locked it, from its ledger row (to prove it again)."""
     return RecordedTrade(item.trade_id, item.buyer, item.provider, item.price, item.gpus, item.duration, item.deadline)
 
 
@@ -217,7 +218,7 @@ def _settlement(ctx: ChainContext, completions: list[Completion]) -> Any:
     numbers = {c.batch for c in completions}
     record_batches = {}
     for rb in RecordBatch.objects.filter(deployment=ctx.deployment, number__in=numbers):
-        record_batches[rb.number] = [_recorded(i) for i in rb.items.order_by("position")]
+        record_batches[rb.number] = [recorded_trade(i) for i in rb.items.order_by("position")]
     return settlement_args(
         completions, record_batches, chain_id=ctx.chain_id, market=ctx.deployment.market_address,
         keys=_registered_keys(ctx, {c.trade.provider for c in completions}),
@@ -246,7 +247,7 @@ def _completions(items: list[SettleItem] | list[tuple[RecordItem, int, bytes]]) 
             ri, gpu_seconds, digest = entry.record_item, entry.gpu_seconds, bytes.fromhex(entry.digest[2:])
         else:
             ri, gpu_seconds, digest = entry
-        out.append(Completion(trade=_recorded(ri), batch=int(ri.batch.number or 0), position=ri.position, gpu_seconds=gpu_seconds, digest=digest))
+        out.append(Completion(trade=recorded_trade(ri), batch=int(ri.batch.number or 0), position=ri.position, gpu_seconds=gpu_seconds, digest=digest))
     return out
 
 

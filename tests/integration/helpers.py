@@ -7,6 +7,8 @@ import socket
 import time
 from typing import Any
 
+from tests.agent_loop import tick_until
+
 OPERATOR_KEY = "0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80"
 PROVIDER_KEYS = [
     "0x5de4111afa1a4b94908f83103eb1f1706367c2e68ca870fc3fb9a804cdab365a",
@@ -119,12 +121,4 @@ class DjangoTransport:
 
 
 def drive(agent, done, timeout=20.0):
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        agent.tick()
-        if done():
-            return
-        time.sleep(0.05)
-    raise AssertionError("the agent did not get there in time")
+    tick_until(agent, done, timeout)

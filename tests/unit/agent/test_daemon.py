@@ -24,6 +24,7 @@ from providers.agent.receipts import (
     spec_message,
 )
 from providers.agent.state import State
+from tests.agent_loop import tick_until
 
 PY = sys.executable
 MACHINE = 11
@@ -108,13 +109,7 @@ def assignment(trade: int, code: str, *, job: int | None = None, gpus=(0, 1), **
 
 
 def run_until(agent: Agent, done, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        agent.tick()
-        if done():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not reached")
+    tick_until(agent, done, timeout)
 
 
 def test_a_job_runs_and_is_reported_with_a_signed_receipt(tmp_path, key):
