@@ -39,6 +39,36 @@ LP_CG_ROUNDS = 6  # rounds of column generation (warm-started); it stops sooner 
 LP_MAX_COLUMNS = 400_000  # above this, greedy + a Lagrangian-priced bound instead of the LP
 
 
+_Snapshot = tuple[list[int], dict[tuple[int, int, int], int], dict[int, list["Part"]]]
+
+
+@dataclass
+class _LpMulti:
+    """The LP's view of a class's multi-machine bids: per bid the GPUs it put
+    on each offer, its LP mass (1 = whole) and its LP value."""
+
+    gpus: dict[int, dict[int, float]]
+    mass: F64
+    val: F64
+
+    @classmethod
+    def of(cls, mkt: Market, pb: I64, po: I64, ps: I64, x: F64) -> _LpMulti:
+        gpus: dict[int, dict[int, float]] = {}
+        for i in np.flatnonzero(x > 1e-6).tolist():
+            b, o = int(pb[i]), int(po[i])
+            gpus.setdefault(b, {})[o] = float(x[i]) * float(mkt.b_gpus[b])
+        n = len(mkt.bids)
+        mass: F64 = np.bincount(pb, weights=x, minlength=n).astype(np.float64)
+        val: F64 = np.bincount(pb, weights=x * ps, minlength=n).astype(np.float64)
+        return cls(gpus, mass, val)
+
+    def whole(self, mkt: Market) -> list[int]:
+        """The bids the LP fills whole, largest LP value first."""
+        w = np.flatnonzero(self.mass >= 0.999)
+        out: list[int] = w[np.lexsort((mkt.bids_id[w], -self.val[w]))].tolist()
+        return out
+
+
 @dataclass
 class State:
     free: list[int]
@@ -282,7 +312,8 @@ class Solver:
             self.greedy(bids)
             got = sum(p[2] for b in bids for p in self.assigned.get(b, ()))
             return lagrange_bound(self.mkt, arr, (pb, po, ps), free, rest, views, skip, got)
-        lp = class_lp(self.mkt, arr, (pb, po, ps), free, rest, views, rounds=LP_CG_ROUNDS, skip=skip)
+        lp = class_lp(self.mkt, arr, (pb, po, ps), free, rest, views, rounds=LP_CG_ROUNDS, skip=skip,
+                      fills=self.cand.views)
         if lp is None:  # pragma: no cover - HiGHS failing on a feasible LP
             self.greedy(bids)
             return None
@@ -290,63 +321,103 @@ class Solver:
         return lp.bound
 
     def round_lp(self, bids: list[int], pb: I64, po: I64, ps: I64, x: F64, price: F64) -> None:
-        """Round an LP solution: its integral part stands, a small MILP settles
-        the fractional rest, then pairs by LP weight and score net of the
-        offer's shadow price, then the greedy for what is still open."""
+        """Round an LP solution into whole assignments.
+
+        The LP's integral single-machine part stands as it is. What is left -
+        the fractional single-machine bids and the multi-machine bids - compete
+        for the same leftover GPUs, and which goes first matters: the
+        fractional bids' MILP and the multi-machine fills each take what the
+        LP shared between them. Both orders are tried from the same state and
+        the one worth more is kept (the multi-machine bids first on a tie).
+        Either way, multi-machine bids the LP wanted that found no room get one
+        more MILP with the tenants of their buckets (``_repair_multi``), then
+        pairs by LP weight and net score, then the greedy, fill what is open.
+        """
         mkt = self.mkt
-        st = self.state
         same = mkt.b_same[pb]
-        mass = np.bincount(pb[~same], weights=x[~same], minlength=len(mkt.bids))
-        val = np.bincount(pb[~same], weights=(x * ps)[~same], minlength=len(mkt.bids))
-        lp_gpus: dict[int, dict[int, float]] = {}
-        for i in np.flatnonzero(~same & (x > 1e-6)).tolist():
-            b_, o_ = int(pb[i]), int(po[i])
-            lp_gpus.setdefault(b_, {})[o_] = float(x[i]) * float(mkt.b_gpus[b_])
+        multi = _LpMulti.of(mkt, pb[~same], po[~same], ps[~same], x[~same])
         pb, po, ps, x, price = pb[same], po[same], ps[same], x[same], price[same]
         # 1. the integral part of the LP solution stands as it is
         sure = np.flatnonzero(x >= 0.999)
         for i in sure[np.lexsort((mkt.o_id[po[sure]], mkt.bids_id[pb[sure]]))].tolist():
             self._try(int(pb[i]), int(po[i]), int(ps[i]))
-        # 2. multi-machine bids the LP fills whole, largest LP value first
-        whole = np.flatnonzero(mass >= 0.999)
-        for b in whole[np.lexsort((mkt.bids_id[whole], -val[whole]))].tolist():
-            parts = self.lp_multi(b, lp_gpus[b]) or self.best_multi(b)
+        start = self._snapshot()
+        best: tuple[int, _Snapshot] | None = None
+        for multi_first in (True, False):
+            if best is not None:
+                self._restore(start)
+            if multi_first:
+                self._multi_whole(multi)
+            self._frac_milp(pb, po, ps, x)
+            if not multi_first:
+                self._multi_whole(multi)
+            wanted = sorted(b for b in multi.gpus if b not in self.assigned)
+            if wanted:
+                on = self._tenants(int(mkt.b_klass[wanted[0]]))
+                for b in sorted(wanted, key=lambda b: (-float(multi.val[b]), int(mkt.bids_id[b]))):
+                    self._evict_for_multi(b, on)
+            self._fill_open(bids, pb, po, ps, x, price)
+            got = sum(p[2] for b in bids for p in self.assigned.get(b, ()))
+            if best is None or got > best[0]:
+                best = (got, self._snapshot())
+        assert best is not None
+        self._restore(best[1])
+
+    def _snapshot(self) -> _Snapshot:
+        st = self.state
+        return list(st.free), dict(st.used), dict(self.assigned)
+
+    def _restore(self, snap: _Snapshot) -> None:
+        self.state.free = list(snap[0])
+        self.state.used = dict(snap[1])
+        self.assigned = dict(snap[2])
+
+    def _multi_whole(self, multi: _LpMulti) -> None:
+        """Multi-machine bids the LP fills whole, largest LP value first."""
+        for b in multi.whole(self.mkt):
+            if b in self.assigned:
+                continue
+            parts = self.lp_multi(b, multi.gpus[b]) or self.best_multi(b)
             if parts is not None:
                 self.place(b, parts)
-        # 3. the fractional rest is small: solve it as a MILP on what is left
+
+    def _frac_milp(self, pb: I64, po: I64, ps: I64, x: F64) -> None:
+        """The fractional single-machine rest is small: solve it as a MILP on
+        what is left, with the current tenants of the machines it competes for
+        when that stays small (the LP's integral part is not always the MILP's)."""
+        mkt, st = self.mkt, self.state
         frac = np.unique(pb[(x > 1e-6) & (x < 0.999)])
         frac = frac[[int(b) not in self.assigned for b in frac.tolist()]]
-        if len(frac):
-            # free the machines the fractional bids compete for, so the MILP
-            # may rearrange their current tenants too (the LP's integral part
-            # is not always the MILP's)
-            touched = set(po[np.isin(pb, frac)].tolist())
-            mine = set(pb.tolist())
-            tenants = sorted(
-                b for b, q in self.assigned.items() if b in mine and q[0][0] in touched
-            )
-            grp = np.union1d(frac, np.asarray(tenants, dtype=np.int64))
-            saved: dict[int, list[Part]] = {}
-            if int(np.isin(pb, grp).sum()) <= self.milp_pairs:
-                saved = {b: self.unplace(b) for b in tenants}
-                frac = grp
-            keep = np.isin(pb, frac)
-            qb, qo, qs = pb[keep], po[keep], ps[keep]
-            if len(qb) <= self.milp_pairs:
-                free = np.asarray(st.free, dtype=np.int64)
-                pick = milp_pick(mkt, qb, qo, qs, free, self.milp_nodes)
-                # a node-limited MILP may stop at a weak incumbent: keep it only when it
-                # is worth at least what the tenants it displaced were
-                if int(qs[pick].sum()) < sum(p[2] for parts in saved.values() for p in parts):
-                    pick = np.zeros(0, dtype=np.int64)
-                    for b, parts in saved.items():
-                        self.place(b, parts)
-                for i in pick.tolist():
-                    self._try(int(qb[i]), int(qo[i]), int(qs[i]))
-            else:
-                for b, parts in saved.items():
-                    self.place(b, parts)
-        # 4. whatever is still open: by LP weight, then score net of shadow price
+        if not len(frac):
+            return
+        touched = set(po[np.isin(pb, frac)].tolist())
+        mine = set(pb.tolist())
+        tenants = sorted(b for b, q in self.assigned.items() if b in mine and q[0][0] in touched)
+        grp = np.union1d(frac, np.asarray(tenants, dtype=np.int64))
+        saved: dict[int, list[Part]] = {}
+        if int(np.isin(pb, grp).sum()) <= self.milp_pairs:
+            saved = {b: self.unplace(b) for b in tenants}
+            frac = grp
+        keep = np.isin(pb, frac)
+        qb, qo, qs = pb[keep], po[keep], ps[keep]
+        if len(qb) > self.milp_pairs:
+            for b, parts in saved.items():
+                self.place(b, parts)
+            return
+        pick = milp_pick(mkt, qb, qo, qs, np.asarray(st.free, dtype=np.int64), self.milp_nodes)
+        # a node-limited MILP may stop at a weak incumbent: keep it only when it
+        # is worth at least what the tenants it displaced were
+        if int(qs[pick].sum()) < sum(p[2] for parts in saved.values() for p in parts):
+            pick = np.zeros(0, dtype=np.int64)
+            for b, parts in saved.items():
+                self.place(b, parts)
+        for i in pick.tolist():
+            self._try(int(qb[i]), int(qo[i]), int(qs[i]))
+
+    def _fill_open(self, bids: list[int], pb: I64, po: I64, ps: I64, x: F64, price: F64) -> None:
+        """Whatever is still open: pairs by LP weight, then score net of the
+        offer's shadow price, then the greedy."""
+        mkt = self.mkt
         net = ps - mkt.b_gpus[pb] * price
         xr = np.round(x, 6)
         order = np.lexsort((mkt.o_id[po], mkt.bids_id[pb], -ps, -net, -xr))
@@ -355,6 +426,93 @@ class Solver:
                 break
             self._try(int(pb[i]), int(po[i]), int(ps[i]))
         self.greedy([b for b in bids if b not in self.assigned])
+
+    def _tenants(self, klass: int) -> dict[int, list[int]]:
+        """Per offer, the single-machine bids of ``klass`` placed on it."""
+        mkt = self.mkt
+        on: dict[int, list[int]] = {}
+        for t in sorted(self.assigned):
+            q = self.assigned[t]
+            if len(q) == 1 and mkt.b_klass[t] == klass and mkt.b_same[t]:
+                on.setdefault(q[0][0], []).append(t)
+        return on
+
+    def _evict_for_multi(self, b: int, on: dict[int, list[int]]) -> None:
+        """Make room for multi-machine bid ``b`` in the one of its buckets where
+        that is worth most: move single-machine bids of its class off the
+        bucket's offers (lowest surplus per GPU first) until its GPUs are free,
+        place it, and let the moved bids take their next-best places. Kept
+        only when ``b``'s surplus beats what the moved bids lose."""
+        best: tuple[int, int] | None = None  # net gain, index of the view key
+        keys = list(self.cand.views[b])
+        for i in range(len(keys)):
+            net = self._evict_move(b, keys[i], on, keep=False)
+            if net is not None and net > 0 and (best is None or net > best[0]):
+                best = (net, i)
+        if best is not None:
+            self._evict_move(b, keys[best[1]], on, keep=True)
+
+    def _evict_move(self, b: int, key: tuple[int, int, int], on: dict[int, list[int]], keep: bool) -> int | None:
+        """Make room for ``b`` in ``key``'s bucket, moving tenants (``on``: per
+        offer, the single-machine bids of ``b``'s class on it); undone unless
+        ``keep`` and it gains. The net surplus gained, or None when ``b``
+        cannot fit there."""
+        mkt, st = self.mkt, self.state
+        g = int(mkt.b_gpus[b])
+        bucket = (key[0], key[1])
+        if not st.fair_ok(self.buyer[b], bucket, g):
+            return None
+        maxp = int(mkt.b_maxp[b])
+        offs: set[int] = set()
+        for o in mkt.views[key].tolist():
+            if mkt.o_ask[o] > maxp:
+                break
+            if mkt.offer_ok(b, o, check_gpus=False) and mkt.value(b, o) > 0:
+                offs.add(o)
+        room = sum(st.free[o] for o in offs)
+        if not offs or room >= g:  # nothing to move (best_multi already had its chance)
+            return None
+        tenants = sorted(
+            (self.assigned[t][0][2] / int(mkt.b_gpus[t]), int(mkt.bids_id[t]), t)
+            for o in offs
+            for t in on.get(o, ())
+        )
+        evict: list[int] = []
+        for _, _, t in tenants:
+            if room >= g:
+                break
+            evict.append(t)
+            room += int(mkt.b_gpus[t])
+        if room < g:
+            return None
+        saved = {t: self.unplace(t) for t in evict}
+        lost = sum(p[2] for q in saved.values() for p in q)
+        parts = self.best_multi(b, only=bucket)
+        if parts is None:
+            for t, q in saved.items():
+                self.place(t, q)
+            return None
+        self.place(b, parts)
+        gain = sum(p[2] for p in parts)
+        moved: list[int] = []
+        for t in evict:
+            alt = self.option(t)
+            if alt is not None:
+                self.place(t, alt)
+                moved.append(t)
+                gain += sum(p[2] for p in alt)
+        if keep and gain > lost:
+            for t, q in saved.items():
+                on[q[0][0]].remove(t)
+            for t in moved:
+                on.setdefault(self.assigned[t][0][0], []).append(t)
+            return gain - lost
+        for t in moved:
+            self.unplace(t)
+        self.unplace(b)
+        for t, q in saved.items():
+            self.place(t, q)
+        return gain - lost
 
     def refill(self, bids: list[int], kmax: int, passes: int = 4) -> None:
         """Give bids whose lists ran dry fresh lists over what is still free.

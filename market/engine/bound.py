@@ -16,6 +16,8 @@ covers every feasible pair, kept or pruned (``class_lp``, ``bound_at``).
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +31,7 @@ from .market import (
     BidViews,
     Market,
     cut_caps,
+    pair_scores,
     price_out,
     size_tier,
     tier_prices,
@@ -67,17 +70,43 @@ def milp_pick(
         vals.append(g[sel])
         rhs.append(caps[used, j].astype(np.float64))
         top += len(used)
-    a = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(top, n)).tocsr()
-    res = milp(
-        -pair_score.astype(np.float64),
-        constraints=LinearConstraint(a, -np.inf, np.concatenate(rhs)),
-        integrality=np.ones(n),
-        bounds=Bounds(0, 1),
-        options={"node_limit": node_limit, "mip_rel_gap": rel_gap},
-    )
-    if res.x is None:
+    a = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(top, n)).tocsc()
+    hi = np.concatenate(rhs)
+    x = _mip(a, pair_score.astype(np.float64), np.ones(n), np.full(len(hi), -np.inf), hi, node_limit, rel_gap)
+    if x is None:
         return np.zeros(0, dtype=np.int64)
-    return np.flatnonzero(np.asarray(res.x) > 0.5).astype(np.int64)
+    return np.flatnonzero(x > 0.5).astype(np.int64)
+
+
+def _mip(a: object, obj: F64, ub: F64, lo: F64, hi: F64, node_limit: int, rel_gap: float) -> F64 | None:
+    """Maximise ``obj @ x`` over integers ``0 <= x <= ub``, ``lo <= a @ x <= hi``
+    (``a`` in CSC) with HiGHS, single-threaded, seeded and node-limited so the
+    answer does not depend on the machine. HiGHS's root reduced-cost heuristic
+    is off: on these assignment models it took more than half the time for
+    incumbents no better than the other heuristics'. Without scipy's bundled
+    HiGHS, scipy's ``milp`` with the same limits."""
+    from scipy.sparse import csc_matrix
+
+    assert isinstance(a, csc_matrix)
+    n = a.shape[1]
+    if _highs is None:  # pragma: no cover
+        res = milp(-obj, constraints=LinearConstraint(a, lo, hi), integrality=np.ones(n), bounds=Bounds(0, ub),
+                   options={"node_limit": node_limit, "mip_rel_gap": rel_gap})
+        return None if res.x is None else np.asarray(res.x, dtype=np.float64)
+    h = _highs._Highs()
+    for k, v in (("output_flag", False), ("threads", 1), ("random_seed", 0), ("mip_max_nodes", node_limit),
+                 ("mip_rel_gap", rel_gap), ("mip_heuristic_run_root_reduced_cost", False)):
+        h.setOptionValue(k, v)
+    none = np.zeros(0, dtype=np.int32)
+    h.addRows(a.shape[0], lo, hi, 0, none, none, np.zeros(0))
+    h.addCols(n, obj, np.zeros(n), ub, a.nnz, a.indptr[:-1].astype(np.int32), a.indices.astype(np.int32), a.data)
+    h.changeObjectiveSense(_highs.ObjSense.kMaximize)
+    h.changeColsIntegrality(n, np.arange(n, dtype=np.int32), np.full(n, _highs.HighsVarType.kInteger, dtype=np.uint8))
+    h.run()
+    sol = np.asarray(h.getSolution().col_value, dtype=np.float64)
+    if len(sol) != n or not h.getSolution().value_valid:
+        return None
+    return sol
 
 
 CG_TOLERANCE = 1e-3  # column generation stops once the bound is this close to the LP
@@ -112,6 +141,7 @@ def class_lp(
     views: BidViews | None,
     rounds: int = 3,
     skip: dict[tuple[int, int], I64] | None = None,
+    fills: Sequence[list[tuple[int, int, int]]] | BidViews | None = None,
 ) -> ClassLP | None:
     """The LP relaxation of one class on the capacity left by higher classes,
     over its candidate pairs, with a bound that covers every feasible pair.
@@ -153,7 +183,7 @@ def class_lp(
             return None
         value, x, lam_f = sol
         lam = np.floor(np.maximum(lam_f, 0.0) + 1e-9).astype(np.int64)
-        bound, (nb_, no_, ns_) = bound_at(mkt, bids, (pb, po, ps), free, lam, rest, views, skip)
+        bound, (nb_, no_, ns_), best = bound_at(mkt, bids, (pb, po, ps), free, lam, rest, views, skip)
         if len(nb_) and it < rounds and bound - value > CG_TOLERANCE * bound:
             lp.add(nb_, no_, ns_)
             pb = np.concatenate([pb, nb_])
@@ -161,6 +191,11 @@ def class_lp(
             ps = np.concatenate([ps, ns_])
             added += len(nb_)
             continue
+        multi = np.flatnonzero(~mkt.b_same[bids])
+        if fills is not None and len(multi):
+            # a multi-machine bid is whole in one bucket: its exact best fill at these prices
+            fill = multi_fill_bound(mkt, bids[multi], lam[:, 0], free, fills)
+            bound -= int((best[multi] - np.minimum(best[multi], fill)).sum())
         return ClassLP(bound, value, pb, po, ps, x, lam_f, added)
     return None  # pragma: no cover - the loop always returns
 
@@ -174,7 +209,7 @@ def bound_at(
     rest: I64 | None,
     views: BidViews | None,
     skip: dict[tuple[int, int], I64] | None,
-) -> tuple[int, tuple[I64, I64, I64]]:
+) -> tuple[int, tuple[I64, I64, I64], I64]:
     """The dual bound at offer prices ``lam`` (integers >= 0) over every
     feasible pair of ``bids`` (see ``class_lp``), and the pruned pairs that
     beat the columns' best reduced score (the columns to add)."""
@@ -199,7 +234,45 @@ def bound_at(
             best[pos] = np.maximum(best[pos], red)
             new = (nb_, no_, ns_)
     bound = int(best.sum()) + int((cut_caps(free) * lam2).sum()) + slack
-    return bound, new
+    return bound, new, best
+
+
+def multi_fill_bound(
+    mkt: Market, bids: I64, price: I64, free: I64, views: Sequence[list[tuple[int, int, int]]] | BidViews
+) -> I64:
+    """Per multi-machine bid, an upper bound on its reduced score at offer
+    prices ``price`` (per GPU) over every way it can be placed: whole, in one
+    bucket, at most ``min(free, gpus)`` GPUs per offer. The best such fill
+    takes the bucket's GPUs by reduced score per GPU; the best over its
+    buckets (or 0) is never more than the LP's term for the bid, the best
+    reduced score of a single pair, and it is much less when no bucket has
+    room for the whole bid at the prices the LP saw. Scanned over every
+    feasible offer of the bid's buckets (``pair_scores``), kept or pruned;
+    scores per GPU are the whole bid's on the offer over its GPUs, and the
+    rounding of each part is in ``bound_at``'s slack."""
+    out = np.zeros(len(bids), dtype=np.int64)
+    for i, b in enumerate(bids.tolist()):
+        g = int(mkt.b_gpus[b])
+        one = np.asarray([b], dtype=np.int64)
+        best = 0.0
+        for key in views[b]:
+            offs = mkt.views[key]
+            offs = offs[free[offs] > 0]
+            if not len(offs):
+                continue
+            score, ok = pair_scores(mkt, one, offs, same=False)
+            offs, sc = offs[ok[0]], score[0][ok[0]]
+            cap = np.minimum(free[offs], g)
+            if int(cap.sum()) < g:
+                continue
+            per = sc.astype(np.float64) / g - price[offs]
+            order = np.argsort(-per, kind="stable")
+            cap, per = cap[order], per[order]
+            before = np.cumsum(cap) - cap
+            take = np.clip(g - before, 0, cap)
+            best = max(best, float((take * per).sum()))
+        out[i] = math.ceil(best) + 1
+    return out
 
 
 def lagrange_bound(

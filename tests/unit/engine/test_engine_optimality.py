@@ -181,3 +181,53 @@ def test_divisibility_rows_keep_the_bound_to_whole_jobs_on_a_leftover() -> None:
     best = int(c.pair_score.max())
     assert lp.bound == pytest.approx(best, abs=2)
     assert lp.lam[:, 2].sum() > 0  # the 4-GPU row, not the plain capacity, carries the price
+
+
+def one_class(inp: RoundInput) -> RoundInput:
+    """Every bid on-demand, multi-machine bids kept: one class, so the
+    lexicographic optimum is the plain one."""
+    return dataclasses.replace(inp, bids=tuple(dataclasses.replace(b, klass="on_demand") for b in inp.bids))
+
+
+@pytest.mark.parametrize("seed", [5, 13])
+def test_bound_and_surplus_against_the_milp_with_multi_machine_bids(seed: int) -> None:
+    """Multi-machine bids are whole in one bucket: the bound (with their exact
+    fills) still covers the MILP optimum that models that, and the rounding
+    (both orders, evictions for the multi-machine bids) stays close to it."""
+    from tests.bench.bench_engine import optimum
+
+    inp = one_class(make_round(300, 300, seed=seed))
+    assert sum(not b.same_machine for b in inp.bids) >= 5
+    res = clear_round(inp)
+    opt, how = optimum(inp, res)
+    assert opt is not None and "time limit" not in how
+    assert res.stats.upper_bound is not None
+    assert res.stats.surplus <= opt + 1
+    assert res.stats.upper_bound >= opt - 1
+    assert res.stats.surplus >= 0.995 * opt
+
+
+def test_multi_fill_bound_is_the_best_whole_bucket_not_the_best_pair() -> None:
+    """A 16-GPU job may span machines of one bucket only. us-east is cheaper
+    but holds 12 GPUs; eu-west holds 16. The LP's term for the bid is its best
+    single pair (all 16 GPUs at us-east's ask); the fill bound is eu-west's."""
+    from market.engine.bound import multi_fill_bound
+
+    offers = [
+        offer(1, gpus=8, ask=2_000_000), offer(2, gpus=8, ask=2_000_000),
+        offer(3, gpus=8, ask=1_000_000, region="us-east"), offer(4, gpus=4, ask=1_000_000, region="us-east"),
+    ]
+    job = bid(1, gpus=16, same_machine=False, max_price=3_000_000, duration_s=7200)
+    mkt = build_market(round_of(offers, [job]))
+    c = candidates(mkt, 0, 0)
+    bids = np.asarray([0], dtype=np.int64)
+    zero = np.zeros(len(mkt.offers), dtype=np.int64)
+    fill = int(multi_fill_bound(mkt, bids, zero, mkt.o_gpus, c.views)[0])
+    eu = [int(s) for o, s in zip(c.pair_offer.tolist(), c.pair_score.tolist(), strict=True)
+          if mkt.region_ids[int(mkt.o_region[o])] == "eu-west"]
+    assert fill == pytest.approx(max(eu), abs=2)
+    assert fill < int(c.pair_score.max())
+    # at a price of the whole margin on eu-west's GPUs, nothing is left to gain there
+    price = zero.copy()
+    price[[i for i in range(len(mkt.offers)) if mkt.region_ids[int(mkt.o_region[i])] == "eu-west"]] = 10**9
+    assert int(multi_fill_bound(mkt, bids, price, mkt.o_gpus, c.views)[0]) <= 1
