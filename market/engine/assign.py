@@ -343,7 +343,9 @@ class Solver:
             self._try(int(pb[i]), int(po[i]), int(ps[i]))
         start = self._snapshot()
         best: tuple[int, _Snapshot] | None = None
-        for multi_first in (True, False):
+        frac = bool(((x > 1e-6) & (x < 0.999)).any())
+        orders = (True, False) if frac and multi.whole(mkt) else (True,)  # else both orders are the same
+        for multi_first in orders:
             if best is not None:
                 self._restore(start)
             if multi_first:
