@@ -104,6 +104,7 @@ class Solver:
     milp_pairs: int = 20_000
     scan_fallback: bool = True  # large rounds refill lists in bulk instead
     ptr: dict[tuple[int, int, int], int] = field(default_factory=dict)
+    gpu_price: F64 | None = None  # while rounding an LP: its shadow price per GPU (plain capacity row)
     assigned: dict[int, list[Part]] = field(default_factory=dict)
     buyer: list[int] = field(default_factory=list)
 
@@ -212,7 +213,11 @@ class Solver:
 
     def best_multi(self, b: int, need: int | None = None, only: tuple[int, int] | None = None) -> list[Part] | None:
         """Best single-bucket fill for a bid that may span machines (``need`` of
-        its GPUs, in bucket ``only`` when given)."""
+        its GPUs, in bucket ``only`` when given): per bucket, its offers by
+        value per GPU - net of the LP's price per GPU there while an LP is
+        being rounded, so a job that spans machines takes the GPUs the LP
+        values least (leftovers) before whole machines others need - and the
+        bucket whose fill is worth most."""
         mkt, st = self.mkt, self.state
         g = int(mkt.b_gpus[b]) if need is None else need
         maxp = int(mkt.b_maxp[b])
@@ -230,6 +235,8 @@ class Solver:
                     continue
                 v = mkt.value(b, o)
                 if v > 0:
+                    if self.gpu_price is not None:  # net of what the LP says a GPU there is worth
+                        v = v * float(mkt.b_hours[b]) - float(self.gpu_price[o])
                     rows.append((-v, int(mkt.o_ask[o]), int(mkt.o_id[o]), o))
             rows.sort()
             need, parts = g, []
@@ -317,7 +324,11 @@ class Solver:
         if lp is None:  # pragma: no cover - HiGHS failing on a feasible LP
             self.greedy(bids)
             return None
-        self.round_lp(bids, lp.pb, lp.po, lp.ps, lp.x, lp.pair_price(self.mkt))
+        self.gpu_price = lp.lam[:, 0]
+        try:
+            self.round_lp(bids, lp.pb, lp.po, lp.ps, lp.x, lp.pair_price(self.mkt))
+        finally:
+            self.gpu_price = None
         return lp.bound
 
     def round_lp(self, bids: list[int], pb: I64, po: I64, ps: I64, x: F64, price: F64) -> None:
