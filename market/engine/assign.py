@@ -7,8 +7,12 @@ by class in priority order:
 
 0. The class's LP relaxation on what is free (``bound.py``, with column
    generation over the pruned pairs), which also proves the class's bound;
-   its integral part stands, a small MILP settles the fractional rest, and
-   the greedy below places what is left. Huge classes skip the LP.
+   its integral part stands; the fractional single-machine rest (a small
+   MILP) and the multi-machine bids (filled where the LP put them, net of
+   its GPU prices) compete for what the LP shared between them, so both
+   orders are tried and the better kept (``round_lp``); multi-machine bids
+   left without room may evict cheaper same-class tenants; the greedy below
+   places what is left. Huge classes skip the LP.
 1. A greedy pass in priority order: class (reserved, on-demand, spot), then
    the bid's best score per GPU (surplus per unit of the scarce resource),
    then the documented tie-breaks - higher max price, older bid, lower id.
