@@ -43,7 +43,9 @@ LP_CG_ROUNDS = 6  # rounds of column generation (warm-started); it stops sooner 
 LP_MAX_COLUMNS = 400_000  # above this, greedy + a Lagrangian-priced bound instead of the LP
 
 
-_Snapshot = tuple[list[int], dict[tuple[int, int, int], int], dict[int, list["Part"]]]
+_Snapshot = tuple[
+    list[int], dict[tuple[int, int, int], int], dict[int, list["Part"]], dict[tuple[int, int, int], int]
+]
 
 
 @dataclass
@@ -344,9 +346,10 @@ class Solver:
         fractional bids' MILP and the multi-machine fills each take what the
         LP shared between them. Both orders are tried from the same state and
         the one worth more is kept (the multi-machine bids first on a tie).
-        Either way, multi-machine bids the LP wanted that found no room get one
-        more MILP with the tenants of their buckets (``_repair_multi``), then
-        pairs by LP weight and net score, then the greedy, fill what is open.
+        Either way, multi-machine bids the LP wanted that found no room may
+        move cheaper same-class tenants out of a bucket (``_evict_for_multi``),
+        then pairs by LP weight and net score, then the greedy, fill what is
+        open.
         """
         mkt = self.mkt
         same = mkt.b_same[pb]
@@ -381,13 +384,15 @@ class Solver:
         self._restore(best[1])
 
     def _snapshot(self) -> _Snapshot:
+        """What placing changes (parts lists are replaced, never edited)."""
         st = self.state
-        return list(st.free), dict(st.used), dict(self.assigned)
+        return list(st.free), dict(st.used), dict(self.assigned), dict(self.ptr)
 
     def _restore(self, snap: _Snapshot) -> None:
         self.state.free = list(snap[0])
         self.state.used = dict(snap[1])
         self.assigned = dict(snap[2])
+        self.ptr = dict(snap[3])
 
     def _multi_whole(self, multi: _LpMulti) -> None:
         """Multi-machine bids the LP fills whole, largest LP value first."""
