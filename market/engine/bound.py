@@ -284,34 +284,64 @@ def lagrange_bound(
     views: BidViews | None,
     skip: dict[tuple[int, int], I64] | None,
     lower: int,
-    iters: int = 40,
+    iters: int = 100,
+    rounds: int = 5,
 ) -> int:
-    """The same bound as ``class_lp`` at prices found without an LP solver:
-    projected subgradient steps (Polyak's rule, aiming at ``lower``) on the
-    columns, with capacity relaxed; for classes too large to solve as an LP
-    in time. Valid at any prices, only looser than at the LP's."""
+    """The same bound as ``class_lp`` at prices found without an LP solver,
+    for classes too large to solve as an LP in time: valid at any prices,
+    only looser than at the LP's.
+
+    Projected subgradient steps (Polyak's rule, aiming at ``lower``) on the
+    Lagrangian over the columns, then the bound over every feasible pair at
+    the best prices found (``bound_at``); the pruned pairs that beat the
+    columns there join them and the steps go on from those prices, up to
+    ``rounds`` times: column generation, as in ``class_lp``. Without it the
+    prices of offers no column touches stay 0 and the pruned pairs on them
+    keep the bound loose (0.84 of it at 20k orders, 0.95 with it)."""
+    no = len(mkt.offers)
+    caps = cut_caps(free).astype(np.float64)
+    icaps = cut_caps(free)
+    lam_f = np.zeros((no, CUT_TIERS), dtype=np.float64)
+    pb, po, ps = cols
+    best: int | None = None
+    for _ in range(rounds + 1):
+        order = np.argsort(pb, kind="stable")  # each bid's columns in one run, for reduceat
+        pb, po, ps = pb[order], po[order], ps[order]
+        lam = _subgradient(mkt, (pb, po, ps), caps, icaps, lam_f, lower, iters)
+        bound, (nb_, no_, ns_), _ = bound_at(mkt, bids, (pb, po, ps), free, lam, rest, views, skip)
+        best = bound if best is None else min(best, bound)
+        lam_f = lam.astype(np.float64)
+        if not len(nb_):
+            break
+        pb, po, ps = np.concatenate([pb, nb_]), np.concatenate([po, no_]), np.concatenate([ps, ns_])
+    assert best is not None
+    return best
+
+
+def _subgradient(
+    mkt: Market, cols: tuple[I64, I64, I64], caps: F64, icaps: I64, lam_f: F64, lower: int, iters: int
+) -> I64:
+    """The best integer prices that ``iters`` subgradient steps from
+    ``lam_f`` find for the Lagrangian over ``cols`` (sorted by bid)."""
     pb, po, ps = cols
     no = len(mkt.offers)
-    nb = len(mkt.bids)
     g = mkt.b_gpus[pb]
     jp = size_tier(g, mkt.b_same[pb])
-    caps = cut_caps(free).astype(np.float64)
-    lam_f = np.zeros((no, CUT_TIERS), dtype=np.float64)
-    best_lam = np.zeros((no, CUT_TIERS), dtype=np.int64)
+    starts = np.flatnonzero(np.r_[True, pb[1:] != pb[:-1]]) if len(pb) else np.zeros(0, dtype=np.int64)
+    seglen = np.diff(np.r_[starts, len(pb)])
 
-    def value(lam: I64) -> tuple[int, I64]:
-        u = np.zeros(nb, dtype=np.int64)
+    def value(lam: I64) -> tuple[int, I64, I64]:
         red = ps - g * tier_prices(lam)[po, jp]
-        np.maximum.at(u, pb, red)
-        return int(u.sum()) + int((cut_caps(free) * lam).sum()), red
+        u = np.maximum.reduceat(red, starts) if len(starts) else np.zeros(0, dtype=np.int64)
+        return int(np.maximum(u, 0).sum()) + int((icaps * lam).sum()), red, u
 
-    ub, red = value(best_lam)
+    lam = np.floor(lam_f).astype(np.int64)
+    ub, red, u = value(lam)
+    best = lam
     mu = 1.0
     stall = 0
     for _ in range(iters if len(pb) else 0):
-        u = np.zeros(nb, dtype=np.int64)
-        np.maximum.at(u, pb, red)
-        take = np.flatnonzero((red == u[pb]) & (red > 0))
+        take = np.flatnonzero((red == np.repeat(u, seglen)) & (red > 0))
         use = np.zeros((no, CUT_TIERS), dtype=np.float64)
         for j in range(CUT_TIERS):
             t = take[jp[take] >= j]
@@ -323,14 +353,14 @@ def lagrange_bound(
             break
         lam_f = np.maximum(0.0, lam_f - mu * max(ub - lower, 1) / norm * sub)
         lam = np.floor(lam_f).astype(np.int64)
-        cur, red = value(lam)
+        cur, red, u = value(lam)
         if cur < ub:
-            ub, best_lam, stall = cur, lam, 0
+            ub, best, stall = cur, lam, 0
         else:
             stall += 1
             if stall >= 3:
                 mu, stall = mu / 2, 0
-    return bound_at(mkt, bids, cols, free, best_lam, rest, views, skip)[0]
+    return best
 
 
 try:  # the HiGHS that scipy ships (what linprog runs), driven directly to keep its basis
