@@ -11,7 +11,10 @@ rounded down to that multiple. Every integral assignment of the class is feasibl
 multi-machine ones (a part on an offer is the fraction ``part / gpus``), and
 the fair-share cap only removes assignments, so the LP optimum bounds the
 class's best surplus from above. The bound is read off a dual solution and
-covers every feasible pair, kept or pruned (``class_lp``, ``bound_at``).
+covers every feasible pair, kept or pruned (``class_lp``, ``bound_at``); a
+multi-machine bid's term is then its exact whole-bucket fill at those prices
+(``multi_fill_bound``), never more than the LP's. Classes too big for the LP
+get the same bound at prices found by subgradient steps (``lagrange_bound``).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, linprog, milp
-from scipy.sparse import coo_matrix
+from scipy.sparse import coo_matrix, csc_matrix
 
 from .market import (
     CUT_TIERS,
@@ -78,16 +81,13 @@ def milp_pick(
     return np.flatnonzero(x > 0.5).astype(np.int64)
 
 
-def _mip(a: object, obj: F64, ub: F64, lo: F64, hi: F64, node_limit: int, rel_gap: float) -> F64 | None:
+def _mip(a: csc_matrix, obj: F64, ub: F64, lo: F64, hi: F64, node_limit: int, rel_gap: float) -> F64 | None:
     """Maximise ``obj @ x`` over integers ``0 <= x <= ub``, ``lo <= a @ x <= hi``
     (``a`` in CSC) with HiGHS, single-threaded, seeded and node-limited so the
     answer does not depend on the machine. HiGHS's root reduced-cost heuristic
     is off: on these assignment models it took more than half the time for
     incumbents no better than the other heuristics'. Without scipy's bundled
     HiGHS, scipy's ``milp`` with the same limits."""
-    from scipy.sparse import csc_matrix
-
-    assert isinstance(a, csc_matrix)
     n = a.shape[1]
     if _highs is None:  # pragma: no cover
         res = milp(-obj, constraints=LinearConstraint(a, lo, hi), integrality=np.ones(n), bounds=Bounds(0, ub),
