@@ -216,6 +216,8 @@ def test_a_wallet_buyer_links_deposits_and_signs_its_order_in_the_browser_wallet
     shot(page, "wallet-browser-wallet")
 
     place_a100_bid(page, base)
+    page.wait_for_selector("[data-sign-order]")  # on the new page, then wallet.js bound its buttons there
+    page.wait_for_selector("html[data-wallet-ready]", state="attached")
     page.click("[data-sign-order]")
     page.wait_for_selector("[data-signed]")
     page.wait_for_selector("tr[data-order] .pill.state-matched", timeout=40_000)
@@ -224,6 +226,11 @@ def test_a_wallet_buyer_links_deposits_and_signs_its_order_in_the_browser_wallet
 
     # a wallet buyer's dispute is sent from its wallet
     page.click("[data-trade-state]")
+    page.wait_for_selector("[data-dispute-trade]")
+    page.wait_for_selector("html[data-wallet-ready]", state="attached")
     page.click("[data-dispute-trade]")
-    page.wait_for_selector("#wallet-message.ok:has-text('mined')", timeout=60_000)
+    # either outcome ends the wait; the assertion then shows what the page said
+    page.wait_for_selector("#wallet-message.ok:has-text('mined'), #wallet-message.no", timeout=60_000)
+    said = page.inner_text("#wallet-message")
+    assert "mined" in said, said
     reload_until(page, "h1 .pill", "disputed")

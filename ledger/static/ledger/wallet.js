@@ -155,6 +155,9 @@
     });
   }
 
-  function start() { presence(); linkButton(); depositForm(); orderButtons(); disputeButtons(); }
+  function start() {
+    presence(); linkButton(); depositForm(); orderButtons(); disputeButtons();
+    document.documentElement.dataset.walletReady = "yes";  // the buttons answer from here on
+  }
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start); else start();
 })();
