@@ -226,7 +226,6 @@ class Solver:
         bucket whose fill is worth most."""
         mkt, st = self.mkt, self.state
         g = int(mkt.b_gpus[b]) if need is None else need
-        maxp = int(mkt.b_maxp[b])
         best: tuple[int, list[Part]] | None = None
         for key in self.cand.views[b]:
             if only is not None and (key[0], key[1]) != only:
@@ -234,16 +233,12 @@ class Solver:
             if need is None and not st.fair_ok(self.buyer[b], (key[0], key[1]), g):
                 continue
             rows: list[tuple[float, int, int, int]] = []
-            for o in mkt.views[key].tolist():
-                if mkt.o_ask[o] > maxp:
-                    break
-                if st.free[o] <= 0 or not mkt.offer_ok(b, o, check_gpus=False):
+            for o, v in self._multi_offers(b, key):
+                if st.free[o] <= 0:
                     continue
-                v = mkt.value(b, o)
-                if v > 0:
-                    if self.gpu_price is not None:  # net of what the LP says a GPU there is worth
-                        v = v * float(mkt.b_hours[b]) - float(self.gpu_price[o])
-                    rows.append((-v, int(mkt.o_ask[o]), int(mkt.o_id[o]), o))
+                if self.gpu_price is not None:  # net of what the LP says a GPU there is worth
+                    v = v * float(mkt.b_hours[b]) - float(self.gpu_price[o])
+                rows.append((-v, int(mkt.o_ask[o]), int(mkt.o_id[o]), o))
             rows.sort()
             need, parts = g, []
             for _, _, _, o in rows:
@@ -258,6 +253,22 @@ class Solver:
             if total > 0 and (best is None or total > best[0]):
                 best = (total, parts)
         return None if best is None else best[1]
+
+    def _multi_offers(self, b: int, key: tuple[int, int, int]) -> list[tuple[int, float]]:
+        """The offers of view ``key`` a multi-machine bid may take parts on
+        (within its price, its other hard constraints, positive value), with
+        their value per GPU-hour, in the view's order (ask, then id)."""
+        mkt = self.mkt
+        maxp = int(mkt.b_maxp[b])
+        out: list[tuple[int, float]] = []
+        for o in mkt.views[key].tolist():
+            if mkt.o_ask[o] > maxp:
+                break
+            if mkt.offer_ok(b, o, check_gpus=False):
+                v = mkt.value(b, o)
+                if v > 0:
+                    out.append((o, v))
+        return out
 
     def option(self, b: int) -> list[Part] | None:
         return self.best_single(b) if self.mkt.b_same[b] else self.best_multi(b)
@@ -484,13 +495,7 @@ class Solver:
         bucket = (key[0], key[1])
         if not st.fair_ok(self.buyer[b], bucket, g):
             return None
-        maxp = int(mkt.b_maxp[b])
-        offs: set[int] = set()
-        for o in mkt.views[key].tolist():
-            if mkt.o_ask[o] > maxp:
-                break
-            if mkt.offer_ok(b, o, check_gpus=False) and mkt.value(b, o) > 0:
-                offs.add(o)
+        offs = {o for o, _ in self._multi_offers(b, key)}
         room = sum(st.free[o] for o in offs)
         if not offs or room >= g:  # nothing to move (best_multi already had its chance)
             return None

@@ -90,11 +90,7 @@ def exact_milp(inp: RoundInput) -> float:
 
 
 def one_class_same_machine(inp: RoundInput) -> RoundInput:
-    bids = tuple(
-        dataclasses.replace(b, klass="on_demand", same_machine=True, gpus=min(b.gpus, 8))
-        for b in inp.bids
-    )
-    return dataclasses.replace(inp, bids=bids)
+    return same_machine_all_classes(one_class(inp))
 
 
 def test_medium_round_is_within_half_a_percent_of_the_milp_optimum() -> None:
