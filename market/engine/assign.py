@@ -240,14 +240,14 @@ class Solver:
                     v = v * float(mkt.b_hours[b]) - float(self.gpu_price[o])
                 rows.append((-v, int(mkt.o_ask[o]), int(mkt.o_id[o]), o))
             rows.sort()
-            need, parts = g, []
+            left, parts = g, []  # not ``need``: that says whether this is a whole bid (fair-share check)
             for _, _, _, o in rows:
-                take = min(need, st.free[o])
+                take = min(left, st.free[o])
                 parts.append((o, take, self.score_of(b, o, take)))
-                need -= take
-                if need == 0:
+                left -= take
+                if left == 0:
                     break
-            if need:
+            if left:
                 continue
             total = sum(s for _, _, s in parts)
             if total > 0 and (best is None or total > best[0]):

@@ -75,3 +75,17 @@ def test_fair_share_cap_limits_one_buyer_in_a_scarce_bucket() -> None:
     assert any(t.buyer_id == 8 for t in capped.trades)
     reasons = {u.bid_id: u.reasons for u in capped.unmatched}
     assert any("fair-share" in r for rs in reasons.values() for r in rs)
+
+
+def test_fair_share_cap_holds_for_a_multi_machine_bid_in_its_second_bucket() -> None:
+    """eu-west is not scarce but asks more than buyer 7's 8-GPU job pays; us-east
+    can hold it, but it is scarce (12 GPUs wanted, 8 offered) and the cap lets
+    one buyer take 4 there. The cap was once checked in the first bucket only."""
+    offers = [offer(1, gpus=8, ask=4_000_000), offer(2, gpus=4, region="us-east"), offer(3, gpus=4, region="us-east")]
+    bids = [
+        bid(1, buyer_id=7, gpus=8, same_machine=False, max_price=3_500_000),
+        bid(2, buyer_id=8, gpus=4, allowed_regions=("us-east",)),
+    ]
+    res = clear_round(with_config(round_of(offers, bids), fair_share_cap=0.5))
+    assert sum(t.gpus for t in res.trades if t.buyer_id == 7 and t.region == "us-east") <= 4
+    assert any(t.buyer_id == 8 for t in res.trades)
