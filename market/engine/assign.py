@@ -232,43 +232,34 @@ class Solver:
                 continue
             if need is None and not st.fair_ok(self.buyer[b], (key[0], key[1]), g):
                 continue
-            rows: list[tuple[float, int, int, int]] = []
-            for o, v in self._multi_offers(b, key):
-                if st.free[o] <= 0:
-                    continue
-                if self.gpu_price is not None:  # net of what the LP says a GPU there is worth
-                    v = v * float(mkt.b_hours[b]) - float(self.gpu_price[o])
-                rows.append((-v, int(mkt.o_ask[o]), int(mkt.o_id[o]), o))
-            rows.sort()
-            left, parts = g, []  # not ``need``: that says whether this is a whole bid (fair-share check)
-            for _, _, _, o in rows:
-                take = min(left, st.free[o])
-                parts.append((o, take, self.score_of(b, o, take)))
-                left -= take
-                if left == 0:
-                    break
-            if left:
+            offs, v = self._multi_offers(b, key)
+            room = np.fromiter((st.free[o] for o in offs.tolist()), dtype=np.int64, count=len(offs))
+            if int(room.sum()) < g:
                 continue
+            has = room > 0
+            offs, v, room = offs[has], v[has], room[has]
+            if self.gpu_price is not None:  # net of what the LP says a GPU there is worth
+                v = v * float(mkt.b_hours[b]) - self.gpu_price[offs]
+            order = np.lexsort((mkt.o_id[offs], mkt.o_ask[offs], -v))
+            offs, room = offs[order], room[order]
+            take = np.minimum(np.maximum(g - (np.cumsum(room) - room), 0), room)
+            n = int(np.count_nonzero(take))  # a prefix: the fill stops once it has g
+            parts = [(o, t, self.score_of(b, o, t)) for o, t in zip(offs[:n].tolist(), take[:n].tolist(), strict=True)]
             total = sum(s for _, _, s in parts)
             if total > 0 and (best is None or total > best[0]):
                 best = (total, parts)
         return None if best is None else best[1]
 
-    def _multi_offers(self, b: int, key: tuple[int, int, int]) -> list[tuple[int, float]]:
+    def _multi_offers(self, b: int, key: tuple[int, int, int]) -> tuple[I64, F64]:
         """The offers of view ``key`` a multi-machine bid may take parts on
         (within its price, its other hard constraints, positive value), with
         their value per GPU-hour, in the view's order (ask, then id)."""
         mkt = self.mkt
-        maxp = int(mkt.b_maxp[b])
-        out: list[tuple[int, float]] = []
-        for o in mkt.views[key].tolist():
-            if mkt.o_ask[o] > maxp:
-                break
-            if mkt.offer_ok(b, o, check_gpus=False):
-                v = mkt.value(b, o)
-                if v > 0:
-                    out.append((o, v))
-        return out
+        view = mkt.views[key]
+        view = view[: int(np.searchsorted(mkt.o_ask[view], int(mkt.b_maxp[b]), side="right"))]
+        v, ok = mkt.values(b, view)
+        ok &= v > 0
+        return view[ok], v[ok]
 
     def option(self, b: int) -> list[Part] | None:
         return self.best_single(b) if self.mkt.b_same[b] else self.best_multi(b)
@@ -495,7 +486,7 @@ class Solver:
         bucket = (key[0], key[1])
         if not st.fair_ok(self.buyer[b], bucket, g):
             return None
-        offs = {o for o, _ in self._multi_offers(b, key)}
+        offs = set(self._multi_offers(b, key)[0].tolist())
         room = sum(st.free[o] for o in offs)
         if not offs or room >= g:  # nothing to move (best_multi already had its chance)
             return None

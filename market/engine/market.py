@@ -139,6 +139,25 @@ class Market:
         v = v - float(self.pen[b, r])
         return v - float(self.b_wc[b]) * float(self.carbon_kg_gh[m, r])
 
+    def values(self, b: int, offs: I64) -> tuple[F64, BoolA]:
+        """``value`` and ``offer_ok`` (GPUs aside) of bid ``b`` on each of
+        ``offs`` (offers available now) at once, in the same float steps."""
+        ask = self.o_ask[offs]
+        dur = int(self.b_dur[b])
+        k = int(self.b_klass[b])
+        ok = (ask <= self.b_maxp[b]) & (self.o_rel[offs] >= self.b_minrel[b])
+        ok &= (self.o_min_dur[offs] <= dur) & (dur <= self.o_max_dur[offs])
+        ok &= self.o_until[offs] >= self.now + dur
+        if k != 0:
+            ok &= ~self.o_resv[offs]
+        if k == 2:
+            ok &= self.o_spot[offs]
+        m, r = self.o_model[offs], self.o_region[offs]
+        v = (self.b_maxp[b] - ask).astype(np.float64) + float(self.b_wrel[b]) * self.o_rel[offs]
+        v = v - self.pen[b, r]
+        v = v - float(self.b_wc[b]) * self.carbon_kg_gh[m, r]
+        return v, ok
+
     def offer_ok(self, b: int, o: int, *, check_gpus: bool = True) -> bool:
         """Offer-level hard constraints for one pair (bucket-level ones aside)."""
         dur = int(self.b_dur[b])
@@ -503,7 +522,8 @@ def top_candidates(
     bids at once. ``rest[b]`` bounds from above the score of every feasible
     pair of ``b`` that was not kept (0 when there is none), which is what
     keeps the dual bound valid over *all* pairs. ``only`` limits the bids
-    scanned, ``cap`` replaces the offers' GPUs (free capacity on a refill).
+    scanned (the others' lists come back empty), ``cap`` replaces the
+    offers' GPUs (free capacity on a refill).
     """
     nb = len(mkt.bids)
     capa = mkt.o_gpus if cap is None else cap
@@ -585,8 +605,12 @@ def top_candidates(
     pair_bid, pair_offer, pair_score = pair_bid[order], pair_offer[order], pair_score[order]
     cuts = np.searchsorted(pair_bid, np.arange(nb + 1)).tolist()
     po_l, ps_l = pair_offer.tolist(), pair_score.tolist()
-    offers_l = [po_l[a:z] for a, z in zip(cuts[:-1], cuts[1:], strict=True)]
-    scores_l = [ps_l[a:z] for a, z in zip(cuts[:-1], cuts[1:], strict=True)]
+    rows = range(nb) if only is None else np.flatnonzero(only).tolist()  # lists only where asked
+    offers_l: list[list[int]] = [[] for _ in range(nb)]
+    scores_l: list[list[int]] = [[] for _ in range(nb)]
+    for b in rows:
+        offers_l[b] = po_l[cuts[b] : cuts[b + 1]]
+        scores_l[b] = ps_l[cuts[b] : cuts[b + 1]]
     return Candidates(
         offers=offers_l,
         scores=scores_l,
