@@ -34,12 +34,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .bound import class_lp, lagrange_bound, milp_pick
+from .bound import NO_FILLS, Fills, class_lp, lagrange_bound, milp_pick
 from .market import F64, I64, BidViews, Candidates, Market, top_candidates, unfillable
 
 Part = tuple[int, int, int]  # offer index, GPUs, score
 FIT_TOLERANCE = 0.0
 LP_CG_ROUNDS = 6  # rounds of column generation (warm-started); it stops sooner once the bound meets the LP
+LP_FILL_COLUMNS = 150_000  # up to this, multi-machine bids enter the LP as whole fills (tight, slower to solve)
 LP_MAX_COLUMNS = 400_000  # above this, greedy + a Lagrangian-priced bound instead of the LP
 
 
@@ -58,7 +59,10 @@ class _LpMulti:
     val: F64
 
     @classmethod
-    def of(cls, mkt: Market, pb: I64, po: I64, ps: I64, x: F64) -> _LpMulti:
+    def of(cls, mkt: Market, pb: I64, po: I64, ps: I64, x: F64, fills: Fills = NO_FILLS,
+           fx: F64 | None = None) -> _LpMulti:
+        """From the LP's multi-machine pairs (a fraction of the bid on one
+        offer) and its whole fills (a fraction of one placement)."""
         gpus: dict[int, dict[int, float]] = {}
         for i in np.flatnonzero(x > 1e-6).tolist():
             b, o = int(pb[i]), int(po[i])
@@ -66,6 +70,13 @@ class _LpMulti:
         n = len(mkt.bids)
         mass: F64 = np.bincount(pb, weights=x, minlength=n).astype(np.float64)
         val: F64 = np.bincount(pb, weights=x * ps, minlength=n).astype(np.float64)
+        if len(fills) and fx is not None:
+            for j in np.flatnonzero(fx > 1e-6).tolist():
+                on = gpus.setdefault(int(fills.bid[j]), {})
+                for o, t in fills.parts(j):
+                    on[o] = on.get(o, 0.0) + float(fx[j]) * t
+            mass += np.bincount(fills.bid, weights=fx, minlength=n)
+            val += np.bincount(fills.bid, weights=fx * fills.score, minlength=n)
         return cls(gpus, mass, val)
 
     def whole(self, mkt: Market) -> list[int]:
@@ -107,7 +118,7 @@ class Solver:
     state: State
     scan_limit: int = 64
     milp_nodes: int = 2_000
-    milp_pairs: int = 20_000
+    milp_pairs: int = 40_000
     scan_fallback: bool = True  # large rounds refill lists in bulk instead
     ptr: dict[tuple[int, int, int], int] = field(default_factory=dict)
     gpu_price: F64 | None = None  # while rounding an LP: its shadow price per GPU (plain capacity row)
@@ -328,18 +339,19 @@ class Solver:
             got = sum(p[2] for b in bids for p in self.assigned.get(b, ()))
             return lagrange_bound(self.mkt, arr, (pb, po, ps), free, rest, views, skip, got)
         lp = class_lp(self.mkt, arr, (pb, po, ps), free, rest, views, rounds=LP_CG_ROUNDS, skip=skip,
-                      fills=self.cand.views)
+                      fills=self.cand.views, whole_fills=len(pb) <= LP_FILL_COLUMNS)
         if lp is None:  # pragma: no cover - HiGHS failing on a feasible LP
             self.greedy(bids)
             return None
         self.gpu_price = lp.lam[:, 0]
         try:
-            self.round_lp(bids, lp.pb, lp.po, lp.ps, lp.x, lp.pair_price(self.mkt))
+            self.round_lp(bids, lp.pb, lp.po, lp.ps, lp.x, lp.pair_price(self.mkt), lp.fills, lp.fx)
         finally:
             self.gpu_price = None
         return lp.bound
 
-    def round_lp(self, bids: list[int], pb: I64, po: I64, ps: I64, x: F64, price: F64) -> None:
+    def round_lp(self, bids: list[int], pb: I64, po: I64, ps: I64, x: F64, price: F64,
+                 fills: Fills = NO_FILLS, fx: F64 | None = None) -> None:
         """Round an LP solution into whole assignments.
 
         The LP's integral single-machine part stands as it is. What is left -
@@ -355,7 +367,7 @@ class Solver:
         """
         mkt = self.mkt
         same = mkt.b_same[pb]
-        multi = _LpMulti.of(mkt, pb[~same], po[~same], ps[~same], x[~same])
+        multi = _LpMulti.of(mkt, pb[~same], po[~same], ps[~same], x[~same], fills, fx)
         pb, po, ps, x, price = pb[same], po[same], ps[same], x[same], price[same]
         # 1. the integral part of the LP solution stands as it is
         sure = np.flatnonzero(x >= 0.999)

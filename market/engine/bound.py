@@ -13,7 +13,9 @@ the fair-share cap only removes assignments, so the LP optimum bounds the
 class's best surplus from above. The bound is read off a dual solution and
 covers every feasible pair, kept or pruned (``class_lp``, ``bound_at``); a
 multi-machine bid's term is then its exact whole-bucket fill at those prices
-(``multi_fill_bound``), never more than the LP's. Classes too big for the LP
+(``best_fills``), never more than the LP's. Multi-machine bids may enter the
+LP as whole placements (``Fills``) instead of pairs, which keeps each in one
+bucket (``class_lp``). Classes too big for the LP
 get the same bound at prices found by subgradient steps (``lagrange_bound``).
 """
 
@@ -110,6 +112,57 @@ def _mip(a: csc_matrix, obj: F64, ub: F64, lo: F64, hi: F64, node_limit: int, re
 
 
 CG_TOLERANCE = 1e-3  # column generation stops once the bound is this close to the LP
+CG_STALL = 1e-3  # ... or once a round moved the bound less than this (the rest is the bound's own looseness)
+
+
+@dataclass
+class Fills:
+    """Whole placements of multi-machine bids, each one LP column: fill ``j``
+    puts ``gpus[start[j]:start[j+1]]`` GPUs on offers ``off[...]`` (all in one
+    bucket) for bid ``bid[j]``, worth ``score[j]`` (the sum of its parts'
+    scores, as ``Solver.score_of`` rounds them)."""
+
+    bid: I64
+    score: I64
+    start: I64
+    off: I64
+    gpus: I64
+
+    @classmethod
+    def of(cls, rows: list[tuple[int, int, list[int], list[int]]]) -> Fills:
+        """From (bid, score, offers, GPUs) rows."""
+        sizes = [len(r[2]) for r in rows]
+        return cls(
+            np.asarray([r[0] for r in rows], dtype=np.int64),
+            np.asarray([r[1] for r in rows], dtype=np.int64),
+            np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64),
+            np.asarray([o for r in rows for o in r[2]], dtype=np.int64),
+            np.asarray([t for r in rows for t in r[3]], dtype=np.int64),
+        )
+
+    def __len__(self) -> int:
+        return len(self.bid)
+
+    def parts(self, j: int) -> list[tuple[int, int]]:
+        a, z = int(self.start[j]), int(self.start[j + 1])
+        return list(zip(self.off[a:z].tolist(), self.gpus[a:z].tolist(), strict=True))
+
+    def key(self, j: int) -> tuple[int, tuple[tuple[int, int], ...]]:
+        return int(self.bid[j]), tuple(self.parts(j))
+
+    def row(self, j: int) -> tuple[int, int, list[int], list[int]]:
+        a, z = int(self.start[j]), int(self.start[j + 1])
+        return int(self.bid[j]), int(self.score[j]), self.off[a:z].tolist(), self.gpus[a:z].tolist()
+
+    def pick(self, keep: I64) -> Fills:
+        return Fills.of([self.row(j) for j in keep.tolist()])
+
+    @staticmethod
+    def join(parts: list[Fills]) -> Fills:
+        return Fills.of([f.row(j) for f in parts for j in range(len(f))])
+
+
+NO_FILLS = Fills.of([])
 
 
 @dataclass
@@ -124,6 +177,8 @@ class ClassLP:
     x: F64
     lam: F64  # per offer and divisibility row, the shadow price per GPU
     columns_added: int
+    fills: Fills  # the multi-machine bids' columns: whole placements
+    fx: F64  # the LP's weight on each fill
 
     def pair_price(self, mkt: Market) -> F64:
         """Per column, the shadow price per GPU its bid's size pays on its offer."""
@@ -142,6 +197,7 @@ def class_lp(
     rounds: int = 3,
     skip: dict[tuple[int, int], I64] | None = None,
     fills: Sequence[list[tuple[int, int, int]]] | BidViews | None = None,
+    whole_fills: bool = True,
 ) -> ClassLP | None:
     """The LP relaxation of one class on the capacity left by higher classes,
     over its candidate pairs, with a bound that covers every feasible pair.
@@ -171,32 +227,67 @@ def class_lp(
     to be non-negative for the bound to hold. ``skip`` names, per bucket,
     multi-machine bids that bucket cannot fill whole (``unfillable``): their
     pairs there are in no assignment, so they stay out of columns and pricing.
+
+    Multi-machine bids (with ``fills``, the bids' views): as pairs, the LP
+    may put half a 16-GPU job on the cheapest 8 GPUs of each of two buckets,
+    worth more than any whole placement (at 10k orders a side it did so for
+    141 of 171 on-demand jobs). With ``whole_fills`` they enter instead as
+    whole placements, one column each (Dantzig-Wolfe: 1 in the bid's row, its
+    parts' GPUs in the offers' rows), starting from each bid's best fill per
+    bucket, and each round adds the best fill per bucket at the new prices
+    that beats the bid's own price (``best_fills``, exact over every feasible
+    offer). Either way a multi-machine bid's term in the bound is its exact
+    best whole fill at the prices (``best_fills``), not its best pair. Fills
+    make the LP tight for these bids but slower to solve, so big classes
+    (``assign.LP_FILL_COLUMNS``) keep pairs. Rounds stop early once a round
+    moved the bound less than ``CG_STALL``.
     """
     pb, po, ps = cols
     added = 0
-    sol: tuple[float, F64, F64] | None = None
+    last: int | None = None
     lp = _WarmLP(mkt, free)
+    multi = np.flatnonzero(~mkt.b_same[bids])
+    whole = whole_fills and fills is not None and _highs is not None and len(multi) > 0
+    if whole:
+        assert fills is not None
+        keep = mkt.b_same[pb]  # multi-machine bids enter as whole fills only
+        pb, po, ps = pb[keep], po[keep], ps[keep]
+        if rest is not None:
+            rest = rest.copy()
+            rest[bids[multi]] = 0  # their fills are priced exactly below, not by pairs
+        _, fresh = best_fills(mkt, bids[multi], np.zeros(len(mkt.offers), dtype=np.int64), free, fills)
+        lp.add_fills(fresh)
     lp.add(pb, po, ps)
     for it in range(rounds + 1):
         sol = lp.solve()
         if sol is None:
             return None
-        value, x, lam_f = sol
+        value, x, lam_f, fx, u = sol
         lam = np.floor(np.maximum(lam_f, 0.0) + 1e-9).astype(np.int64)
         bound, (nb_, no_, ns_), best = bound_at(mkt, bids, (pb, po, ps), free, lam, rest, views, skip)
-        if len(nb_) and it < rounds and bound - value > CG_TOLERANCE * bound:
+        fresh = NO_FILLS
+        if whole:
+            assert fills is not None
+            # a multi-machine bid is whole in one bucket: its term is its exact best fill at these prices
+            term, fresh = best_fills(mkt, bids[multi], lam[:, 0], free, fills)
+            bound += int((term - best[multi]).sum())
+            keep_n = mkt.b_same[nb_]
+            nb_, no_, ns_ = nb_[keep_n], no_[keep_n], ns_[keep_n]
+            fresh = lp.new_fills(fresh, lam[:, 0], u)
+        elif fills is not None and len(multi):
+            fill = multi_fill_bound(mkt, bids[multi], lam[:, 0], free, fills)
+            bound -= int((best[multi] - np.minimum(best[multi], fill)).sum())
+        stalled = last is not None and last - bound < CG_STALL * last
+        last = bound if last is None else min(last, bound)
+        if (len(nb_) or len(fresh)) and it < rounds and bound - value > CG_TOLERANCE * bound and not stalled:
+            lp.add_fills(fresh)
             lp.add(nb_, no_, ns_)
             pb = np.concatenate([pb, nb_])
             po = np.concatenate([po, no_])
             ps = np.concatenate([ps, ns_])
-            added += len(nb_)
+            added += len(nb_) + len(fresh)
             continue
-        multi = np.flatnonzero(~mkt.b_same[bids])
-        if fills is not None and len(multi):
-            # a multi-machine bid is whole in one bucket: its exact best fill at these prices
-            fill = multi_fill_bound(mkt, bids[multi], lam[:, 0], free, fills)
-            bound -= int((best[multi] - np.minimum(best[multi], fill)).sum())
-        return ClassLP(bound, value, pb, po, ps, x, lam_f, added)
+        return ClassLP(bound, value, pb, po, ps, x, lam_f, added, lp.fills, fx)
     return None  # pragma: no cover - the loop always returns
 
 
@@ -241,18 +332,28 @@ def multi_fill_bound(
     mkt: Market, bids: I64, price: I64, free: I64, views: Sequence[list[tuple[int, int, int]]] | BidViews
 ) -> I64:
     """Per multi-machine bid, an upper bound on its reduced score at offer
+    prices ``price`` (per GPU) over every way it can be placed (``best_fills``)."""
+    return best_fills(mkt, bids, price, free, views)[0]
+
+
+def best_fills(
+    mkt: Market, bids: I64, price: I64, free: I64, views: Sequence[list[tuple[int, int, int]]] | BidViews
+) -> tuple[I64, Fills]:
+    """Per multi-machine bid, an upper bound on its reduced score at offer
     prices ``price`` (per GPU) over every way it can be placed: whole, in one
-    bucket, at most ``min(free, gpus)`` GPUs per offer. The best such fill
+    bucket, at most ``min(free, gpus)`` GPUs per offer; and per bid and bucket
+    with room, that best fill (the columns to offer the LP). The best fill
     takes the bucket's GPUs by reduced score per GPU; the best over its
-    buckets (or 0) is never more than the LP's term for the bid, the best
-    reduced score of a single pair, and it is much less when no bucket has
-    room for the whole bid at the prices the LP saw. Scanned over every
-    feasible offer of the bid's buckets (``pair_scores``), kept or pruned;
-    scores per GPU are the whole bid's on the offer over its GPUs, and the
-    rounding of each part is in ``bound_at``'s slack."""
+    buckets (or 0) is never more than the best reduced score of a single
+    pair, and it is much less when no bucket has room for the whole bid at
+    those prices. Scanned over every feasible offer of the bid's buckets,
+    kept or pruned; scores per GPU are the whole bid's on the offer over its
+    GPUs, and the rounding of each part is in ``bound_at``'s slack."""
     out = np.zeros(len(bids), dtype=np.int64)
+    rows: list[tuple[int, int, list[int], list[int]]] = []
     for i, b in enumerate(bids.tolist()):
         g = int(mkt.b_gpus[b])
+        h = float(mkt.b_hours[b])
         one = np.asarray([b], dtype=np.int64)
         best = 0.0
         for key in views[b]:
@@ -267,12 +368,16 @@ def multi_fill_bound(
                 continue
             per = sc.astype(np.float64) / g - price[offs]
             order = np.argsort(-per, kind="stable")
-            cap, per = cap[order], per[order]
+            offs, cap, per = offs[order], cap[order], per[order]
             before = np.cumsum(cap) - cap
             take = np.clip(g - before, 0, cap)
             best = max(best, float((take * per).sum()))
+            n = int(np.count_nonzero(take))  # a prefix
+            v, _ = mkt.values(b, offs[:n])
+            parts = np.rint(take[:n].astype(np.float64) * h * v).astype(np.int64)
+            rows.append((b, int(parts.sum()), offs[:n].tolist(), take[:n].tolist()))
         out[i] = math.ceil(best) + 1
-    return out
+    return out, Fills.of(rows)
 
 
 def lagrange_bound(
@@ -393,6 +498,16 @@ class _WarmLP:
             rhs.append(caps[offs, j].astype(np.float64))
             top += len(offs)
         self.nb, self.no, self.rows = nb, no, top
+        self.xcol: list[I64] = []  # per add(), the HiGHS columns of its pairs
+        self.fcol: list[I64] = []  # per add_fills(), those of its fills
+        self.fill_parts: list[Fills] = []
+        self.seen: set[tuple[int, tuple[tuple[int, int], ...]]] = set()
+        self.ncol = 0
+        # scores reach 1e10 and more; HiGHS's dual simplex wants costs nearer 1e6
+        # (it fails with "excessive dual values" on some rounds otherwise): solve
+        # in units of ``scale`` (a power of two, so exact) and read prices back
+        top_score = float((mkt.b_gpus * mkt.b_hours * mkt.b_maxp).max()) if nb else 1.0
+        self.scale = 2.0 ** max(0, math.ceil(math.log2(max(top_score, 1.0) / 1e6)))
         h = _highs._Highs()
         h.setOptionValue("output_flag", False)
         h.setOptionValue("threads", 1)
@@ -420,28 +535,74 @@ class _WarmLP:
             cols.append(col[sel])
             vals.append(g[sel])
         a = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(self.rows, n)).tocsc()
-        self.h.addCols(n, ps.astype(np.float64), np.zeros(n), np.ones(n), a.nnz, a.indptr[:-1].astype(np.int32),
-                       a.indices.astype(np.int32), a.data)
+        self.h.addCols(n, ps.astype(np.float64) / self.scale, np.zeros(n), np.ones(n), a.nnz,
+                       a.indptr[:-1].astype(np.int32), a.indices.astype(np.int32), a.data)
+        self.xcol.append(self.ncol + np.arange(n))
+        self.ncol += n
 
-    def solve(self) -> tuple[float, F64, F64] | None:
+    @property
+    def fills(self) -> Fills:
+        return Fills.join(self.fill_parts) if self.fill_parts else NO_FILLS
+
+    def new_fills(self, fills: Fills, price: I64, u: F64) -> Fills:
+        """The fills not yet in the LP whose reduced score beats their bid's price."""
+        keep = []
+        for j in range(len(fills)):
+            b = int(fills.bid[j])
+            a, z = int(fills.start[j]), int(fills.start[j + 1])
+            red = int(fills.score[j]) - int((fills.gpus[a:z] * price[fills.off[a:z]]).sum())
+            if red > u[b] + 1 and fills.key(j) not in self.seen:
+                keep.append(j)
+        return fills.pick(np.asarray(keep, dtype=np.int64)) if keep else NO_FILLS
+
+    def add_fills(self, fills: Fills) -> None:
+        """Whole placements of multi-machine bids as columns: 1 in the bid's
+        row, its GPUs in each offer's capacity row (parts of a multi-machine
+        bid count in no divisibility row)."""
+        n = len(fills)
+        if n == 0 or _highs is None:
+            return
+        self.fill_parts.append(fills)
+        self.seen.update(fills.key(j) for j in range(n))
+        sizes = np.diff(fills.start)
+        col = np.repeat(np.arange(n), sizes)
+        rows = np.concatenate([fills.bid, self.nb + fills.off])
+        cols = np.concatenate([np.arange(n), col])
+        vals = np.concatenate([np.ones(n), fills.gpus.astype(np.float64)])
+        a = coo_matrix((vals, (rows, cols)), shape=(self.rows, n)).tocsc()
+        self.h.addCols(n, fills.score.astype(np.float64) / self.scale, np.zeros(n), np.ones(n), a.nnz,
+                       a.indptr[:-1].astype(np.int32), a.indices.astype(np.int32), a.data)
+        self.fcol.append(self.ncol + np.arange(n))
+        self.ncol += n
+
+    def solve(self) -> tuple[float, F64, F64, F64, F64] | None:
+        """(optimum, x per pair, price per offer and divisibility row, x per
+        fill, price per bid row), prices in score units."""
+        nf = sum(len(f) for f in self.fill_parts)
         if _highs is None:  # pragma: no cover
             pb, po, ps = (np.concatenate(c) for c in zip(*self.cols, strict=True))
-            return _lp(self.mkt, pb, po, ps, self.free)
+            got = _lp(self.mkt, pb, po, ps, self.free)
+            return None if got is None else (*got, np.zeros(0), np.zeros(self.nb))
         no = self.no
-        if sum(len(c[0]) for c in self.cols) == 0:
-            return 0.0, np.zeros(0), np.zeros((no, CUT_TIERS))
+        if self.ncol == 0:
+            npair = sum(len(c[0]) for c in self.cols)
+            return 0.0, np.zeros(npair), np.zeros((no, CUT_TIERS)), np.zeros(nf), np.zeros(self.nb)
         self.h.run()
         if self.h.getModelStatus() != _highs.HighsModelStatus.kOptimal:
             return None
         sol = self.h.getSolution()
         # maximising under <= rows, HiGHS's row duals are the prices (>= 0; clip round-off)
-        dual = np.maximum(np.asarray(sol.row_dual, dtype=np.float64), 0.0)
+        dual = np.maximum(np.asarray(sol.row_dual, dtype=np.float64), 0.0) * self.scale
         lam = np.zeros((no, CUT_TIERS), dtype=np.float64)
         lam[:, 0] = dual[self.nb : self.nb + no]
         for j in range(1, CUT_TIERS):
             has = self.cut_row[:, j] >= 0
             lam[has, j] = dual[self.cut_row[has, j]]
-        return float(self.h.getInfo().objective_function_value), np.asarray(sol.col_value, dtype=np.float64), lam
+        col = np.asarray(sol.col_value, dtype=np.float64)
+        x = col[np.concatenate(self.xcol)] if self.xcol else np.zeros(0)
+        fx = col[np.concatenate(self.fcol)] if self.fcol else np.zeros(0)
+        value = float(self.h.getInfo().objective_function_value) * self.scale
+        return value, x, lam, fx, dual[: self.nb]
 
 
 def _lp(mkt: Market, pb: I64, po: I64, ps: I64, free: I64) -> tuple[float, F64, F64] | None:

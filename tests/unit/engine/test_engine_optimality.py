@@ -229,6 +229,37 @@ def test_multi_fill_bound_is_the_best_whole_bucket_not_the_best_pair() -> None:
     assert int(multi_fill_bound(mkt, bids, price, mkt.o_gpus, c.views)[0]) <= 1
 
 
+def test_lp_keeps_a_multi_machine_job_whole_in_one_bucket() -> None:
+    """A 16-GPU job may span machines of one bucket only. Each region has 8
+    cheap and 8 dear GPUs. As pairs, the LP took the cheap 8 of each region
+    (half the job in each); as whole fills (one column per placement), its
+    optimum and its bound are the best whole placement: the cheap and the
+    dear 8 of one region."""
+    from market.engine.bound import class_lp
+
+    offers = [
+        offer(1, gpus=8, ask=1_000_000), offer(2, gpus=8, ask=2_000_000),
+        offer(3, gpus=8, ask=1_000_000, region="us-east"), offer(4, gpus=8, ask=2_000_000, region="us-east"),
+    ]
+    job = bid(1, gpus=16, same_machine=False, max_price=3_000_000, duration_s=7200)
+    mkt = build_market(round_of(offers, [job]))
+    c = candidates(mkt, 0, 0)
+    score = {int(mkt.o_id[o]): int(s) for o, s in zip(c.pair_offer.tolist(), c.pair_score.tolist(), strict=True)}
+    whole = max(score[1] + score[2], score[3] + score[4]) / 2
+    split = (score[1] + score[3]) / 2
+    bids = np.asarray([0], dtype=np.int64)
+    cols = (c.pair_bid, c.pair_offer, c.pair_score)
+    lp = class_lp(mkt, bids, cols, mkt.o_gpus.copy(), None, None, fills=c.views)
+    assert lp is not None
+    assert lp.value == pytest.approx(whole, abs=2)
+    assert whole <= lp.bound <= whole + 16 + 3  # slack: a unit per part, the bid's GPUs + 1
+    (j,) = np.flatnonzero(lp.fx > 1e-9).tolist()
+    assert lp.fx[j] == pytest.approx(1.0)
+    assert len({mkt.region_ids[int(mkt.o_region[o])] for o, _ in lp.fills.parts(j)}) == 1
+    as_pairs = class_lp(mkt, bids, cols, mkt.o_gpus.copy(), None, None)
+    assert as_pairs is not None and as_pairs.value == pytest.approx(split, abs=2)
+
+
 def test_lagrangian_bound_prices_out_pruned_pairs_and_stays_near_the_lp_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     """Classes too big for the LP get the Lagrangian bound; with column
     generation it stays a few percent above the LP's (2.5% here). Without it,
