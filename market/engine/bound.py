@@ -402,18 +402,25 @@ def lagrange_bound(
     columns there join them and the steps go on from those prices, up to
     ``rounds`` times: column generation, as in ``class_lp``. Without it the
     prices of offers no column touches stay 0 and the pruned pairs on them
-    keep the bound loose (0.84 of it at 20k orders, 0.95 with it)."""
+    keep the bound loose (0.84 of it at 20k orders, 0.95 with it). A
+    multi-machine bid's term is its exact best whole fill (``best_fills``).
+    Starting from prices read off the greedy (an outsider's best score per
+    GPU where it found no room) was tried: a looser bound than from 0."""
     no = len(mkt.offers)
     icaps = cut_caps(free)
     caps = icaps.astype(np.float64)
     lam_f = np.zeros((no, CUT_TIERS), dtype=np.float64)
     pb, po, ps = cols
     best: int | None = None
+    multi = np.flatnonzero(~mkt.b_same[bids])
     for _ in range(rounds + 1):
         order = np.argsort(pb, kind="stable")  # each bid's columns in one run, for reduceat
         pb, po, ps = pb[order], po[order], ps[order]
         lam = _subgradient(mkt, (pb, po, ps), caps, icaps, lam_f, lower, iters)
-        bound, (nb_, no_, ns_), _ = bound_at(mkt, bids, (pb, po, ps), free, lam, rest, views, skip)
+        bound, (nb_, no_, ns_), terms = bound_at(mkt, bids, (pb, po, ps), free, lam, rest, views, skip)
+        if views is not None and len(multi):  # a multi-machine bid's term: its exact best whole fill
+            fill = multi_fill_bound(mkt, bids[multi], lam[:, 0], free, views)
+            bound -= int((terms[multi] - np.minimum(terms[multi], fill)).sum())
         best = bound if best is None else min(best, bound)
         lam_f = lam.astype(np.float64)
         if not len(nb_):
