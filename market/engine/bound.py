@@ -112,7 +112,8 @@ def _mip(a: csc_matrix, obj: F64, ub: F64, lo: F64, hi: F64, node_limit: int, re
 
 
 CG_TOLERANCE = 1e-3  # column generation stops once the bound is this close to the LP
-CG_STALL = 1e-3  # ... or once a round moved the bound less than this (the rest is the bound's own looseness)
+CG_STALL = 1e-3  # ... or, with multi-machine bids as pairs, once a round moved the bound less than this
+CG_WIDTH_FILLS = 8  # columns a bid may gain per round when the LP has fills (classes small enough for them)
 
 
 @dataclass
@@ -264,7 +265,8 @@ def class_lp(
             return None
         value, x, lam_f, fx, u = sol
         lam = np.floor(np.maximum(lam_f, 0.0) + 1e-9).astype(np.int64)
-        bound, (nb_, no_, ns_), best = bound_at(mkt, bids, (pb, po, ps), free, lam, rest, views, skip)
+        bound, (nb_, no_, ns_), best = bound_at(mkt, bids, (pb, po, ps), free, lam, rest, views, skip,
+                                                width=CG_WIDTH_FILLS if whole else 4)
         fresh = NO_FILLS
         if whole:
             assert fills is not None
@@ -277,7 +279,7 @@ def class_lp(
         elif fills is not None and len(multi):
             fill = multi_fill_bound(mkt, bids[multi], lam[:, 0], free, fills)
             bound -= int((best[multi] - np.minimum(best[multi], fill)).sum())
-        stalled = last is not None and last - bound < CG_STALL * last
+        stalled = not whole and last is not None and last - bound < CG_STALL * last
         last = bound if last is None else min(last, bound)
         if (len(nb_) or len(fresh)) and it < rounds and bound - value > CG_TOLERANCE * bound and not stalled:
             lp.add_fills(fresh)
@@ -300,6 +302,7 @@ def bound_at(
     rest: I64 | None,
     views: BidViews | None,
     skip: dict[tuple[int, int], I64] | None,
+    width: int = 4,
 ) -> tuple[int, tuple[I64, I64, I64], I64]:
     """The dual bound at offer prices ``lam`` (integers >= 0) over every
     feasible pair of ``bids`` (see ``class_lp``), and the pruned pairs that
@@ -319,7 +322,7 @@ def bound_at(
     if rest is not None and views is not None:
         loose = bids[rest[bids] > u[bids]]
         if len(loose):
-            red, nb_, no_, ns_ = price_out(mkt, loose, lam2, u[loose], views, free, skip=skip)
+            red, nb_, no_, ns_ = price_out(mkt, loose, lam2, u[loose], views, free, width=width, skip=skip)
             pos = np.searchsorted(bids, loose)
             best = best.copy()
             best[pos] = np.maximum(best[pos], red)
