@@ -414,23 +414,25 @@ def lagrange_bound(
     caps = icaps.astype(np.float64)
     lam_f = np.zeros((no, CUT_TIERS), dtype=np.float64)
     pb, po, ps = cols
-    best: int | None = None
-    multi = np.flatnonzero(~mkt.b_same[bids])
+    best: tuple[int, I64, I64] | None = None
     for _ in range(rounds + 1):
         order = np.argsort(pb, kind="stable")  # each bid's columns in one run, for reduceat
         pb, po, ps = pb[order], po[order], ps[order]
         lam = _subgradient(mkt, (pb, po, ps), caps, icaps, lam_f, lower, iters)
         bound, (nb_, no_, ns_), terms = bound_at(mkt, bids, (pb, po, ps), free, lam, rest, views, skip)
-        if views is not None and len(multi):  # a multi-machine bid's term: its exact best whole fill
-            fill = multi_fill_bound(mkt, bids[multi], lam[:, 0], free, views)
-            bound -= int((terms[multi] - np.minimum(terms[multi], fill)).sum())
-        best = bound if best is None else min(best, bound)
+        if best is None or bound < best[0]:
+            best = (bound, lam, terms)
         lam_f = lam.astype(np.float64)
         if not len(nb_):
             break
         pb, po, ps = np.concatenate([pb, nb_]), np.concatenate([po, no_]), np.concatenate([ps, ns_])
     assert best is not None
-    return best
+    bound, lam, terms = best
+    multi = np.flatnonzero(~mkt.b_same[bids])
+    if views is not None and len(multi):  # at the best prices, a multi-machine bid's exact best whole fill
+        fill = multi_fill_bound(mkt, bids[multi], lam[:, 0], free, views)
+        bound -= int((terms[multi] - np.minimum(terms[multi], fill)).sum())
+    return bound
 
 
 def _subgradient(
