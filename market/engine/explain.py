@@ -105,14 +105,14 @@ class Explainer:
         f_region = ~mkt.region_allowed[bs][:, r]
         f_lat = ~mkt.latency_ok[bs][:, r]
         dur = mkt.b_dur[bs][:, None]
-        f_time = ~(
-            (mkt.o_from[offs][None, :] <= mkt.now)
-            & (mkt.o_until[offs][None, :] >= mkt.now + dur)
-            & (mkt.o_min_dur[offs][None, :] <= dur)
-            & (dur <= mkt.o_max_dur[offs][None, :])
-        )
-        k = mkt.b_klass[bs][:, None]
-        f_class = (mkt.o_resv[offs][None, :] & (k != 0)) | ((k == 2) & ~mkt.o_spot[offs][None, :])
+        # the durations an offer takes: from its minimum to the shorter of its
+        # maximum and what is left of its window (none before it opens)
+        longest = np.where(mkt.o_from[offs] <= mkt.now,
+                           np.minimum(mkt.o_max_dur[offs], mkt.o_until[offs] - mkt.now), -1)
+        f_time = (dur < mkt.o_min_dur[offs][None, :]) | (dur > longest[None, :])
+        resv = mkt.o_resv[offs]
+        by_class = np.stack([np.zeros(len(offs), dtype=np.bool_), resv, resv | ~mkt.o_spot[offs]])
+        f_class = by_class[mkt.b_klass[bs]]
         f_gpus = mkt.b_same[bs][:, None] & (mkt.o_gpus[offs][None, :] < mkt.b_gpus[bs][:, None])
         f_rel = mkt.o_rel[offs][None, :] < mkt.b_minrel[bs][:, None]
         f_price = mkt.o_ask[offs][None, :] > mkt.b_maxp[bs][:, None]
@@ -120,17 +120,23 @@ class Explainer:
         nfail = np.zeros(f_region.shape, dtype=np.int8)
         for f in fails:
             nfail += f
-        onehot = np.zeros((len(offs), len(mkt.region_ids)), dtype=np.float32)
-        onehot[np.arange(len(offs)), r] = 1.0
+        one = nfail == 1
+        # offers come grouped by bucket, so "any such offer in region r" is an OR
+        # over each bucket's run of columns, then over the buckets of r
+        seg = np.flatnonzero(np.r_[True, (mkt.o_model[offs][1:] != mkt.o_model[offs][:-1]) | (r[1:] != r[:-1])])
+        seg_region = r[seg]
         big = np.iinfo(np.int64).max
         asks = mkt.o_ask[offs][None, :]
         stats: dict[int, tuple[I64, BoolA, I64, F64]] = {}
         for i in (6, 1, 0, 4, 5, 2, 3):
-            only = fails[i] & (nfail == 1)
+            only = fails[i] & one
             n = only.sum(axis=1)
             if not n.any():
                 continue
-            where = (only.astype(np.float32) @ onehot) > 0
+            where = np.zeros((len(bs), len(mkt.region_ids)), dtype=np.bool_)
+            any_seg = np.logical_or.reduceat(only, seg, axis=1)
+            for k, reg in enumerate(seg_region.tolist()):
+                where[:, reg] |= any_seg[:, k]
             if i == 1:
                 lat = np.where(only, mkt.latency[bs][:, r], np.inf)
                 pick = lat.argmin(axis=1)
@@ -147,7 +153,6 @@ class Explainer:
         feas = nfail == 0
         n_feas = feas.sum(axis=1)
         best_ask = np.where(feas, asks, big).min(axis=1)
-        n_fail = np.stack([f.sum(axis=1) for f in fails], axis=1)
         for row, b in enumerate(bs.tolist()):
             reasons = heads[row]
             nearest: str | None = None
@@ -180,7 +185,7 @@ class Explainer:
                         f"penalties exceed your price margin on every one"
                     )
             elif not any_only:
-                n = n_fail[row].tolist()
+                n = [int(f[row].sum()) for f in fails]
                 worst = max(range(len(n)), key=lambda i: (n[i], -i))
                 reasons.append(
                     f"{_plural(len(offs), 'offer')} of {self._want(b)}, but each fails several of your "
