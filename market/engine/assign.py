@@ -42,6 +42,7 @@ from .market import F64, I64, BidViews, Candidates, Market, top_candidates, unfi
 Part = tuple[int, int, int]  # offer index, GPUs, score
 FIT_TOLERANCE = 0.0
 LP_CG_ROUNDS = 6  # rounds of column generation (warm-started), twice as many with fills; fewer once the bound meets the LP
+REFILL_KMAX = 128  # a refill pass doubles the candidates each waiting bid gets, up to this
 LP_FILL_COLUMNS = 150_000  # up to this, multi-machine bids enter the LP as whole fills (tight, slower to solve)
 LP_MAX_COLUMNS = 400_000  # above this, greedy + a Lagrangian-priced bound instead of the LP
 
@@ -559,11 +560,13 @@ class Solver:
         One vectorised candidate search for all of them at once, then the
         greedy again in the same order; replaces per-bid scans of the views.
         In a thick market many bids share the same cheapest offers, so this
-        repeats while a pass still places bids (at most ``passes`` times):
-        at 100k orders a side, 4 passes left 45,000 on-demand bids waiting
-        that 16 place (matched 62.8% -> 78.9%).
+        repeats while a pass still places bids (at most ``passes`` times),
+        each pass with twice the candidates per bid of the one before (up to
+        ``REFILL_KMAX``): at 100k orders a side, with 16 each time, pass after
+        pass placed ~15% of the waiting on-demand bids (16 passes, 78.3%
+        matched); doubling, 7 passes place more (79.8%) in the same time.
         """
-        for _ in range(passes):
+        for p in range(passes):
             waiting = [b for b in bids if b not in self.assigned and self.cand.truncated[b]]
             if not waiting:
                 return
@@ -571,7 +574,7 @@ class Solver:
             only[waiting] = True
             free = np.asarray(self.state.free, dtype=np.int64)
             views = self.cand.views if isinstance(self.cand.views, BidViews) else None
-            fresh = top_candidates(self.mkt, kmax, only=only, cap=free, views=views)
+            fresh = top_candidates(self.mkt, min(kmax << p, REFILL_KMAX), only=only, cap=free, views=views)
             for b in waiting:
                 self.cand.offers[b] = fresh.offers[b]
                 self.cand.scores[b] = fresh.scores[b]

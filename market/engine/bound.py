@@ -276,9 +276,6 @@ def class_lp(
             keep_n = mkt.b_same[nb_]
             nb_, no_, ns_ = nb_[keep_n], no_[keep_n], ns_[keep_n]
             fresh = lp.new_fills(fresh, lam[:, 0], u)
-        elif fills is not None and len(multi):
-            fill = multi_fill_bound(mkt, bids[multi], lam[:, 0], free, fills)
-            bound -= int((best[multi] - np.minimum(best[multi], fill)).sum())
         stalled = not whole and last is not None and last - bound < CG_STALL * last
         last = bound if last is None else min(last, bound)
         if (len(nb_) or len(fresh)) and it < rounds and bound - value > CG_TOLERANCE * bound and not stalled:
@@ -289,6 +286,9 @@ def class_lp(
             ps = np.concatenate([ps, ns_])
             added += len(nb_) + len(fresh)
             continue
+        if not whole and fills is not None and len(multi):  # once, at the last prices
+            fill = multi_fill_bound(mkt, bids[multi], lam[:, 0], free, fills)
+            bound -= int((best[multi] - np.minimum(best[multi], fill)).sum())
         return ClassLP(bound, value, pb, po, ps, x, lam_f, added, lp.fills, fx)
     return None  # pragma: no cover - the loop always returns
 
