@@ -121,7 +121,7 @@ class Solver:
     state: State
     scan_limit: int = 64
     milp_nodes: int = 2_000
-    milp_pairs: int = 40_000
+    milp_pairs: int = 40_000  # the fractional rest's MILP gives up above this (10k on-demand: up to ~21k)
     scan_fallback: bool = True  # large rounds refill lists in bulk instead
     ptr: dict[tuple[int, int, int], int] = field(default_factory=dict)
     gpu_price: F64 | None = None  # while rounding an LP: its shadow price per GPU (plain capacity row)

@@ -240,8 +240,10 @@ def class_lp(
     offer). Either way a multi-machine bid's term in the bound is its exact
     best whole fill at the prices (``best_fills``), not its best pair. Fills
     make the LP tight for these bids but slower to solve, so big classes
-    (``assign.LP_FILL_COLUMNS``) keep pairs. Rounds stop early once a round
-    moved the bound less than ``CG_STALL``.
+    (``assign.LP_FILL_COLUMNS``) keep pairs; there, rounds also stop once a
+    round moved the bound less than ``CG_STALL`` (with fills the bound moves
+    in uneven steps as fills come in, so they run until the bound meets the
+    LP or ``rounds`` run out).
     """
     pb, po, ps = cols
     added = 0
