@@ -13,7 +13,15 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
 from market.engine import Bid, Offer, RoundInput, assign, clear_round
-from market.engine.market import BidViews, build_market, candidates, price_out, top_candidates
+from market.engine.market import (
+    BidViews,
+    Candidates,
+    Market,
+    build_market,
+    candidates,
+    price_out,
+    top_candidates,
+)
 from tests.bench.instances import make_round
 from tests.unit.engine.engine_builders import bid, offer, round_of
 
@@ -203,6 +211,14 @@ def test_bound_and_surplus_against_the_milp_with_multi_machine_bids(seed: int) -
     assert res.stats.surplus >= 0.995 * opt
 
 
+def spanning_job(offers: list[Offer]) -> tuple[Market, Candidates]:
+    """A round of one 16-GPU job that may span machines (of one bucket) on
+    ``offers``, and every feasible pair of it."""
+    job = bid(1, gpus=16, same_machine=False, max_price=3_000_000, duration_s=7200)
+    mkt = build_market(round_of(offers, [job]))
+    return mkt, candidates(mkt, 0, 0)
+
+
 def test_multi_fill_bound_is_the_best_whole_bucket_not_the_best_pair() -> None:
     """A 16-GPU job may span machines of one bucket only. us-east is cheaper
     but holds 12 GPUs; eu-west holds 16. The LP's term for the bid is its best
@@ -213,9 +229,7 @@ def test_multi_fill_bound_is_the_best_whole_bucket_not_the_best_pair() -> None:
         offer(1, gpus=8, ask=2_000_000), offer(2, gpus=8, ask=2_000_000),
         offer(3, gpus=8, ask=1_000_000, region="us-east"), offer(4, gpus=4, ask=1_000_000, region="us-east"),
     ]
-    job = bid(1, gpus=16, same_machine=False, max_price=3_000_000, duration_s=7200)
-    mkt = build_market(round_of(offers, [job]))
-    c = candidates(mkt, 0, 0)
+    mkt, c = spanning_job(offers)
     bids = np.asarray([0], dtype=np.int64)
     zero = np.zeros(len(mkt.offers), dtype=np.int64)
     fill = int(multi_fill_bound(mkt, bids, zero, mkt.o_gpus, c.views)[0])
@@ -241,9 +255,7 @@ def test_lp_keeps_a_multi_machine_job_whole_in_one_bucket() -> None:
         offer(1, gpus=8, ask=1_000_000), offer(2, gpus=8, ask=2_000_000),
         offer(3, gpus=8, ask=1_000_000, region="us-east"), offer(4, gpus=8, ask=2_000_000, region="us-east"),
     ]
-    job = bid(1, gpus=16, same_machine=False, max_price=3_000_000, duration_s=7200)
-    mkt = build_market(round_of(offers, [job]))
-    c = candidates(mkt, 0, 0)
+    mkt, c = spanning_job(offers)
     score = {int(mkt.o_id[o]): int(s) for o, s in zip(c.pair_offer.tolist(), c.pair_score.tolist(), strict=True)}
     whole = max(score[1] + score[2], score[3] + score[4]) / 2
     split = (score[1] + score[3]) / 2
