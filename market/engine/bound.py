@@ -251,6 +251,7 @@ def class_lp(
     lp = _WarmLP(mkt, free)
     multi = np.flatnonzero(~mkt.b_same[bids])
     whole = whole_fills and fills is not None and _highs is not None and len(multi) > 0
+    cache: _FillCache = {}  # each multi-machine bid's feasible offers per view, on this ``free``
     if whole:
         assert fills is not None
         keep = mkt.b_same[pb]  # multi-machine bids enter as whole fills only
@@ -258,7 +259,7 @@ def class_lp(
         if rest is not None:
             rest = rest.copy()
             rest[bids[multi]] = 0  # their fills are priced exactly below, not by pairs
-        _, fresh = best_fills(mkt, bids[multi], np.zeros(len(mkt.offers), dtype=np.int64), free, fills)
+        _, fresh = best_fills(mkt, bids[multi], np.zeros(len(mkt.offers), dtype=np.int64), free, fills, cache)
         lp.add_fills(fresh)
     lp.add(pb, po, ps)
     for it in range(rounds + 1):
@@ -273,7 +274,7 @@ def class_lp(
         if whole:
             assert fills is not None
             # a multi-machine bid is whole in one bucket: its term is its exact best fill at these prices
-            term, fresh = best_fills(mkt, bids[multi], lam[:, 0], free, fills)
+            term, fresh = best_fills(mkt, bids[multi], lam[:, 0], free, fills, cache)
             bound += int((term - best[multi]).sum())
             keep_n = mkt.b_same[nb_]
             nb_, no_, ns_ = nb_[keep_n], no_[keep_n], ns_[keep_n]
@@ -341,8 +342,12 @@ def multi_fill_bound(
     return best_fills(mkt, bids, price, free, views)[0]
 
 
+_FillCache = dict[tuple[int, tuple[int, int, int]], tuple[I64, F64, I64, F64]]
+
+
 def best_fills(
-    mkt: Market, bids: I64, price: I64, free: I64, views: Sequence[list[tuple[int, int, int]]] | BidViews
+    mkt: Market, bids: I64, price: I64, free: I64, views: Sequence[list[tuple[int, int, int]]] | BidViews,
+    cache: _FillCache | None = None,
 ) -> tuple[I64, Fills]:
     """Per multi-machine bid, an upper bound on its reduced score at offer
     prices ``price`` (per GPU) over every way it can be placed: whole, in one
@@ -353,7 +358,9 @@ def best_fills(
     pair, and it is much less when no bucket has room for the whole bid at
     those prices. Scanned over every feasible offer of the bid's buckets,
     kept or pruned; scores per GPU are the whole bid's on the offer over its
-    GPUs, and the rounding of each part is in ``bound_at``'s slack."""
+    GPUs, and the rounding of each part is in ``bound_at``'s slack. ``cache``
+    keeps each (bid, view)'s feasible offers between calls on the same
+    ``free`` (column generation calls this every round at new prices)."""
     out = np.zeros(len(bids), dtype=np.int64)
     rows: list[tuple[int, int, list[int], list[int]]] = []
     for i, b in enumerate(bids.tolist()):
@@ -362,24 +369,28 @@ def best_fills(
         one = np.asarray([b], dtype=np.int64)
         best = 0.0
         for key in views[b]:
-            offs = mkt.views[key]
-            offs = offs[free[offs] > 0]
-            if not len(offs):
-                continue
-            score, ok = pair_scores(mkt, one, offs, same=False)
-            offs, sc = offs[ok[0]], score[0][ok[0]]
-            cap = np.minimum(free[offs], g)
+            got = None if cache is None else cache.get((b, key))
+            if got is None:
+                offs = mkt.views[key]
+                offs = offs[free[offs] > 0]
+                score, ok = pair_scores(mkt, one, offs, same=False)
+                offs, sc = offs[ok[0]], score[0][ok[0]]
+                cap = np.minimum(free[offs], g)
+                v, _ = mkt.values(b, offs)
+                got = (offs, sc.astype(np.float64) / g, cap, v)
+                if cache is not None:
+                    cache[(b, key)] = got
+            offs, per_gpu, cap, v = got
             if int(cap.sum()) < g:
                 continue
-            per = sc.astype(np.float64) / g - price[offs]
+            per = per_gpu - price[offs]
             order = np.argsort(-per, kind="stable")
-            offs, cap, per = offs[order], cap[order], per[order]
+            offs, cap, per, vo = offs[order], cap[order], per[order], v[order]
             before = np.cumsum(cap) - cap
             take = np.clip(g - before, 0, cap)
             best = max(best, float((take * per).sum()))
             n = int(np.count_nonzero(take))  # a prefix
-            v, _ = mkt.values(b, offs[:n])
-            parts = np.rint(take[:n].astype(np.float64) * h * v).astype(np.int64)
+            parts = np.rint(take[:n].astype(np.float64) * h * vo[:n]).astype(np.int64)
             rows.append((b, int(parts.sum()), offs[:n].tolist(), take[:n].tolist()))
         out[i] = math.ceil(best) + 1
     return out, Fills.of(rows)
