@@ -379,33 +379,38 @@ class Solver:
         sure = np.flatnonzero(x >= 0.999)
         for i in sure[np.lexsort((mkt.o_id[po[sure]], mkt.bids_id[pb[sure]]))].tolist():
             self._try(int(pb[i]), int(po[i]), int(ps[i]))
-        start = self._snapshot()
-        best: tuple[int, _Snapshot] | None = None
         frac = bool(((x > 1e-6) & (x < 0.999)).any())
         # the orders differ only with fractional bids and multi-machine bids the LP
         # filled; with those as whole fills the fractional MILP first never won
         # (3k and 10k bench rounds, 3 seeds each: the same surplus to the unit)
-        two = frac and bool(multi.whole(mkt)) and not len(fills)
-        orders = (True, False) if two else (True,)
-        for multi_first in orders:
-            if best is not None:
-                self._restore(start)
-            if multi_first:
-                self._multi_whole(multi)
-            self._frac_milp(pb, po, ps, x)
-            if not multi_first:
-                self._multi_whole(multi)
-            wanted = sorted(b for b in multi.gpus if b not in self.assigned)
-            if wanted:
-                on = self._tenants(int(mkt.b_klass[wanted[0]]))
-                for b in sorted(wanted, key=lambda b: (-float(multi.val[b]), int(mkt.bids_id[b]))):
-                    self._evict_for_multi(b, on)
-            self._fill_open(bids, pb, po, ps, x, price)
-            got = sum(p[2] for b in bids for p in self.assigned.get(b, ()))
-            if best is None or got > best[0]:
-                best = (got, self._snapshot())
-        assert best is not None
-        self._restore(best[1])
+        if not (frac and multi.whole(mkt) and not len(fills)):
+            self._round_rest(bids, pb, po, ps, x, price, multi, multi_first=True)
+            return
+        start = self._snapshot()
+        first = self._round_rest(bids, pb, po, ps, x, price, multi, multi_first=True)
+        kept = self._snapshot()
+        self._restore(start)
+        if self._round_rest(bids, pb, po, ps, x, price, multi, multi_first=False) <= first:
+            self._restore(kept)
+
+    def _round_rest(self, bids: list[int], pb: I64, po: I64, ps: I64, x: F64, price: F64, multi: _LpMulti,
+                    *, multi_first: bool) -> int:
+        """After the LP's integral part: the multi-machine bids and the
+        fractional MILP in one order, evictions for the multi-machine bids
+        left out, then what is open; returns the class's surplus."""
+        mkt = self.mkt
+        if multi_first:
+            self._multi_whole(multi)
+        self._frac_milp(pb, po, ps, x)
+        if not multi_first:
+            self._multi_whole(multi)
+        wanted = sorted(b for b in multi.gpus if b not in self.assigned)
+        if wanted:
+            on = self._tenants(int(mkt.b_klass[wanted[0]]))
+            for b in sorted(wanted, key=lambda b: (-float(multi.val[b]), int(mkt.bids_id[b]))):
+                self._evict_for_multi(b, on)
+        self._fill_open(bids, pb, po, ps, x, price)
+        return sum(p[2] for b in bids for p in self.assigned.get(b, ()))
 
     def _snapshot(self) -> _Snapshot:
         """What placing changes (parts lists are replaced, never edited)."""

@@ -36,7 +36,6 @@ from .market import (
     BidViews,
     Market,
     cut_caps,
-    pair_scores,
     price_out,
     size_tier,
     tier_prices,
@@ -366,18 +365,17 @@ def best_fills(
     for i, b in enumerate(bids.tolist()):
         g = int(mkt.b_gpus[b])
         h = float(mkt.b_hours[b])
-        one = np.asarray([b], dtype=np.int64)
         best = 0.0
         for key in views[b]:
             got = None if cache is None else cache.get((b, key))
             if got is None:
                 offs = mkt.views[key]
                 offs = offs[free[offs] > 0]
-                score, ok = pair_scores(mkt, one, offs, same=False)
-                offs, sc = offs[ok[0]], score[0][ok[0]]
-                cap = np.minimum(free[offs], g)
-                v, _ = mkt.values(b, offs)
-                got = (offs, sc.astype(np.float64) / g, cap, v)
+                v, ok = mkt.values(b, offs)
+                sc = np.rint(float(g) * h * v)  # the whole bid's score on each, as pair_scores rounds it
+                ok &= sc > 0
+                offs, sc, v = offs[ok], sc[ok], v[ok]
+                got = (offs, sc / g, np.minimum(free[offs], g), v)
                 if cache is not None:
                     cache[(b, key)] = got
             offs, per_gpu, cap, v = got

@@ -141,22 +141,9 @@ class Market:
 
     def values(self, b: int, offs: I64) -> tuple[F64, BoolA]:
         """``value`` and ``offer_ok`` (GPUs aside) of bid ``b`` on each of
-        ``offs`` (offers available now) at once, in the same float steps."""
-        ask = self.o_ask[offs]
-        dur = int(self.b_dur[b])
-        k = int(self.b_klass[b])
-        ok = (ask <= self.b_maxp[b]) & (self.o_rel[offs] >= self.b_minrel[b])
-        ok &= (self.o_min_dur[offs] <= dur) & (dur <= self.o_max_dur[offs])
-        ok &= self.o_until[offs] >= self.now + dur
-        if k != 0:
-            ok &= ~self.o_resv[offs]
-        if k == 2:
-            ok &= self.o_spot[offs]
-        m, r = self.o_model[offs], self.o_region[offs]
-        v = (self.b_maxp[b] - ask).astype(np.float64) + float(self.b_wrel[b]) * self.o_rel[offs]
-        v = v - self.pen[b, r]
-        v = v - float(self.b_wc[b]) * self.carbon_kg_gh[m, r]
-        return v, ok
+        ``offs`` (offers available now) at once (``pair_values``' one row)."""
+        v, ok = pair_values(self, np.asarray([b], dtype=np.int64), offs)
+        return v[0], ok[0]
 
     def offer_ok(self, b: int, o: int, *, check_gpus: bool = True) -> bool:
         """Offer-level hard constraints for one pair (bucket-level ones aside)."""
@@ -335,16 +322,14 @@ def bid_views(mkt: Market) -> list[list[tuple[int, int, int]]]:
     return out
 
 
-def pair_scores(
-    mkt: Market, bids: I64, offs: I64, same: bool = True, cap: I64 | None = None
-) -> tuple[I64, BoolA]:
-    """Scores and feasibility of the block ``bids x offs`` (offers of one bucket)."""
+def pair_values(mkt: Market, bids: I64, offs: I64) -> tuple[F64, BoolA]:
+    """Per-GPU-hour values (``Market.value``'s float steps) and the offer-level
+    hard constraints, GPUs aside, of the block ``bids x offs`` (offers
+    available now)."""
     bc = bids[:, None]
     ask = mkt.o_ask[offs][None, :]
     dur = mkt.b_dur[bc]
     ok = ask <= mkt.b_maxp[bc]
-    if same:
-        ok &= (mkt.o_gpus if cap is None else cap)[offs][None, :] >= mkt.b_gpus[bc]
     ok &= mkt.o_rel[offs][None, :] >= mkt.b_minrel[bc]
     ok &= (mkt.o_min_dur[offs][None, :] <= dur) & (dur <= mkt.o_max_dur[offs][None, :])
     ok &= mkt.o_until[offs][None, :] >= mkt.now + dur
@@ -356,6 +341,17 @@ def pair_scores(
     v = (mkt.b_maxp[bc] - ask).astype(np.float64) + mkt.b_wrel[bc] * mkt.o_rel[offs][None, :]
     v = v - mkt.pen[bc, r[None, :]]
     v = v - mkt.b_wc[bc] * mkt.carbon_kg_gh[m, r][None, :]
+    return v, ok
+
+
+def pair_scores(
+    mkt: Market, bids: I64, offs: I64, same: bool = True, cap: I64 | None = None
+) -> tuple[I64, BoolA]:
+    """Scores and feasibility of the block ``bids x offs`` (offers of one bucket)."""
+    v, ok = pair_values(mkt, bids, offs)
+    bc = bids[:, None]
+    if same:
+        ok &= (mkt.o_gpus if cap is None else cap)[offs][None, :] >= mkt.b_gpus[bc]
     gh = mkt.b_gpus[bc].astype(np.float64) * mkt.b_hours[bc]
     score = np.rint(gh * v).astype(np.int64)
     ok &= score > 0
