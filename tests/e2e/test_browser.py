@@ -219,6 +219,9 @@ def test_a_wallet_buyer_links_deposits_and_signs_its_order_in_the_browser_wallet
     page.wait_for_selector("[data-sign-order]")  # on the new page, then wallet.js bound its buttons there
     page.wait_for_selector("html[data-wallet-ready]", state="attached")
     page.click("[data-sign-order]")
+    # a round may match the bid while the wallet is open, and the live page then swaps its
+    # row for the server's (app.js): the signature must still land and show
+    page.evaluate("document.querySelectorAll('tr[data-order]').forEach((row) => { row.innerHTML = row.innerHTML; })")
     page.wait_for_selector("[data-signed]")
     page.wait_for_selector("tr[data-order] .pill.state-matched", timeout=40_000)
     page.wait_for_selector("[data-trade-state].state-settled", timeout=120_000)

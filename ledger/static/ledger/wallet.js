@@ -108,29 +108,49 @@
     });
   }
 
-  function orderButtons() {
-    document.querySelectorAll("[data-sign-order]").forEach((button) => {
-      button.addEventListener("click", async () => {
-        const id = button.dataset.signOrder;
-        if (!window.ethereum) { button.textContent = "no browser wallet here"; return; }
-        button.disabled = true;
-        try {
-          const { typed_data, spec_message } = await api("GET", `/api/v1/bids/${id}/order/`);
-          const signature = await window.ethereum.request({ method: "eth_signTypedData_v4", params: [button.dataset.account, JSON.stringify(typed_data)] });
-          // and the job spec, so the provider's agent knows the buyer wrote it
-          const spec_signature = await window.ethereum.request({ method: "personal_sign", params: [utf8Hex(spec_message), button.dataset.account] });
-          await api("POST", `/api/v1/bids/${id}/order/sign/`, { signature, spec_signature });
-          const done = document.createElement("span");
-          done.className = "small muted";
-          done.dataset.signed = id;
-          done.textContent = "order signed ✓";
-          button.replaceWith(done);
-        } catch (e) {
-          button.disabled = false;
-          button.textContent = "sign order in wallet (" + walletError(e) + ")";
-        }
-      });
+  // Rows of "My orders" are swapped in place when a round matches them (app.js), possibly
+  // while the wallet is open: so clicks are taken on the document, not on one button, and
+  // once an order is signed every copy of its button, now or swapped in later, says so.
+  const signedOrders = new Set();
+  function markSigned(root) {
+    root.querySelectorAll("[data-sign-order]").forEach((button) => {
+      const id = button.dataset.signOrder;
+      if (!signedOrders.has(id)) return;
+      const done = document.createElement("span");
+      done.className = "small muted";
+      done.dataset.signed = id;
+      done.textContent = "order signed ✓";
+      button.replaceWith(done);
     });
+  }
+
+  async function signOrder(button) {
+    const id = button.dataset.signOrder;
+    if (!window.ethereum) { button.textContent = "no browser wallet here"; return; }
+    button.disabled = true;
+    try {
+      const { typed_data, spec_message } = await api("GET", `/api/v1/bids/${id}/order/`);
+      const signature = await window.ethereum.request({ method: "eth_signTypedData_v4", params: [button.dataset.account, JSON.stringify(typed_data)] });
+      // and the job spec, so the provider's agent knows the buyer wrote it
+      const spec_signature = await window.ethereum.request({ method: "personal_sign", params: [utf8Hex(spec_message), button.dataset.account] });
+      await api("POST", `/api/v1/bids/${id}/order/sign/`, { signature, spec_signature });
+      signedOrders.add(id);
+      markSigned(document);
+    } catch (e) {
+      document.querySelectorAll(`[data-sign-order="${id}"]`).forEach((b) => {
+        b.disabled = false;
+        b.textContent = "sign order in wallet (" + walletError(e) + ")";
+      });
+    }
+  }
+
+  function orderButtons() {
+    document.addEventListener("click", (ev) => {
+      const button = ev.target.closest && ev.target.closest("[data-sign-order]");
+      if (button && !button.disabled) signOrder(button);
+    });
+    new MutationObserver(() => { if (signedOrders.size) markSigned(document); })
+      .observe(document.body, { childList: true, subtree: true });
   }
 
   // a wallet buyer's dispute: the server builds the call (trade, receipt, both Merkle
