@@ -22,7 +22,7 @@ get the same bound at prices found by subgradient steps (``lagrange_bound``).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -500,10 +500,16 @@ except ImportError:  # pragma: no cover - another scipy layout: cold solves thro
 class _WarmLP:
     """The class LP kept in one HiGHS model across rounds of column generation: new
     columns join the model and the next solve starts from the last basis (a few simplex
-    iterations, not a solve from scratch: about half the engine's time at 10k). Every
-    divisibility row that can cut is there from the start; one no column uses is empty
-    and its price is 0, so the LP is the same as ``_lp``'s. Uses the HiGHS bundled with
-    scipy (``_highs``); where scipy does not ship it, each round is a cold ``_lp``."""
+    iterations, not a solve from scratch: about half the engine's time at 10k).
+
+    Rows are written when a column first needs them: a bid's row with its first
+    column, an offer's capacity row with the first column on that offer, and a
+    divisibility row (``cut_caps``) when a column of that size uses an offer whose
+    free GPUs it cuts. A row no column uses is empty and its price is 0, so the LP is
+    the same as ``_lp``'s, but HiGHS carries no idle rows: at 10k orders a side, only
+    a few hundred of the ~25k divisibility rows that could cut ever do, and all the
+    idle rows made every simplex iteration dearer. Uses the HiGHS bundled with scipy
+    (``_highs``); where scipy does not ship it, each round is a cold ``_lp``."""
 
     def __init__(self, mkt: Market, free: I64) -> None:
         self.mkt, self.free = mkt, free
@@ -511,16 +517,10 @@ class _WarmLP:
         if _highs is None:  # pragma: no cover
             return
         nb, no = len(mkt.bids), len(mkt.offers)
-        caps = cut_caps(free)
-        self.cut_row = np.full((no, CUT_TIERS), -1, dtype=np.int64)
-        rhs = [np.ones(nb), caps[:, 0].astype(np.float64)]
-        top = nb + no
-        for j in range(1, CUT_TIERS):
-            offs = np.flatnonzero(caps[:, j] < caps[:, 0])
-            self.cut_row[offs, j] = top + np.arange(len(offs))
-            rhs.append(caps[offs, j].astype(np.float64))
-            top += len(offs)
-        self.nb, self.no, self.rows = nb, no, top
+        self.caps = cut_caps(free)
+        self.bid_row = np.full(nb, -1, dtype=np.int64)
+        self.cut_row = np.full((no, CUT_TIERS), -1, dtype=np.int64)  # column 0: the capacity row
+        self.nb, self.no, self.rows = nb, no, 0
         self.xcol: list[I64] = []  # per add(), the HiGHS columns of its pairs
         self.fcol: list[I64] = []  # per add_fills(), those of its fills
         self.fill_parts: list[Fills] = []
@@ -535,11 +535,27 @@ class _WarmLP:
         h.setOptionValue("output_flag", False)
         h.setOptionValue("threads", 1)
         h.setOptionValue("random_seed", 0)
-        upper = np.concatenate(rhs)
-        none = np.zeros(0, dtype=np.int32)
-        h.addRows(top, np.full(top, -_highs.kHighsInf), upper, 0, none, none, np.zeros(0))
         h.changeObjectiveSense(_highs.ObjSense.kMaximize)
         self.h = h
+
+    def _rows(self, table: I64, keys: I64, upper: Callable[[I64], F64]) -> I64:
+        """The rows of ``keys`` in ``table`` (``bid_row`` or a column of ``cut_row``),
+        first writing those missing, with their upper limits ``upper(keys)``."""
+        new = np.unique(keys[table[keys] < 0])
+        if len(new):
+            table[new] = self.rows + np.arange(len(new))
+            none = np.zeros(0, dtype=np.int32)
+            self.h.addRows(len(new), np.full(len(new), -_highs.kHighsInf), upper(new), 0, none, none, np.zeros(0))
+            self.rows += len(new)
+        out: I64 = table[keys]
+        return out
+
+    def _bid_rows(self, pb: I64) -> I64:
+        return self._rows(self.bid_row, pb, lambda k: np.ones(len(k)))
+
+    def _cap_rows(self, po: I64, j: int) -> I64:
+        caps = self.caps
+        return self._rows(self.cut_row[:, j], po, lambda k: caps[k, j].astype(np.float64))
 
     def add(self, pb: I64, po: I64, ps: I64) -> None:
         n = len(pb)
@@ -550,11 +566,10 @@ class _WarmLP:
         g = mkt.b_gpus[pb].astype(np.float64)
         jp = size_tier(mkt.b_gpus[pb], mkt.b_same[pb])
         col = np.arange(n)
-        rows, cols, vals = [pb, self.nb + po], [col, col], [np.ones(n), g]
+        rows, cols, vals = [self._bid_rows(pb), self._cap_rows(po, 0)], [col, col], [np.ones(n), g]
         for j in range(1, CUT_TIERS):
-            r = self.cut_row[po, j]
-            sel = (jp >= j) & (r >= 0)
-            rows.append(r[sel])
+            sel = np.flatnonzero((jp >= j) & (self.caps[po, j] < self.caps[po, 0]))
+            rows.append(self._cap_rows(po[sel], j))
             cols.append(col[sel])
             vals.append(g[sel])
         a = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(self.rows, n)).tocsc()
@@ -589,7 +604,7 @@ class _WarmLP:
         self.seen.update(fills.key(j) for j in range(n))
         sizes = np.diff(fills.start)
         col = np.repeat(np.arange(n), sizes)
-        rows = np.concatenate([fills.bid, self.nb + fills.off])
+        rows = np.concatenate([self._bid_rows(fills.bid), self._cap_rows(fills.off, 0)])
         cols = np.concatenate([np.arange(n), col])
         vals = np.concatenate([np.ones(n), fills.gpus.astype(np.float64)])
         a = coo_matrix((vals, (rows, cols)), shape=(self.rows, n)).tocsc()
@@ -617,15 +632,15 @@ class _WarmLP:
         # maximising under <= rows, HiGHS's row duals are the prices (>= 0; clip round-off)
         dual = np.maximum(np.asarray(sol.row_dual, dtype=np.float64), 0.0) * self.scale
         lam = np.zeros((no, CUT_TIERS), dtype=np.float64)
-        lam[:, 0] = dual[self.nb : self.nb + no]
-        for j in range(1, CUT_TIERS):
-            has = self.cut_row[:, j] >= 0
-            lam[has, j] = dual[self.cut_row[has, j]]
+        has = self.cut_row >= 0  # a row not written is empty: its price is 0
+        lam[has] = dual[self.cut_row[has]]
+        u = np.zeros(self.nb, dtype=np.float64)
+        u[self.bid_row >= 0] = dual[self.bid_row[self.bid_row >= 0]]
         col = np.asarray(sol.col_value, dtype=np.float64)
         x = col[np.concatenate(self.xcol)] if self.xcol else np.zeros(0)
         fx = col[np.concatenate(self.fcol)] if self.fcol else np.zeros(0)
         value = float(self.h.getInfo().objective_function_value) * self.scale
-        return value, x, lam, fx, dual[: self.nb]
+        return value, x, lam, fx, u
 
 
 def _lp(mkt: Market, pb: I64, po: I64, ps: I64, free: I64) -> tuple[float, F64, F64] | None:
