@@ -3,7 +3,7 @@
 # a suite that silently runs nothing must not pass.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-.venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest --durations=15 "$@"  # the slowest tests, so a slow suite shows why
 rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "tests/run.sh: pytest collected no tests; treating that as a failure" >&2
