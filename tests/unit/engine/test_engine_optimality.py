@@ -14,12 +14,15 @@ from scipy.sparse import coo_matrix
 
 from market.engine import Bid, Offer, RoundInput, assign, clear_round
 from market.engine.market import (
+    CUT_TIERS,
     BidViews,
     Candidates,
     Market,
     build_market,
     candidates,
+    cut_caps,
     price_out,
+    size_tier,
     top_candidates,
 )
 from tests.bench.instances import make_round
@@ -185,6 +188,36 @@ def test_divisibility_rows_keep_the_bound_to_whole_jobs_on_a_leftover() -> None:
     best = int(c.pair_score.max())
     assert lp.bound == pytest.approx(best, abs=2)
     assert lp.lam[:, 2].sum() > 0  # the 4-GPU row, not the plain capacity, carries the price
+
+
+def test_the_warm_lp_built_column_by_column_is_the_cold_lp() -> None:
+    """The warm LP writes a row when a column first needs it (bid, capacity,
+    divisibility rows); columns that arrive in later rounds, some opening rows no
+    column used before, give the same optimum and prices as one cold solve."""
+    from market.engine.bound import _lp, _WarmLP
+
+    inp = make_round(60, 60, seed=3)
+    mkt = build_market(inp)
+    c = candidates(mkt, 0, 0)
+    single = mkt.b_same[c.pair_bid]
+    pb, po, ps = c.pair_bid[single], c.pair_offer[single], c.pair_score[single]
+    free = np.maximum(mkt.o_gpus - 1, 0)  # odd leftovers: divisibility rows cut
+    cold = _lp(mkt, pb, po, ps, free)
+    assert cold is not None
+    warm = _WarmLP(mkt, free)
+    for part in np.array_split(np.argsort(ps, kind="stable"), 3):  # the weakest pairs first
+        warm.add(pb[part], po[part], ps[part])
+        assert warm.solve() is not None
+    got = warm.solve()
+    assert got is not None
+    assert got[0] == pytest.approx(cold[0], rel=1e-9)
+    # a row for each bid and offer some column uses, and each divisibility row that cuts one
+    jp, caps = size_tier(mkt.b_gpus[pb], mkt.b_same[pb]), cut_caps(free)
+    cuts = [len(np.unique(po[(jp >= j) & (caps[po, j] < caps[po, 0])])) for j in range(1, CUT_TIERS)]
+    assert sum(cuts) > 0
+    assert warm.rows == len(np.unique(pb)) + len(np.unique(po)) + sum(cuts)
+    order = np.argsort(ps, kind="stable")
+    assert float(got[1] @ ps[order]) == pytest.approx(cold[0], rel=1e-9)
 
 
 def one_class(inp: RoundInput) -> RoundInput:
