@@ -10,7 +10,9 @@ wanted too; run `gridbid worker` and `gridbid beat` beside it.
 from __future__ import annotations
 
 import logging
+import signal
 import threading
+from types import FrameType
 from typing import Any
 
 from django.conf import settings
@@ -80,9 +82,19 @@ def prepare(*, demo: bool) -> None:
         console.print(f"[green]✓[/] demo: {summary}")
 
 
+def _stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)
+
+
 def serve(*, host: str, port: int, demo: bool, worker: bool) -> None:
     import uvicorn
 
+    # uvicorn shuts down on SIGTERM, then raises the signal again under the handler it
+    # found: with Python's default one that kills this process on the spot, before the
+    # worker and the dev chain below are stopped, and anvil lived on holding its port
+    # (and its state undumped). Under this handler a SIGTERM (systemd, docker, kill)
+    # ends like Ctrl-C: everything started here stops, and the process exits 0.
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     prepare(demo=demo)
     # --- ledger: the embedded dev chain (anvil) when CHAIN_RPC_URL is unset -------------
     devchain = None

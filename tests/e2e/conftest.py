@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -26,9 +27,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@contextlib.contextmanager
-def running_server(data: Path, *, demo: bool, speed: int = 60) -> Iterator[tuple[str, dict[str, str]]]:
-    """`gridbid up` in `data`; yields (base URL, the environment it runs with)."""
+def start_server(data: Path, *, demo: bool, speed: int = 60) -> tuple[subprocess.Popen[bytes], str, dict[str, str]]:
+    """`gridbid up` in `data`, once it answers: (its process, base URL, the environment it runs with)."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "CHAIN_RPC_URL")}
     env.update(GRIDBID_DATA_DIR=str(data), ROUND_SECONDS="2", PYTHONUNBUFFERED="1", GRIDBID_CHAIN_PORT=str(free_port()),
@@ -37,26 +37,43 @@ def running_server(data: Path, *, demo: bool, speed: int = 60) -> Iterator[tuple
     args = [sys.executable, "-m", "gridbid.cli", "up", "--port", str(port), *(["--demo"] if demo else [])]
     with open(log_path, "w") as log:
         proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        base = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                if proc.poll() is not None:
-                    pytest.fail(f"server exited: {log_path.read_text()}")
-                try:
-                    if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    time.sleep(0.3)
-            else:
-                pytest.fail(f"server did not start: {log_path.read_text()}")
-            yield base, env
-        finally:
-            proc.terminate()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                pytest.fail(f"server exited: {log_path.read_text()}")
             try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
+                    return proc, base, env
+            except httpx.TransportError:
+                time.sleep(0.3)
+        pytest.fail(f"server did not start: {log_path.read_text()}")
+    except BaseException:
+        stop_server(proc)
+        raise
+
+
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, as a service manager would; past 30 s, kill its whole process group
+    (its dev chain too), so no test leaves an anvil behind."""
+    if proc.poll() is None:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=30)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def running_server(data: Path, *, demo: bool, speed: int = 60) -> Iterator[tuple[str, dict[str, str]]]:
+    """`gridbid up` in `data`; yields (base URL, the environment it runs with)."""
+    proc, base, env = start_server(data, demo=demo, speed=speed)
+    try:
+        yield base, env
+    finally:
+        stop_server(proc)
 
 
 @pytest.fixture(scope="session")
