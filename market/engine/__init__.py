@@ -26,7 +26,7 @@ from .types import (
     Weights,
 )
 
-ENGINE_VERSION = "1.2.0"  # 1.2: multi-machine bids as whole fills in the LP; 1.1: uniform price at the bottom of the interval
+ENGINE_VERSION = "1.2.1"  # 1.2.1: rows written as columns need them, MILPs without presolve (other optimal vertices); 1.2: multi-machine bids as whole fills in the LP; 1.1: uniform price at the bottom of the interval
 
 __all__ = [
     "CLASSES",
