@@ -96,36 +96,38 @@ def serve(*, host: str, port: int, demo: bool, worker: bool) -> None:
     # ends like Ctrl-C: everything started here stops, and the process exits 0.
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     prepare(demo=demo)
-    # --- ledger: the embedded dev chain (anvil) when CHAIN_RPC_URL is unset -------------
+    # everything started from here on stops in the ``finally``, also when a signal comes
+    # while the dev chain or the demo is still being set up
     devchain = None
-    if settings.CONFIG.embedded:
-        from ledger.devchain import devchain_start
-
-        with console.status("Starting the dev chain…"):
-            devchain = devchain_start()
-        if devchain is not None:
-            console.print(f"[green]✓[/] dev chain at {devchain.url}, market {devchain.deployment.market_address}")
-            if demo:
-                from ledger.context import chain_context
-                from ledger.demo import demo_chain_setup
-
-                ctx = chain_context()
-                if ctx is not None:
-                    with console.status("Funding demo buyers and registering demo providers on the dev chain…"):
-                        summary = demo_chain_setup(ctx)
-                    console.print(f"[green]✓[/] {summary}")
-    # --- end ledger ------------------------------------------------------------------
     celery = None
-    if worker and settings.CONFIG.embedded:
-        celery = EmbeddedCelery()
-        celery.start(demo=demo)
-        console.print(f"[green]✓[/] Celery worker and beat running in-process (rounds every {settings.GRIDBID['ROUND_SECONDS']:g} s)")
-    elif settings.CONFIG.embedded:
-        console.print("[yellow]![/] no worker: rounds will not clear (drop --no-worker, or set REDIS_URL and run `gridbid worker`)")
-    console.print(f"[bold]GridBid[/] at [link]http://{host}:{port}/[/]  ·  API docs http://{host}:{port}/api/docs/  ·  Ctrl-C stops")
-    config = uvicorn.Config("gridbid.asgi:application", host=host, port=port, lifespan="off", log_level="warning", ws="websockets-sansio", proxy_headers=True)
-    server = uvicorn.Server(config)
     try:
+        # --- ledger: the embedded dev chain (anvil) when CHAIN_RPC_URL is unset -------------
+        if settings.CONFIG.embedded:
+            from ledger.devchain import devchain_start
+
+            with console.status("Starting the dev chain…"):
+                devchain = devchain_start()
+            if devchain is not None:
+                console.print(f"[green]✓[/] dev chain at {devchain.url}, market {devchain.deployment.market_address}")
+                if demo:
+                    from ledger.context import chain_context
+                    from ledger.demo import demo_chain_setup
+
+                    ctx = chain_context()
+                    if ctx is not None:
+                        with console.status("Funding demo buyers and registering demo providers on the dev chain…"):
+                            summary = demo_chain_setup(ctx)
+                        console.print(f"[green]✓[/] {summary}")
+        # --- end ledger ------------------------------------------------------------------
+        if worker and settings.CONFIG.embedded:
+            celery = EmbeddedCelery()
+            celery.start(demo=demo)
+            console.print(f"[green]✓[/] Celery worker and beat running in-process (rounds every {settings.GRIDBID['ROUND_SECONDS']:g} s)")
+        elif settings.CONFIG.embedded:
+            console.print("[yellow]![/] no worker: rounds will not clear (drop --no-worker, or set REDIS_URL and run `gridbid worker`)")
+        console.print(f"[bold]GridBid[/] at [link]http://{host}:{port}/[/]  ·  API docs http://{host}:{port}/api/docs/  ·  Ctrl-C stops")
+        config = uvicorn.Config("gridbid.asgi:application", host=host, port=port, lifespan="off", log_level="warning", ws="websockets-sansio", proxy_headers=True)
+        server = uvicorn.Server(config)
         server.run()
     finally:
         if celery is not None:

@@ -22,7 +22,7 @@ get the same bound at prices found by subgradient steps (``lagrange_bound``).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -510,8 +510,9 @@ class _WarmLP:
     divisibility row (``cut_caps``) when a column of that size uses an offer whose
     free GPUs it cuts. A row no column uses is empty and its price is 0, so the LP is
     the same as ``_lp``'s, but HiGHS carries no idle rows: at 10k orders a side, only
-    a few hundred of the ~25k divisibility rows that could cut ever do, and all the
-    idle rows made every simplex iteration dearer. Uses the HiGHS bundled with scipy
+    a few hundred of the ~25k divisibility rows that could cut ever do. At 100k the
+    idle rows cost a sixth of the LP time; at 10k the big LPs' time is in their
+    columns, and it barely moved. Uses the HiGHS bundled with scipy
     (``_highs``); where scipy does not ship it, each round is a cold ``_lp``."""
 
     def __init__(self, mkt: Market, free: I64) -> None:
@@ -522,6 +523,7 @@ class _WarmLP:
         nb, no = len(mkt.bids), len(mkt.offers)
         self.caps = cut_caps(free)
         self.bid_row = np.full(nb, -1, dtype=np.int64)
+        self.one = np.ones(nb, dtype=np.int64)  # a bid's row: taken at most once
         self.cut_row = np.full((no, CUT_TIERS), -1, dtype=np.int64)  # column 0: the capacity row
         self.nb, self.no, self.rows = nb, no, 0
         self.xcol: list[I64] = []  # per add(), the HiGHS columns of its pairs
@@ -541,24 +543,24 @@ class _WarmLP:
         h.changeObjectiveSense(_highs.ObjSense.kMaximize)
         self.h = h
 
-    def _rows(self, table: I64, keys: I64, upper: Callable[[I64], F64]) -> I64:
+    def _rows(self, table: I64, keys: I64, upper: I64) -> I64:
         """The rows of ``keys`` in ``table`` (``bid_row`` or a column of ``cut_row``),
-        first writing those missing, with their upper limits ``upper(keys)``."""
+        first writing those missing, with upper limits ``upper[key]``."""
         new = np.unique(keys[table[keys] < 0])
         if len(new):
             table[new] = self.rows + np.arange(len(new))
             none = np.zeros(0, dtype=np.int32)
-            self.h.addRows(len(new), np.full(len(new), -_highs.kHighsInf), upper(new), 0, none, none, np.zeros(0))
+            self.h.addRows(len(new), np.full(len(new), -_highs.kHighsInf), upper[new].astype(np.float64), 0, none, none,
+                           np.zeros(0))
             self.rows += len(new)
         out: I64 = table[keys]
         return out
 
     def _bid_rows(self, pb: I64) -> I64:
-        return self._rows(self.bid_row, pb, lambda k: np.ones(len(k)))
+        return self._rows(self.bid_row, pb, self.one)
 
     def _cap_rows(self, po: I64, j: int) -> I64:
-        caps = self.caps
-        return self._rows(self.cut_row[:, j], po, lambda k: caps[k, j].astype(np.float64))
+        return self._rows(self.cut_row[:, j], po, self.caps[:, j])
 
     def add(self, pb: I64, po: I64, ps: I64) -> None:
         n = len(pb)
