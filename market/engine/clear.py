@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 from .assign import Solver, State, fair_share_limits, priority_order
 from .explain import Explainer, money, trade_reason
 from .market import BidViews, Market, build_market, candidates, top_candidates
@@ -23,7 +25,24 @@ EXACT_MAX_BIDS = 40  # per class; branch and bound above this rarely finishes
 
 
 def clear_round(inp: RoundInput) -> RoundResult:
-    """Clear one sealed-bid round. Same input, same result, byte for byte."""
+    """Clear one sealed-bid round. Same input, same result, byte for byte.
+
+    Python's cyclic garbage collector is paused while it runs: the round makes
+    millions of small lists and tuples, none in a reference cycle (a 100k round
+    triggered 30 full collections that found nothing to free), and each full
+    collection walks every one of them - about a fourteenth of a 100k round.
+    Memory is freed as usual by reference counting; the collector's previous
+    state is restored on the way out, error or not."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        return _clear(inp)
+    finally:
+        if was_on:
+            gc.enable()
+
+
+def _clear(inp: RoundInput) -> RoundResult:
     validate(inp)
     mkt = build_market(inp)
     cfg = inp.config

@@ -11,10 +11,13 @@ import pytest
 from market.engine import (
     Bid,
     EngineInputError,
+    RoundInput,
+    RoundResult,
     RunningJob,
     Weights,
     clear_round,
 )
+from market.engine import clear as engine_clear
 from market.engine.serialize import digest, input_from_dict, input_to_dict, result_to_dict
 from tests.bench.instances import make_round
 from tests.unit.engine.engine_builders import bid, offer, round_of, with_config
@@ -116,6 +119,31 @@ def test_bad_offer_raises_naming_the_field() -> None:
     with pytest.raises(EngineInputError) as err:
         clear_round(round_of([offer(1), offer(2, ask=-5)], []))
     assert err.value.field == "offers[1].ask"
+
+
+@pytest.mark.parametrize("was_on", [True, False])
+def test_a_round_leaves_the_garbage_collector_as_it_found_it_even_on_bad_input(
+    was_on: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gc
+
+    seen: list[bool] = []
+    real = engine_clear._clear
+
+    def spy(inp: RoundInput) -> RoundResult:
+        seen.append(gc.isenabled())
+        return real(inp)
+
+    monkeypatch.setattr(engine_clear, "_clear", spy)
+    (gc.enable if was_on else gc.disable)()
+    try:
+        clear_round(round_of([offer(1)], [bid(1)]))
+        with pytest.raises(EngineInputError):
+            clear_round(round_of([offer(1, ask=-5)], []))
+        assert gc.isenabled() is was_on
+    finally:
+        gc.enable()
+    assert seen == [False, False]  # paused while each round ran
 
 
 def test_bad_shape_from_dict_raises_naming_the_field() -> None:
