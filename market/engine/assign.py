@@ -32,12 +32,14 @@ by class in priority order:
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .bound import NO_FILLS, Fills, class_lp, lagrange_bound, milp_pick
 from .market import F64, I64, BidViews, Candidates, Market, top_candidates, unfillable
+from .types import CLASSES
 
 Part = tuple[int, int, int]  # offer index, GPUs, score
 FIT_TOLERANCE = 0.0
@@ -127,6 +129,7 @@ class Solver:
     gpu_price: F64 | None = None  # while rounding an LP: its shadow price per GPU (plain capacity row)
     assigned: dict[int, list[Part]] = field(default_factory=dict)
     buyer: list[int] = field(default_factory=list)
+    timings: dict[str, float] | None = None  # ``clear_round``'s: seconds per stage, here each class's bound
 
     def __post_init__(self) -> None:
         self.buyer = [b.buyer_id for b in self.mkt.bids]
@@ -337,13 +340,19 @@ class Solver:
             for (m, r), out in skip.items():
                 drop |= (bucket == m * nr + r) & np.isin(pb, out)
             pb, po, ps = pb[~drop], po[~drop], ps[~drop]
+        started = time.perf_counter()
+        stage = f"{CLASSES[int(self.mkt.b_klass[bids[0]])]} bound" if bids else "bound"
         if len(pb) > LP_MAX_COLUMNS:
             self.greedy(bids)
             got = sum(p[2] for b in bids for p in self.assigned.get(b, ()))
-            return lagrange_bound(self.mkt, arr, (pb, po, ps), free, rest, views, skip, got)
+            started = time.perf_counter()
+            ub = lagrange_bound(self.mkt, arr, (pb, po, ps), free, rest, views, skip, got)
+            self._time(stage, started)
+            return ub
         small = len(pb) <= LP_FILL_COLUMNS
         lp = class_lp(self.mkt, arr, (pb, po, ps), free, rest, views, rounds=LP_CG_ROUNDS * (2 if small else 1),
                       skip=skip, fills=self.cand.views, whole_fills=small)
+        self._time(stage, started)
         if lp is None:  # pragma: no cover - HiGHS failing on a feasible LP
             self.greedy(bids)
             return None
@@ -353,6 +362,10 @@ class Solver:
         finally:
             self.gpu_price = None
         return lp.bound
+
+    def _time(self, stage: str, started: float) -> None:
+        if self.timings is not None:
+            self.timings[stage] = self.timings.get(stage, 0.0) + time.perf_counter() - started
 
     def round_lp(self, bids: list[int], pb: I64, po: I64, ps: I64, x: F64, price: F64,
                  fills: Fills = NO_FILLS, fx: F64 | None = None) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import time
 
 from .assign import Solver, State, fair_share_limits, priority_order
 from .explain import Explainer, money, trade_reason
@@ -24,8 +25,33 @@ SMALL_PAIRS = 50_000  # below this many bid x offer pairs nothing is pruned
 EXACT_MAX_BIDS = 40  # per class; branch and bound above this rarely finishes
 
 
-def clear_round(inp: RoundInput) -> RoundResult:
+STAGES = ("validate", "market", "candidates", "reserved", "on_demand", "spot", "pricing", "trades", "explain")
+
+
+class Laps:
+    """Wall-clock seconds per stage of a round, added into ``out`` (never into
+    the result, which stays the same byte for byte); ``None`` times nothing."""
+
+    def __init__(self, out: dict[str, float] | None) -> None:
+        self.out = out
+        self.t = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        """Charge the time since the last lap to ``stage``."""
+        if self.out is None:
+            return
+        now = time.perf_counter()
+        self.out[stage] = self.out.get(stage, 0.0) + (now - self.t)
+        self.t = now
+
+
+def clear_round(inp: RoundInput, timings: dict[str, float] | None = None) -> RoundResult:
     """Clear one sealed-bid round. Same input, same result, byte for byte.
+
+    With ``timings``, the seconds each stage took are added into it (the
+    ``STAGES``, and per class ``"<class> bound"``: the part of that class's
+    time its LP relaxation, or Lagrangian bound, took, column generation
+    included); the operator's round page and ``make bench`` show them.
 
     Python's cyclic garbage collector is paused while it runs: the round makes
     millions of small lists and tuples, none in a reference cycle (a 100k round
@@ -36,23 +62,26 @@ def clear_round(inp: RoundInput) -> RoundResult:
     was_on = gc.isenabled()
     gc.disable()
     try:
-        return _clear(inp)
+        return _clear(inp, Laps(timings))
     finally:
         if was_on:
             gc.enable()
 
 
-def _clear(inp: RoundInput) -> RoundResult:
+def _clear(inp: RoundInput, laps: Laps) -> RoundResult:
     validate(inp)
+    laps.lap("validate")
     mkt = build_market(inp)
+    laps.lap("market")
     cfg = inp.config
     small = len(mkt.bids) * len(mkt.offers) <= SMALL_PAIRS
     kmax = cfg.max_candidates if cfg.max_candidates > 0 else 16
     cand = candidates(mkt, 0, 0) if small else top_candidates(mkt, kmax)
     state = State(free=mkt.o_gpus.tolist(), limits=fair_share_limits(mkt, cand, cfg.fair_share_cap))
-    solver = Solver(mkt, cand, state, scan_fallback=small)
+    solver = Solver(mkt, cand, state, scan_fallback=small, timings=laps.out)
     live = [b for b in range(len(mkt.bids)) if cand.offers[b] or cand.truncated[b]]
     order = priority_order(mkt, cand, live)
+    laps.lap("candidates")
     proven = True
     bound: int | None = 0
     class_bounds: list[str] = []
@@ -70,6 +99,7 @@ def _clear(inp: RoundInput) -> RoundResult:
             if bound is not None:
                 bound += got
             class_bounds.append(f"{CLASSES[k]} {got:,} exact")
+            laps.lap(CLASSES[k])
             continue
         proven = False
         rest = None if small else solver.refresh(cls, kmax)
@@ -82,6 +112,7 @@ def _clear(inp: RoundInput) -> RoundResult:
         else:
             bound += ub
             class_bounds.append(f"{CLASSES[k]} {_class_surplus(solver, cls):,} <= {ub:,}")
+        laps.lap(CLASSES[k])
     assigned = solver.assigned
     surplus = sum(p[2] for parts in assigned.values() for p in parts)
 
@@ -93,6 +124,7 @@ def _clear(inp: RoundInput) -> RoundResult:
             for m, r in sorted({(key[0], key[1]) for key in keys}):
                 bucket_bids.setdefault((m, r), []).append(b)
     quotes, pay = bucket_prices(mkt, assigned, bucket_bids, cfg.pricing, cfg.price_point)
+    laps.lap("pricing")
 
     trades: list[Trade] = []
     for b in sorted(assigned):
@@ -147,8 +179,10 @@ def _clear(inp: RoundInput) -> RoundResult:
         for (m, r), q in sorted(quotes.items())
     )
 
+    laps.lap("trades")
     unmatched = _unmatched(mkt, solver, state)
     preemptions = _preemptions(inp, mkt, state, unmatched)
+    laps.lap("explain")
 
     feasible_all = cand.feasible_pairs
     gap: float | None = None

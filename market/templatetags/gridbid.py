@@ -1,10 +1,10 @@
-"""Template filters for money, durations and sparklines."""
+"""Template filters for money, durations, sparklines and the round-time bar."""
 
 from __future__ import annotations
 
 from django import template
-from django.utils.html import format_html
-from django.utils.safestring import SafeString
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString, mark_safe
 
 register = template.Library()
 
@@ -36,7 +36,7 @@ def pct(value: float | None) -> str:
 def sparkline(points: list[int], width: int = 120, height: int = 28) -> SafeString:
     """An inline SVG sparkline of clearing prices (no JavaScript needed)."""
     if not points:
-        return format_html('<span class="muted">no trades yet</span>')
+        return mark_safe('<span class="muted">no trades yet</span>')
     if len(points) == 1:
         points = [points[0], points[0]]
     lo, hi = min(points), max(points)
@@ -47,6 +47,50 @@ def sparkline(points: list[int], width: int = 120, height: int = 28) -> SafeStri
     return format_html(
         '<svg class="spark {}" width="{}" height="{}" viewBox="0 0 {} {}" role="img" aria-label="price trend"><polyline fill="none" stroke-width="1.5" points="{}"/></svg>',
         "up" if up else "down", width, height, width, height, coords,
+    )
+
+
+STAGE_COLOURS = {  # the engine's stages (market.engine.clear.STAGES), in order
+    "validate": "#8a93a6", "market": "#6f7a91", "candidates": "#5b8def", "reserved": "#b07cf0",
+    "on_demand": "#3fb68b", "spot": "#e0a23b", "pricing": "#e36a6a", "trades": "#c7c96a", "explain": "#4fc1d6",
+}
+
+
+@register.simple_tag
+def stage_bar(stage_ms: dict[str, float] | None, width: int = 120, height: int = 10) -> SafeString:
+    """Where a round's clearing time went: one inline SVG bar, a segment per
+    engine stage in order, each as wide as its share; hovering names them all
+    (a class's LP bound is part of that class's segment)."""
+    if not isinstance(stage_ms, dict):
+        return mark_safe("")
+    parts = [(k, float(stage_ms[k])) for k in STAGE_COLOURS if isinstance(stage_ms.get(k), (int, float))]
+    total = sum(v for _, v in parts)
+    if total <= 0:
+        return mark_safe("")
+    label = ", ".join(f"{k.replace('_', '-')} {v:,.0f} ms" for k, v in parts)
+    bounds = ", ".join(f"{k.replace('_', '-')} {float(v):,.0f} ms" for k, v in stage_ms.items()
+                       if k.endswith(" bound") and isinstance(v, (int, float)))
+    if bounds:
+        label += f" (of which LP bounds: {bounds})"
+    x = 0.0
+    rects = []
+    for k, v in parts:
+        w = v / total * width
+        rects.append(format_html('<rect x="{}" y="0" width="{}" height="{}" fill="{}"/>', f"{x:.2f}", f"{w:.2f}", height,
+                                 STAGE_COLOURS[k]))
+        x += w
+    return format_html(
+        '<svg class="stagebar" width="{}" height="{}" viewBox="0 0 {} {}" role="img" aria-label="{}"><title>{}</title>{}</svg>',
+        width, height, width, height, label, label, mark_safe("".join(rects)),
+    )
+
+
+@register.simple_tag
+def stage_legend() -> SafeString:
+    """The colours of ``stage_bar``, named."""
+    return format_html_join(
+        " ", '<span class="stagekey"><i style="background:{}"></i>{}</span>',
+        ((c, k.replace("_", "-")) for k, c in STAGE_COLOURS.items()),
     )
 
 

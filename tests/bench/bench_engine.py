@@ -7,7 +7,8 @@ spot; at 1k an exact MILP per class on the capacity the classes before it
 left) or, above 1k, to the engine's own proven per-class upper bound (LP
 relaxation with column generation over every feasible pair, reported in
 ``RoundStats.upper_bound``), and the ratio to a greedy baseline (highest bid
-first, cheapest feasible offer). ``--quick`` runs 1k and 10k once each.
+first, cheapest feasible offer), then where the (median) run's time went,
+stage by stage. ``--quick`` runs 1k and 10k once each.
 Exits non-zero if a target is missed.
 """
 
@@ -122,13 +123,16 @@ def one(n: int, runs: int, seed: int) -> dict[str, object]:
     from tests.bench.instances import make_round
 
     inp = make_round(n, n, seed=seed, config=RoundConfig())
-    times = []
+    times: list[float] = []
+    laps: list[dict[str, float]] = []
     res = None
     for _ in range(runs):
+        laps.append({})
         t = time.perf_counter()
-        res = clear_round(inp)
+        res = clear_round(inp, timings=laps[-1])
         times.append(time.perf_counter() - t)
     assert res is not None
+    mid = sorted(range(runs), key=lambda i: times[i])[runs // 2]  # the median run's stages
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     opt, how = optimum(inp, res)
     base = greedy_baseline(inp)
@@ -136,8 +140,23 @@ def one(n: int, runs: int, seed: int) -> dict[str, object]:
         "n": n, "time_s": statistics.median(times), "peak_mib": rss,
         "matched": res.stats.matched_bids / max(1, n), "surplus": res.stats.surplus,
         "opt": opt, "opt_how": how, "greedy": base, "method": res.stats.method,
-        "gap": res.stats.gap, "upper_bound": res.stats.upper_bound,
+        "gap": res.stats.gap, "upper_bound": res.stats.upper_bound, "stages": laps[mid],
     }
+
+
+def stage_line(stages: dict[str, float]) -> str:
+    """Where one run's time went, stage by stage, in the engine's order."""
+    from market.engine.clear import STAGES
+
+    total = sum(stages.get(k, 0.0) for k in STAGES) or 1.0
+    bits = []
+    for k in STAGES:
+        if k not in stages:
+            continue
+        bit = f"{k.replace('_', '-')} {stages[k]:.2f} s ({stages[k] / total:.0%}"
+        bound = stages.get(f"{k} bound")
+        bits.append(bit + (f"; its bound {bound:.2f} s)" if bound is not None else ")"))
+    return "  stages: " + " | ".join(bits)
 
 
 def main() -> int:
@@ -175,6 +194,7 @@ def main() -> int:
         print(f"{n:>11,} {r['time_s']:>9.2f} {r['peak_mib']:>9.0f} {r['matched']:>8.1%} "
               f"{r['surplus']:>18,} {'n/a' if ratio is None else f'{ratio:.4f}':>10} "
               f"{'n/a' if vs_greedy is None else f'{vs_greedy:.3f}':>8}  {r['opt_how']}")
+        print(stage_line(r["stages"]))
         t_max, r_min, mem_max = TARGETS.get(n, (None, None, None))
         if t_max is not None and r["time_s"] > t_max:
             print(f"  MISSED: {n:,} took {r['time_s']:.2f} s > {t_max} s")

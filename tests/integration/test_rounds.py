@@ -101,6 +101,19 @@ def test_rounds_api_lists_prices_and_shows_trades(anon, buyer, provider_user, ma
     assert detail["prices"][0]["gpu_model"] == "H100-SXM-80GB"
 
 
+def test_a_round_records_where_its_time_went_and_the_rounds_page_draws_it(anon, buyer, provider_user, make_offer, make_bid):
+    make_offer(provider_user, count=8)
+    make_bid(buyer, gpus=2)
+    rnd = round_clear()
+    stages = rnd.stats["stage_ms"]
+    assert {"validate", "market", "candidates", "on_demand", "pricing", "trades", "explain"} <= set(stages)
+    assert all(v >= 0 for v in stages.values())
+    assert sum(stages.values()) <= rnd.stats["clear_ms"] + 1  # the stages are inside the clear time (rounding aside)
+    assert anon.get(f"/api/v1/rounds/{rnd.number}/").json()["stats"]["stage_ms"] == stages
+    page = anon.get("/rounds/").content.decode()
+    assert 'class="stagebar"' in page and "on-demand" in page
+
+
 def test_bid_resource_carries_the_explanation(buyer, client_for, make_bid):
     bid = make_bid(buyer)
     Offer.objects.all().delete()

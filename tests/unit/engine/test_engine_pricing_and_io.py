@@ -130,9 +130,9 @@ def test_a_round_leaves_the_garbage_collector_as_it_found_it_even_on_bad_input(
     seen: list[bool] = []
     real = engine_clear._clear
 
-    def spy(inp: RoundInput) -> RoundResult:
+    def spy(inp: RoundInput, laps: engine_clear.Laps) -> RoundResult:
         seen.append(gc.isenabled())
-        return real(inp)
+        return real(inp, laps)
 
     monkeypatch.setattr(engine_clear, "_clear", spy)
     (gc.enable if was_on else gc.disable)()
@@ -144,6 +144,26 @@ def test_a_round_leaves_the_garbage_collector_as_it_found_it_even_on_bad_input(
     finally:
         gc.enable()
     assert seen == [False, False]  # paused while each round ran
+
+
+def test_timings_name_every_stage_and_leave_the_result_as_it_was() -> None:
+    import time
+
+    from market.engine.clear import STAGES
+
+    inp = make_round(400, 400, seed=2)
+    plain = digest(result_to_dict(clear_round(inp)))
+    laps: dict[str, float] = {}
+    started = time.perf_counter()
+    timed = digest(result_to_dict(clear_round(inp, timings=laps)))
+    wall = time.perf_counter() - started
+    assert timed == plain
+    assert set(STAGES) <= set(laps) | {"reserved", "spot"}  # a class with no bids has no lap
+    assert all(v >= 0 for v in laps.values())
+    assert sum(laps[k] for k in STAGES if k in laps) <= wall
+    for k in ("reserved", "on_demand", "spot"):
+        if f"{k} bound" in laps:
+            assert laps[f"{k} bound"] <= laps[k]
 
 
 def test_bad_shape_from_dict_raises_naming_the_field() -> None:
