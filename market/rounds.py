@@ -26,6 +26,7 @@ from market import engine, repository
 from market.engine import serialize
 from market.models import AuctionRound, Bid, Job, Offer, Trade
 from market.states import BidState, OfferState, RoundState
+from market.stopwatch import StageTimes
 from market.streams import events
 from providers.models import Provider
 from providers.push import machine_wake
@@ -59,22 +60,22 @@ def round_clear(*, now: datetime | None = None, slot: int | None = None) -> Auct
     try:
         inp = repository.snapshot(now=now)
         started = time.perf_counter()
-        stages: dict[str, float] = {}
-        result = engine.clear_round(inp, timings=stages)
+        stages = StageTimes()
+        result = engine.clear_round(inp, stopwatch=stages)
         elapsed_ms = round(1000 * (time.perf_counter() - started), 2)
     except Exception as exc:  # the engine validated its input and said no, or crashed: record it
         log.exception("round %s failed", rnd.number)
         AuctionRound.objects.filter(pk=rnd.pk).update(state=RoundState.FAILED, error=f"{type(exc).__name__}: {exc}"[:2000])
         events.operator_changed()
         return AuctionRound.objects.get(pk=rnd.pk)
-    _write(rnd=rnd, inp=inp, result=result, elapsed_ms=elapsed_ms, stage_ms={k: round(1000 * v, 2) for k, v in stages.items()})
+    _write(rnd=rnd, inp=inp, result=result, elapsed_ms=elapsed_ms, stage_ms=stages.ms())
     rnd.refresh_from_db()
     return rnd
 
 
 @transaction.atomic
 def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundResult, elapsed_ms: float,
-           stage_ms: dict[str, float] | None = None) -> None:
+           stage_ms: dict[str, float]) -> None:
     bid_ids = sorted({t.bid_id for t in result.trades})
     offer_ids = sorted({t.offer_id for t in result.trades})
     bids = {b.pk: b for b in Bid.objects.select_for_update().filter(pk__in=bid_ids)}
@@ -125,7 +126,8 @@ def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundRes
     Bid.objects.bulk_update(stale, ["explanation"])
     result_dict = serialize.result_to_dict(result)
     inputs = serialize.input_to_dict(inp)
-    stats = {**result_dict["stats"], "clear_ms": elapsed_ms, "stage_ms": stage_ms or {}, "dropped_bids": dropped, "preemptions": result_dict["preemptions"]}
+    stats = {**result_dict["stats"], "clear_ms": elapsed_ms, "stage_ms": stage_ms, "dropped_bids": dropped,
+             "preemptions": result_dict["preemptions"]}
     AuctionRound.objects.filter(pk=rnd.pk).update(
         state=RoundState.CLEARED,
         cleared_at=timezone.now(),

@@ -32,7 +32,7 @@ by class in priority order:
 from __future__ import annotations
 
 import math
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -129,7 +129,7 @@ class Solver:
     gpu_price: F64 | None = None  # while rounding an LP: its shadow price per GPU (plain capacity row)
     assigned: dict[int, list[Part]] = field(default_factory=dict)
     buyer: list[int] = field(default_factory=list)
-    timings: dict[str, float] | None = None  # ``clear_round``'s: seconds per stage, here each class's bound
+    lap: Callable[[str], None] = lambda stage: None  # ``clear_round``'s stopwatch: the end of a stage
 
     def __post_init__(self) -> None:
         self.buyer = [b.buyer_id for b in self.mkt.bids]
@@ -340,19 +340,19 @@ class Solver:
             for (m, r), out in skip.items():
                 drop |= (bucket == m * nr + r) & np.isin(pb, out)
             pb, po, ps = pb[~drop], po[~drop], ps[~drop]
-        started = time.perf_counter()
-        stage = f"{CLASSES[int(self.mkt.b_klass[bids[0]])]} bound" if bids else "bound"
+        klass = CLASSES[int(self.mkt.b_klass[bids[0]])] if bids else CLASSES[0]
         if len(pb) > LP_MAX_COLUMNS:
             self.greedy(bids)
             got = sum(p[2] for b in bids for p in self.assigned.get(b, ()))
-            started = time.perf_counter()
+            self.lap(klass)
             ub = lagrange_bound(self.mkt, arr, (pb, po, ps), free, rest, views, skip, got)
-            self._time(stage, started)
+            self.lap(f"{klass} bound")
             return ub
         small = len(pb) <= LP_FILL_COLUMNS
+        self.lap(klass)
         lp = class_lp(self.mkt, arr, (pb, po, ps), free, rest, views, rounds=LP_CG_ROUNDS * (2 if small else 1),
                       skip=skip, fills=self.cand.views, whole_fills=small)
-        self._time(stage, started)
+        self.lap(f"{klass} bound")
         if lp is None:  # pragma: no cover - HiGHS failing on a feasible LP
             self.greedy(bids)
             return None
@@ -362,10 +362,6 @@ class Solver:
         finally:
             self.gpu_price = None
         return lp.bound
-
-    def _time(self, stage: str, started: float) -> None:
-        if self.timings is not None:
-            self.timings[stage] = self.timings.get(stage, 0.0) + time.perf_counter() - started
 
     def round_lp(self, bids: list[int], pb: I64, po: I64, ps: I64, x: F64, price: F64,
                  fills: Fills = NO_FILLS, fx: F64 | None = None) -> None:

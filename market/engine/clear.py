@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import gc
-import time
+import threading
+from collections.abc import Callable
 
 from .assign import Solver, State, fair_share_limits, priority_order
 from .explain import Explainer, money, trade_reason
@@ -16,6 +17,7 @@ from .types import (
     RoundInput,
     RoundResult,
     RoundStats,
+    Stopwatch,
     Trade,
     Unmatched,
 )
@@ -25,63 +27,70 @@ SMALL_PAIRS = 50_000  # below this many bid x offer pairs nothing is pruned
 EXACT_MAX_BIDS = 40  # per class; branch and bound above this rarely finishes
 
 
-STAGES = ("validate", "market", "candidates", "reserved", "on_demand", "spot", "pricing", "trades", "explain")
+class _CollectorPause:
+    """Python's cyclic garbage collector off while any round clears in this
+    process, and back as it was once the last one is done: rounds may clear on
+    several threads at once (the round task, quotes, replays), so the state is
+    saved by the first in and restored by the last out, under a lock."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.depth = 0
+        self.was_on = False
+
+    def __enter__(self) -> None:
+        with self.lock:
+            if self.depth == 0:
+                self.was_on = gc.isenabled()
+                gc.disable()
+            self.depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self.lock:
+            self.depth -= 1
+            if self.depth == 0 and self.was_on:
+                gc.enable()
 
 
-class Laps:
-    """Wall-clock seconds per stage of a round, added into ``out`` (never into
-    the result, which stays the same byte for byte); ``None`` times nothing."""
-
-    def __init__(self, out: dict[str, float] | None) -> None:
-        self.out = out
-        self.t = time.perf_counter()
-
-    def lap(self, stage: str) -> None:
-        """Charge the time since the last lap to ``stage``."""
-        if self.out is None:
-            return
-        now = time.perf_counter()
-        self.out[stage] = self.out.get(stage, 0.0) + (now - self.t)
-        self.t = now
+_PAUSE = _CollectorPause()
 
 
-def clear_round(inp: RoundInput, timings: dict[str, float] | None = None) -> RoundResult:
+def _no_lap(stage: str) -> None:
+    """No stopwatch given: the stages go untimed."""
+
+
+def clear_round(inp: RoundInput, stopwatch: Stopwatch | None = None) -> RoundResult:
     """Clear one sealed-bid round. Same input, same result, byte for byte.
 
-    With ``timings``, the seconds each stage took are added into it (the
-    ``STAGES``, and per class ``"<class> bound"``: the part of that class's
-    time its LP relaxation, or Lagrangian bound, took, column generation
-    included); the operator's round page and ``make bench`` show them.
+    With a ``stopwatch``, the engine calls its ``lap`` at the end of each of the
+    ``STAGES`` (the operator's rounds page and ``make bench`` show where the
+    time went); the result does not depend on it.
 
     Python's cyclic garbage collector is paused while it runs: the round makes
     millions of small lists and tuples, none in a reference cycle (a 100k round
-    triggered 30 full collections that found nothing to free), and each full
-    collection walks every one of them - about a fourteenth of a 100k round.
-    Memory is freed as usual by reference counting; the collector's previous
-    state is restored on the way out, error or not."""
-    was_on = gc.isenabled()
-    gc.disable()
-    try:
-        return _clear(inp, Laps(timings))
-    finally:
-        if was_on:
-            gc.enable()
+    ran 30 full collections that freed nothing), and each full collection walks
+    every one of them: a 100k round took 158 s with them, 121 s without.
+    Memory is freed as usual by reference counting, and the collector comes
+    back as it was once the last round in the process is done, error or not;
+    other threads' cycles wait that long to be collected."""
+    with _PAUSE:
+        return _clear(inp, _no_lap if stopwatch is None else stopwatch.lap)
 
 
-def _clear(inp: RoundInput, laps: Laps) -> RoundResult:
+def _clear(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
     validate(inp)
-    laps.lap("validate")
+    lap("validate")
     mkt = build_market(inp)
-    laps.lap("market")
+    lap("market")
     cfg = inp.config
     small = len(mkt.bids) * len(mkt.offers) <= SMALL_PAIRS
     kmax = cfg.max_candidates if cfg.max_candidates > 0 else 16
     cand = candidates(mkt, 0, 0) if small else top_candidates(mkt, kmax)
     state = State(free=mkt.o_gpus.tolist(), limits=fair_share_limits(mkt, cand, cfg.fair_share_cap))
-    solver = Solver(mkt, cand, state, scan_fallback=small, timings=laps.out)
+    solver = Solver(mkt, cand, state, scan_fallback=small, lap=lap)
     live = [b for b in range(len(mkt.bids)) if cand.offers[b] or cand.truncated[b]]
     order = priority_order(mkt, cand, live)
-    laps.lap("candidates")
+    lap("candidates")
     proven = True
     bound: int | None = 0
     class_bounds: list[str] = []
@@ -99,7 +108,7 @@ def _clear(inp: RoundInput, laps: Laps) -> RoundResult:
             if bound is not None:
                 bound += got
             class_bounds.append(f"{CLASSES[k]} {got:,} exact")
-            laps.lap(CLASSES[k])
+            lap(CLASSES[k])
             continue
         proven = False
         rest = None if small else solver.refresh(cls, kmax)
@@ -112,7 +121,7 @@ def _clear(inp: RoundInput, laps: Laps) -> RoundResult:
         else:
             bound += ub
             class_bounds.append(f"{CLASSES[k]} {_class_surplus(solver, cls):,} <= {ub:,}")
-        laps.lap(CLASSES[k])
+        lap(CLASSES[k])
     assigned = solver.assigned
     surplus = sum(p[2] for parts in assigned.values() for p in parts)
 
@@ -124,7 +133,7 @@ def _clear(inp: RoundInput, laps: Laps) -> RoundResult:
             for m, r in sorted({(key[0], key[1]) for key in keys}):
                 bucket_bids.setdefault((m, r), []).append(b)
     quotes, pay = bucket_prices(mkt, assigned, bucket_bids, cfg.pricing, cfg.price_point)
-    laps.lap("pricing")
+    lap("pricing")
 
     trades: list[Trade] = []
     for b in sorted(assigned):
@@ -179,10 +188,10 @@ def _clear(inp: RoundInput, laps: Laps) -> RoundResult:
         for (m, r), q in sorted(quotes.items())
     )
 
-    laps.lap("trades")
+    lap("trades")
     unmatched = _unmatched(mkt, solver, state)
     preemptions = _preemptions(inp, mkt, state, unmatched)
-    laps.lap("explain")
+    lap("explain")
 
     feasible_all = cand.feasible_pairs
     gap: float | None = None

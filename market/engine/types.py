@@ -8,7 +8,7 @@ caller: nothing in the engine reads the clock.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 CLASSES: tuple[str, ...] = ("reserved", "on_demand", "spot")
 """Priority classes, highest first."""
@@ -16,6 +16,24 @@ CLASSES: tuple[str, ...] = ("reserved", "on_demand", "spot")
 PRICING_RULES: tuple[str, ...] = ("uniform", "pay_as_ask")
 
 Klass = Literal["reserved", "on_demand", "spot"]
+
+
+# A round's stages, in the order each first ends: "<class> bound" is that class's LP (or
+# Lagrangian) bound, column generation included, and "<class>" the rest of its work.
+STAGES = (
+    "validate", "market", "candidates",
+    "reserved", "reserved bound", "on_demand", "on_demand bound", "spot", "spot bound",
+    "pricing", "trades", "explain",
+)
+
+
+class Stopwatch(Protocol):
+    """What ``clear_round`` tells the caller's stopwatch, if it is given one: at
+    the end of each stage, ``lap(stage)`` with a name from ``STAGES`` (a stage
+    may come back: its laps add up). The engine never reads the clock; the
+    caller's stopwatch does (``market.stopwatch.StageTimes``)."""
+
+    def lap(self, stage: str) -> None: ...
 
 
 class EngineInputError(ValueError):

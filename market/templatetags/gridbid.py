@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from django import template
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
@@ -50,28 +52,40 @@ def sparkline(points: list[int], width: int = 120, height: int = 28) -> SafeStri
     )
 
 
-STAGE_COLOURS = {  # the engine's stages (market.engine.clear.STAGES), in order
-    "validate": "#8a93a6", "market": "#6f7a91", "candidates": "#5b8def", "reserved": "#b07cf0",
-    "on_demand": "#3fb68b", "spot": "#e0a23b", "pricing": "#e36a6a", "trades": "#c7c96a", "explain": "#4fc1d6",
+STAGE_COLOURS = {  # per engine stage (market.engine.STAGES, in its order); a class's LP bound a darker shade
+    "validate": "#8a93a6", "market": "#6f7a91", "candidates": "#5b8def",
+    "reserved": "#b07cf0", "reserved bound": "#7c4fc0", "on_demand": "#3fb68b", "on_demand bound": "#237a5c",
+    "spot": "#e0a23b", "spot bound": "#a8731f", "pricing": "#e36a6a", "trades": "#c7c96a", "explain": "#4fc1d6",
 }
 
 
+def _ms(v: object) -> float | None:
+    """A recorded stage time, if it is a finite, non-negative number of ms."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) and f >= 0 else None
+
+
+def _stage_name(k: str) -> str:
+    return k.replace("_", "-").replace(" bound", "'s LP bound")
+
+
 @register.simple_tag
-def stage_bar(stage_ms: dict[str, float] | None, width: int = 120, height: int = 10) -> SafeString:
+def stage_bar(stage_ms: object, width: int = 120, height: int = 10) -> SafeString:
     """Where a round's clearing time went: one inline SVG bar, a segment per
-    engine stage in order, each as wide as its share; hovering names them all
-    (a class's LP bound is part of that class's segment)."""
+    engine stage in order, each as wide as its share; hovering names them all.
+    Draws nothing for a round recorded without (or with unreadable) times."""
     if not isinstance(stage_ms, dict):
         return mark_safe("")
-    parts = [(k, float(stage_ms[k])) for k in STAGE_COLOURS if isinstance(stage_ms.get(k), (int, float))]
+    parts = [(k, v) for k in STAGE_COLOURS if (v := _ms(stage_ms.get(k))) is not None and v > 0]
     total = sum(v for _, v in parts)
     if total <= 0:
         return mark_safe("")
-    label = ", ".join(f"{k.replace('_', '-')} {v:,.0f} ms" for k, v in parts)
-    bounds = ", ".join(f"{k.replace('_', '-')} {float(v):,.0f} ms" for k, v in stage_ms.items()
-                       if k.endswith(" bound") and isinstance(v, (int, float)))
-    if bounds:
-        label += f" (of which LP bounds: {bounds})"
+    label = ", ".join(f"{_stage_name(k)} {v:,.0f} ms" for k, v in parts)
     x = 0.0
     rects = []
     for k, v in parts:
@@ -87,10 +101,10 @@ def stage_bar(stage_ms: dict[str, float] | None, width: int = 120, height: int =
 
 @register.simple_tag
 def stage_legend() -> SafeString:
-    """The colours of ``stage_bar``, named."""
+    """The colours of ``stage_bar``, named (a class's LP bound is its darker shade)."""
     return format_html_join(
         " ", '<span class="stagekey"><i style="background:{}"></i>{}</span>',
-        ((c, k.replace("_", "-")) for k, c in STAGE_COLOURS.items()),
+        ((c, _stage_name(k)) for k, c in STAGE_COLOURS.items()),
     )
 
 

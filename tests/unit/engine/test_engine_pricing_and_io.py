@@ -11,13 +11,10 @@ import pytest
 from market.engine import (
     Bid,
     EngineInputError,
-    RoundInput,
-    RoundResult,
     RunningJob,
     Weights,
     clear_round,
 )
-from market.engine import clear as engine_clear
 from market.engine.serialize import digest, input_from_dict, input_to_dict, result_to_dict
 from tests.bench.instances import make_round
 from tests.unit.engine.engine_builders import bid, offer, round_of, with_config
@@ -119,51 +116,6 @@ def test_bad_offer_raises_naming_the_field() -> None:
     with pytest.raises(EngineInputError) as err:
         clear_round(round_of([offer(1), offer(2, ask=-5)], []))
     assert err.value.field == "offers[1].ask"
-
-
-@pytest.mark.parametrize("was_on", [True, False])
-def test_a_round_leaves_the_garbage_collector_as_it_found_it_even_on_bad_input(
-    was_on: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import gc
-
-    seen: list[bool] = []
-    real = engine_clear._clear
-
-    def spy(inp: RoundInput, laps: engine_clear.Laps) -> RoundResult:
-        seen.append(gc.isenabled())
-        return real(inp, laps)
-
-    monkeypatch.setattr(engine_clear, "_clear", spy)
-    (gc.enable if was_on else gc.disable)()
-    try:
-        clear_round(round_of([offer(1)], [bid(1)]))
-        with pytest.raises(EngineInputError):
-            clear_round(round_of([offer(1, ask=-5)], []))
-        assert gc.isenabled() is was_on
-    finally:
-        gc.enable()
-    assert seen == [False, False]  # paused while each round ran
-
-
-def test_timings_name_every_stage_and_leave_the_result_as_it_was() -> None:
-    import time
-
-    from market.engine.clear import STAGES
-
-    inp = make_round(400, 400, seed=2)
-    plain = digest(result_to_dict(clear_round(inp)))
-    laps: dict[str, float] = {}
-    started = time.perf_counter()
-    timed = digest(result_to_dict(clear_round(inp, timings=laps)))
-    wall = time.perf_counter() - started
-    assert timed == plain
-    assert set(STAGES) <= set(laps) | {"reserved", "spot"}  # a class with no bids has no lap
-    assert all(v >= 0 for v in laps.values())
-    assert sum(laps[k] for k in STAGES if k in laps) <= wall
-    for k in ("reserved", "on_demand", "spot"):
-        if f"{k} bound" in laps:
-            assert laps[f"{k} bound"] <= laps[k]
 
 
 def test_bad_shape_from_dict_raises_naming_the_field() -> None:
