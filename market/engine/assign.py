@@ -39,7 +39,7 @@ import numpy as np
 
 from .bound import NO_FILLS, Fills, class_lp, lagrange_bound, milp_pick
 from .market import F64, I64, BidViews, Candidates, Market, top_candidates, unfillable
-from .types import CLASSES
+from .types import CLASSES, no_lap
 
 Part = tuple[int, int, int]  # offer index, GPUs, score
 FIT_TOLERANCE = 0.0
@@ -129,7 +129,7 @@ class Solver:
     gpu_price: F64 | None = None  # while rounding an LP: its shadow price per GPU (plain capacity row)
     assigned: dict[int, list[Part]] = field(default_factory=dict)
     buyer: list[int] = field(default_factory=list)
-    lap: Callable[[str], None] = lambda stage: None  # ``clear_round``'s stopwatch: the end of a stage
+    lap: Callable[[str], None] = no_lap  # ``clear_round``'s stopwatch: the end of a stage
 
     def __post_init__(self) -> None:
         self.buyer = [b.buyer_id for b in self.mkt.bids]

@@ -20,6 +20,7 @@ from .types import (
     Stopwatch,
     Trade,
     Unmatched,
+    no_lap,
 )
 from .validate import validate
 
@@ -55,10 +56,6 @@ class _CollectorPause:
 _PAUSE = _CollectorPause()
 
 
-def _no_lap(stage: str) -> None:
-    """No stopwatch given: the stages go untimed."""
-
-
 def clear_round(inp: RoundInput, stopwatch: Stopwatch | None = None) -> RoundResult:
     """Clear one sealed-bid round. Same input, same result, byte for byte.
 
@@ -74,7 +71,7 @@ def clear_round(inp: RoundInput, stopwatch: Stopwatch | None = None) -> RoundRes
     back as it was once the last round in the process is done, error or not;
     other threads' cycles wait that long to be collected."""
     with _PAUSE:
-        return _clear(inp, _no_lap if stopwatch is None else stopwatch.lap)
+        return _clear(inp, no_lap if stopwatch is None else stopwatch.lap)
 
 
 def _clear(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:

@@ -36,6 +36,10 @@ class Stopwatch(Protocol):
     def lap(self, stage: str) -> None: ...
 
 
+def no_lap(stage: str) -> None:
+    """The lap of no stopwatch: the stages go untimed."""
+
+
 class EngineInputError(ValueError):
     """A round input the engine refuses; ``field`` names the offending value."""
 

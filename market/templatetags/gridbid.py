@@ -8,6 +8,8 @@ from django import template
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
+from market.engine import STAGES
+
 register = template.Library()
 
 TOKEN_DECIMALS = 6
@@ -52,11 +54,11 @@ def sparkline(points: list[int], width: int = 120, height: int = 28) -> SafeStri
     )
 
 
-STAGE_COLOURS = {  # per engine stage (market.engine.STAGES, in its order); a class's LP bound a darker shade
-    "validate": "#8a93a6", "market": "#6f7a91", "candidates": "#5b8def",
-    "reserved": "#b07cf0", "reserved bound": "#7c4fc0", "on_demand": "#3fb68b", "on_demand bound": "#237a5c",
-    "spot": "#e0a23b", "spot bound": "#a8731f", "pricing": "#e36a6a", "trades": "#c7c96a", "explain": "#4fc1d6",
-}
+STAGE_COLOURS = dict(zip(STAGES, (  # per engine stage, in its order; a class's LP bound a darker shade
+    "#8a93a6", "#6f7a91", "#5b8def",  # validate, market, candidates
+    "#b07cf0", "#7c4fc0", "#3fb68b", "#237a5c", "#e0a23b", "#a8731f",  # reserved, on-demand, spot (and bounds)
+    "#e36a6a", "#c7c96a", "#4fc1d6",  # pricing, trades, explain
+), strict=True))
 
 
 def _ms(v: object) -> float | None:
