@@ -36,6 +36,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("CSRF_TRUSTED_ORIGINS", "(empty)", "Comma-separated origins (https://market.example.com) allowed to post forms and open sockets."),
     Variable("SECURE_COOKIES", "false", "true behind HTTPS: secure cookies, HSTS, redirect to https."),
     Variable("ROUND_SECONDS", "5", "Seconds between auction rounds (1-3600)."),
+    Variable("ROUND_LEASE_SECONDS", "900", "How long a round may stay `clearing` (60-86400): past it, its worker is taken for dead and the round is failed. Above the slowest round you expect."),
     Variable("PRICING_RULE", "uniform", "Auction price rule: uniform (clearing price per bucket) or pay_as_ask."),
     Variable("PRICE_POINT", "0", "Where the uniform price sits in each bucket's clearing interval: 0 = the lowest clearing price (buyer-friendly), 0.5 = midpoint, 1 = top."),
     Variable("FAIR_SHARE_CAP", "1.0", "Largest fraction (0-1] of a scarce bucket's GPUs one buyer may take in one round."),
@@ -124,6 +125,7 @@ class Config:
     csrf_trusted_origins: list[str]
     secure_cookies: bool
     round_seconds: float
+    round_lease_seconds: float
     pricing_rule: str
     fair_share_cap: float
     price_point: float
@@ -207,6 +209,7 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         csrf_trusted_origins=_list(env, "CSRF_TRUSTED_ORIGINS", []),
         secure_cookies=_bool(env, "SECURE_COOKIES", False),
         round_seconds=_number(env, "ROUND_SECONDS", 5.0, 1, 3600),
+        round_lease_seconds=_number(env, "ROUND_LEASE_SECONDS", 900.0, 60, 86_400),
         pricing_rule=_choice(env, "PRICING_RULE", "uniform", ("uniform", "pay_as_ask")),
         fair_share_cap=_number(env, "FAIR_SHARE_CAP", 1.0, 0.01, 1.0),
         price_point=_number(env, "PRICE_POINT", 0.0, 0.0, 1.0),

@@ -170,6 +170,7 @@ class AuctionRound(models.Model):
     state = models.CharField(max_length=16, choices=RoundState.choices, default=RoundState.CLEARING)
     scheduled_for = models.DateTimeField(help_text="The round's clock: the engine is given this time")
     started_at = models.DateTimeField(auto_now_add=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True, help_text="A round still clearing after this was left by a worker that died; the next round fails it")
     cleared_at = models.DateTimeField(null=True, blank=True)
     engine_version = models.CharField(max_length=32, blank=True, default="")
     input_digest = models.CharField(max_length=64, blank=True, default="")

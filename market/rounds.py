@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -40,42 +40,90 @@ def slot_for(when: datetime) -> int:
 
 
 def _claim(*, slot: int | None, when: datetime) -> AuctionRound | None:
+    lease = timezone.now() + timedelta(seconds=settings.GRIDBID["ROUND_LEASE_SECONDS"])
     try:
         with transaction.atomic():
             number = (AuctionRound.objects.aggregate(n=Max("number"))["n"] or 0) + 1
-            return AuctionRound.objects.create(number=number, slot=slot, scheduled_for=when, engine_version=engine.ENGINE_VERSION)
+            return AuctionRound.objects.create(number=number, slot=slot, scheduled_for=when, lease_expires_at=lease,
+                                               engine_version=engine.ENGINE_VERSION)
     except IntegrityError:
         return None  # another worker (or an earlier delivery of this tick) has it
 
 
+def rounds_recover(*, now: datetime | None = None) -> int:
+    """Fail every round still `clearing` past its lease: the worker that claimed it died
+    (killed mid-clearing, its machine lost), and nothing else would ever finish it. Its
+    bids are untouched, so the next round takes them. Returns how many were failed."""
+    now = now or timezone.now()
+    stale = AuctionRound.objects.filter(state=RoundState.CLEARING, lease_expires_at__lt=now)
+    dead = list(stale.values_list("number", flat=True))
+    if not dead:
+        return 0
+    failed = stale.update(
+        state=RoundState.FAILED,
+        error="The worker clearing this round stopped before it finished (its lease expired); the next round took its bids.",
+    )
+    log.warning("rounds %s were left clearing past their lease; marked failed", dead)
+    events.operator_changed()
+    return failed
+
+
+def _set_aside(*, rnd: AuctionRound, aside: tuple[engine.SetAside, ...]) -> dict[str, list[int]]:
+    """Tell each owner why the engine could not take their order this round: a bid keeps its
+    place in the book with the reason as its explanation; an offer is paused (`limits`), so
+    its provider sees it stopped selling and can reprice it."""
+    bids = sorted({a.id for a in aside if a.kind == "bid" and a.id is not None})
+    offers = sorted({a.id for a in aside if a.kind == "offer" and a.id is not None})
+    reasons: dict[int, list[str]] = {}
+    for a in aside:
+        if a.kind == "bid" and a.id is not None:
+            reasons.setdefault(a.id, []).append(
+                f"The market cannot take this bid: {a.field} {a.message}. Cancel it and place one within the limits."
+            )
+    with transaction.atomic():
+        for bid in Bid.objects.select_for_update().filter(pk__in=bids, state=BidState.OPEN):
+            bid.explanation = {"round": rnd.number, "matched": False, "set_aside": True, "reasons": reasons[bid.pk], "nearest": None}
+            bid.save(update_fields=["explanation"])
+        Offer.objects.filter(pk__in=offers, state=OfferState.OPEN).update(state=OfferState.PAUSED, paused_by="limits", updated_at=timezone.now())
+    if aside:
+        log.warning("round %s set aside %d order(s) the engine cannot take: %s", rnd.number, len(aside),
+                    "; ".join(f"{a.kind} {a.id} {a.field}: {a.message}" for a in aside[:10]))
+    return {"bids": bids, "offers": offers}
+
+
 def round_clear(*, now: datetime | None = None, slot: int | None = None) -> AuctionRound | None:
     """Run one round at `now`. Returns the round, or None if the slot was already taken
-    or the book has no open bid (nothing could trade; no empty row is written)."""
+    or the book has no open bid (nothing could trade; no empty row is written).
+
+    Orders the engine cannot take are set aside with their reasons (`_set_aside`) and the
+    round clears the rest: one bad order never fails the round for everyone."""
     now = now or timezone.now()
+    rounds_recover()
     if not Bid.objects.filter(state=BidState.OPEN).exists():
         return None
     rnd = _claim(slot=slot_for(now) if slot is None else slot, when=now)
     if rnd is None:
         return None
     try:
-        inp = repository.snapshot(now=now)
+        inp, aside = engine.screen(repository.snapshot(now=now))
+        set_aside = _set_aside(rnd=rnd, aside=aside)
         started = time.perf_counter()
         stages = StageTimes()
         result = engine.clear_round(inp, stopwatch=stages)
         elapsed_ms = round(1000 * (time.perf_counter() - started), 2)
-    except Exception as exc:  # the engine validated its input and said no, or crashed: record it
+    except Exception as exc:  # the round itself is broken (catalogue, config) or the engine crashed: record it
         log.exception("round %s failed", rnd.number)
         AuctionRound.objects.filter(pk=rnd.pk).update(state=RoundState.FAILED, error=f"{type(exc).__name__}: {exc}"[:2000])
         events.operator_changed()
         return AuctionRound.objects.get(pk=rnd.pk)
-    _write(rnd=rnd, inp=inp, result=result, elapsed_ms=elapsed_ms, stage_ms=stages.ms())
+    _write(rnd=rnd, inp=inp, result=result, elapsed_ms=elapsed_ms, stage_ms=stages.ms(), set_aside=set_aside)
     rnd.refresh_from_db()
     return rnd
 
 
 @transaction.atomic
 def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundResult, elapsed_ms: float,
-           stage_ms: dict[str, float]) -> None:
+           stage_ms: dict[str, float], set_aside: dict[str, list[int]] | None = None) -> None:
     bid_ids = sorted({t.bid_id for t in result.trades})
     offer_ids = sorted({t.offer_id for t in result.trades})
     bids = {b.pk: b for b in Bid.objects.select_for_update().filter(pk__in=bid_ids)}
@@ -127,7 +175,7 @@ def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundRes
     result_dict = serialize.result_to_dict(result)
     inputs = serialize.input_to_dict(inp)
     stats = {**result_dict["stats"], "clear_ms": elapsed_ms, "stage_ms": stage_ms, "dropped_bids": dropped,
-             "preemptions": result_dict["preemptions"]}
+             "preemptions": result_dict["preemptions"], "set_aside": set_aside or {"bids": [], "offers": []}}
     AuctionRound.objects.filter(pk=rnd.pk).update(
         state=RoundState.CLEARED,
         cleared_at=timezone.now(),
@@ -196,7 +244,10 @@ def bid_quote(*, user_id: int, data: dict[str, Any], now: datetime | None = None
     now = now or timezone.now()
     hypothetical = Bid(buyer_id=user_id, created_at=now, **data)
     domain = dataclasses.replace(repository.bid_to_domain(hypothetical), id=QUOTE_BID_ID)
-    inp = repository.snapshot(now=now, extra_bids=(domain,))
+    inp, aside = engine.screen(repository.snapshot(now=now, extra_bids=(domain,)))
+    mine = next((a for a in aside if a.kind == "bid" and a.id == QUOTE_BID_ID), None)
+    if mine is not None:  # the asker's own bid: say what to change (others' bad orders are left out quietly)
+        raise engine.EngineInputError(mine.field, mine.message)
     result = engine.clear_round(inp)
     mine = [t for t in result.trades if t.bid_id == QUOTE_BID_ID]
     if mine:

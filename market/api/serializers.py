@@ -10,12 +10,14 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from market.engine import limits
 from market.models import ApiToken, AuctionRound, Bid, BidClass, Job, Offer, Scope, Trade
 from market.states import OfferState
 from providers.models import Gpu, GpuModel, Interconnect, Machine, Provider, Region
 
-MAX_PRICE = 10**15  # base units per GPU-hour: a billion dollars an hour is a typo
-MAX_DURATION_S = 365 * 24 * 3600
+# the engine's limits: whatever the API accepts, a round can clear (market/engine/limits.py)
+MAX_PRICE = limits.MAX_PRICE
+MAX_DURATION_S = limits.ORDER_MAX_DURATION_S
 ADDRESS_RE = re.compile(r"^0x[0-9a-fA-F]{40}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
@@ -192,7 +194,7 @@ class OfferSerializer(serializers.ModelSerializer):
 class OfferCreateSerializer(serializers.Serializer):
     machine = serializers.PrimaryKeyRelatedField(queryset=Machine.objects.all())
     gpu_model = serializers.PrimaryKeyRelatedField(queryset=GpuModel.objects.all())
-    gpus = serializers.IntegerField(min_value=1, max_value=64)
+    gpus = serializers.IntegerField(min_value=1, max_value=limits.ORDER_MAX_OFFER_GPUS)
     price = serializers.IntegerField(min_value=1, max_value=MAX_PRICE, help_text="Token base units per GPU-hour (6 decimals: 2500000 = 2.50)")
     min_duration_s = serializers.IntegerField(min_value=60, max_value=MAX_DURATION_S, default=60)
     max_duration_s = serializers.IntegerField(min_value=60, max_value=MAX_DURATION_S, default=30 * 24 * 3600)
@@ -214,7 +216,7 @@ class OfferCreateSerializer(serializers.Serializer):
 
 
 class OfferUpdateSerializer(serializers.Serializer):
-    gpus = serializers.IntegerField(min_value=1, max_value=64, required=False)
+    gpus = serializers.IntegerField(min_value=1, max_value=limits.ORDER_MAX_OFFER_GPUS, required=False)
     price = serializers.IntegerField(min_value=1, max_value=MAX_PRICE, required=False)
     min_duration_s = serializers.IntegerField(min_value=60, max_value=MAX_DURATION_S, required=False)
     max_duration_s = serializers.IntegerField(min_value=60, max_value=MAX_DURATION_S, required=False)
@@ -278,16 +280,16 @@ class JobSpecSerializer(serializers.Serializer):
 
 
 class WeightsSerializer(serializers.Serializer):
-    latency_per_ms = serializers.FloatField(min_value=0, max_value=1e12, required=False)
-    non_preferred_region = serializers.FloatField(min_value=0, max_value=1e15, required=False)
-    carbon_per_kg = serializers.FloatField(min_value=0, max_value=1e12, required=False)
-    reliability = serializers.FloatField(min_value=0, max_value=1e15, required=False)
+    latency_per_ms = serializers.FloatField(min_value=0, max_value=limits.MAX_WEIGHT, required=False)
+    non_preferred_region = serializers.FloatField(min_value=0, max_value=limits.MAX_WEIGHT, required=False)
+    carbon_per_kg = serializers.FloatField(min_value=0, max_value=limits.MAX_WEIGHT, required=False)
+    reliability = serializers.FloatField(min_value=0, max_value=limits.MAX_WEIGHT, required=False)
 
 
 class BidCreateSerializer(serializers.Serializer):
     client_order_id = serializers.RegexField(r"^[A-Za-z0-9_.:-]{1,64}$", required=False, allow_null=True, error_messages={"invalid": "1-64 letters, digits, '_', '.', ':' or '-'."})
     job_spec = JobSpecSerializer()
-    gpus = serializers.IntegerField(min_value=1, max_value=1024)
+    gpus = serializers.IntegerField(min_value=1, max_value=limits.ORDER_MAX_BID_GPUS)
     gpu_models = serializers.ListField(child=serializers.CharField(max_length=48), max_length=32, required=False, default=list)
     min_memory_gib = serializers.IntegerField(min_value=0, max_value=4096, default=0)
     min_compute_units = serializers.FloatField(min_value=0, max_value=100000, default=0)

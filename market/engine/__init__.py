@@ -4,6 +4,7 @@ No Django, Celery or web3 here, and no clock: the caller passes the time in.
 ``clear_round`` validates its input, then clears it deterministically.
 """
 
+from . import limits
 from .clear import clear_round
 from .types import (
     CLASSES,
@@ -22,11 +23,13 @@ from .types import (
     RoundResult,
     RoundStats,
     RunningJob,
+    SetAside,
     Stopwatch,
     Trade,
     Unmatched,
     Weights,
 )
+from .validate import screen
 
 ENGINE_VERSION = "1.2.1"  # 1.2.1: rows written as columns need them, MILPs without presolve (other optimal vertices); 1.2: multi-machine bids as whole fills in the LP; 1.1: uniform price at the bottom of the interval
 
@@ -48,9 +51,12 @@ __all__ = [
     "RoundStats",
     "RunningJob",
     "STAGES",
+    "SetAside",
     "Stopwatch",
     "Trade",
     "Unmatched",
     "Weights",
     "clear_round",
+    "limits",
+    "screen",
 ]

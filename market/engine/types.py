@@ -50,6 +50,17 @@ class EngineInputError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class SetAside:
+    """An order the engine could not take, kept out of the round; ``field`` is relative to the
+    order (``max_price``, ``weights.reliability``) and ``message`` says what is wrong with it."""
+
+    kind: str  # "bid", "offer" or "running"
+    id: int | None
+    field: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
 class GpuModel:
     id: str
     vendor: str

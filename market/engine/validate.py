@@ -6,8 +6,20 @@ engine sorts anything, so the API can point at what the caller sent.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable
+from typing import Any
 
+from .limits import (
+    MAX_COMPUTE_UNITS,
+    MAX_DURATION_S,
+    MAX_GPUS,
+    MAX_LATENCY_MS,
+    MAX_MEMORY_GIB,
+    MAX_PRICE,
+    MAX_WEIGHT,
+)
 from .types import (
     CLASSES,
     PRICING_RULES,
@@ -16,12 +28,9 @@ from .types import (
     Offer,
     RoundInput,
     RunningJob,
+    SetAside,
     Weights,
 )
-
-MAX_PRICE = 10**12  # a million USD per GPU-hour: beyond this it is a typo
-MAX_GPUS = 1_000_000
-MAX_DURATION_S = 10 * 365 * 86_400
 
 
 def _int(path: str, value: object, lo: int, hi: int) -> None:
@@ -60,6 +69,70 @@ def _known(path: str, value: object, known: set[str], what: str) -> None:
 
 def validate(inp: RoundInput) -> None:
     """Raise EngineInputError for the first thing wrong with ``inp``."""
+    model_ids, region_ids = _round(inp)
+    offer_ids: set[int] = set()
+    for i, o in enumerate(inp.offers):
+        if not _offer_ok(o, model_ids, region_ids):
+            _offer(f"offers[{i}]", o, model_ids, region_ids)
+        _unique(f"offers[{i}].id", o.id, offer_ids, "offer")
+    bid_ids: set[int] = set()
+    for i, b in enumerate(inp.bids):
+        if not _bid_ok(b, model_ids, region_ids):
+            _bid(f"bids[{i}]", b, model_ids, region_ids)
+        _unique(f"bids[{i}].id", b.id, bid_ids, "bid")
+    for i, j in enumerate(inp.running):
+        _running(f"running[{i}]", j)
+
+
+def screen(inp: RoundInput) -> tuple[RoundInput, tuple[SetAside, ...]]:
+    """Split off each order the engine cannot take, with its reason, and return the rest.
+
+    One bad order must not fail the round for everyone: a bid over a limit is set aside
+    and its owner told why, while the others clear. What is wrong with the round itself
+    (the catalogue, the config, the clock, two orders with one id) still raises, since
+    no order's owner could fix it. ``validate`` passes on what this returns.
+    """
+    model_ids, region_ids = _round(inp)
+    aside: list[SetAside] = []
+    offers = tuple(
+        o for i, o in enumerate(inp.offers)
+        if _offer_ok(o, model_ids, region_ids) or _keep(aside, "offer", i, o, _offer, model_ids, region_ids)
+    )
+    bids = tuple(
+        b for i, b in enumerate(inp.bids)
+        if _bid_ok(b, model_ids, region_ids) or _keep(aside, "bid", i, b, _bid, model_ids, region_ids)
+    )
+    running = tuple(j for i, j in enumerate(inp.running) if _keep(aside, "running", i, j, _running))
+    offer_ids: set[int] = set()
+    for i, o in enumerate(offers):
+        _unique(f"offers[{i}].id", o.id, offer_ids, "offer")
+    bid_ids: set[int] = set()
+    for i, b in enumerate(bids):
+        _unique(f"bids[{i}].id", b.id, bid_ids, "bid")
+    return dataclasses.replace(inp, offers=offers, bids=bids, running=running), tuple(aside)
+
+
+def _keep(aside: list[SetAside], kind: str, i: int, item: Any, check: Callable[..., None], *context: set[str]) -> bool:
+    """True if ``item`` passes ``check``; else its reason goes on ``aside``."""
+    prefix = f"{kind}s[{i}]" if kind != "running" else f"running[{i}]"
+    try:
+        check(prefix, item, *context)
+    except EngineInputError as exc:
+        field = exc.field.removeprefix(prefix).lstrip(".") or kind
+        ident = getattr(item, "trade_id" if kind == "running" else "id", None)
+        aside.append(SetAside(kind, ident if type(ident) is int else None, field, exc.message))
+        return False
+    return True
+
+
+def _unique(path: str, ident: int, seen: set[int], what: str) -> None:
+    if ident in seen:
+        raise EngineInputError(path, f"duplicate {what} id {ident}")
+    seen.add(ident)
+
+
+def _round(inp: RoundInput) -> tuple[set[str], set[str]]:
+    """Check what belongs to the round rather than to an order; the model and region ids."""
     _int("now", inp.now, 0, 2**62)
     model_ids: set[str] = set()
     for i, m in enumerate(inp.gpu_models):
@@ -91,22 +164,6 @@ def validate(inp: RoundInput) -> None:
         if (row[0], row[1]) in seen_pairs:
             raise EngineInputError(p, f"duplicate latency for {row[0]} -> {row[1]}")
         seen_pairs.add((row[0], row[1]))
-    offer_ids: set[int] = set()
-    for i, o in enumerate(inp.offers):
-        if not _offer_ok(o, model_ids, region_ids):
-            _offer(f"offers[{i}]", o, model_ids, region_ids)
-        if o.id in offer_ids:
-            raise EngineInputError(f"offers[{i}].id", f"duplicate offer id {o.id}")
-        offer_ids.add(o.id)
-    bid_ids: set[int] = set()
-    for i, b in enumerate(inp.bids):
-        if not _bid_ok(b, model_ids, region_ids):
-            _bid(f"bids[{i}]", b, model_ids, region_ids)
-        if b.id in bid_ids:
-            raise EngineInputError(f"bids[{i}].id", f"duplicate bid id {b.id}")
-        bid_ids.add(b.id)
-    for i, j in enumerate(inp.running):
-        _running(f"running[{i}]", j)
     c = inp.config
     if c.pricing not in PRICING_RULES:
         raise EngineInputError("config.pricing", f"must be one of {', '.join(PRICING_RULES)}")
@@ -118,6 +175,7 @@ def validate(inp: RoundInput) -> None:
     _int("config.group_scan", c.group_scan, 0, 10**9)
     _int("config.exact_node_limit", c.exact_node_limit, 0, 10**9)
     _bool("config.certify", c.certify)
+    return model_ids, region_ids
 
 
 _ID = 2**62
@@ -169,8 +227,8 @@ def _bid_ok(b: Bid, models: set[str], regions: set[str]) -> bool:
         and _i(b.gpus, 1, MAX_GPUS)
         and type(b.gpu_models) is tuple
         and all(type(m) is str and m in models for m in b.gpu_models)
-        and _i(b.min_memory_gib, 0, 100_000)
-        and _f(b.min_compute_units, 0.0, 1e9)
+        and _i(b.min_memory_gib, 0, MAX_MEMORY_GIB)
+        and _f(b.min_compute_units, 0.0, MAX_COMPUTE_UNITS)
         and (b.vendor is None or (type(b.vendor) is str and b.vendor != ""))
         and type(b.same_machine) is bool
         and type(b.allowed_regions) is tuple
@@ -180,7 +238,7 @@ def _bid_ok(b: Bid, models: set[str], regions: set[str]) -> bool:
         and (b.location_region is None or (type(b.location_region) is str and b.location_region in regions))
         and (
             b.max_latency_ms is None
-            or (_f(b.max_latency_ms, 0.0, 1e6) and b.location_region is not None)
+            or (_f(b.max_latency_ms, 0.0, MAX_LATENCY_MS) and b.location_region is not None)
         )
         and _i(b.max_price, 0, MAX_PRICE)
         and _i(b.duration_s, 1, MAX_DURATION_S)
@@ -188,10 +246,10 @@ def _bid_ok(b: Bid, models: set[str], regions: set[str]) -> bool:
         and b.klass in CLASSES
         and _f(b.min_reliability, 0.0, 1.0)
         and type(w) is Weights
-        and _f(w.latency_per_ms, 0.0, 1e12)
-        and _f(w.non_preferred_region, 0.0, 1e12)
-        and _f(w.carbon_per_kg, 0.0, 1e12)
-        and _f(w.reliability, 0.0, 1e12)
+        and _f(w.latency_per_ms, 0.0, MAX_WEIGHT)
+        and _f(w.non_preferred_region, 0.0, MAX_WEIGHT)
+        and _f(w.carbon_per_kg, 0.0, MAX_WEIGHT)
+        and _f(w.reliability, 0.0, MAX_WEIGHT)
         and _i(b.created_at, 0, _ID)
     )
 
@@ -225,7 +283,7 @@ def _weights(p: str, w: Weights) -> None:
     if not isinstance(w, Weights):
         raise EngineInputError(p, "must be Weights")
     for name in ("latency_per_ms", "non_preferred_region", "carbon_per_kg", "reliability"):
-        _float(f"{p}.{name}", getattr(w, name), 0.0, 1e12)
+        _float(f"{p}.{name}", getattr(w, name), 0.0, MAX_WEIGHT)
 
 
 def _bid(p: str, b: Bid, models: set[str], regions: set[str]) -> None:
@@ -238,8 +296,8 @@ def _bid(p: str, b: Bid, models: set[str], regions: set[str]) -> None:
         raise EngineInputError(f"{p}.gpu_models", "must be a tuple of GPU model ids")
     for k, m in enumerate(b.gpu_models):
         _known(f"{p}.gpu_models[{k}]", m, models, "GPU model")
-    _int(f"{p}.min_memory_gib", b.min_memory_gib, 0, 100_000)
-    _float(f"{p}.min_compute_units", b.min_compute_units, 0.0, 1e9)
+    _int(f"{p}.min_memory_gib", b.min_memory_gib, 0, MAX_MEMORY_GIB)
+    _float(f"{p}.min_compute_units", b.min_compute_units, 0.0, MAX_COMPUTE_UNITS)
     if b.vendor is not None:
         _str(f"{p}.vendor", b.vendor)
     _bool(f"{p}.same_machine", b.same_machine)
@@ -252,7 +310,7 @@ def _bid(p: str, b: Bid, models: set[str], regions: set[str]) -> None:
     if b.location_region is not None:
         _known(f"{p}.location_region", b.location_region, regions, "region")
     if b.max_latency_ms is not None:
-        _float(f"{p}.max_latency_ms", b.max_latency_ms, 0.0, 1e6)
+        _float(f"{p}.max_latency_ms", b.max_latency_ms, 0.0, MAX_LATENCY_MS)
         if b.location_region is None:
             raise EngineInputError(f"{p}.max_latency_ms", "needs location_region to measure from")
     _int(f"{p}.max_price", b.max_price, 0, MAX_PRICE)

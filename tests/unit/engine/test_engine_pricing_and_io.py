@@ -9,6 +9,7 @@ import random
 import pytest
 
 from market.engine import (
+    DEFAULT_WEIGHTS,
     Bid,
     EngineInputError,
     RunningJob,
@@ -164,3 +165,35 @@ def test_a_lone_generous_buyer_pays_the_ask_by_default_not_halfway_to_its_max() 
 
     res = clear_round(round_of([offer(1, ask=1_370_000, gpus=1)], [bid(1, max_price=9_000_000)]))
     assert [t.price for t in res.trades] == [1_370_000]
+
+
+def test_screen_sets_aside_each_bad_order_with_its_field_and_keeps_the_rest() -> None:
+    from market.engine import limits, screen
+
+    inp = round_of(
+        [offer(1), offer(2, ask=limits.MAX_PRICE + 1)],
+        [bid(1), bid(2, max_price=10**15), bid(3, weights=dataclasses.replace(DEFAULT_WEIGHTS, reliability=1e15))],
+    )
+    kept, aside = screen(inp)
+    assert [o.id for o in kept.offers] == [1] and [b.id for b in kept.bids] == [1]
+    assert [(a.kind, a.id, a.field) for a in aside] == [
+        ("offer", 2, "ask"), ("bid", 2, "max_price"), ("bid", 3, "weights.reliability")]
+    assert "at most 1,000,000,000,000" in aside[1].message
+    assert clear_round(kept).trades, "the rest still clears"
+
+
+def test_screen_still_refuses_what_no_order_owner_could_fix() -> None:
+    from market.engine import screen
+
+    inp = round_of([offer(1), offer(1)], [bid(1)])
+    with pytest.raises(EngineInputError) as err:
+        screen(inp)
+    assert err.value.field == "offers[1].id"
+
+
+def test_screen_of_a_clean_round_is_the_round() -> None:
+    from market.engine import screen
+
+    inp = round_of([offer(1), offer(2)], [bid(1), bid(2)])
+    kept, aside = screen(inp)
+    assert kept == inp and aside == ()
