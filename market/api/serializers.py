@@ -184,7 +184,7 @@ class OfferSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Offer
-        fields = ["id", "machine", "provider", "region", "gpu_model", "gpus", "gpus_free", "price", "min_duration_s", "max_duration_s", "available_from", "available_until", "spot_allowed", "reserved_only", "state", "reliability", "memory_gib", "compute_units", "price_per_compute_unit", "created_at", "updated_at"]
+        fields = ["id", "machine", "provider", "region", "gpu_model", "gpus", "gpus_free", "price", "min_duration_s", "max_duration_s", "available_from", "available_until", "spot_allowed", "reserved_only", "state", "paused_by", "reliability", "memory_gib", "compute_units", "price_per_compute_unit", "created_at", "updated_at"]
 
     @extend_schema_field(serializers.FloatField())
     def get_price_per_compute_unit(self, offer: Offer) -> float:

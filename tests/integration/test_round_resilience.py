@@ -53,7 +53,7 @@ def test_a_bid_with_weights_over_the_limit_is_set_aside(buyer, stranger, provide
     assert "weights.reliability" in " ".join(bad.explanation["reasons"])
 
 
-def test_an_offer_over_the_price_limit_is_paused_with_the_reason_and_the_round_goes_on(buyer, provider_user, other_provider_user, make_offer, make_bid):
+def test_an_offer_over_the_price_limit_is_paused_with_the_reason_and_the_round_goes_on(buyer, provider_user, other_provider_user, make_offer, make_bid, client_for):
     bad = make_offer(other_provider_user, price=2_000_000, count=8)
     Offer.objects.filter(pk=bad.pk).update(price=10**15)
     good = make_offer(provider_user, price=2_500_000, count=8)
@@ -64,6 +64,8 @@ def test_an_offer_over_the_price_limit_is_paused_with_the_reason_and_the_round_g
     bad.refresh_from_db()
     assert (bad.state, bad.paused_by) == ("paused", "limits")
     assert rnd.stats["set_aside"]["offers"] == [bad.pk]
+    shown = client_for(other_provider_user).get(f"/api/v1/offers/{bad.pk}/").json()
+    assert (shown["state"], shown["paused_by"]) == ("paused", "limits")
 
 
 def test_a_quote_ignores_someone_elses_bad_order(buyer, stranger, provider_user, make_offer, make_bid, client_for):
