@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 
@@ -33,6 +34,15 @@ def client_address(request: HttpRequest) -> str | None:
     try:
         return str(ipaddress.ip_address(raw))
     except ValueError:
+        return None
+
+
+def scope_address(scope: Mapping[str, Any]) -> str | None:
+    """The address an ASGI connection (a WebSocket) came from, like `client_address`."""
+    client = scope.get("client") or ()
+    try:
+        return str(ipaddress.ip_address(str(client[0]).strip()))
+    except (ValueError, IndexError, TypeError):
         return None
 
 

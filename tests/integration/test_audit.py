@@ -225,3 +225,29 @@ def test_deleting_a_user_keeps_their_records(stranger, client_for):
     stranger.delete()
     assert AuditEvent.objects.filter(actor_id=pk).count() == kept
     assert only("bid.place").actor_username == "stranger"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+async def test_a_bid_placed_and_cancelled_over_the_websocket_is_recorded_with_the_sockets_address(buyer, client_for):
+    from channels.db import database_sync_to_async
+    from channels.testing import WebsocketCommunicator
+
+    from gridbid.asgi import application
+
+    # database_sync_to_async closes the thread's connection after: the test database can be dropped
+    raw = (await database_sync_to_async(client_for)(buyer, ["read", "trade"])).raw_token
+    comm = WebsocketCommunicator(application, "/ws/v1/stream", headers=[(b"authorization", f"Bearer {raw}".encode())])
+    comm.scope["client"] = [ADDRESS, 51234]
+    assert (await comm.connect(timeout=5))[0]
+    assert json.loads(await comm.receive_from(timeout=5))["type"] == "welcome"
+    await comm.send_json_to({"type": "place_bid", "client_order_id": "ws-1", "bid": bid_body()})
+    ack = json.loads(await comm.receive_from(timeout=5))
+    assert ack["type"] == "ack", ack
+    await comm.send_json_to({"type": "cancel_bid", "bid_id": ack["bid"]["id"]})
+    assert json.loads(await comm.receive_from(timeout=5))["type"] == "ack"
+    await comm.disconnect()
+    placed, cancelled = await database_sync_to_async(lambda: (only("bid.place"), only("bid.cancel")))()
+    for e in (placed, cancelled):
+        assert (e.actor_id, e.address, e.object_id) == (buyer.pk, ADDRESS, str(ack["bid"]["id"]))
+    assert placed.request_id and placed.request_id == cancelled.request_id, "one id per connection, as in its log lines"
