@@ -93,6 +93,25 @@ def test_a_token_created_and_revoked_is_recorded_with_its_scopes_never_its_plain
     assert raw not in dumped and raw.split("_")[-1] not in dumped and PASSWORD not in dumped
 
 
+def test_a_token_made_and_revoked_on_the_account_page_is_recorded_with_the_browsers_address(buyer):
+    from market.models import ApiToken
+
+    browser = Client(REMOTE_ADDR=ADDRESS)
+    browser.force_login(buyer)
+    r = browser.post("/account/", {"action": "create", "name": "web-bot", "scopes": ["read"]}, HTTP_X_REQUEST_ID="acct-1")
+    page = r.content.decode()
+    token = ApiToken.objects.get(name="web-bot")
+    created = only("token.create")
+    assert (created.actor_id, created.address, created.object_id) == (buyer.pk, ADDRESS, str(token.pk))
+    assert created.request_id == r["X-Request-ID"] == "acct-1", "the record names the request, as its log lines do"
+    assert browser.post("/account/", {"action": "revoke", "token": token.pk}).status_code == 302
+    assert only("token.revoke").address == ADDRESS
+    raw = page.split('id="new-token">')[1].split("<")[0]
+    from market.models import AuditEvent
+
+    assert raw.startswith("gb_") and raw not in json.dumps(list(AuditEvent.objects.values("details")))
+
+
 def test_a_bid_placed_and_cancelled_is_recorded(buyer, client_for):
     c = api(buyer, client_for)
     r = c.post("/api/v1/bids/", bid_body(), format="json")
