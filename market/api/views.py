@@ -17,6 +17,7 @@ from market import rounds, selectors, services
 from market.api import serializers as s
 from market.api.filters import AuditFilter, BidFilter, OfferFilter, TradeFilter
 from market.api.idempotency import idempotent
+from market.audit import AuditAction, audit_record
 from market.models import ApiToken, AuctionRound, AuditEvent, Bid, Job, Offer, Scope, Trade
 from providers.models import GpuModel, Machine, Region
 
@@ -334,7 +335,6 @@ class JobViewSet(viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"])
     def preempt(self, request: Request, pk: str) -> Response:
         """Operators: ask the agent to checkpoint and stop this job (spot capacity for a higher class)."""
-        from market.audit import AuditAction, audit_record
         from providers.jobs import job_preempt_request
 
         job = get_object_or_404(self.get_queryset(), pk=pk)
@@ -353,7 +353,6 @@ class JobViewSet(viewsets.ReadOnlyModelViewSet):
         if getattr(self, "swagger_fake_view", False):
             return Job.objects.none()
         return selectors.jobs_visible(self.request.user)
-
 
 
 class AuditViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
