@@ -6,6 +6,9 @@ import enum
 import os
 
 from celery import Celery
+from celery.signals import before_task_publish, setup_logging, task_postrun, task_prerun
+
+from gridbid import logs
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gridbid.settings")
 
@@ -42,3 +45,44 @@ def _schedule(sender: Celery, **_: object) -> None:
         "ledger-events": {"task": "ledger.tasks.chain_events_sync", "schedule": 3.0, "options": {"queue": Queue.CHAIN, "expires": 6}},
         "ledger-reconcile": {"task": "ledger.tasks.ledger_reconcile", "schedule": 60.0, "options": {"queue": Queue.CHAIN, "expires": 120}},
     }
+
+
+# --- the request id follows a request into the tasks it enqueues (gridbid/logs.py) ---------
+@before_task_publish.connect
+def _request_id_to_headers(headers: dict[str, object] | None = None, **_: object) -> None:
+    rid = logs.request_id.get()
+    if rid and headers is not None:
+        headers.setdefault("request_id", rid)
+
+
+@task_prerun.connect
+def _request_id_from_headers(task: object = None, **_: object) -> None:
+    request = getattr(task, "request", None)
+    if request is None:
+        return
+    # a worker sees message headers as request attributes; an eager call keeps them in .headers
+    rid = getattr(request, "request_id", None) or (getattr(request, "headers", None) or {}).get("request_id")
+    if rid is None and getattr(request, "is_eager", False):
+        rid = logs.request_id.get()  # run inline: still inside the request that called it
+    # an insane id is dropped, not logged: headers come from whoever can publish
+    request.gridbid_request_id_token = logs.request_id.set(rid if logs.request_id_sane(rid) else "")
+
+
+@task_postrun.connect
+def _request_id_restore(task: object = None, **_: object) -> None:
+    token = getattr(getattr(task, "request", None), "gridbid_request_id_token", None)
+    if token is not None:
+        try:
+            logs.request_id.reset(token)
+        except ValueError:  # ran in another context than it started in
+            logs.request_id.set("")
+
+
+@setup_logging.connect
+def _logging_from_settings(**_: object) -> None:
+    """Workers log as the web processes do (LOG_LEVEL, LOG_FORMAT), not in Celery's format."""
+    from logging.config import dictConfig
+
+    from django.conf import settings
+
+    dictConfig(settings.LOGGING)

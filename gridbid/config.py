@@ -51,6 +51,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("MARKET_ADDRESS", "(deployed on first start)", "Address of the GridBidMarket contract on CHAIN_RPC_URL."),
     Variable("TOKEN_ADDRESS", "(deployed on first start)", "Address of the ERC-20 stablecoin (6 decimals)."),
     Variable("LOG_LEVEL", "INFO", "DEBUG, INFO, WARNING or ERROR."),
+    Variable("LOG_FORMAT", "plain", "plain (text lines) or json (one JSON object per line: time, level, logger, message, request_id)."),
     Variable("GRIDBID_DEMO_SPEED", "60", "Under `gridbid up --demo`: how many times faster than booked the demo's simulated jobs run (1-10000)."),
 )
 
@@ -142,6 +143,7 @@ class Config:
     log_level: str
     # the node URL handed to provider agents; CHAIN_RPC_URL may carry a secret and is never shown
     chain_public_rpc_url: str | None = None
+    log_format: str = "plain"
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -224,5 +226,6 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         market_address=_address(env, "MARKET_ADDRESS"),
         token_address=_address(env, "TOKEN_ADDRESS"),
         log_level=log_level,
+        log_format=_choice(env, "LOG_FORMAT", "plain", ("plain", "json")),
         demo_speed=_number(env, "GRIDBID_DEMO_SPEED", 60.0, 1, 10_000),
     )

@@ -34,6 +34,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "gridbid.middleware.RequestIdMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "gridbid.middleware.RejectNulBytesMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -196,8 +197,9 @@ GRIDBID = {
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)-7s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)-7s %(name)s: %(message)s"}, "json": {"()": "gridbid.logs.JsonFormatter"}},
+    "filters": {"request_id": {"()": "gridbid.logs.RequestIdFilter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": CONFIG.log_format, "filters": ["request_id"]}},
     "root": {"handlers": ["console"], "level": CONFIG.log_level},
     "loggers": {
         "django.db.backends": {"level": "WARNING"},

@@ -346,6 +346,6 @@ class RulingView(APIView):
         data.is_valid(raise_exception=True)
         key = f"api:{request.user.pk}:{request.META.get(HEADER) or uuid.uuid4().hex}"
         try:
-            return _accepted(ruling_request(trade=trade, key=key, **data.validated_data))
+            return _accepted(ruling_request(trade=trade, key=key, actor=request.user, **data.validated_data))
         except ChainUnavailable as exc:
             raise ChainUnavailableError(str(exc)) from exc

@@ -25,6 +25,7 @@ from ledger.outbox import tx_submit
 from ledger.selectors import trade_ledger
 from ledger.services import recorded_trade
 from ledger.wallet import is_wallet_buyer
+from market.audit import AuditAction, audit_record
 from market.errors import Conflict, DomainError
 from market.models import Trade, User
 from market.states import TradeState
@@ -84,6 +85,7 @@ def dispute_request(*, user: User, trade: Trade, key: str) -> dict[str, Any]:
     if left < 0:
         raise Conflict(f"The dispute window of trade {trade.pk} closed {-left:,} s ago.")
     if is_wallet_buyer(user):
+        audit_record(actor=user, action=AuditAction.TRADE_DISPUTE, obj=trade, details={"state": "sign in your wallet", "window_left_s": left})
         return {"action": "dispute", "trade": trade.pk, "state": "sign in your wallet",
                 "window_left_s": left, "call": _calldata(ctx, "dispute", args, user.chain_address)}
     signer = custodial_signer(CustodialKey.objects.get(user=user))
@@ -97,13 +99,15 @@ def dispute_request(*, user: User, trade: Trade, key: str) -> dict[str, Any]:
             log.warning("dispute of trade %s (%s) not sent: %s", trade.pk, key, exc)
 
     transaction.on_commit(send)
+    audit_record(actor=user, action=AuditAction.TRADE_DISPUTE, obj=trade, details={"state": "accepted", "window_left_s": left, "transactions": [f"dispute:{key}"]})
     return {"action": "dispute", "trade": trade.pk, "state": "accepted", "window_left_s": left,
             "transactions": [f"dispute:{key}"]}
 
 
-def ruling_request(*, trade: Trade, pay_provider: Any, slash: Any, key: str) -> dict[str, Any]:
+def ruling_request(*, trade: Trade, pay_provider: Any, slash: Any, key: str, actor: User | None = None) -> dict[str, Any]:
     """The arbiter's ruling on a disputed trade: ``pay_provider`` (bool) and ``slash`` (token
-    base units from the provider's stake, only when the buyer was right)."""
+    base units from the provider's stake, only when the buyer was right). ``actor``: the
+    operator who rules, for the audit log."""
     errors: dict[str, list[str]] = {}
     if not isinstance(pay_provider, bool):
         errors["pay_provider"] = ["true (the provider was right: it keeps the payment) or false (refund the buyer)."]
@@ -121,7 +125,9 @@ def ruling_request(*, trade: Trade, pay_provider: Any, slash: Any, key: str) -> 
         arbiter = str(ctx.client.view(ctx.market, "arbiter"))
     except UNREACHABLE as exc:
         raise ChainUnavailable(f"The chain node does not answer ({exc}).") from exc
+    ruling = {"pay_provider": pay_provider, "slash": slash}
     if arbiter.lower() != ctx.operator.address.lower():
+        audit_record(actor=actor, action=AuditAction.TRADE_RULING, obj=trade, details={**ruling, "state": "sign with the arbiter's wallet"})
         return {"action": "ruling", "trade": trade.pk, "state": "sign with the arbiter's wallet",
                 "call": _calldata(ctx, "resolve_dispute", args, arbiter)}
 
@@ -134,4 +140,5 @@ def ruling_request(*, trade: Trade, pay_provider: Any, slash: Any, key: str) -> 
             log.warning("ruling on trade %s (%s) not sent: %s", trade.pk, key, exc)
 
     transaction.on_commit(send)
+    audit_record(actor=actor, action=AuditAction.TRADE_RULING, obj=trade, details={**ruling, "state": "accepted", "transactions": [f"ruling:{key}"]})
     return {"action": "ruling", "trade": trade.pk, "state": "accepted", "transactions": [f"ruling:{key}"]}

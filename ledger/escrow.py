@@ -23,6 +23,7 @@ from ledger.journal import account_balances
 from ledger.models import ChainTx, CustodialKey
 from ledger.outbox import tx_submit
 from ledger.wallet import is_wallet_buyer
+from market.audit import AuditAction, audit_record
 from market.errors import Conflict, DomainError
 from market.models import User
 
@@ -81,6 +82,8 @@ def escrow_request(*, user: User, action: str, amount: Any, key: str) -> dict[st
                               fields={"amount": [f"More than the tokens at your custodial address ({held})."]})
     keys = [f"approve:{key}", f"deposit:{key}"] if action == "deposit" else [f"withdraw:{key}"]
     transaction.on_commit(lambda: _send(user_id=user.pk, action=action, amount=value, key=key))
+    audit_record(actor=user, action=AuditAction.ESCROW_WITHDRAW if action == "withdraw" else AuditAction.ESCROW_DEPOSIT,
+                 obj=("escrow", address), details={"amount": value, "transactions": keys})
     return {"action": action, "amount": value, "address": address, "state": "accepted", "transactions": keys}
 
 

@@ -97,7 +97,7 @@ def _trade_action(request: HttpRequest, trade: Trade) -> None:
         elif action in ("pay-provider", "refund-buyer") and request.user.is_operator:
             slash = request.POST.get("slash", "0").strip() or "0"
             done = ruling_request(trade=trade, pay_provider=action == "pay-provider",
-                                  slash=int(slash) if slash.isdigit() else slash, key=key)
+                                  slash=int(slash) if slash.isdigit() else slash, key=key, actor=request.user)
             if "call" in done:
                 messages.info(request, f"The arbiter is {done['call']['from']}, not this server's key: send the ruling from its wallet.")
             else:

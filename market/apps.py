@@ -6,4 +6,5 @@ class MarketConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from market import audit  # noqa: F401 - records sign-ins from Django's auth signals
         from market.api import schema  # noqa: F401 - registers the OpenAPI auth extension

@@ -255,3 +255,77 @@ class IdempotencyRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.method} {self.path} [{self.key}]"
+
+
+# --- audit log ---------------------------------------------------------------------
+class AuditAction(models.TextChoices):
+    """What an audit record says happened: a fixed vocabulary, `<noun>.<verb>`."""
+
+    LOGIN = "auth.login", "signed in"
+    LOGIN_FAILED = "auth.login_failed", "failed sign-in"
+    SIGNUP = "account.signup", "signed up"
+    TOKEN_CREATE = "token.create", "API token created"
+    TOKEN_REVOKE = "token.revoke", "API token revoked"
+    BID_PLACE = "bid.place", "bid placed"
+    BID_CANCEL = "bid.cancel", "bid cancelled"
+    OFFER_PUBLISH = "offer.publish", "offer published"
+    OFFER_REPRICE = "offer.reprice", "offer repriced"
+    OFFER_PAUSE = "offer.pause", "offer paused"
+    OFFER_RESUME = "offer.resume", "offer reopened"
+    OFFER_WITHDRAW = "offer.withdraw", "offer withdrawn"
+    OFFER_UPDATE = "offer.update", "offer changed"
+    JOB_PREEMPT = "job.preempt", "job preempted"
+    TRADE_DISPUTE = "trade.dispute", "trade disputed"
+    TRADE_RULING = "trade.ruling", "dispute ruled"
+    ESCROW_DEPOSIT = "escrow.deposit", "escrow deposit"
+    ESCROW_WITHDRAW = "escrow.withdraw", "escrow withdrawal"
+
+
+class AuditImmutable(Exception):
+    """An audit record was to be changed or deleted: the log is append-only."""
+
+
+class AuditQuerySet(models.QuerySet["AuditEvent"]):
+    def update(self, **kwargs: object) -> int:
+        raise AuditImmutable("Audit records are append-only: they cannot be updated.")
+
+    def bulk_update(self, *args: object, **kwargs: object) -> int:
+        raise AuditImmutable("Audit records are append-only: they cannot be updated.")
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        raise AuditImmutable("Audit records are append-only: they cannot be deleted.")
+
+
+class AuditEvent(models.Model):
+    """One security-relevant action: who (or null), what, when, from which address, to
+    which object. Written by `market.audit.audit_record` only; never changed or deleted
+    (here, in the queryset, and on PostgreSQL by a trigger: migration 0008)."""
+
+    # no database constraint and no cascade: a user's records outlive the user
+    actor = models.ForeignKey(User, null=True, blank=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+")
+    actor_username = models.CharField(max_length=150, blank=True, default="", help_text="The actor's name when it acted")
+    action = models.CharField(max_length=32, choices=AuditAction.choices)
+    at = models.DateTimeField(db_index=True)
+    address = models.GenericIPAddressField(null=True, blank=True, help_text="The client's address (REMOTE_ADDR)")
+    object_type = models.CharField(max_length=32, blank=True, default="")
+    object_id = models.CharField(max_length=64, blank=True, default="")
+    details = models.JSONField(default=dict, blank=True)
+    request_id = models.CharField(max_length=64, blank=True, default="", help_text="The X-Request-ID of the request, as in the logs")
+
+    objects = AuditQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["actor", "-id"], name="audit_actor_recent"), models.Index(fields=["action", "-id"], name="audit_action_recent")]
+        constraints = [models.CheckConstraint(condition=Q(action__in=AuditAction.values), name="auditevent_action_valid")]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.action} by {self.actor_username or '-'}"
+
+    def save(self, *args: object, **kwargs: object) -> None:
+        if not self._state.adding:
+            raise AuditImmutable("Audit records are append-only: they cannot be updated.")
+        super().save(*args, **kwargs)  # type: ignore[arg-type]
+
+    def delete(self, *args: object, **kwargs: object) -> tuple[int, dict[str, int]]:
+        raise AuditImmutable("Audit records are append-only: they cannot be deleted.")

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.db.models import Count, Min, Q, QuerySet, Sum
 
-from market.models import AuctionRound, Bid, Job, Offer, Trade, User
+from market.models import AuctionRound, AuditEvent, Bid, Job, Offer, Trade, User
 from market.states import BidState, OfferState, RoundState
 from providers.models import Machine
 
@@ -246,3 +246,13 @@ def operator_overview() -> dict[str, Any]:
         "offline": offline,
         "offline_count": Machine.objects.filter(state=MachineState.OFFLINE).count(),
     }
+
+
+def audit_events_own(user: User) -> QuerySet[AuditEvent]:
+    """What a user did, and the failed sign-ins tried on their account."""
+    return AuditEvent.objects.filter(Q(actor_id=user.pk) | Q(object_type="user", object_id=str(user.pk), action="auth.login_failed"))
+
+
+def audit_events_visible(user: User) -> QuerySet[AuditEvent]:
+    """Operators read every record; everyone else their own."""
+    return AuditEvent.objects.all() if _operator(user) else audit_events_own(user)

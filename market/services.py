@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from market import states
 from market.api.auth import TOKEN_PREFIX, token_digest
+from market.audit import AuditAction, audit_record, offer_change_record, offer_snapshot
 from market.errors import Conflict, DomainError, NotAllowed
 from market.models import ApiToken, Bid, Job, Offer, Role, Scope, User
 from market.states import BidState, OfferState
@@ -34,9 +35,11 @@ def user_signup(*, username: str, password: str, email: str = "", role: str = Ro
     user = User.objects.create_user(username=username, password=password, email=email, role=role)
     if role == Role.PROVIDER:
         Provider.objects.create(user=user, display_name=username)
+    audit_record(actor=user, action=AuditAction.SIGNUP, obj=user, details={"role": role})
     return user
 
 
+@transaction.atomic
 def token_create(*, user: User, name: str, scopes: Iterable[str], expires_at: datetime | None = None) -> tuple[ApiToken, str]:
     """Create a token; returns the row and the plaintext, which is never stored."""
     wanted = sorted(set(scopes))
@@ -54,9 +57,11 @@ def token_create(*, user: User, name: str, scopes: Iterable[str], expires_at: da
     prefix = secrets.token_hex(4)
     raw = f"{TOKEN_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
     token = ApiToken.objects.create(user=user, name=name, prefix=prefix, digest=token_digest(raw), scopes=wanted, expires_at=expires_at)
+    audit_record(actor=user, action=AuditAction.TOKEN_CREATE, obj=token, details={"name": name, "prefix": prefix, "scopes": wanted, "expires_at": expires_at})
     return token, raw
 
 
+@transaction.atomic
 def token_revoke(*, user: User, token_id: int) -> ApiToken:
     updated = ApiToken.objects.filter(pk=token_id, user=user, revoked_at__isnull=True).update(revoked_at=timezone.now())
     token = ApiToken.objects.filter(pk=token_id, user=user).first()
@@ -66,6 +71,7 @@ def token_revoke(*, user: User, token_id: int) -> ApiToken:
         raise NotFound("No such token.")
     if not updated:
         raise Conflict("This token was already revoked.")
+    audit_record(actor=user, action=AuditAction.TOKEN_REVOKE, obj=token, details={"name": token.name, "prefix": token.prefix, "scopes": token.scopes})
     return token
 
 
@@ -119,6 +125,7 @@ def offer_publish(*, user: User, machine: Machine, gpu_model: GpuModel, gpus: in
             f"Machine {machine.name!r} already has a live {gpu_model.id} offer.",
             fields={"gpu_model": ["Update or withdraw the existing offer instead."]},
         ) from None
+    audit_record(actor=user, action=AuditAction.OFFER_PUBLISH, obj=offer, details={"machine": machine.pk, "gpu_model": gpu_model.id, "gpus": gpus, "price": price})
     events.book_changed(gpu_model.id, machine.region_id)
     return offer
 
@@ -131,6 +138,7 @@ def offer_update(*, user: User, offer: Offer, **changes: Any) -> Offer:
         raise NotAllowed("That offer is not yours.")
     if offer.state == OfferState.WITHDRAWN:
         raise Conflict("This offer was withdrawn; publish a new one.")
+    before = offer_snapshot(offer)
     if "gpus" in changes:
         taken = offer.gpus - offer.gpus_free
         installed = offer.machine.gpus.filter(model_id=offer.gpu_model_id).count()
@@ -147,6 +155,7 @@ def offer_update(*, user: User, offer: Offer, **changes: Any) -> Offer:
     if offer.max_duration_s < offer.min_duration_s:
         raise DomainError("max_duration_s is below min_duration_s.", fields={"max_duration_s": ["Must be at least min_duration_s."]})
     offer.save()
+    offer_change_record(actor=user, offer=offer, before=before)
     events.book_changed(offer.gpu_model_id, offer.machine.region_id)
     return offer
 
@@ -182,6 +191,7 @@ def bid_place(*, user: User, data: dict[str, Any]) -> Bid:
     if client_order_id and Bid.objects.filter(buyer=user, client_order_id=client_order_id).exists():
         raise Conflict(f"You already placed a bid with client_order_id {client_order_id!r}.", fields={"client_order_id": ["Use a new id for a new order."]})
     bid = Bid.objects.create(buyer=user, **data)
+    audit_record(actor=user, action=AuditAction.BID_PLACE, obj=bid, details={k: getattr(bid, k) for k in ("gpus", "gpu_models", "max_price", "duration_s", "klass", "client_order_id")})
     events.bid_changed(bid)
     return bid
 
@@ -241,5 +251,6 @@ def bid_cancel(*, user: User, bid: Bid) -> Bid:
         raise Conflict(f"This bid is {bid.state} and can no longer be cancelled.")
     states.advance("bid", bid, BidState.CANCELLED)
     bid.save(update_fields=["state", "updated_at"])
+    audit_record(actor=user, action=AuditAction.BID_CANCEL, obj=bid)
     events.bid_changed(bid)
     return bid

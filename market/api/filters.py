@@ -1,6 +1,6 @@
 from django_filters import rest_framework as filters
 
-from market.models import Bid, Offer, Trade
+from market.models import AuditAction, AuditEvent, Bid, Offer, Trade
 
 
 class OfferFilter(filters.FilterSet):
@@ -37,4 +37,14 @@ class TradeFilter(filters.FilterSet):
 
     class Meta:
         model = Trade
+        fields: list[str] = []
+
+
+class AuditFilter(filters.FilterSet):
+    actor = filters.NumberFilter(field_name="actor_id", min_value=1, help_text="Operators: whose actions (a user id)")
+    action = filters.ChoiceFilter(choices=AuditAction.choices)
+    since = filters.IsoDateTimeFilter(field_name="at", lookup_expr="gte", help_text="ISO 8601, e.g. 2026-01-31T00:00:00Z")
+
+    class Meta:
+        model = AuditEvent
         fields: list[str] = []

@@ -7,11 +7,21 @@ from typing import Any
 
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError as DjangoValidationError
-from drf_spectacular.utils import extend_schema_field
+from drf_spectacular.utils import extend_schema_field, inline_serializer
 from rest_framework import serializers
 
 from market.engine import limits
-from market.models import ApiToken, AuctionRound, Bid, BidClass, Job, Offer, Scope, Trade
+from market.models import (
+    ApiToken,
+    AuctionRound,
+    AuditEvent,
+    Bid,
+    BidClass,
+    Job,
+    Offer,
+    Scope,
+    Trade,
+)
 from market.states import OfferState
 from providers.models import Gpu, GpuModel, Interconnect, Machine, Provider, Region
 
@@ -376,3 +386,15 @@ class JobSerializer(serializers.ModelSerializer):
         from providers.jobs import job_log_tail
 
         return job_log_tail(job)
+
+
+class AuditEventSerializer(serializers.ModelSerializer):
+    object = serializers.SerializerMethodField()
+
+    class Meta:
+        model = AuditEvent
+        fields = ["id", "action", "at", "actor", "actor_username", "address", "object", "details", "request_id"]
+
+    @extend_schema_field(inline_serializer("AuditObject", {"type": serializers.CharField(), "id": serializers.CharField()}))
+    def get_object(self, event: AuditEvent) -> dict[str, str] | None:
+        return {"type": event.object_type, "id": event.object_id} if event.object_type else None

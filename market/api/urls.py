@@ -13,6 +13,7 @@ router.register("bids", views.BidViewSet, basename="bid")
 router.register("trades", views.TradeViewSet, basename="trade")
 router.register("jobs", views.JobViewSet, basename="job")
 router.register("rounds", views.RoundViewSet, basename="round")
+router.register("audit", views.AuditViewSet, basename="audit")
 
 urlpatterns = [
     path("markets/", views.MarketsView.as_view(), name="markets"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import transaction
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -14,9 +15,10 @@ from rest_framework.views import APIView
 
 from market import rounds, selectors, services
 from market.api import serializers as s
-from market.api.filters import BidFilter, OfferFilter, TradeFilter
+from market.api.filters import AuditFilter, BidFilter, OfferFilter, TradeFilter
 from market.api.idempotency import idempotent
-from market.models import ApiToken, AuctionRound, Bid, Job, Offer, Scope, Trade
+from market.audit import AuditAction, audit_record
+from market.models import ApiToken, AuctionRound, AuditEvent, Bid, Job, Offer, Scope, Trade
 from providers.models import GpuModel, Machine, Region
 
 IDEMPOTENCY_PARAM = OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False, description="Retry-safe POST: the same key and body return the first response for 24 h.")
@@ -336,7 +338,11 @@ class JobViewSet(viewsets.ReadOnlyModelViewSet):
         from providers.jobs import job_preempt_request
 
         job = get_object_or_404(self.get_queryset(), pk=pk)
-        return Response(s.JobSerializer(job_preempt_request(job=job, reason="preempted by the operator")).data)
+        reason = "preempted by the operator"
+        with transaction.atomic():
+            job = job_preempt_request(job=job, reason=reason)
+            audit_record(actor=request.user, action=AuditAction.JOB_PREEMPT, request=request, obj=job, details={"reason": reason, "trade": job.trade_id})
+        return Response(s.JobSerializer(job).data)
 
     lookup_value_regex = r"\d+"
 
@@ -348,3 +354,17 @@ class JobViewSet(viewsets.ReadOnlyModelViewSet):
             return Job.objects.none()
         return selectors.jobs_visible(self.request.user)
 
+
+class AuditViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    """The audit log, newest first: sign-ins, tokens, bids, offers, disputes, withdrawals and
+    operator actions. Yours (and failed sign-ins on your account); operators see everyone's
+    and filter by actor, action and since."""
+
+    serializer_class = s.AuditEventSerializer
+    filterset_class = AuditFilter
+    scopes = {"list": Scope.READ}
+
+    def get_queryset(self) -> Any:
+        if getattr(self, "swagger_fake_view", False):
+            return AuditEvent.objects.none()
+        return selectors.audit_events_visible(self.request.user)

@@ -16,6 +16,8 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from rest_framework.exceptions import AuthenticationFailed, ValidationError
 
+from gridbid import logs
+from gridbid.middleware import scope_address
 from market.api.errors import _flatten, _summary
 from market.errors import DomainError
 from market.models import Scope
@@ -53,6 +55,10 @@ class StreamConsumer(AsyncWebsocketConsumer):
         self.tokens = RATE_BURST
         self.last = time.monotonic()
         self.strikes = 0
+        # an id and the address for this connection's log lines and audit records: the
+        # handlers run in this task's context, and database_sync_to_async copies it
+        logs.request_id.set(logs.request_id_new())
+        logs.request_address.set(scope_address(self.scope))
         if self.scope.get("token_error"):
             await self.accept()
             await self.send_json({"type": "error", "code": "not_authenticated", "message": self.scope["token_error"]})

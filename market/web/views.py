@@ -158,7 +158,7 @@ class TokenForm(forms.Form):
 
 @login_required
 def account(request: HttpRequest) -> HttpResponse:
-    """API tokens: create (the token is shown once), list, revoke."""
+    """API tokens: create (the token is shown once), list, revoke; the account's recent activity."""
     from market.models import ApiToken
 
     form = TokenForm(request.POST or None) if request.POST.get("action") == "create" else TokenForm()
@@ -173,8 +173,11 @@ def account(request: HttpRequest) -> HttpResponse:
         except DomainError as exc:
             form.add_error(None, exc.message)
     tokens = ApiToken.objects.filter(user=request.user)
-    return render(request, "market/account.html", {"form": form, "tokens": tokens, "created": created})
+    recent = selectors.audit_events_own(request.user).order_by("-id")[:AUDIT_RECENT]
+    return render(request, "market/account.html", {"form": form, "tokens": tokens, "created": created, "recent": recent})
 
+
+AUDIT_RECENT = 20  # account page; the whole log is at /api/v1/audit/
 
 USD = 1_000_000
 

@@ -309,6 +309,14 @@ def test_a_custodial_deposit_and_withdrawal_reach_the_chain_once_each(ctx, buyer
     assert ctx.client.view(ctx.token, "balanceOf", address) == 35 * TOKENS
     assert ChainTx.objects.filter(purpose="deposit").count() == 1
 
+    # the audit log: one record per accepted move (the replay and the refusals add none)
+    from market.models import AuditEvent
+
+    (dep,) = AuditEvent.objects.filter(action="escrow.deposit")
+    (wd,) = AuditEvent.objects.filter(action="escrow.withdraw")
+    assert (wd.actor_id, wd.address, wd.object_type, wd.object_id, wd.details["amount"]) == (buyer.pk, "127.0.0.1", "escrow", address, 5 * TOKENS)
+    assert (dep.actor_id, dep.details["amount"]) == (buyer.pk, 20 * TOKENS)
+
 
 @pytest.mark.anvil
 def test_the_chain_endpoint_reads_the_minimum_stake_from_the_contract(ctx, client):

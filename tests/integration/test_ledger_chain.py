@@ -583,6 +583,10 @@ def test_a_buyer_disputes_through_the_api_and_the_arbiter_refunds_and_slashes(
     assert journal_verify(ctx=ctx) == []
     again = client_for(buyer).post(url)
     assert again.status_code == 409 and "disputed" in again.json()["error"]["message"]
+    from market.models import AuditEvent
+
+    (disputed,) = AuditEvent.objects.filter(action="trade.dispute")  # the refused tries left none
+    assert (disputed.actor_id, disputed.address, disputed.object_type, disputed.object_id) == (buyer.pk, "127.0.0.1", "trade", str(trade.pk))
 
     ruling = f"/api/v1/ledger/trades/{trade.pk}/ruling/"
     assert client_for(buyer).post(ruling, {"pay_provider": False, "slash": 5}, format="json").status_code == 403
@@ -591,6 +595,8 @@ def test_a_buyer_disputes_through_the_api_and_the_arbiter_refunds_and_slashes(
     with django_capture_on_commit_callbacks(execute=True):
         r = client_for(operator).post(ruling, {"pay_provider": False, "slash": 5 * TOKENS}, format="json")
     assert r.status_code == 202, r.content
+    (ruled,) = AuditEvent.objects.filter(action="trade.ruling")
+    assert (ruled.actor_id, ruled.object_id, ruled.details["pay_provider"], ruled.details["slash"]) == (operator.pk, str(trade.pk), False, 5 * TOKENS)
     sync_chain(ctx)
     sync_chain(ctx)
     trade.refresh_from_db()

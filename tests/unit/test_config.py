@@ -45,6 +45,7 @@ def test_defaults_are_embedded_sqlite_and_a_generated_secret(tmp_path):
         ("OPERATOR_KEY", "not-a-key", "OPERATOR_KEY"),
         ("SECRET_KEY", "short", "SECRET_KEY"),
         ("LOG_LEVEL", "LOUD", "LOG_LEVEL"),
+        ("LOG_FORMAT", "xml", "LOG_FORMAT"),
     ],
 )
 def test_a_bad_value_names_the_variable(tmp_path, name, value, expected):
