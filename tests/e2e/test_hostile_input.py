@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from tests.e2e.conftest import running_server
@@ -137,3 +137,19 @@ def test_a_1_mib_frame_is_refused_by_the_protocol_layer_with_1009(server):
         ws.send("x" * (1024 * 1024))
         assert_refused_by_the_protocol_layer(ws)
     assert_alive(base)
+
+
+def handshake_status(base: str, origin: str) -> int:
+    try:
+        with connect(base.replace("http://", "ws://") + "/ws/v1/stream", origin=origin, open_timeout=10, close_timeout=2):
+            return 101
+    except InvalidStatus as exc:
+        return exc.response.status_code
+
+
+def test_a_page_on_another_port_of_the_same_host_cannot_open_the_stream(server):
+    base, _env = server
+    port = int(base.rsplit(":", 1)[1])
+    assert handshake_status(base, f"http://127.0.0.1:{port + 1}") == 403
+    assert handshake_status(base, f"https://127.0.0.1:{port}") == 403
+    assert handshake_status(base, base) == 101
