@@ -17,6 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from contracts import pyecc  # noqa: F401 - before py_ecc itself: it restores the recursion limit py_ecc raises
+
+# isort: split
 from py_ecc.bls import G2ProofOfPossession as _Suite
 from py_ecc.bls.g2_primitives import pubkey_to_G1, signature_to_G2, subgroup_check
 from py_ecc.bls.hash_to_curve import hash_to_G2

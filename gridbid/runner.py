@@ -126,7 +126,12 @@ def serve(*, host: str, port: int, demo: bool, worker: bool) -> None:
         elif settings.CONFIG.embedded:
             console.print("[yellow]![/] no worker: rounds will not clear (drop --no-worker, or set REDIS_URL and run `gridbid worker`)")
         console.print(f"[bold]GridBid[/] at [link]http://{host}:{port}/[/]  ·  API docs http://{host}:{port}/api/docs/  ·  Ctrl-C stops")
-        config = uvicorn.Config("gridbid.asgi:application", host=host, port=port, lifespan="off", log_level="warning", ws="websockets-sansio", proxy_headers=True)
+        from market.streams.consumers import MAX_MESSAGE_BYTES
+
+        # ws_max_size: a frame over the consumers' limit is refused (1009) by the protocol
+        # layer as it arrives, instead of being buffered whole (uvicorn's default: 16 MiB)
+        config = uvicorn.Config("gridbid.asgi:application", host=host, port=port, lifespan="off", log_level="warning", ws="websockets-sansio",
+                                ws_max_size=MAX_MESSAGE_BYTES, proxy_headers=True)
         server = uvicorn.Server(config)
         server.run()
     finally:

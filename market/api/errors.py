@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.exceptions import PermissionDenied
+from django.conf import settings
+from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404, HttpRequest, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
+from market.api.parsers import body_too_large_message
 from market.engine import EngineInputError
 from market.errors import Conflict, DomainError, NotAllowed, NotFound
 from market.states import InvalidTransition
@@ -65,6 +67,8 @@ def _summary(fields: dict[str, list[str]]) -> str:
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, RequestDataTooBig):  # DRF reads request.body, which checks Content-Length against the limit
+        return Response(error_body("too_large", body_too_large_message(settings.DATA_UPLOAD_MAX_MEMORY_SIZE)), status=413)
     if isinstance(exc, EngineInputError):
         return Response(error_body("invalid", f"Invalid input. {exc}", {exc.field: [exc.message]}), status=400)
     for kind, code in DOMAIN_STATUS.items():

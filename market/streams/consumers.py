@@ -19,6 +19,7 @@ from rest_framework.exceptions import AuthenticationFailed, ValidationError
 from gridbid import logs
 from gridbid.middleware import scope_address
 from market.api.errors import _flatten, _summary
+from market.api.parsers import JSON_DEPTH_MESSAGE, json_too_deep
 from market.errors import DomainError
 from market.models import Scope
 from market.streams import publish as pub
@@ -116,6 +117,9 @@ class StreamConsumer(AsyncWebsocketConsumer):
                 await self.close(code=CLOSE_POLICY)
             else:
                 await self.error("rate_limited", f"Slow down: at most {RATE_PER_SECOND:g} messages a second.")
+            return
+        if json_too_deep(raw):  # measured before parsing: the decoder recurses once per level
+            await self.error("parse_error", JSON_DEPTH_MESSAGE)
             return
         try:
             msg = json.loads(raw)

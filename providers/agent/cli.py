@@ -34,6 +34,9 @@ class LazyGroup(click.Group):
     def get_command(self, ctx: click.Context | None, name: str) -> click.Command | None:
         if name not in COMMANDS:
             return None
+        # before a command loads web3 or our BLS code: py-ecc raises the recursion limit so
+        # far that a deeply nested JSON reply would crash the agent instead of raising
+        importlib.import_module("contracts.pyecc")
         return importlib.import_module(f"providers.agent.commands.{name}").command  # type: ignore[no-any-return]
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
