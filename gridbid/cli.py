@@ -18,6 +18,11 @@ import click
 def configure_or_exit() -> None:
     """Load settings; on a bad environment print one line and exit 2."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gridbid.settings")
+    # PostgreSQL shows this as pg_stat_activity.application_name ("gridbid up", "gridbid
+    # worker"), so an operator sees which process holds which connections
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and ctx.info_name:
+        os.environ.setdefault("PGAPPNAME", f"gridbid {ctx.info_name}")
     from gridbid.config import ConfigError
 
     try:
