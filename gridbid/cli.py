@@ -87,7 +87,11 @@ def beat() -> None:
         raise click.UsageError("REDIS_URL is unset: beat needs a broker. Use `gridbid up` for the embedded mode.")
     from gridbid.celery import app
 
-    app.start(["beat", "--loglevel=INFO"])
+    # beat's state (last run of each entry) lives with the rest of the data, not in
+    # whatever folder the command happened to be started from
+    schedule = settings.CONFIG.data_dir / "celerybeat-schedule"
+    schedule.parent.mkdir(parents=True, exist_ok=True)
+    app.start(["beat", "--loglevel=INFO", f"--schedule={schedule}"])
 
 
 @main.command(name="stream", add_help_option=False, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})

@@ -207,3 +207,29 @@ def test_production_server_and_worker_stay_within_their_connection_pools_under_6
         stop_server(proc)
     log = (data / "server.log").read_text()
     assert "Traceback" not in log, log[-3000:]
+
+
+def test_beat_keeps_its_schedule_under_the_data_dir_not_the_current_folder(tmp_path):
+    """`gridbid beat` run from any folder writes celerybeat-schedule.* under GRIDBID_DATA_DIR."""
+    import redis
+
+    try:
+        redis.Redis.from_url(f"{REDIS_HOST_URL}/0", socket_connect_timeout=2).ping()
+    except Exception as exc:
+        service_missing(f"Redis at {REDIS_HOST_URL} is unreachable ({exc})")
+    cwd, data = tmp_path / "cwd", tmp_path / "data"
+    cwd.mkdir()
+    env = _gridbid_env({"REDIS_URL": f"{REDIS_HOST_URL}/{1 + os.getpid() % 14}", "GRIDBID_DATA_DIR": str(data),
+                        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    with open(tmp_path / "beat.log", "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "gridbid.cli", "beat"], cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not list(data.glob("celerybeat-schedule*")) and not list(cwd.iterdir()):
+            assert proc.poll() is None, (tmp_path / "beat.log").read_text()
+            time.sleep(0.2)
+    finally:
+        stop_server(proc)
+    assert list(cwd.iterdir()) == [], f"beat wrote into the current folder: {list(cwd.iterdir())}"
+    assert list(data.glob("celerybeat-schedule*")), (tmp_path / "beat.log").read_text()
