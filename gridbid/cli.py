@@ -64,15 +64,22 @@ def up(host: str, port: int, demo: bool, no_worker: bool) -> None:
 
 @main.command()
 @click.option("--concurrency", "-c", default=2, show_default=True, type=click.IntRange(1, 64), envvar="GRIDBID_WORKER_CONCURRENCY")
-@click.option("--queues", "-Q", default="default,rounds,chain", show_default=True, envvar="GRIDBID_WORKER_QUEUES")
+@click.option("--queues", "-Q", default="default,rounds,chain,demo", show_default=True, envvar="GRIDBID_WORKER_QUEUES",
+              help="Comma-separated queues to serve: rounds, chain, default, demo. Give rounds and chain workers of their own.")
 def worker(concurrency: int, queues: str) -> None:
     """Run a Celery worker (needs REDIS_URL)."""
     configure_or_exit()
     from django.conf import settings
 
+    from gridbid.celery import Queue, app
+
+    names = [q.strip() for q in queues.split(",") if q.strip()]
+    unknown = [q for q in names if q not in Queue._value2member_map_]
+    if not names or unknown:
+        raise click.BadParameter(f"unknown queue {', '.join(unknown) or '(none given)'}: choose from {', '.join(Queue)}", param_hint="'--queues' / '-Q'")
+    queues = ",".join(names)
     if settings.CONFIG.embedded:
         raise click.UsageError("REDIS_URL is unset: workers need a broker. Use `gridbid up` for the embedded mode.")
-    from gridbid.celery import app
 
     app.worker_main(["worker", f"--concurrency={concurrency}", f"--queues={queues}", "--loglevel=INFO"])
 
