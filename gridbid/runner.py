@@ -155,6 +155,12 @@ def serve(*, host: str, port: int, demo: bool, worker: bool) -> None:
             console.print(f"[green]✓[/] Celery workers (rounds, chain, default+demo) and beat running in-process (rounds every {settings.GRIDBID['ROUND_SECONDS']:g} s)")
         elif settings.CONFIG.embedded:
             console.print("[yellow]![/] no worker: rounds will not clear (drop --no-worker, or set REDIS_URL and run `gridbid worker`)")
+        # migrate and the demo set-up ran on this thread: hand its connection back to the
+        # pool, or it is held for the server's life (with DATABASE_POOL_MAX_SIZE=1, no
+        # request ever got one)
+        from django.db import connections
+
+        connections.close_all()
         console.print(f"[bold]GridBid[/] at [link]http://{host}:{port}/[/]  ·  API docs http://{host}:{port}/api/docs/  ·  Ctrl-C stops")
         config = uvicorn.Config("gridbid.asgi:application", host=host, port=port, lifespan="off", log_level="warning", ws="websockets-sansio", proxy_headers=True)
         server = uvicorn.Server(config)

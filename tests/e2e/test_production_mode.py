@@ -233,3 +233,43 @@ def test_beat_keeps_its_schedule_under_the_data_dir_not_the_current_folder(tmp_p
         stop_server(proc)
     assert list(cwd.iterdir()) == [], f"beat wrote into the current folder: {list(cwd.iterdir())}"
     assert list(data.glob("celerybeat-schedule*")), (tmp_path / "beat.log").read_text()
+
+
+def test_a_request_that_finds_the_pool_exhausted_gets_a_503_that_says_retry(production_env):
+    """Past DATABASE_POOL_TIMEOUT without a free connection: a clear 503 with Retry-After, not a 500."""
+    env = {**production_env, "DATABASE_POOL_MAX_SIZE": "1", "DATABASE_POOL_TIMEOUT": "1"}
+    database = env["DATABASE_URL"].rsplit("/", 1)[1]
+    data = Path(env["GRIDBID_DATA_DIR"])
+    data.mkdir(parents=True)
+    proc, base, _ = start_server(data, demo=False, extra_env=env, up_args=("--no-worker",))
+    try:
+        token = _tokens(env, 1)[0]
+        headers = {"Authorization": f"Bearer {token}"}
+        assert httpx.get(f"{base}/api/v1/me/", headers=headers, timeout=30).status_code == 200
+        import psycopg
+
+        first: dict[str, httpx.Response] = {}
+        with psycopg.connect(f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{database}", connect_timeout=3) as locker:
+            # the first request's token lookup waits on this lock, holding the pool's only connection
+            locker.execute("LOCK TABLE market_apitoken IN ACCESS EXCLUSIVE MODE")
+            holder = threading.Thread(target=lambda: first.update(r=httpx.get(f"{base}/api/v1/me/", headers=headers, timeout=60)), daemon=True)
+            holder.start()
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                waiting = locker.execute("SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'market_apitoken'::regclass").fetchone()
+                if waiting and waiting[0] > 0:
+                    break
+                time.sleep(0.05)
+            else:
+                pytest.fail("the first request never reached the database")
+            second = httpx.get(f"{base}/api/v1/me/", headers=headers, timeout=30)
+            locker.rollback()  # releases the lock: the first request goes on
+        holder.join(30)
+        assert second.status_code == 503, second.text
+        assert second.headers["Retry-After"].isdigit()
+        error = second.json()["error"]
+        assert error["code"] == "busy" and "retry" in error["message"].lower()
+        assert first["r"].status_code == 200
+        assert httpx.get(f"{base}/api/v1/me/", headers=headers, timeout=30).status_code == 200
+    finally:
+        stop_server(proc)
