@@ -17,11 +17,35 @@ class Queue(enum.StrEnum):
     DEFAULT = "default"
     ROUNDS = "rounds"
     CHAIN = "chain"
+    DEMO = "demo"
 
+
+# Every task by name, so a task lands on its queue however it is sent (beat, .delay,
+# apply_async): a round that takes seconds must never sit in front of chain work, nor
+# the demo's ticks in front of either. tests/integration/test_queues.py fails on a task
+# registered without a route here.
+TASK_QUEUES: dict[str, Queue] = {
+    "market.tasks.round_run": Queue.ROUNDS,
+    "market.tasks.bids_expire": Queue.DEFAULT,
+    "market.tasks.idempotency_prune": Queue.DEFAULT,
+    "market.tasks.demo_tick": Queue.DEMO,
+    "providers.tasks.machines_mark_offline": Queue.DEFAULT,
+    "ledger.tasks.trades_record": Queue.CHAIN,
+    "ledger.tasks.batches_settle": Queue.CHAIN,
+    "ledger.tasks.chain_txs_track": Queue.CHAIN,
+    "ledger.tasks.chain_events_sync": Queue.CHAIN,
+    "ledger.tasks.ledger_reconcile": Queue.CHAIN,
+    "ledger.tasks.demo_agents_tick": Queue.DEMO,
+}
+
+# The queues one worker serves together: the embedded mode runs one worker thread per
+# group, and the README's production section one `gridbid worker -Q` per group.
+WORKER_GROUPS: tuple[tuple[Queue, ...], ...] = ((Queue.ROUNDS,), (Queue.CHAIN,), (Queue.DEFAULT, Queue.DEMO))
 
 app = Celery("gridbid")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.task_default_queue = Queue.DEFAULT
+app.conf.task_routes = {name: {"queue": queue.value} for name, queue in TASK_QUEUES.items()}
 app.autodiscover_tasks(["market", "ledger", "providers"])
 
 
@@ -29,21 +53,22 @@ app.autodiscover_tasks(["market", "ledger", "providers"])
 def _schedule(sender: Celery, **_: object) -> None:
     from django.conf import settings
 
+    # queues come from TASK_QUEUES (task_routes); the entries say only when and how stale
     sender.conf.beat_schedule = {
         "auction-round": {
             "task": "market.tasks.round_run",
             "schedule": settings.GRIDBID["ROUND_SECONDS"],
-            "options": {"queue": Queue.ROUNDS, "expires": settings.GRIDBID["ROUND_SECONDS"] * 2},
+            "options": {"expires": settings.GRIDBID["ROUND_SECONDS"] * 2},
         },
-        "expire-bids": {"task": "market.tasks.bids_expire", "schedule": 30.0, "options": {"queue": Queue.DEFAULT}},
+        "expire-bids": {"task": "market.tasks.bids_expire", "schedule": 30.0},
         "machines-offline": {"task": "providers.tasks.machines_mark_offline", "schedule": 10.0},
         "idempotency-prune": {"task": "market.tasks.idempotency_prune", "schedule": 3600.0},
         # ledger (settlement): all on the chain queue, each idempotent
-        "ledger-record": {"task": "ledger.tasks.trades_record", "schedule": 5.0, "options": {"queue": Queue.CHAIN, "expires": 10}},
-        "ledger-settle": {"task": "ledger.tasks.batches_settle", "schedule": 10.0, "options": {"queue": Queue.CHAIN, "expires": 20}},
-        "ledger-txs": {"task": "ledger.tasks.chain_txs_track", "schedule": 3.0, "options": {"queue": Queue.CHAIN, "expires": 6}},
-        "ledger-events": {"task": "ledger.tasks.chain_events_sync", "schedule": 3.0, "options": {"queue": Queue.CHAIN, "expires": 6}},
-        "ledger-reconcile": {"task": "ledger.tasks.ledger_reconcile", "schedule": 60.0, "options": {"queue": Queue.CHAIN, "expires": 120}},
+        "ledger-record": {"task": "ledger.tasks.trades_record", "schedule": 5.0, "options": {"expires": 10}},
+        "ledger-settle": {"task": "ledger.tasks.batches_settle", "schedule": 10.0, "options": {"expires": 20}},
+        "ledger-txs": {"task": "ledger.tasks.chain_txs_track", "schedule": 3.0, "options": {"expires": 6}},
+        "ledger-events": {"task": "ledger.tasks.chain_events_sync", "schedule": 3.0, "options": {"expires": 6}},
+        "ledger-reconcile": {"task": "ledger.tasks.ledger_reconcile", "schedule": 60.0, "options": {"expires": 120}},
     }
 
 

@@ -18,6 +18,11 @@ import click
 def configure_or_exit() -> None:
     """Load settings; on a bad environment print one line and exit 2."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gridbid.settings")
+    # PostgreSQL shows this as pg_stat_activity.application_name ("gridbid up", "gridbid
+    # worker"), so an operator sees which process holds which connections
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and ctx.info_name:
+        os.environ.setdefault("PGAPPNAME", f"gridbid {ctx.info_name}")
     from gridbid.config import ConfigError
 
     try:
@@ -59,15 +64,22 @@ def up(host: str, port: int, demo: bool, no_worker: bool) -> None:
 
 @main.command()
 @click.option("--concurrency", "-c", default=2, show_default=True, type=click.IntRange(1, 64), envvar="GRIDBID_WORKER_CONCURRENCY")
-@click.option("--queues", "-Q", default="default,rounds,chain", show_default=True, envvar="GRIDBID_WORKER_QUEUES")
+@click.option("--queues", "-Q", default="default,rounds,chain,demo", show_default=True, envvar="GRIDBID_WORKER_QUEUES",
+              help="Comma-separated queues to serve: rounds, chain, default, demo. Give rounds and chain workers of their own.")
 def worker(concurrency: int, queues: str) -> None:
     """Run a Celery worker (needs REDIS_URL)."""
     configure_or_exit()
     from django.conf import settings
 
+    from gridbid.celery import Queue, app
+
+    names = [q.strip() for q in queues.split(",") if q.strip()]
+    unknown = [q for q in names if q not in Queue._value2member_map_]
+    if not names or unknown:
+        raise click.BadParameter(f"unknown queue {', '.join(unknown) or '(none given)'}: choose from {', '.join(Queue)}", param_hint="'--queues' / '-Q'")
+    queues = ",".join(names)
     if settings.CONFIG.embedded:
         raise click.UsageError("REDIS_URL is unset: workers need a broker. Use `gridbid up` for the embedded mode.")
-    from gridbid.celery import app
 
     app.worker_main(["worker", f"--concurrency={concurrency}", f"--queues={queues}", "--loglevel=INFO"])
 
@@ -82,7 +94,11 @@ def beat() -> None:
         raise click.UsageError("REDIS_URL is unset: beat needs a broker. Use `gridbid up` for the embedded mode.")
     from gridbid.celery import app
 
-    app.start(["beat", "--loglevel=INFO"])
+    # beat's state (last run of each entry) lives with the rest of the data, not in
+    # whatever folder the command happened to be started from
+    schedule = settings.CONFIG.data_dir / "celerybeat-schedule"
+    schedule.parent.mkdir(parents=True, exist_ok=True)
+    app.start(["beat", "--loglevel=INFO", f"--schedule={schedule}"])
 
 
 @main.command(name="stream", add_help_option=False, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})

@@ -29,6 +29,8 @@ class Variable:
 VARIABLES: tuple[Variable, ...] = (
     Variable("GRIDBID_DATA_DIR", "./.gridbid", "Where the embedded database, secret key, chain state and logs live."),
     Variable("DATABASE_URL", "sqlite:///$GRIDBID_DATA_DIR/gridbid.sqlite3", "Database URL: sqlite:///path or postgres://user:pass@host:5432/db."),
+    Variable("DATABASE_POOL_MAX_SIZE", "10", "PostgreSQL only: most connections one process (a server, or each worker child) holds, in a psycopg pool (1-500); requests wait for a free one."),
+    Variable("DATABASE_POOL_TIMEOUT", "30", "PostgreSQL only: seconds a request waits for a free pooled connection (1-600) before it gets a 503 saying to retry."),
     Variable("REDIS_URL", "(unset)", "redis://host:6379/0. Unset: in-memory channel layer, Celery runs inside the server process."),
     Variable("SECRET_KEY", "(generated)", "Django secret key. Unset: generated once and kept in $GRIDBID_DATA_DIR/secret_key."),
     Variable("DEBUG", "false", "true/false. Never true in production."),
@@ -119,6 +121,8 @@ def _url(env: Mapping[str, str], name: str, schemes: tuple[str, ...]) -> str | N
 class Config:
     data_dir: Path
     database_url: str
+    database_pool_max_size: int
+    database_pool_timeout: float
     redis_url: str | None
     secret_key: str
     debug: bool
@@ -204,6 +208,8 @@ def load(env: Mapping[str, str] | None = None) -> Config:
     return Config(
         data_dir=data_dir,
         database_url=database_url,
+        database_pool_max_size=int(_number(env, "DATABASE_POOL_MAX_SIZE", 10, 1, 500, int)),
+        database_pool_timeout=_number(env, "DATABASE_POOL_TIMEOUT", 30.0, 1, 600),
         redis_url=_url(env, "REDIS_URL", ("redis", "rediss")),
         secret_key=_secret_key(env, data_dir),
         debug=_bool(env, "DEBUG", False),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from types import FrameType
 from typing import Any
 
@@ -23,38 +24,63 @@ console = Console(stderr=True)
 
 
 class EmbeddedCelery:
-    """A Celery worker and beat running as daemon threads of this process."""
+    """Celery workers and beat running as daemon threads of this process.
+
+    One worker thread per queue group (gridbid.celery.WORKER_GROUPS): a round that
+    takes seconds occupies the rounds worker only, and chain work (recording trades,
+    settling batches, tracking transactions) goes on beside it on its own thread."""
 
     def __init__(self) -> None:
-        from gridbid.celery import Queue, app
+        from gridbid.celery import WORKER_GROUPS, app
 
         self.app = app
-        self.queues = [q.value for q in Queue]
-        self.worker: Any = None
+        self.groups = WORKER_GROUPS
+        self.workers: list[Any] = []
         self.beat: Any = None
-        self.thread: threading.Thread | None = None
+        self.threads: list[threading.Thread] = []
 
     def start(self, *, demo: bool = False) -> None:
-        from celery.beat import EmbeddedService
+        self.workers_start()
+        self.beat_start(demo=demo)
+
+    def workers_start(self, *, start_timeout: float = 60.0) -> None:
         from celery.worker import WorkController
+
+        self.app.finalize()
+        for group in self.groups:
+            name = "-".join(q.value for q in group)
+            worker = WorkController(
+                app=self.app,
+                concurrency=1,
+                pool="solo",
+                queues=[q.value for q in group],
+                hostname=f"{name}@gridbid",
+                loglevel=settings.CONFIG.log_level,
+                without_heartbeat=True,
+                without_mingle=True,
+                without_gossip=True,
+            )
+            thread = threading.Thread(target=worker.start, name=f"celery-worker-{name}", daemon=True)
+            thread.start()
+            self.workers.append(worker)
+            self.threads.append(thread)
+            # A WorkController selects its queues on the app (app.amqp.queues, one per
+            # process) and its consumer copies that selection when it starts: the next
+            # worker may only select its own once this one consumes, or both would serve
+            # the last group.
+            deadline = time.monotonic() + start_timeout
+            while getattr(getattr(worker, "consumer", None), "task_consumer", None) is None:
+                if not thread.is_alive() or time.monotonic() > deadline:
+                    raise RuntimeError(f"the embedded Celery worker for {name} did not start")
+                time.sleep(0.02)
+
+    def beat_start(self, *, demo: bool = False) -> None:
+        from celery.beat import EmbeddedService
 
         self.app.finalize()
         if demo:
             self.app.conf.beat_schedule["demo-tick"] = {"task": "market.tasks.demo_tick", "schedule": 3.0}
             self.app.conf.beat_schedule["demo-agents"] = {"task": "ledger.tasks.demo_agents_tick", "schedule": 5.0}
-        self.worker = WorkController(
-            app=self.app,
-            concurrency=1,
-            pool="solo",
-            queues=self.queues,
-            hostname="embedded@gridbid",
-            loglevel=settings.CONFIG.log_level,
-            without_heartbeat=True,
-            without_mingle=True,
-            without_gossip=True,
-        )
-        self.thread = threading.Thread(target=self.worker.start, name="celery-worker", daemon=True)
-        self.thread.start()
         self.beat = EmbeddedService(self.app, thread=True, schedule_filename=str(settings.CONFIG.data_dir / "celerybeat-schedule"))
         self.beat.start()
 
@@ -63,9 +89,13 @@ class EmbeddedCelery:
 
         if self.beat is not None:
             self.beat.stop()
+        # one flag stops every worker thread of the process
         state.should_terminate = 0
-        if self.thread is not None:
-            self.thread.join(timeout)
+        deadline = time.monotonic() + timeout
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if not any(thread.is_alive() for thread in self.threads):
+            state.should_terminate = None  # all gone: a later start in this process may run
 
 
 def prepare(*, demo: bool) -> None:
@@ -122,9 +152,15 @@ def serve(*, host: str, port: int, demo: bool, worker: bool) -> None:
         if worker and settings.CONFIG.embedded:
             celery = EmbeddedCelery()
             celery.start(demo=demo)
-            console.print(f"[green]✓[/] Celery worker and beat running in-process (rounds every {settings.GRIDBID['ROUND_SECONDS']:g} s)")
+            console.print(f"[green]✓[/] Celery workers (rounds, chain, default+demo) and beat running in-process (rounds every {settings.GRIDBID['ROUND_SECONDS']:g} s)")
         elif settings.CONFIG.embedded:
             console.print("[yellow]![/] no worker: rounds will not clear (drop --no-worker, or set REDIS_URL and run `gridbid worker`)")
+        # migrate and the demo set-up ran on this thread: hand its connection back to the
+        # pool, or it is held for the server's life (with DATABASE_POOL_MAX_SIZE=1, no
+        # request ever got one)
+        from django.db import connections
+
+        connections.close_all()
         console.print(f"[bold]GridBid[/] at [link]http://{host}:{port}/[/]  ·  API docs http://{host}:{port}/api/docs/  ·  Ctrl-C stops")
         from market.streams.consumers import MAX_MESSAGE_BYTES
 

@@ -66,9 +66,25 @@ TEMPLATES = [
     }
 ]
 
-_db = dj_database_url.parse(CONFIG.database_url, conn_max_age=60, conn_health_checks=True)
-if _db["ENGINE"] == "django.db.backends.sqlite3":
-    # The embedded server writes from the web thread and the in-process worker:
+_db = dj_database_url.parse(CONFIG.database_url, conn_max_age=0, conn_health_checks=True)
+if _db["ENGINE"] == "django.db.backends.postgresql":
+    # Under ASGI every request runs on a thread of its own: persistent connections
+    # (CONN_MAX_AGE > 0) were one per thread, unbounded (68 at 64 clients, then
+    # "too many clients" 500s and failed rounds). A psycopg pool per process caps them
+    # at DATABASE_POOL_MAX_SIZE; a request past the cap waits up to
+    # DATABASE_POOL_TIMEOUT for a free connection, then gets a 503 (market/api/errors.py).
+    # Django returns the connection to the pool at each request's end (CONN_MAX_AGE
+    # must be 0 with a pool), Celery after each task. Merged into OPTIONS: the URL's
+    # own query options (?sslmode=require and the like) stay.
+    _db.setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 1,
+        "max_size": CONFIG.database_pool_max_size,
+        "timeout": CONFIG.database_pool_timeout,
+        "max_idle": 60,  # a burst's extra connections are closed after a minute idle
+        "name": "gridbid",
+    }
+elif _db["ENGINE"] == "django.db.backends.sqlite3":
+    # The embedded server writes from the web threads and the in-process workers:
     # WAL lets readers run beside a writer, and the timeout waits out short locks.
     _db["OPTIONS"] = {
         "timeout": 30,

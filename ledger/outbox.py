@@ -51,16 +51,17 @@ class NonceManager:
         return nonce
 
 
-def tx_submit(*, client: ChainClient, signer: Signer, key: str, purpose: str, call: Any) -> ChainTx:
+def tx_submit(*, client: ChainClient, signer: Signer, key: str, purpose: str, call: Any, gas_limit: int | None = None) -> ChainTx:
     """Sign, store, then broadcast `call` from `signer`, once per `key`.
 
-    Raises ChainError when the call would revert (nothing is stored or sent then).
+    Raises ChainError when the call would revert (nothing is stored or sent then). With
+    `gas_limit` the call is not estimated (see ChainClient.build) and so not checked.
     """
     existing = ChainTx.objects.filter(key=key).first()
     if existing is not None:
         tx_broadcast(client=client, tx=existing)
         return existing
-    fields = client.build(call, signer.address)
+    fields = client.build(call, signer.address, gas_limit=gas_limit)
     fees = client.fees()
     chain_pending = client.pending_nonce(signer.address)
     try:

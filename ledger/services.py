@@ -384,14 +384,28 @@ def settle_submit_ready(*, ctx: ChainContext) -> list[SettleBatch]:
 
 
 # --- escrow --------------------------------------------------------------------------------
+# gas of GridBidMarket.deposit beyond the token transfer it makes: the balance word, the
+# Deposited log and transferFrom's allowance update: ~25k on anvil with the test token
+# (deposit 76,115 gas; the limit came to 151,465), so 80k leaves room for costlier tokens
+DEPOSIT_MARKET_GAS = 80_000
+
+
 def escrow_deposit(*, ctx: ChainContext, user: User, amount: int, key: str) -> ChainTx:
     """Approve and deposit `amount` from a custodial buyer's key (it must hold the tokens and gas).
     `key` makes the pair idempotent."""
     custodial = custodial_key_get_or_create(user=user)
     signer = custodial_signer(custodial)
-    tx_submit(client=ctx.client, signer=signer, key=f"approve:{key}", purpose="approve",
-              call=ctx.token.functions.approve(ctx.deployment.market_address, amount))
-    return tx_submit(client=ctx.client, signer=signer, key=f"deposit:{key}", purpose="deposit", call=ctx.market.functions.deposit(amount))
+    market = ctx.deployment.market_address
+    tx_submit(client=ctx.client, signer=signer, key=f"approve:{key}", purpose="approve", call=ctx.token.functions.approve(market, amount))
+    # Estimating the deposit now runs its transferFrom before the approve is mined: on any
+    # chain that does not mine each transaction at once that reverts ("allowance
+    # exceeded"; it crashed `gridbid up --demo`). The signer's nonces already order the
+    # two, so the deposit gets a gas limit instead of an estimate: what a plain transfer
+    # of this token costs this sender (estimated now; it fails here, before anything is
+    # sent, if the tokens are not there) plus the market's own bookkeeping.
+    transfer_gas = ctx.client.build(ctx.token.functions.transfer(market, amount), signer.address)["gas"]
+    return tx_submit(client=ctx.client, signer=signer, key=f"deposit:{key}", purpose="deposit", call=ctx.market.functions.deposit(amount),
+                     gas_limit=int(transfer_gas) + DEPOSIT_MARKET_GAS)
 
 
 def escrow_summary(*, address: str) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from celery import shared_task
 import gridbid.celery  # noqa: F401 - binds the tasks to the configured app (eager in tests)
 from ledger.context import chain_context
 
-# the chain queue is chosen by the beat entries (gridbid/celery.py) and task routes
+# their queues (chain; the demo's tick: demo) are set in gridbid.celery.TASK_QUEUES
 RETRY: dict[str, Any] = {"ignore_result": True, "autoretry_for": (ConnectionError, TimeoutError), "retry_backoff": True, "retry_backoff_max": 60, "max_retries": 5}
 
 

@@ -203,17 +203,23 @@ class ChainClient:
         return Fees(max_fee_per_gas=2 * base + tip, max_priority_fee_per_gas=tip)
 
     # --- transactions -------------------------------------------------------------------
-    def build(self, call: Any, sender: str, *, gas_margin: float = 1.2) -> dict[str, Any]:
+    def build(self, call: Any, sender: str, *, gas_margin: float = 1.2, gas_limit: int | None = None) -> dict[str, Any]:
         """Transaction fields of a contract call, without nonce and fees. The gas estimate
-        runs the call, so a call that would revert raises ChainError with its reason."""
+        runs the call, so a call that would revert raises ChainError with its reason.
+
+        `gas_limit` skips the estimate, for a call that can only succeed after an earlier
+        transaction of the same sender is mined (a deposit after its approve): the node
+        would run it against today's state and report a revert that will not happen."""
         sender = Web3.to_checksum_address(sender)
-        try:
-            gas = int(self._retry(call.estimate_gas, {"from": sender}))
-        except ContractLogicError as exc:
-            raise ChainError(f"would revert: {exc.message or exc}") from None
-        except Web3RPCError as exc:
-            raise ChainError(f"would fail: {exc}") from None
-        tx: dict[str, Any] = call.build_transaction({"from": sender, "gas": int(gas * gas_margin) + 10_000, "nonce": 0,
+        if gas_limit is None:
+            try:
+                gas = int(self._retry(call.estimate_gas, {"from": sender}))
+            except ContractLogicError as exc:
+                raise ChainError(f"would revert: {exc.message or exc}") from None
+            except Web3RPCError as exc:
+                raise ChainError(f"would fail: {exc}") from None
+            gas_limit = int(gas * gas_margin) + 10_000
+        tx: dict[str, Any] = call.build_transaction({"from": sender, "gas": gas_limit, "nonce": 0,
                                                      "maxFeePerGas": 1, "maxPriorityFeePerGas": 1})
         tx.pop("nonce", None)
         tx.pop("maxFeePerGas", None)

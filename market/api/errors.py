@@ -66,9 +66,26 @@ def _summary(fields: dict[str, list[str]]) -> str:
     return f"Invalid input. {head}{more}"
 
 
+def _pool_exhausted(exc: Exception) -> bool:
+    """Django's OperationalError around psycopg_pool's PoolTimeout: every pooled
+    connection stayed busy for DATABASE_POOL_TIMEOUT seconds (overload, not a bug)."""
+    from django.db import OperationalError
+
+    try:
+        from psycopg_pool import PoolTimeout
+    except ImportError:  # no pool installed: nothing can time out waiting for one
+        return False
+    return isinstance(exc, OperationalError) and isinstance(exc.__cause__, PoolTimeout)
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, RequestDataTooBig):  # DRF reads request.body, which checks Content-Length against the limit
         return Response(error_body("too_large", body_too_large_message(settings.DATA_UPLOAD_MAX_MEMORY_SIZE)), status=413)
+    if _pool_exhausted(exc):
+        busy = Response(error_body("busy", "The server is busy: no database connection came free in time. Retry in a few seconds."),
+                        status=status.HTTP_503_SERVICE_UNAVAILABLE)
+        busy["Retry-After"] = "5"
+        return busy
     if isinstance(exc, EngineInputError):
         return Response(error_body("invalid", f"Invalid input. {exc}", {exc.field: [exc.message]}), status=400)
     for kind, code in DOMAIN_STATUS.items():

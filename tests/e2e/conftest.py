@@ -27,14 +27,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(data: Path, *, demo: bool, speed: int = 60) -> tuple[subprocess.Popen[bytes], str, dict[str, str]]:
-    """`gridbid up` in `data`, once it answers: (its process, base URL, the environment it runs with)."""
+def start_server(data: Path, *, demo: bool, speed: int = 60, extra_env: dict[str, str] | None = None, up_args: tuple[str, ...] = ()) -> tuple[subprocess.Popen[bytes], str, dict[str, str]]:
+    """`gridbid up` in `data`, once it answers: (its process, base URL, the environment it runs with).
+
+    `extra_env` is laid over the embedded environment (DATABASE_URL and REDIS_URL for the
+    production mode); `up_args` are more options for `gridbid up`."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "CHAIN_RPC_URL")}
     env.update(GRIDBID_DATA_DIR=str(data), ROUND_SECONDS="2", PYTHONUNBUFFERED="1", GRIDBID_CHAIN_PORT=str(free_port()),
                GRIDBID_DEMO_SPEED=str(speed))
+    env.update(extra_env or {})
     log_path = data / "server.log"
-    args = [sys.executable, "-m", "gridbid.cli", "up", "--port", str(port), *(["--demo"] if demo else [])]
+    args = [sys.executable, "-m", "gridbid.cli", "up", "--port", str(port), *(["--demo"] if demo else []), *up_args]
     with open(log_path, "w") as log:
         proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"

@@ -33,6 +33,9 @@ def test_defaults_are_embedded_sqlite_and_a_generated_secret(tmp_path):
         ("DATABASE_URL", "mysql://x/y", "DATABASE_URL"),
         ("DATABASE_URL", "postgres://:99999999/x", "DATABASE_URL"),
         ("REDIS_URL", "http://localhost:6379", "REDIS_URL"),
+        ("DATABASE_POOL_MAX_SIZE", "0", "DATABASE_POOL_MAX_SIZE"),
+        ("DATABASE_POOL_MAX_SIZE", "many", "DATABASE_POOL_MAX_SIZE"),
+        ("DATABASE_POOL_TIMEOUT", "0", "DATABASE_POOL_TIMEOUT"),
         ("DEBUG", "maybe", "DEBUG"),
         ("ROUND_SECONDS", "0", "ROUND_SECONDS"),
         ("ROUND_SECONDS", "fast", "ROUND_SECONDS"),
@@ -60,6 +63,17 @@ def test_production_values_are_read(tmp_path):
     assert not cfg.embedded
     assert cfg.allowed_hosts == ["a.example", "b.example"]
     assert cfg.round_seconds == 2.5
+    assert cfg.database_pool_max_size == 10
+
+
+def test_postgres_connections_come_from_a_bounded_pool(tmp_path):
+    """One process holds at most DATABASE_POOL_MAX_SIZE connections (CONN_MAX_AGE must be 0 with a pool)."""
+    code = "from django.conf import settings; db = settings.DATABASES['default']; print(db['CONN_MAX_AGE'], db['OPTIONS']['pool']['max_size'], db['OPTIONS']['pool']['timeout'], db['OPTIONS']['sslmode'])"
+    run_env = {**os.environ, "GRIDBID_DATA_DIR": str(tmp_path), "DJANGO_SETTINGS_MODULE": "gridbid.settings",
+               "DATABASE_URL": "postgres://u:p@db:5432/gridbid?sslmode=require", "DATABASE_POOL_MAX_SIZE": "7", "DATABASE_POOL_TIMEOUT": "4.5"}
+    proc = subprocess.run([sys.executable, "-c", f"import django; django.setup(); {code}"], cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["0", "7", "4.5", "require"]
 
 
 def test_cli_prints_one_line_and_exits_2_on_bad_config(tmp_path):
