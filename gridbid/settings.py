@@ -76,6 +76,9 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     }
     _db["CONN_MAX_AGE"] = 0
     _db["CONN_HEALTH_CHECKS"] = False
+else:
+    # a database that does not answer fails start-up and /readyz in seconds instead of hanging them
+    _db.setdefault("OPTIONS", {}).setdefault("connect_timeout", 5)
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_USER_MODEL = "market.User"

@@ -27,12 +27,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(data: Path, *, demo: bool, speed: int = 60) -> tuple[subprocess.Popen[bytes], str, dict[str, str]]:
-    """`gridbid up` in `data`, once it answers: (its process, base URL, the environment it runs with)."""
+def start_server(data: Path, *, demo: bool, speed: int = 60,
+                 extra_env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str, dict[str, str]]:
+    """`gridbid up` in `data`, once it answers: (its process, base URL, the environment it runs with);
+    `extra_env` is set on top (a REDIS_URL, ...)."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "CHAIN_RPC_URL")}
     env.update(GRIDBID_DATA_DIR=str(data), ROUND_SECONDS="2", PYTHONUNBUFFERED="1", GRIDBID_CHAIN_PORT=str(free_port()),
                GRIDBID_DEMO_SPEED=str(speed))
+    env.update(extra_env or {})
     log_path = data / "server.log"
     args = [sys.executable, "-m", "gridbid.cli", "up", "--port", str(port), *(["--demo"] if demo else [])]
     with open(log_path, "w") as log:

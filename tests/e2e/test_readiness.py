@@ -1,0 +1,123 @@
+"""Operators see what is wrong: a real `gridbid up` whose Redis goes away answers /readyz
+503 naming redis, and `gridbid up` / `worker` / `beat` refuse to start, with one line and
+exit status 2, when a service they are configured with does not answer."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import service_missing
+from tests.e2e.conftest import ROOT, free_port, start_server, stop_server
+
+
+@contextlib.contextmanager
+def own_redis(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """A redis-server of this test's own on a free port, so the test may stop it."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        service_missing("redis-server is not installed")
+    port = free_port()
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        import redis
+
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                redis.Redis.from_url(url, socket_connect_timeout=1).ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    pytest.fail("redis-server did not start")
+                time.sleep(0.1)
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_readyz_names_redis_when_the_servers_redis_goes_away(tmp_path: Path) -> None:
+    with own_redis(tmp_path) as (redis_proc, url):
+        (tmp_path / "data").mkdir()
+        server, base, _ = start_server(tmp_path / "data", demo=False, extra_env={"REDIS_URL": url})
+        try:
+            ready = httpx.get(f"{base}/readyz", timeout=10)
+            assert ready.status_code == 200, ready.text
+            assert ready.json()["checks"]["redis"] == {"status": "ok", "detail": "answers PING", "ms": ready.json()["checks"]["redis"]["ms"]}
+            redis_proc.terminate()
+            redis_proc.wait(timeout=10)
+            time.sleep(1.1)  # past the one-second reuse of the last answer
+            started = time.monotonic()
+            down = httpx.get(f"{base}/readyz", timeout=10)
+            assert time.monotonic() - started < 5  # bounded: no check hangs the request
+            assert down.status_code == 503
+            body = down.json()
+            assert body["status"] == "not_ready"
+            assert list(body["error"]["fields"]) == ["redis"]
+            assert "REDIS_URL does not answer PING" in body["error"]["message"]
+            assert body["checks"]["database"]["status"] == "ok"
+            # liveness is not readiness: the process still answers
+            assert httpx.get(f"{base}/healthz", timeout=5).text == "ok"
+        finally:
+            stop_server(server)
+
+
+@pytest.fixture
+def dead_port() -> Iterator[int]:
+    """A port bound but never listened on: connections to it are refused, and no other
+    process can start listening there while the test runs."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield int(s.getsockname()[1])
+
+
+def run_cli(tmp_path: Path, *args: str, **env_extra: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "CHAIN_RPC_URL")}
+    env.update(GRIDBID_DATA_DIR=str(tmp_path / "data"), PYTHONUNBUFFERED="1", **env_extra)
+    return subprocess.run([sys.executable, "-m", "gridbid.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("command", [["up", "--port", str(free_port())], ["worker"], ["beat"]])
+def test_cli_refuses_to_start_with_an_unreachable_redis_and_says_which(tmp_path: Path, dead_port: int, command: list[str]) -> None:
+    port = dead_port
+    started = time.monotonic()
+    result = run_cli(tmp_path, *command, REDIS_URL=f"redis://:hunter2secret@127.0.0.1:{port}/0")
+    assert result.returncode == 2, result.stderr
+    assert time.monotonic() - started < 30
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"gridbid: REDIS_URL (redis://***@127.0.0.1:{port}/0) is unreachable: ")
+    assert lines[0].endswith("start Redis or correct REDIS_URL")
+    assert "hunter2secret" not in result.stderr + result.stdout
+
+
+def test_cli_refuses_to_start_with_an_unreachable_database(tmp_path: Path, dead_port: int) -> None:
+    port = dead_port
+    result = run_cli(tmp_path, "up", "--port", str(free_port()), DATABASE_URL=f"postgres://postgres:pw@127.0.0.1:{port}/gridbid")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"gridbid: DATABASE_URL (postgres://***@127.0.0.1:{port}/gridbid) is unreachable: ")
+
+
+def test_cli_refuses_to_start_with_an_unreachable_chain(tmp_path: Path, dead_port: int) -> None:
+    port = dead_port
+    result = run_cli(tmp_path, "up", "--port", str(free_port()), CHAIN_RPC_URL=f"http://127.0.0.1:{port}")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"gridbid: CHAIN_RPC_URL (http://127.0.0.1:{port}) is unreachable: ")
