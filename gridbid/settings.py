@@ -34,6 +34,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "gridbid.metrics.RequestMetricsMiddleware",  # first: it times the whole answer
     "django.middleware.security.SecurityMiddleware",
     "gridbid.middleware.RejectNulBytesMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",

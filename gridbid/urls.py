@@ -15,6 +15,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", ops.healthz, name="healthz"),
     path("readyz", ops.readyz, name="readyz"),
+    path("metrics", ops.metrics, name="metrics"),
     path("", include("market.web.urls")),
 ]
 
