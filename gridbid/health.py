@@ -121,6 +121,9 @@ def probe_chain(url: str, *, senders: tuple[str, ...] = (), timeout_s: float = P
     from ledger.chain import ChainClient
 
     client = ChainClient(url, retries=0, request_timeout_s=timeout_s)
+    # web3's HTTP provider retries a timed-out call 5 times with backoff by itself: a hung
+    # node would hold this probe (and a thread) for 13 s instead of timeout_s
+    client.w3.provider.exception_retry_configuration = None  # type: ignore[attr-defined]
     head = client.block_number()
     nonces = {s: int(client.rpc("eth_getTransactionCount", [s, "latest"]), 16) for s in senders}
     return ChainProbe(head=head, mined_nonces=nonces)
@@ -153,18 +156,38 @@ def _age_s(when: datetime | None, now: datetime) -> float | None:
 _pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gridbid-health")
 _cache: tuple[float, Readiness] | None = None
 _cache_lock = threading.Lock()
+_run_lock = threading.Lock()
+MAX_SENDERS = 10  # nonce gaps are looked for among this many senders with open transactions
+
+
+def _cached() -> Readiness | None:
+    with _cache_lock:
+        if _cache is not None and time.monotonic() - _cache[0] < CACHE_S:
+            return _cache[1]
+    return None
 
 
 def readiness(*, deadline_s: float = DEADLINE_S, use_cache: bool = True) -> Readiness:
     """Check every part; at most about `deadline_s` seconds."""
     global _cache
-    with _cache_lock:
-        if use_cache and _cache is not None and time.monotonic() - _cache[0] < CACHE_S:
-            return _cache[1]
-    result = _readiness(deadline_s)
-    with _cache_lock:
-        _cache = (time.monotonic(), result)
-    return result
+    if use_cache and (hit := _cached()) is not None:
+        return hit
+    # one check at a time per process: callers arriving meanwhile wait for it and share
+    # its answer, so a burst of probes against a hung node cannot pile up threads
+    if not _run_lock.acquire(timeout=deadline_s):
+        with _cache_lock:
+            if _cache is not None:
+                return _cache[1]
+        _run_lock.acquire()
+    try:
+        if use_cache and (hit := _cached()) is not None:
+            return hit
+        result = _readiness(deadline_s)
+        with _cache_lock:
+            _cache = (time.monotonic(), result)
+        return result
+    finally:
+        _run_lock.release()
 
 
 def readiness_cache_clear() -> None:
@@ -200,7 +223,7 @@ def _readiness(deadline_s: float) -> Readiness:
     url = chain_url()
     chain_future: Future[Any] | None = None
     if url:
-        senders = tuple(sorted({row["sender"] for row in open_txs if row["state"] != "mined"}))
+        senders = tuple(sorted({row["sender"] for row in open_txs if row["state"] != "mined"}))[:MAX_SENDERS]
         chain_future = _pool.submit(_timed, lambda: probe_chain(url, senders=senders))
 
     _rounds_part(out)

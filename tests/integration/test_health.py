@@ -151,3 +151,32 @@ def test_readyz_names_redis_when_it_does_not_answer(settings: Any, dead_port: in
 
 def test_readyz_refuses_to_be_written_to() -> None:
     assert Client().post("/readyz").status_code == 405
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port that accepts connections and never answers: a hung Redis or node."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(16)
+        yield int(s.getsockname()[1])
+
+
+def test_a_hung_redis_and_a_hung_node_cannot_hang_readyz(settings: Any, silent_port: int) -> None:
+    import dataclasses
+    import time
+
+    import ledger.chain  # noqa: F401 - a server has imported web3 long before; a cold import is no probe's time
+    from ledger.models import Deployment
+
+    settings.CONFIG = dataclasses.replace(settings.CONFIG, redis_url=f"redis://127.0.0.1:{silent_port}/0")
+    Deployment.objects.create(chain_id=31337, rpc_url=f"http://127.0.0.1:{silent_port}", market_address="0x" + "11" * 20,
+                              token_address="0x" + "22" * 20, deployed_block=1)
+    started = time.monotonic()
+    status, body = readyz()
+    elapsed = time.monotonic() - started
+    assert status == 503
+    assert sorted(body["error"]["fields"]) == ["chain", "redis"]
+    # both probes run side by side, each under its 2 s socket timeout
+    assert elapsed < 4.5, (elapsed, body)
+    assert "Timeout" in body["checks"]["redis"]["detail"] or "timed out" in body["checks"]["redis"]["detail"]
