@@ -121,3 +121,34 @@ def test_cli_refuses_to_start_with_an_unreachable_chain(tmp_path: Path, dead_por
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith(f"gridbid: CHAIN_RPC_URL (http://127.0.0.1:{port}) is unreachable: ")
+
+
+def test_a_running_demo_market_is_ready_and_its_metrics_agree(tmp_path: Path) -> None:
+    """The embedded `gridbid up --demo`: dev chain, in-process worker, rounds every 2 s."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    token = "scrape-" + "z" * 24
+    (tmp_path / "data").mkdir()
+    server, base, _ = start_server(tmp_path / "data", demo=True, extra_env={"METRICS_TOKEN": token})
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # the first round and the listener's first read come within seconds of start
+            ready = httpx.get(f"{base}/readyz", timeout=10)
+            if ready.status_code == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert ready.status_code == 200, ready.text
+        checks = ready.json()["checks"]
+        assert {name: c["status"] for name, c in checks.items()} == {
+            "database": "ok", "redis": "skipped", "chain": "ok", "rounds": "ok", "listener": "ok", "outbox": "ok"}
+        assert httpx.get(f"{base}/metrics", timeout=10).status_code == 401
+        page = httpx.get(f"{base}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=10)
+        assert page.status_code == 200
+        values = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                  for f in text_string_to_metric_families(page.text) for s in f.samples}
+        assert values[("gridbid_chain_up", ())] == 1.0
+        assert values[("gridbid_listener_lag_blocks", ())] <= 200
+        assert values[("gridbid_orders_open", (("side", "offer"),))] > 0  # the demo's providers publish offers
+        assert all(values[("gridbid_ready", (("check", name),))] == 1.0 for name in ("database", "chain", "rounds", "listener", "outbox"))
+    finally:
+        stop_server(server)
