@@ -80,6 +80,15 @@ def _gauge(name: str, doc: str, value: float | None, labels: dict[str, str] | No
     return family
 
 
+# kombu's Redis transport keeps a queue's messages in a list named after it, one list per
+# priority step above 0 ("<queue>\x06\x16<step>")
+_KOMBU_PRIORITY_STEPS = (0, 3, 6, 9)
+
+
+def _redis_keys(queue: str) -> list[str]:
+    return [queue if step == 0 else f"{queue}\x06\x16{step}" for step in _KOMBU_PRIORITY_STEPS]
+
+
 def celery_queue_lengths() -> dict[str, int]:
     """Messages waiting in each Celery queue: Redis LLEN with REDIS_URL, else the
     in-process (kombu memory) queues of the embedded worker."""
@@ -93,8 +102,10 @@ def celery_queue_lengths() -> dict[str, int]:
         try:
             pipe = client.pipeline()
             for name in names:
-                pipe.llen(name)
-            return dict(zip(names, (int(n) for n in pipe.execute()), strict=True))
+                for key in _redis_keys(name):
+                    pipe.llen(key)
+            counts = iter(int(n) for n in pipe.execute())
+            return {name: sum(next(counts) for _ in _redis_keys(name)) for name in names}
         finally:
             client.close()
     from kombu.transport.memory import Channel

@@ -4,9 +4,7 @@ exit status 2, when a service they are configured with does not answer."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -17,37 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import service_missing
 from tests.e2e.conftest import ROOT, free_port, start_server, stop_server
-
-
-@contextlib.contextmanager
-def own_redis(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    """A redis-server of this test's own on a free port, so the test may stop it."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        service_missing("redis-server is not installed")
-    port = free_port()
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    try:
-        import redis
-
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                redis.Redis.from_url(url, socket_connect_timeout=1).ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    pytest.fail("redis-server did not start")
-                time.sleep(0.1)
-        yield proc, url
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-        proc.wait(timeout=10)
+from tests.integration.helpers import own_redis
 
 
 def test_readyz_names_redis_when_the_servers_redis_goes_away(tmp_path: Path) -> None:

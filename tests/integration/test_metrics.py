@@ -184,3 +184,25 @@ async def test_websocket_connections_and_their_queue_are_counted() -> None:
     assert stream_figures()["gridbid_websocket_send_queue_depth"] >= 0
     await comm.disconnect()
     assert stream_figures()["gridbid_websocket_connections"] == before
+
+
+def test_celery_queue_lengths_are_read_from_redis(operator: Any, settings: Any, tmp_path: Any) -> None:
+    """Tasks sent through a real Redis broker (one of this test's own) and never consumed."""
+    from celery import Celery
+
+    from tests.integration.helpers import own_redis
+
+    with own_redis(tmp_path) as (_, url):
+        settings.CONFIG = dataclasses.replace(settings.CONFIG, redis_url=url)
+        sender = Celery("gridbid-metrics-test", broker=url)
+        for _ in range(3):
+            sender.send_task("ledger.tasks.chain_txs_track", queue="chain")
+        sender.send_task("ledger.tasks.chain_txs_track", queue="chain", priority=6)  # kept in another list
+        sender.send_task("market.tasks.bids_expire", queue="default")
+        session = Client()
+        session.force_login(operator)
+        page = scrape(session)
+        assert page[("gridbid_celery_queue_length", (("queue", "chain"),))] == 4
+        assert page[("gridbid_celery_queue_length", (("queue", "default"),))] == 1
+        assert page[("gridbid_celery_queue_length", (("queue", "rounds"),))] == 0
+        assert page[("gridbid_ready", (("check", "redis"),))] == 1.0
