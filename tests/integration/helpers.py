@@ -1,5 +1,6 @@
 """Helpers shared by the integration suites: the anvil dev accounts and money helpers, the
-steps of a provider's life on chain, and an in-process transport for the real agent daemon."""
+steps of a provider's life on chain, an in-process transport for the real agent daemon, and
+a redis-server of a test's own (one it may stop)."""
 
 from __future__ import annotations
 
