@@ -4,10 +4,12 @@ exit status 2, when a service they are configured with does not answer."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.conftest import service_missing
 from tests.e2e.conftest import ROOT, free_port, start_server, stop_server
 from tests.integration.helpers import own_redis
 
@@ -121,3 +124,84 @@ def test_a_running_demo_market_is_ready_and_its_metrics_agree(tmp_path: Path) ->
         assert all(values[("gridbid_ready", (("check", name),))] == 1.0 for name in ("database", "chain", "rounds", "listener", "outbox"))
     finally:
         stop_server(server)
+
+
+class Proxy:
+    """A TCP relay from a free port to `target`, which the test can cut: every relayed
+    connection is closed and new ones are refused, as when a database host goes away."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.listener.getsockname()[1])
+        self.sockets: list[socket.socket] = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target, timeout=5)
+            upstream.settimeout(None)
+            with self.lock:
+                self.sockets += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> None:
+        # shutdown first: close() alone leaves a socket that a thread blocks in accept() on listening
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+        with self.lock:
+            for s in self.sockets:
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+                s.close()
+
+
+def test_readyz_names_the_database_when_it_goes_away(tmp_path: Path) -> None:
+    import uuid
+
+    import psycopg
+
+    name = f"gridbid_health_{uuid.uuid4().hex[:8]}"
+    try:
+        admin = psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True, connect_timeout=3)
+    except psycopg.OperationalError as exc:
+        service_missing(f"PostgreSQL is unreachable ({exc})")
+    admin.execute(f'CREATE DATABASE "{name}"')
+    proxy = Proxy(("127.0.0.1", 5432))
+    try:
+        (tmp_path / "data").mkdir()
+        server, base, _ = start_server(tmp_path / "data", demo=False, extra_env={
+            "DATABASE_URL": f"postgres://postgres@127.0.0.1:{proxy.port}/{name}", "GRIDBID_CHAIN_PORT": str(free_port())})
+        try:
+            assert httpx.get(f"{base}/readyz", timeout=10).json()["checks"]["database"]["status"] == "ok"
+            proxy.cut()
+            time.sleep(1.1)
+            started = time.monotonic()
+            down = httpx.get(f"{base}/readyz", timeout=15)
+            assert time.monotonic() - started < 8
+            assert down.status_code == 503, down.text
+            body = down.json()
+            assert "database" in body["error"]["fields"]
+            assert body["checks"]["database"]["detail"].startswith("the database does not answer: ")
+            assert {body["checks"][p]["status"] for p in ("rounds", "listener", "outbox")} == {"skipped"}
+        finally:
+            stop_server(server)
+    finally:
+        proxy.cut()
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
