@@ -227,7 +227,7 @@ def _readiness(deadline_s: float) -> Readiness:
         chain_future = _pool.submit(_timed, lambda: probe_chain(url, senders=senders))
 
     _rounds_part(out)
-    probe = _chain_part(out, chain_future, start, deadline_s, configured=url is not None)
+    probe = _chain_part(out, chain_future, start, deadline_s)
     _listener_part(out, probe)
     _outbox_part(out, open_txs, probe)
     _redis_part(out, redis_future, start, deadline_s)
@@ -255,7 +255,7 @@ def _redis_part(out: Readiness, future: Future[Any] | None, start: float, deadli
         out.parts["redis"] = Part("ok", "answers PING", ms)
 
 
-def _chain_part(out: Readiness, future: Future[Any] | None, start: float, deadline_s: float, *, configured: bool) -> ChainProbe | None:
+def _chain_part(out: Readiness, future: Future[Any] | None, start: float, deadline_s: float) -> ChainProbe | None:
     if future is None:
         out.parts["chain"] = Part("skipped", "no chain: CHAIN_RPC_URL is unset and no dev chain is deployed (settlement is off)")
         return None
