@@ -34,6 +34,29 @@ def configure_or_exit() -> None:
         sys.exit(2)
 
 
+def services_or_exit() -> None:
+    """Refuse to start, with one line and exit 2, when a configured service does not answer:
+    better than a server whose every request fails, or a worker that loops on errors."""
+    from django.conf import settings
+
+    from gridbid.health import probe_chain, probe_database, probe_redis, reason, redact
+
+    cfg = settings.CONFIG
+    checks = [("DATABASE_URL", redact(cfg.database_url), probe_database, "start the database or correct DATABASE_URL")]
+    if cfg.redis_url:
+        redis_url = cfg.redis_url
+        checks.append(("REDIS_URL", redact(redis_url), lambda: probe_redis(redis_url), "start Redis or correct REDIS_URL"))
+    if cfg.chain_rpc_url:
+        chain_url = cfg.chain_rpc_url
+        checks.append(("CHAIN_RPC_URL", redact(chain_url), lambda: probe_chain(chain_url), "start the node or correct CHAIN_RPC_URL"))
+    for name, shown, probe, fix in checks:
+        try:
+            probe()
+        except Exception as exc:  # noqa: BLE001 - whatever the driver raises, the service is not there
+            click.echo(f"gridbid: {name} ({shown}) is unreachable: {reason(exc)}; {fix}", err=True)
+            sys.exit(2)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """GridBid: an open marketplace for GPU compute."""
@@ -57,6 +80,7 @@ def manage(ctx: click.Context) -> None:
 def up(host: str, port: int, demo: bool, no_worker: bool) -> None:
     """Start the marketplace: migrate, then serve HTTP and WebSocket."""
     configure_or_exit()
+    services_or_exit()
     from gridbid.runner import serve
 
     serve(host=host, port=port, demo=demo, worker=not no_worker)
@@ -80,6 +104,7 @@ def worker(concurrency: int, queues: str) -> None:
     queues = ",".join(names)
     if settings.CONFIG.embedded:
         raise click.UsageError("REDIS_URL is unset: workers need a broker. Use `gridbid up` for the embedded mode.")
+    services_or_exit()
 
     app.worker_main(["worker", f"--concurrency={concurrency}", f"--queues={queues}", "--loglevel=INFO"])
 
@@ -92,6 +117,7 @@ def beat() -> None:
 
     if settings.CONFIG.embedded:
         raise click.UsageError("REDIS_URL is unset: beat needs a broker. Use `gridbid up` for the embedded mode.")
+    services_or_exit()
     from gridbid.celery import app
 
     # beat's state (last run of each entry) lives with the rest of the data, not in

@@ -52,6 +52,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("OPERATOR_KEYSTORE_PASSPHRASE", "(unset)", "Passphrase of OPERATOR_KEYSTORE."),
     Variable("MARKET_ADDRESS", "(deployed on first start)", "Address of the GridBidMarket contract on CHAIN_RPC_URL."),
     Variable("TOKEN_ADDRESS", "(deployed on first start)", "Address of the ERC-20 stablecoin (6 decimals)."),
+    Variable("METRICS_TOKEN", "(unset: operators only)", "Bearer token a Prometheus scraper sends to read /metrics (at least 16 characters)."),
     Variable("LOG_LEVEL", "INFO", "DEBUG, INFO, WARNING or ERROR."),
     Variable("LOG_FORMAT", "plain", "plain (text lines) or json (one JSON object per line: time, level, logger, message, request_id)."),
     Variable("GRIDBID_DEMO_SPEED", "60", "Under `gridbid up --demo`: how many times faster than booked the demo's simulated jobs run (1-10000)."),
@@ -148,6 +149,8 @@ class Config:
     # the node URL handed to provider agents; CHAIN_RPC_URL may carry a secret and is never shown
     chain_public_rpc_url: str | None = None
     log_format: str = "plain"
+    # a scraper's bearer token for /metrics; operators read it with their own session or token
+    metrics_token: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -186,6 +189,15 @@ def _secret_key(env: Mapping[str, str], data_dir: Path) -> str:
         return path.read_text().strip()
     except OSError as exc:
         raise ConfigError(f"GRIDBID_DATA_DIR={str(data_dir)!r} is not writable ({exc.strerror}); set it to a writable folder") from None
+
+
+def _metrics_token(env: Mapping[str, str]) -> str | None:
+    raw = env.get("METRICS_TOKEN", "").strip()
+    if not raw:
+        return None
+    if len(raw) < 16:
+        raise ConfigError("METRICS_TOKEN is too short: use at least 16 random characters (e.g. `openssl rand -hex 24`)")
+    return raw
 
 
 def load(env: Mapping[str, str] | None = None) -> Config:
@@ -233,5 +245,6 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         token_address=_address(env, "TOKEN_ADDRESS"),
         log_level=log_level,
         log_format=_choice(env, "LOG_FORMAT", "plain", ("plain", "json")),
+        metrics_token=_metrics_token(env),
         demo_speed=_number(env, "GRIDBID_DEMO_SPEED", 60.0, 1, 10_000),
     )

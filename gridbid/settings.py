@@ -34,6 +34,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "gridbid.metrics.RequestMetricsMiddleware",  # first: it times the whole answer
     "gridbid.middleware.RequestIdMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "gridbid.middleware.RejectNulBytesMiddleware",
@@ -93,6 +94,9 @@ elif _db["ENGINE"] == "django.db.backends.sqlite3":
     }
     _db["CONN_MAX_AGE"] = 0
     _db["CONN_HEALTH_CHECKS"] = False
+else:
+    # a database that does not answer fails start-up and /readyz in seconds instead of hanging them
+    _db.setdefault("OPTIONS", {}).setdefault("connect_timeout", 5)
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_USER_MODEL = "market.User"

@@ -17,6 +17,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from rest_framework.exceptions import AuthenticationFailed, ValidationError
 
 from gridbid import logs
+from gridbid.metrics import stream_closed, stream_opened
 from gridbid.middleware import scope_address
 from market.api.errors import _flatten, _summary
 from market.api.parsers import JSON_DEPTH_MESSAGE, json_too_deep
@@ -67,6 +68,7 @@ class StreamConsumer(AsyncWebsocketConsumer):
             return
         await self.accept()
         self.writer = asyncio.create_task(self._write_updates())
+        stream_opened(self)  # counted in /metrics: connections and their queued updates
         await self.send_json({"type": "welcome", "user": self.user.username if self.authenticated else None, "protocol": 1})
 
     @property
@@ -83,6 +85,7 @@ class StreamConsumer(AsyncWebsocketConsumer):
         return scope_name in ROLE_SCOPES.get("operator" if self.user.is_superuser else self.user.role, frozenset())
 
     async def disconnect(self, code: int) -> None:
+        stream_closed(self)
         if getattr(self, "writer", None) is not None:
             self.writer.cancel()
         for group in list(getattr(self, "groups_joined", {}).values()):

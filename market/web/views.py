@@ -268,7 +268,10 @@ def operator_dashboard(request: HttpRequest) -> HttpResponse:
     """Rounds, the settlement queue and machines offline; live through the `operator` channel."""
     if not request.user.is_operator:
         return render(request, "market/operator.html", {"forbidden": True}, status=403)
-    return render(request, "market/operator.html", {"o": selectors.operator_overview()})
+    from gridbid.health import readiness
+
+    # the same checks as /readyz (bounded, cached for a second): what is wrong shows here first
+    return render(request, "market/operator.html", {"o": selectors.operator_overview(), "health": readiness()})
 
 
 @login_required

@@ -1,13 +1,22 @@
 """Helpers shared by the integration suites: the anvil dev accounts and money helpers, the
-steps of a provider's life on chain, and an in-process transport for the real agent daemon."""
+steps of a provider's life on chain, an in-process transport for the real agent daemon, and
+a redis-server of a test's own (one it may stop)."""
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import socket
+import subprocess
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.agent_loop import tick_until
+from tests.conftest import service_missing
 
 OPERATOR_KEY = "0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80"
 PROVIDER_KEYS = [
@@ -122,3 +131,32 @@ class DjangoTransport:
 
 def drive(agent, done, timeout=20.0):
     tick_until(agent, done, timeout)
+
+
+@contextlib.contextmanager
+def own_redis(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """A redis-server of this test's own on a free port, so the test may stop it."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        service_missing("redis-server is not installed")
+    port = free_port()
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        import redis
+
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                redis.Redis.from_url(url, socket_connect_timeout=1).ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    pytest.fail("redis-server did not start")
+                time.sleep(0.1)
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        proc.wait(timeout=10)

@@ -49,6 +49,7 @@ def test_defaults_are_embedded_sqlite_and_a_generated_secret(tmp_path):
         ("SECRET_KEY", "short", "SECRET_KEY"),
         ("LOG_LEVEL", "LOUD", "LOG_LEVEL"),
         ("LOG_FORMAT", "xml", "LOG_FORMAT"),
+        ("METRICS_TOKEN", "guessable", "METRICS_TOKEN"),
     ],
 )
 def test_a_bad_value_names_the_variable(tmp_path, name, value, expected):
@@ -56,6 +57,11 @@ def test_a_bad_value_names_the_variable(tmp_path, name, value, expected):
         load(env(tmp_path, **{name: value}))
     assert str(err.value).startswith(expected)
     assert "\n" not in str(err.value)
+
+
+def test_metrics_token_is_read_and_unset_means_operators_only(tmp_path):
+    assert load(env(tmp_path)).metrics_token is None
+    assert load(env(tmp_path, METRICS_TOKEN=" " + "s" * 32 + " ")).metrics_token == "s" * 32
 
 
 def test_production_values_are_read(tmp_path):

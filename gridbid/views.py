@@ -1,0 +1,89 @@
+"""The operations endpoints: `/healthz` (liveness), `/readyz` (readiness), `/metrics` (Prometheus).
+
+`/healthz` only says the process answers: a supervisor restarts a process that does not.
+`/readyz` checks every part GridBid depends on (gridbid/health.py) and answers 503 naming
+the failing ones, so a load balancer stops sending traffic and an operator reads why.
+`/metrics` is for Prometheus and shows the market's internals: operators only, or a
+scraper holding METRICS_TOKEN.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_safe
+
+from market.api.errors import error_body
+
+
+@never_cache
+@require_safe
+def healthz(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("ok", content_type="text/plain")
+
+
+@never_cache
+@require_safe
+def readyz(request: HttpRequest) -> JsonResponse:
+    from gridbid.health import readiness
+
+    report = readiness()
+    body = report.as_dict()
+    if report.ready:
+        return JsonResponse(body)
+    failing = report.failing
+    message = "Not ready: " + "; ".join(f"{name}: {why}" for name, why in failing.items())
+    body.update(error_body("not_ready", message, {name: [why] for name, why in failing.items()}))
+    return JsonResponse(body, status=503)
+
+
+def _metrics_refusal(request: HttpRequest) -> JsonResponse | None:
+    """None when the caller may read the metrics, else the 401/403 to answer."""
+    header = request.headers.get("Authorization", "")
+    scheme, _, credential = header.partition(" ")
+    credential = credential.strip()
+    token = settings.CONFIG.metrics_token
+    if scheme.lower() == "bearer" and credential:
+        if token and secrets.compare_digest(credential.encode(), token.encode()):
+            return None
+        from rest_framework.exceptions import AuthenticationFailed
+
+        from market.api.auth import token_lookup
+
+        try:
+            user = token_lookup(credential).user
+        except AuthenticationFailed as exc:
+            return _refuse(401, "not_authenticated", f"{exc.detail} /metrics takes METRICS_TOKEN or an operator's API token.")
+    else:
+        user = request.user
+        if not user.is_authenticated:
+            return _refuse(401, "not_authenticated", "The metrics are for operators: send 'Authorization: Bearer <METRICS_TOKEN>' "
+                                                     "(or an operator's API token), or log in as an operator.")
+    if not getattr(user, "is_operator", False):
+        return _refuse(403, "permission_denied", "The metrics are for operators only; this account is not one.")
+    return None
+
+
+def _refuse(status: int, code: str, message: str) -> JsonResponse:
+    response = JsonResponse(error_body(code, message), status=status)
+    if status == 401:
+        response["WWW-Authenticate"] = 'Bearer realm="gridbid-metrics"'
+    return response
+
+
+@never_cache
+@require_safe
+def metrics(request: HttpRequest) -> HttpResponse:
+    refusal = _metrics_refusal(request)
+    if refusal is not None:
+        return refusal
+    from prometheus_client.exposition import choose_encoder
+
+    from gridbid.metrics import REGISTRY
+
+    # the format the scraper asks for (Prometheus negotiates OpenMetrics or a text version)
+    encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+    return HttpResponse(encoder(REGISTRY), content_type=content_type)
