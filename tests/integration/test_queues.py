@@ -60,8 +60,13 @@ def live_celery():
     try:
         yield celery
     finally:
+        from celery._state import _set_task_join_will_block
+
         celery.stop(timeout=15)
         app.conf.task_always_eager = eager
+        # a started worker marks the whole process as "inside a task", where result.get()
+        # is refused; later tests in this process call it on eager results
+        _set_task_join_will_block(False)
         for name in ("tests.queues.slow", "tests.queues.ping"):
             app.tasks.pop(name, None)
 
