@@ -37,8 +37,12 @@ def user_signup(*, username: str, password: str, email: str = "", role: str = Ro
     return user
 
 
-def token_create(*, user: User, name: str, scopes: Iterable[str], expires_at: datetime | None = None) -> tuple[ApiToken, str]:
-    """Create a token; returns the row and the plaintext, which is never stored."""
+def token_create(*, user: User, name: str, scopes: Iterable[str], expires_at: datetime | None = None, within: Iterable[str] | None = None) -> tuple[ApiToken, str]:
+    """Create a token; returns the row and the plaintext, which is never stored.
+
+    `within` is what the asking credential holds (a token's scopes, or a session's role
+    scopes): a token can hand out no more than it has, so a leaked `read` token cannot
+    be turned into a `trade` one."""
     wanted = sorted(set(scopes))
     from market.api.permissions import ROLE_SCOPES
 
@@ -49,6 +53,16 @@ def token_create(*, user: User, name: str, scopes: Iterable[str], expires_at: da
             f"A {user.role} account cannot hold the scope(s) {', '.join(refused)}.",
             fields={"scopes": [f"Allowed for your role: {', '.join(sorted(allowed))}."]},
         )
+    if within is not None:
+        held = frozenset(within)
+        beyond = [s for s in wanted if s not in held]
+        if beyond:
+            raise NotAllowed(
+                f"This token cannot create a token with the scope(s) {', '.join(beyond)}, which it does not hold itself.",
+                fields={"scopes": [f"Choose among this token's scopes: {', '.join(sorted(held))}; or create the token on your account page."]},
+            )
+    if expires_at is not None and expires_at <= timezone.now():
+        raise DomainError("The expiry is in the past.", fields={"expires_at": ["Give a time in the future, or leave it out for a token that does not expire."]})
     if not wanted:
         raise DomainError("A token needs at least one scope.", fields={"scopes": [f"Choose from: {', '.join(Scope.values)}."]})
     prefix = secrets.token_hex(4)

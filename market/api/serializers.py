@@ -64,7 +64,7 @@ class SignupSerializer(serializers.Serializer):
 
 class TokenCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=64)
-    scopes = serializers.ListField(child=serializers.ChoiceField(choices=Scope.values), min_length=1, max_length=4)
+    scopes = serializers.ListField(child=serializers.ChoiceField(choices=Scope.values), min_length=1, max_length=len(Scope.values))
     expires_at = serializers.DateTimeField(required=False, allow_null=True)
 
 

@@ -16,6 +16,7 @@ from market import rounds, selectors, services
 from market.api import serializers as s
 from market.api.filters import BidFilter, OfferFilter, TradeFilter
 from market.api.idempotency import idempotent
+from market.api.permissions import granted_scopes
 from market.models import ApiToken, AuctionRound, Bid, Job, Offer, Scope, Trade
 from providers.models import GpuModel, Machine, Region
 
@@ -115,12 +116,15 @@ class WalletLinkView(APIView):
 
 
 class TokenViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
-    """Your API tokens. The token itself is shown once, when created."""
+    """Your API tokens. The token itself is shown once, when created.
+
+    Creating and revoking need the `tokens` scope (a browser session has it), and a
+    token creates only tokens with a subset of its own scopes. Listing needs `read`."""
 
     lookup_value_regex = r"\d+"
 
     serializer_class = s.TokenSerializer
-    scopes = {"list": Scope.READ, "create": Scope.READ, "revoke": Scope.READ}
+    scopes = {"list": Scope.READ, "create": Scope.TOKENS, "revoke": Scope.TOKENS}
 
     def get_queryset(self) -> Any:
         if getattr(self, "swagger_fake_view", False):
@@ -128,11 +132,11 @@ class TokenViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
         return ApiToken.objects.filter(user=self.request.user)
 
     @extend_schema(request=s.TokenCreateSerializer, responses={201: s.TokenCreatedSerializer}, parameters=[IDEMPOTENCY_PARAM])
-    @idempotent
+    @idempotent(secret="token", secret_note="The token is shown only once, in the first response to this Idempotency-Key; only its hash is kept. Revoke this one and create a new one if you lost it.")
     def create(self, request: Request) -> Response:
         data = s.TokenCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        token, raw = services.token_create(user=request.user, **data.validated_data)
+        token, raw = services.token_create(user=request.user, within=granted_scopes(request), **data.validated_data)
         body = s.TokenSerializer(token).data | {"token": raw}
         return Response(body, status=status.HTTP_201_CREATED)
 

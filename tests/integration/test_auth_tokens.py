@@ -1,0 +1,98 @@
+"""Token management against a hostile token holder: a token mints only tokens with a subset
+of its own scopes, managing tokens needs the `tokens` scope, and a replayed create never
+hands the secret out again nor keeps it in the replay record."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from market.models import ApiToken, IdempotencyRecord
+
+pytestmark = pytest.mark.django_db
+
+
+def test_a_read_token_cannot_mint_a_trade_token(buyer, client_for):
+    client = client_for(buyer, ["read"])
+    r = client.post("/api/v1/tokens/", {"name": "bot", "scopes": ["read", "trade"]}, format="json")
+    assert r.status_code == 403
+    assert "'tokens' scope" in r.json()["error"]["message"]
+    assert ApiToken.objects.filter(user=buyer, name="bot").count() == 0
+
+
+def test_a_read_token_cannot_revoke_the_users_other_tokens(buyer, client_for):
+    main = client_for(buyer)
+    main_id = ApiToken.objects.filter(user=buyer).latest("id").id
+    snoop = client_for(buyer, ["read"])
+    r = snoop.post(f"/api/v1/tokens/{main_id}/revoke/")
+    assert r.status_code == 403
+    assert "'tokens' scope" in r.json()["error"]["message"]
+    assert ApiToken.objects.get(pk=main_id).revoked_at is None
+    assert main.get("/api/v1/bids/").status_code == 200
+
+
+def test_an_operators_read_token_cannot_mint_operate(operator, client_for):
+    client = client_for(operator, ["read"])
+    r = client.post("/api/v1/tokens/", {"name": "root", "scopes": ["operate"]}, format="json")
+    assert r.status_code == 403
+    assert not ApiToken.objects.filter(user=operator, scopes__contains=["operate"], name="root").exists()
+
+
+def test_a_token_manager_mints_only_a_subset_of_its_own_scopes(operator, client_for):
+    client = client_for(operator, ["read", "tokens"])
+    wider = client.post("/api/v1/tokens/", {"name": "root", "scopes": ["read", "operate"]}, format="json")
+    assert wider.status_code == 403
+    err = wider.json()["error"]
+    assert "operate" in err["message"] and "scopes" in err["fields"]
+    narrower = client.post("/api/v1/tokens/", {"name": "reader", "scopes": ["read"]}, format="json")
+    assert narrower.status_code == 201, narrower.content
+    assert narrower.json()["scopes"] == ["read"]
+
+
+def test_a_token_manager_can_revoke_and_list(buyer, client_for):
+    client_for(buyer, ["read"])
+    victim = ApiToken.objects.filter(user=buyer).latest("id")
+    manager = client_for(buyer, ["read", "tokens"])
+    assert manager.post(f"/api/v1/tokens/{victim.id}/revoke/").status_code == 200
+    assert len(manager.get("/api/v1/tokens/").json()["results"]) == 2
+
+
+def test_a_browser_session_manages_tokens_within_its_role(buyer):
+    from rest_framework.test import APIClient
+
+    from tests.conftest import PASSWORD
+
+    session = APIClient(enforce_csrf_checks=False)
+    assert session.login(username=buyer.username, password=PASSWORD)
+    ok = session.post("/api/v1/tokens/", {"name": "bot", "scopes": ["read", "trade", "tokens"]}, format="json")
+    assert ok.status_code == 201, ok.content
+    assert session.post("/api/v1/tokens/", {"name": "x", "scopes": ["provide"]}, format="json").status_code == 403
+
+
+def test_a_token_created_with_an_idempotency_key_is_not_kept_or_replayed(buyer, client_for):
+    client = client_for(buyer, ["read", "trade", "tokens"])
+    body = {"name": "bot", "scopes": ["read"]}
+    first = client.post("/api/v1/tokens/", body, format="json", HTTP_IDEMPOTENCY_KEY="k-1")
+    assert first.status_code == 201
+    raw = first.json()["token"]
+    secret = raw.rsplit("_", 1)[1]
+    stored = list(IdempotencyRecord.objects.values_list("body", flat=True))
+    assert stored and all(secret not in repr(b) and raw not in repr(b) for b in stored)
+    again = client.post("/api/v1/tokens/", body, format="json", HTTP_IDEMPOTENCY_KEY="k-1")
+    assert again.status_code == 200
+    assert again["Idempotent-Replayed"] == "true"
+    replay = again.json()
+    assert raw not in again.content.decode() and "token" not in replay
+    assert replay["id"] == first.json()["id"] and "shown only once" in replay["note"]
+    assert ApiToken.objects.filter(user=buyer, name="bot").count() == 1
+
+
+def test_a_token_that_expires_in_the_past_is_refused(buyer, client_for):
+    client = client_for(buyer, ["read", "tokens"])
+    past = (timezone.now() - timedelta(minutes=1)).isoformat()
+    r = client.post("/api/v1/tokens/", {"name": "old", "scopes": ["read"], "expires_at": past}, format="json")
+    assert r.status_code == 400
+    assert "expires_at" in r.json()["error"]["fields"]
+    assert not ApiToken.objects.filter(name="old").exists()
