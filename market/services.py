@@ -189,13 +189,27 @@ def bid_validate(*, data: dict[str, Any]) -> None:
         raise DomainError("The deadline is too soon for the duration.", fields={"deadline": ["Must be later than now plus duration_s."]})
 
 
+def _client_order_taken(*, user: User, client_order_id: str) -> Conflict:
+    existing = Bid.objects.filter(buyer=user, client_order_id=client_order_id).values_list("pk", flat=True).first()
+    where = f"bid {existing} (/api/v1/bids/{existing}/)"
+    return Conflict(f"You already placed a bid with client_order_id {client_order_id!r}: {where}.",
+                    fields={"client_order_id": [f"Taken by {where}. Use a new id for a new order."]})
+
+
 @transaction.atomic
 def bid_place(*, user: User, data: dict[str, Any]) -> Bid:
     bid_validate(data=data)
     client_order_id = data.get("client_order_id")
     if client_order_id and Bid.objects.filter(buyer=user, client_order_id=client_order_id).exists():
-        raise Conflict(f"You already placed a bid with client_order_id {client_order_id!r}.", fields={"client_order_id": ["Use a new id for a new order."]})
-    bid = Bid.objects.create(buyer=user, **data)
+        raise _client_order_taken(user=user, client_order_id=client_order_id)
+    try:
+        # two requests with one id can both pass the check above; the unique index decides
+        with transaction.atomic():
+            bid = Bid.objects.create(buyer=user, **data)
+    except IntegrityError:
+        if not client_order_id or not Bid.objects.filter(buyer=user, client_order_id=client_order_id).exists():
+            raise  # another constraint: a real fault, not the race
+        raise _client_order_taken(user=user, client_order_id=client_order_id) from None
     events.bid_changed(bid)
     return bid
 
