@@ -35,6 +35,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("ALLOWED_HOSTS", "127.0.0.1,localhost", "Comma-separated host names the server answers to."),
     Variable("CSRF_TRUSTED_ORIGINS", "(empty)", "Comma-separated origins (https://market.example.com) allowed to post forms and open sockets."),
     Variable("SECURE_COOKIES", "false", "true behind HTTPS: secure cookies, HSTS, redirect to https."),
+    Variable("TRUSTED_PROXIES", "(empty)", "Comma-separated IPs/CIDRs of your reverse proxies (10.0.0.0/8,127.0.0.1). Only their X-Forwarded-For is believed, for rate limits and log-in lock-outs; empty: the peer's address is the client's."),
     Variable("ROUND_SECONDS", "5", "Seconds between auction rounds (1-3600)."),
     Variable("PRICING_RULE", "uniform", "Auction price rule: uniform (clearing price per bucket) or pay_as_ask."),
     Variable("PRICE_POINT", "0", "Where the uniform price sits in each bucket's clearing interval: 0 = the lowest clearing price (buyer-friendly), 0.5 = midpoint, 1 = top."),
@@ -89,6 +90,17 @@ def _list(env: Mapping[str, str], name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
+def _proxies(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    from gridbid.proxies import proxy_networks_parse
+
+    items = tuple(_list(env, name, []))
+    try:
+        proxy_networks_parse(items)
+    except ValueError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+    return items
+
+
 def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
     raw = env.get(name, default).strip()
     if raw not in choices:
@@ -140,6 +152,8 @@ class Config:
     log_level: str
     # the node URL handed to provider agents; CHAIN_RPC_URL may carry a secret and is never shown
     chain_public_rpc_url: str | None = None
+    # reverse proxies whose X-Forwarded-For is believed (gridbid.proxies)
+    trusted_proxies: tuple[str, ...] = ()
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -206,6 +220,7 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         allowed_hosts=_list(env, "ALLOWED_HOSTS", ["127.0.0.1", "localhost"]),
         csrf_trusted_origins=_list(env, "CSRF_TRUSTED_ORIGINS", []),
         secure_cookies=_bool(env, "SECURE_COOKIES", False),
+        trusted_proxies=_proxies(env, "TRUSTED_PROXIES"),
         round_seconds=_number(env, "ROUND_SECONDS", 5.0, 1, 3600),
         pricing_rule=_choice(env, "PRICING_RULE", "uniform", ("uniform", "pay_as_ask")),
         fair_share_cap=_number(env, "FAIR_SHARE_CAP", 1.0, 0.01, 1.0),

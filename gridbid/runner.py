@@ -126,7 +126,10 @@ def serve(*, host: str, port: int, demo: bool, worker: bool) -> None:
         elif settings.CONFIG.embedded:
             console.print("[yellow]![/] no worker: rounds will not clear (drop --no-worker, or set REDIS_URL and run `gridbid worker`)")
         console.print(f"[bold]GridBid[/] at [link]http://{host}:{port}/[/]  ·  API docs http://{host}:{port}/api/docs/  ·  Ctrl-C stops")
-        config = uvicorn.Config("gridbid.asgi:application", host=host, port=port, lifespan="off", log_level="warning", ws="websockets-sansio", proxy_headers=True)
+        config = uvicorn.Config("gridbid.asgi:application", host=host, port=port, lifespan="off", log_level="warning", ws="websockets-sansio",
+                                # the client address comes from X-Forwarded-For only behind our own proxies
+                                proxy_headers=bool(settings.CONFIG.trusted_proxies),
+                                forwarded_allow_ips=list(settings.CONFIG.trusted_proxies) or None)
         server = uvicorn.Server(config)
         server.run()
     finally:

@@ -13,6 +13,7 @@ SECRET_KEY = CONFIG.secret_key
 DEBUG = CONFIG.debug
 ALLOWED_HOSTS = CONFIG.allowed_hosts
 CSRF_TRUSTED_ORIGINS = CONFIG.csrf_trusted_origins
+TRUSTED_PROXIES = CONFIG.trusted_proxies  # only these peers' X-Forwarded-For is believed (gridbid.proxies)
 
 INSTALLED_APPS = [
     "daphne",
@@ -137,7 +138,7 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "market.api.errors.exception_handler",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer", "rest_framework.renderers.BrowsableAPIRenderer"],
     "DEFAULT_PARSER_CLASSES": ["market.api.parsers.NulFreeJSONParser", "market.api.parsers.NulFreeFormParser", "market.api.parsers.NulFreeMultiPartParser"],
-    "DEFAULT_THROTTLE_CLASSES": ["rest_framework.throttling.AnonRateThrottle", "rest_framework.throttling.UserRateThrottle"],
+    "DEFAULT_THROTTLE_CLASSES": ["market.api.throttles.AnonRateThrottle", "market.api.throttles.UserRateThrottle"],
     "DEFAULT_THROTTLE_RATES": {"anon": "600/minute", "user": "6000/minute"},
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
     "PAGE_SIZE": 50,
