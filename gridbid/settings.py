@@ -83,6 +83,10 @@ AUTH_USER_MODEL = "market.User"
 LOGIN_URL = "web:login"
 LOGIN_REDIRECT_URL = "web:markets"
 LOGOUT_REDIRECT_URL = "web:markets"
+# failed log-ins before /login/ and /admin/login/ answer 429, and for how long (market.web.login_limits)
+LOGIN_FAILURES_PER_ACCOUNT = 5
+LOGIN_FAILURES_PER_ADDRESS = 20
+LOGIN_COOLDOWN_SECONDS = 15 * 60
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

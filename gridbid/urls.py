@@ -4,6 +4,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from market.api.errors import api_not_found, api_server_error
+from market.web.login_limits import login_guarded
 
 
 def healthz(request: HttpRequest) -> HttpResponse:
@@ -16,6 +17,7 @@ urlpatterns = [
     path("api/v1/", include("market.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("admin/login/", login_guarded(admin.site.login)),  # the admin's own log-in, behind the failure limit
     path("admin/", admin.site.urls),
     path("healthz", healthz),
     path("", include("market.web.urls")),
