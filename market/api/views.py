@@ -209,7 +209,7 @@ class OfferViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     @extend_schema(request=s.OfferCreateSerializer, responses={201: s.OfferSerializer}, parameters=[IDEMPOTENCY_PARAM])
     @idempotent
     def create(self, request: Request) -> Response:
-        data = s.OfferCreateSerializer(data=request.data)
+        data = s.OfferCreateSerializer(data=request.data, context={"request": request})
         data.is_valid(raise_exception=True)
         offer = services.offer_publish(user=request.user, **data.validated_data)
         return Response(s.OfferSerializer(offer).data, status=status.HTTP_201_CREATED)

@@ -96,3 +96,13 @@ def test_a_token_that_expires_in_the_past_is_refused(buyer, client_for):
     assert r.status_code == 400
     assert "expires_at" in r.json()["error"]["fields"]
     assert not ApiToken.objects.filter(name="old").exists()
+
+
+def test_offering_on_another_providers_machine_looks_like_a_missing_machine(provider_user, other_provider_user, make_machine, client_for):
+    theirs = make_machine(other_provider_user)
+    mine = client_for(provider_user)
+    body = {"gpu_model": "H100-SXM-80GB", "gpus": 1, "price": 2_000_000}
+    other = mine.post("/api/v1/offers/", body | {"machine": theirs.id}, format="json")
+    missing = mine.post("/api/v1/offers/", body | {"machine": 999_999}, format="json")
+    assert other.status_code == missing.status_code == 400
+    assert other.json()["error"]["fields"]["machine"] == [m.replace("999999", str(theirs.id)) for m in missing.json()["error"]["fields"]["machine"]]
