@@ -65,7 +65,9 @@ class MarketsView(APIView):
 
 # --- accounts ------------------------------------------------------------------
 class SignupView(APIView):
-    """Create a buyer or provider account. Signs the browser in; use /tokens/ for API access."""
+    """Create a buyer or provider account. It does not sign a browser in (a cross-site form
+    post must not sign anyone into an account of someone else's choosing): the /signup/ page
+    does that. For API access, log in and create a token on your account page."""
 
     permission_classes: list[Any] = []
     authentication_classes: list[Any] = []

@@ -106,3 +106,19 @@ def test_offering_on_another_providers_machine_looks_like_a_missing_machine(prov
     missing = mine.post("/api/v1/offers/", body | {"machine": 999_999}, format="json")
     assert other.status_code == missing.status_code == 400
     assert other.json()["error"]["fields"]["machine"] == [m.replace("999999", str(theirs.id)) for m in missing.json()["error"]["fields"]["machine"]]
+
+
+def test_signing_up_over_the_api_makes_the_account_but_no_browser_session(anon):
+    """The API sign-up is for scripts: it sets no session cookie (a cross-site form post must
+    not be able to sign a browser into an account someone else chose). The browser signs up
+    and is signed in by the /signup/ page."""
+    r = anon.post("/api/v1/accounts/signup/", {"username": "carol", "password": "a-long-enough-pass-1"}, format="json")
+    assert r.status_code == 201
+    assert "sessionid" not in r.cookies
+    assert anon.get("/api/v1/me/").status_code == 401
+
+
+def test_the_signup_endpoint_documents_that_it_does_not_sign_in(anon):
+    schema = anon.get("/api/schema/", HTTP_ACCEPT="application/json").json()
+    text = schema["paths"]["/api/v1/accounts/signup/"]["post"]["description"]
+    assert "does not sign" in text and "/signup/" in text
