@@ -37,6 +37,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "gridbid.middleware.RejectNulBytesMiddleware",
+    "gridbid.middleware.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -80,6 +81,21 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_USER_MODEL = "market.User"
+# every response's Content-Security-Policy (gridbid.middleware adds the script nonce and the
+# socket's ws/wss origin); inline style attributes stay allowed: bars and gauges set widths
+CONTENT_SECURITY_POLICY: dict[str, list[str]] = {
+    "default-src": ["'self'"],
+    "script-src": ["'self'"],
+    "style-src": ["'self'", "'unsafe-inline'"],
+    "img-src": ["'self'", "data:"],
+    "font-src": ["'self'"],
+    "connect-src": ["'self'"],
+    "object-src": ["'none'"],
+    "base-uri": ["'self'"],
+    "form-action": ["'self'"],
+    "frame-ancestors": ["'none'"],
+}
+
 LOGIN_URL = "web:login"
 LOGIN_REDIRECT_URL = "web:markets"
 LOGOUT_REDIRECT_URL = "web:markets"
