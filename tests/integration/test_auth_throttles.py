@@ -9,6 +9,8 @@ from collections.abc import Iterator
 import pytest
 from django.core.cache import cache
 from django.test import override_settings
+from django.utils.module_loading import import_string
+from rest_framework.views import APIView
 
 import gridbid.settings as production
 
@@ -18,9 +20,13 @@ LIMIT = 5
 
 
 @pytest.fixture
-def throttled(settings) -> Iterator[None]:
-    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_CLASSES": production.REST_FRAMEWORK["DEFAULT_THROTTLE_CLASSES"],
+def throttled(settings, monkeypatch) -> Iterator[None]:
+    classes = production.REST_FRAMEWORK["DEFAULT_THROTTLE_CLASSES"]
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_CLASSES": classes,
                                "DEFAULT_THROTTLE_RATES": {"anon": f"{LIMIT}/minute", "user": "1000/minute"}}
+    # APIView copies DEFAULT_THROTTLE_CLASSES when first imported (here: throttles off);
+    # give it the production classes, as a server started with gridbid.settings has them
+    monkeypatch.setattr(APIView, "throttle_classes", [import_string(c) for c in classes])
     cache.clear()
     yield
     cache.clear()
