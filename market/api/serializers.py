@@ -189,6 +189,7 @@ class OfferSerializer(serializers.ModelSerializer):
         return round(offer.price / offer.gpu_model.compute_units, 2)
 
 
+@extend_schema_field({"type": "integer", "description": "The id of one of your machines."})
 class OwnMachineField(serializers.PrimaryKeyRelatedField):
     """A machine of the requesting provider's. Someone else's answers like a missing one,
     so machine ids cannot be probed for existence."""
