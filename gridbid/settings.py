@@ -165,7 +165,7 @@ REST_FRAMEWORK = {
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "GridBid API",
-    "DESCRIPTION": "Buy and sell GPU compute. Authenticate with `Authorization: Bearer <token>`; tokens are created on your account page or with POST /api/v1/tokens/.",
+    "DESCRIPTION": "Buy and sell GPU compute. Authenticate with `Authorization: Bearer <token>`; tokens are created on your account page or with POST /api/v1/tokens/ (which needs the `tokens` scope and grants no scope the caller lacks).",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,

@@ -51,6 +51,10 @@ def idempotent(handler: Handler | None = None, *, secret: str | None = None, sec
     return _idempotent(handler, secret=secret, secret_note=secret_note)
 
 
+def _redacted(body: dict[str, Any], secret: str, note: str) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k != secret} | {"note": note}
+
+
 def _idempotent(handler: Handler, *, secret: str | None, secret_note: str) -> Handler:
     @functools.wraps(handler)
     def wrapper(view: Any, request: Request, *args: Any, **kwargs: Any) -> Response:
@@ -69,7 +73,10 @@ def _idempotent(handler: Handler, *, secret: str | None, secret_note: str) -> Ha
             if existing is not None:
                 if existing.request_hash != digest:
                     return Response(error_body("idempotency_conflict", "This Idempotency-Key was used with a different request. Use a new key for a new request."), status=409)
-                response = Response(existing.body, status=existing.status_code)
+                body, status = existing.body, existing.status_code
+                if secret is not None and isinstance(body, dict) and secret in body:  # a record kept before secrets were redacted
+                    body, status = _redacted(body, secret, secret_note), 200
+                response = Response(body, status=status)
                 response["Idempotent-Replayed"] = "true"
                 return response
             try:
@@ -86,7 +93,7 @@ def _idempotent(handler: Handler, *, secret: str | None, secret_note: str) -> Ha
             if secret is not None and isinstance(response.data, dict) and secret in response.data:
                 # the replay is an answer about the object, not a second copy of the secret
                 record.status_code = 200
-                record.body = {k: v for k, v in response.data.items() if k != secret} | {"note": secret_note}
+                record.body = _redacted(response.data, secret, secret_note)
             record.save(update_fields=["status_code", "body"])
             return response
 

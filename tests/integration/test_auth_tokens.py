@@ -122,3 +122,16 @@ def test_the_signup_endpoint_documents_that_it_does_not_sign_in(anon):
     schema = anon.get("/api/schema/", HTTP_ACCEPT="application/json").json()
     text = schema["paths"]["/api/v1/accounts/signup/"]["post"]["description"]
     assert "does not sign" in text and "/signup/" in text
+
+
+def test_a_replay_of_a_record_kept_before_redaction_does_not_hand_out_the_token(buyer, client_for):
+    """Rows written by the old code (kept up to 24 h) hold the plaintext; a replay strips it."""
+    client = client_for(buyer, ["read", "tokens"])
+    body = {"name": "old-bot", "scopes": ["read"]}
+    first = client.post("/api/v1/tokens/", body, format="json", HTTP_IDEMPOTENCY_KEY="legacy")
+    record = IdempotencyRecord.objects.get(user=buyer, key="legacy")
+    record.status_code, record.body = 201, first.json()  # as the old code stored it
+    record.save()
+    again = client.post("/api/v1/tokens/", body, format="json", HTTP_IDEMPOTENCY_KEY="legacy")
+    assert again.status_code == 200 and "token" not in again.json()
+    assert first.json()["token"] not in again.content.decode()
