@@ -31,9 +31,14 @@ def test_a_forged_forwarded_address_per_request_still_hits_the_anonymous_limit(t
         assert "Retry-After" in r.headers and r.json()["error"]["code"] == "throttled"
 
 
-def test_the_api_docs_render_under_the_content_security_policy(tmp_path: Path, page: Any) -> None:
+def test_the_api_docs_and_the_admin_render_under_the_content_security_policy(tmp_path: Path, page: Any) -> None:
     with running_server(tmp_path, demo=False) as (base, _env):
         r = page.goto(base + "/api/docs/")
         assert "script-src 'self' 'nonce-" in r.headers["content-security-policy"]
         wait_for_js(page, "document.querySelectorAll('.swagger-ui .opblock').length > 10", timeout_ms=30_000)
         assert "GridBid API" in page.inner_text(".swagger-ui .info")
+        page.goto(base + "/admin/login/")
+        page.fill("#id_username", "nobody")
+        page.fill("#id_password", "wrong-password")
+        page.click("input[type=submit]")
+        page.wait_for_selector(".errornote")
