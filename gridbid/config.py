@@ -37,6 +37,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("ALLOWED_HOSTS", "127.0.0.1,localhost", "Comma-separated host names the server answers to."),
     Variable("CSRF_TRUSTED_ORIGINS", "(empty)", "Comma-separated origins (https://market.example.com) allowed to post forms and open sockets."),
     Variable("SECURE_COOKIES", "false", "true behind HTTPS: secure cookies, HSTS, redirect to https."),
+    Variable("TRUSTED_PROXIES", "(empty)", "Comma-separated IPs/CIDRs of your reverse proxies (10.0.0.0/8,127.0.0.1). Only their X-Forwarded-For is believed, for rate limits and log-in lock-outs; empty: the peer's address is the client's."),
     Variable("ROUND_SECONDS", "5", "Seconds between auction rounds (1-3600)."),
     Variable("ROUND_LEASE_SECONDS", "900", "How long a round may stay `clearing` (60-86400): past it, its worker is taken for dead and the round is failed. Above the slowest round you expect."),
     Variable("PRICING_RULE", "uniform", "Auction price rule: uniform (clearing price per bucket) or pay_as_ask."),
@@ -92,6 +93,17 @@ def _list(env: Mapping[str, str], name: str, default: list[str]) -> list[str]:
     if raw is None:
         return default
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def _proxies(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    from gridbid.proxies import proxy_networks_parse
+
+    items = tuple(_list(env, name, []))
+    try:
+        proxy_networks_parse(items)
+    except ValueError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+    return items
 
 
 def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
@@ -151,6 +163,8 @@ class Config:
     log_format: str = "plain"
     # a scraper's bearer token for /metrics; operators read it with their own session or token
     metrics_token: str | None = None
+    # reverse proxies whose X-Forwarded-For is believed (gridbid.proxies)
+    trusted_proxies: tuple[str, ...] = ()
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -228,6 +242,7 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         allowed_hosts=_list(env, "ALLOWED_HOSTS", ["127.0.0.1", "localhost"]),
         csrf_trusted_origins=_list(env, "CSRF_TRUSTED_ORIGINS", []),
         secure_cookies=_bool(env, "SECURE_COOKIES", False),
+        trusted_proxies=_proxies(env, "TRUSTED_PROXIES"),
         round_seconds=_number(env, "ROUND_SECONDS", 5.0, 1, 3600),
         round_lease_seconds=_number(env, "ROUND_LEASE_SECONDS", 900.0, 60, 86_400),
         pricing_rule=_choice(env, "PRICING_RULE", "uniform", ("uniform", "pay_as_ask")),

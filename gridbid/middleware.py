@@ -5,10 +5,12 @@ from __future__ import annotations
 import html
 import ipaddress
 import json
+import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import DisallowedHost
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 
 from gridbid import logs
@@ -32,8 +34,12 @@ class RejectNulBytesMiddleware:
 
 def client_address(request: HttpRequest) -> str | None:
     """The address the request came from, for the audit log and anything else that needs
-    it: REMOTE_ADDR when it is an IP address, else None (a Unix socket, a test without one)."""
-    raw = str(request.META.get("REMOTE_ADDR") or "").strip()
+    it: the peer, or the client a trusted proxy forwarded for (`gridbid.proxies`, the same
+    address the throttles and the log-in limit see); None when it is no IP address (a Unix
+    socket, a test without one)."""
+    from gridbid.proxies import client_address as forwarded_client
+
+    raw = forwarded_client(request.META).strip()
     try:
         return str(ipaddress.ip_address(raw))
     except ValueError:
@@ -76,6 +82,8 @@ def _unbind() -> None:
     # set, not reset: under ASGI the response closes in another context than it was bound in
     logs.request_id.set("")
     logs.request_address.set(None)
+
+
 class BodySizeLimitMiddleware:
     """ASGI: an HTTP body over DATA_UPLOAD_MAX_MEMORY_SIZE gets a 413 before Django reads it.
 
@@ -134,3 +142,31 @@ class BodySizeLimitMiddleware:
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": body})
+
+
+class ContentSecurityPolicyMiddleware:
+    """`Content-Security-Policy` on every response, from `settings.CONTENT_SECURITY_POLICY`
+    ({directive: [sources]}). Scripts run only from our origin or with this response's
+    nonce (`<script nonce="{{ request.csp_nonce }}">`), so injected markup cannot run
+    script. The socket's ws:/wss: origin is added to connect-src: older browsers do not
+    count it as 'self'."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        nonce = secrets.token_urlsafe(18)
+        request.csp_nonce = nonce  # type: ignore[attr-defined]
+        response = self.get_response(request)
+        if "Content-Security-Policy" in response:
+            return response
+        policy = {name: list(sources) for name, sources in settings.CONTENT_SECURITY_POLICY.items()}
+        policy.setdefault("script-src", ["'self'"]).append(f"'nonce-{nonce}'")
+        try:
+            host = request.get_host()
+        except DisallowedHost:
+            host = ""
+        if host:
+            policy.setdefault("connect-src", ["'self'"]).extend([f"ws://{host}", f"wss://{host}"])
+        response["Content-Security-Policy"] = "; ".join(" ".join([name, *sources]) for name, sources in policy.items())
+        return response

@@ -167,7 +167,10 @@ def serve(*, host: str, port: int, demo: bool, worker: bool) -> None:
         # ws_max_size: a frame over the consumers' limit is refused (1009) by the protocol
         # layer as it arrives, instead of being buffered whole (uvicorn's default: 16 MiB)
         config = uvicorn.Config("gridbid.asgi:application", host=host, port=port, lifespan="off", log_level="warning", ws="websockets-sansio",
-                                ws_max_size=MAX_MESSAGE_BYTES, proxy_headers=True)
+                                ws_max_size=MAX_MESSAGE_BYTES,
+                                # the client address comes from X-Forwarded-For only behind our own proxies
+                                proxy_headers=bool(settings.CONFIG.trusted_proxies),
+                                forwarded_allow_ips=list(settings.CONFIG.trusted_proxies) or None)
         server = uvicorn.Server(config)
         server.run()
     finally:

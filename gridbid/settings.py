@@ -13,6 +13,7 @@ SECRET_KEY = CONFIG.secret_key
 DEBUG = CONFIG.debug
 ALLOWED_HOSTS = CONFIG.allowed_hosts
 CSRF_TRUSTED_ORIGINS = CONFIG.csrf_trusted_origins
+TRUSTED_PROXIES = CONFIG.trusted_proxies  # only these peers' X-Forwarded-For is believed (gridbid.proxies)
 
 INSTALLED_APPS = [
     "daphne",
@@ -38,6 +39,7 @@ MIDDLEWARE = [
     "gridbid.middleware.RequestIdMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "gridbid.middleware.RejectNulBytesMiddleware",
+    "gridbid.middleware.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -100,9 +102,28 @@ else:
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_USER_MODEL = "market.User"
+# every response's Content-Security-Policy (gridbid.middleware adds the script nonce and the
+# socket's ws/wss origin); inline style attributes stay allowed: bars and gauges set widths
+CONTENT_SECURITY_POLICY: dict[str, list[str]] = {
+    "default-src": ["'self'"],
+    "script-src": ["'self'"],
+    "style-src": ["'self'", "'unsafe-inline'"],
+    "img-src": ["'self'", "data:"],
+    "font-src": ["'self'"],
+    "connect-src": ["'self'"],
+    "object-src": ["'none'"],
+    "base-uri": ["'self'"],
+    "form-action": ["'self'"],
+    "frame-ancestors": ["'none'"],
+}
+
 LOGIN_URL = "web:login"
 LOGIN_REDIRECT_URL = "web:markets"
 LOGOUT_REDIRECT_URL = "web:markets"
+# failed log-ins before /login/ and /admin/login/ answer 429, and for how long (market.web.login_limits)
+LOGIN_FAILURES_PER_ACCOUNT = 5
+LOGIN_FAILURES_PER_ADDRESS = 20
+LOGIN_COOLDOWN_SECONDS = 15 * 60
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
@@ -158,14 +179,14 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "market.api.errors.exception_handler",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer", "rest_framework.renderers.BrowsableAPIRenderer"],
     "DEFAULT_PARSER_CLASSES": ["market.api.parsers.NulFreeJSONParser", "market.api.parsers.NulFreeFormParser", "market.api.parsers.NulFreeMultiPartParser"],
-    "DEFAULT_THROTTLE_CLASSES": ["rest_framework.throttling.AnonRateThrottle", "rest_framework.throttling.UserRateThrottle"],
+    "DEFAULT_THROTTLE_CLASSES": ["market.api.throttles.AnonRateThrottle", "market.api.throttles.UserRateThrottle"],
     "DEFAULT_THROTTLE_RATES": {"anon": "600/minute", "user": "6000/minute"},
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
     "PAGE_SIZE": 50,
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "GridBid API",
-    "DESCRIPTION": "Buy and sell GPU compute. Authenticate with `Authorization: Bearer <token>`; tokens are created on your account page or with POST /api/v1/tokens/.",
+    "DESCRIPTION": "Buy and sell GPU compute. Authenticate with `Authorization: Bearer <token>`; tokens are created on your account page or with POST /api/v1/tokens/ (which needs the `tokens` scope and grants no scope the caller lacks).",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,

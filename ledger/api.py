@@ -106,11 +106,10 @@ class CosignSubmitView(APIView):
         data = CosignSubmitSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         provider = _provider_of(request.user)
-        cosign = Cosign.objects.filter(pk=cosign_id).select_related("batch").first()
+        # another provider's request answers like a missing one: ids reveal nothing
+        cosign = Cosign.objects.filter(pk=cosign_id, provider=provider).select_related("batch").first()
         if cosign is None:
-            raise NotFound(f"No co-signature request {cosign_id}.")
-        if cosign.provider_id != provider.pk:
-            raise PermissionDenied(f"Co-signature request {cosign_id} is for another provider; answer only your own.")
+            raise NotFound(f"No co-signature request {cosign_id} for you.")
         reason = data.validated_data.get("refuse")
         if reason:
             return Response(self._refuse(cosign, provider, reason))

@@ -39,6 +39,7 @@ class Scope(models.TextChoices):
     TRADE = "trade", "trade: place and cancel bids"
     PROVIDE = "provide", "provide: register machines, publish offers, report jobs"
     OPERATE = "operate", "operate: see everything, run rounds and settlement"
+    TOKENS = "tokens", "tokens: create and revoke API tokens, with no scope this token lacks"
 
 
 class ApiToken(models.Model):

@@ -40,8 +40,12 @@ def user_signup(*, username: str, password: str, email: str = "", role: str = Ro
 
 
 @transaction.atomic
-def token_create(*, user: User, name: str, scopes: Iterable[str], expires_at: datetime | None = None) -> tuple[ApiToken, str]:
-    """Create a token; returns the row and the plaintext, which is never stored."""
+def token_create(*, user: User, name: str, scopes: Iterable[str], expires_at: datetime | None = None, within: Iterable[str] | None = None) -> tuple[ApiToken, str]:
+    """Create a token; returns the row and the plaintext, which is never stored.
+
+    `within` is what the asking credential holds (a token's scopes, or a session's role
+    scopes): a token can hand out no more than it has, so a leaked `read` token cannot
+    be turned into a `trade` one."""
     wanted = sorted(set(scopes))
     from market.api.permissions import ROLE_SCOPES
 
@@ -52,6 +56,16 @@ def token_create(*, user: User, name: str, scopes: Iterable[str], expires_at: da
             f"A {user.role} account cannot hold the scope(s) {', '.join(refused)}.",
             fields={"scopes": [f"Allowed for your role: {', '.join(sorted(allowed))}."]},
         )
+    if within is not None:
+        held = frozenset(within)
+        beyond = [s for s in wanted if s not in held]
+        if beyond:
+            raise NotAllowed(
+                f"This token cannot create a token with the scope(s) {', '.join(beyond)}, which it does not hold itself.",
+                fields={"scopes": [f"Choose among this token's scopes: {', '.join(sorted(held))}; or create the token on your account page."]},
+            )
+    if expires_at is not None and expires_at <= timezone.now():
+        raise DomainError("The expiry is in the past.", fields={"expires_at": ["Give a time in the future, or leave it out for a token that does not expire."]})
     if not wanted:
         raise DomainError("A token needs at least one scope.", fields={"scopes": [f"Choose from: {', '.join(Scope.values)}."]})
     prefix = secrets.token_hex(4)
@@ -184,13 +198,27 @@ def bid_validate(*, data: dict[str, Any]) -> None:
         raise DomainError("The deadline is too soon for the duration.", fields={"deadline": ["Must be later than now plus duration_s."]})
 
 
+def _client_order_taken(*, user: User, client_order_id: str) -> Conflict:
+    existing = Bid.objects.filter(buyer=user, client_order_id=client_order_id).values_list("pk", flat=True).first()
+    where = f"bid {existing} (/api/v1/bids/{existing}/)"
+    return Conflict(f"You already placed a bid with client_order_id {client_order_id!r}: {where}.",
+                    fields={"client_order_id": [f"Taken by {where}. Use a new id for a new order."]})
+
+
 @transaction.atomic
 def bid_place(*, user: User, data: dict[str, Any]) -> Bid:
     bid_validate(data=data)
     client_order_id = data.get("client_order_id")
     if client_order_id and Bid.objects.filter(buyer=user, client_order_id=client_order_id).exists():
-        raise Conflict(f"You already placed a bid with client_order_id {client_order_id!r}.", fields={"client_order_id": ["Use a new id for a new order."]})
-    bid = Bid.objects.create(buyer=user, **data)
+        raise _client_order_taken(user=user, client_order_id=client_order_id)
+    try:
+        # two requests with one id can both pass the check above; the unique index decides
+        with transaction.atomic():
+            bid = Bid.objects.create(buyer=user, **data)
+    except IntegrityError:
+        if not client_order_id or not Bid.objects.filter(buyer=user, client_order_id=client_order_id).exists():
+            raise  # another constraint: a real fault, not the race
+        raise _client_order_taken(user=user, client_order_id=client_order_id) from None
     audit_record(actor=user, action=AuditAction.BID_PLACE, obj=bid, details={k: getattr(bid, k) for k in ("gpus", "gpu_models", "max_price", "duration_s", "klass", "client_order_id")})
     events.bid_changed(bid)
     return bid

@@ -4,6 +4,10 @@ The key is claimed in the same transaction as the write, so two concurrent
 requests with one key cannot both act: the second waits on the unique index
 and then sees the first one's stored response (or a 409 if bodies differ).
 Records are pruned after 24 hours by the `idempotency_prune` task.
+
+A response carrying a secret (a new API token) is never kept whole: the record
+holds it with the secret taken out and a note, and a replay answers 200 with
+that, so the secret exists only in the first response.
 """
 
 from __future__ import annotations
@@ -36,7 +40,22 @@ def _request_hash(request: Request) -> str:
     return hashlib.sha256(f"{request.method} {request.path}\n{body}".encode()).hexdigest()
 
 
-def idempotent(handler: Callable[..., Response]) -> Callable[..., Response]:
+Handler = Callable[..., Response]
+
+
+def idempotent(handler: Handler | None = None, *, secret: str | None = None, secret_note: str = "") -> Any:
+    """`@idempotent`, or `@idempotent(secret="token", secret_note=...)` for a handler whose
+    response holds a secret under that key, which must never be stored or replayed."""
+    if handler is None:
+        return functools.partial(_idempotent, secret=secret, secret_note=secret_note)
+    return _idempotent(handler, secret=secret, secret_note=secret_note)
+
+
+def _redacted(body: dict[str, Any], secret: str, note: str) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k != secret} | {"note": note}
+
+
+def _idempotent(handler: Handler, *, secret: str | None, secret_note: str) -> Handler:
     @functools.wraps(handler)
     def wrapper(view: Any, request: Request, *args: Any, **kwargs: Any) -> Response:
         key = request.META.get(HEADER)
@@ -54,7 +73,10 @@ def idempotent(handler: Callable[..., Response]) -> Callable[..., Response]:
             if existing is not None:
                 if existing.request_hash != digest:
                     return Response(error_body("idempotency_conflict", "This Idempotency-Key was used with a different request. Use a new key for a new request."), status=409)
-                response = Response(existing.body, status=existing.status_code)
+                body, status = existing.body, existing.status_code
+                if secret is not None and isinstance(body, dict) and secret in body:  # a record kept before secrets were redacted
+                    body, status = _redacted(body, secret, secret_note), 200
+                response = Response(body, status=status)
                 response["Idempotent-Replayed"] = "true"
                 return response
             try:
@@ -68,6 +90,10 @@ def idempotent(handler: Callable[..., Response]) -> Callable[..., Response]:
                 return response
             record.status_code = response.status_code
             record.body = response.data
+            if secret is not None and isinstance(response.data, dict) and secret in response.data:
+                # the replay is an answer about the object, not a second copy of the secret
+                record.status_code = 200
+                record.body = _redacted(response.data, secret, secret_note)
             record.save(update_fields=["status_code", "body"])
             return response
 

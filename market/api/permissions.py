@@ -3,6 +3,8 @@
 Views declare `scopes = {"list": "read", "create": "trade", ...}` by action
 and may set `public_read = True` for market data anyone can see. A token
 carries its own scopes; a browser session has every scope its role allows.
+Every role may hold `tokens` (create and revoke API tokens); a token only ever
+mints tokens with a subset of its own scopes (`services.token_create(within=)`).
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ from rest_framework.request import Request
 from market.models import ApiToken, Role, Scope
 
 ROLE_SCOPES: dict[str, frozenset[str]] = {
-    Role.BUYER: frozenset({Scope.READ, Scope.TRADE}),
-    Role.PROVIDER: frozenset({Scope.READ, Scope.TRADE, Scope.PROVIDE}),
-    Role.OPERATOR: frozenset({Scope.READ, Scope.TRADE, Scope.PROVIDE, Scope.OPERATE}),
+    Role.BUYER: frozenset({Scope.READ, Scope.TRADE, Scope.TOKENS}),
+    Role.PROVIDER: frozenset({Scope.READ, Scope.TRADE, Scope.PROVIDE, Scope.TOKENS}),
+    Role.OPERATOR: frozenset({Scope.READ, Scope.TRADE, Scope.PROVIDE, Scope.OPERATE, Scope.TOKENS}),
 }
 
 

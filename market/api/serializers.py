@@ -76,7 +76,7 @@ class SignupSerializer(serializers.Serializer):
 
 class TokenCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=64)
-    scopes = serializers.ListField(child=serializers.ChoiceField(choices=Scope.values), min_length=1, max_length=4)
+    scopes = serializers.ListField(child=serializers.ChoiceField(choices=Scope.values), min_length=1, max_length=len(Scope.values))
     expires_at = serializers.DateTimeField(required=False, allow_null=True)
 
 
@@ -201,8 +201,21 @@ class OfferSerializer(serializers.ModelSerializer):
         return round(offer.price / offer.gpu_model.compute_units, 2)
 
 
+@extend_schema_field({"type": "integer", "description": "The id of one of your machines."})
+class OwnMachineField(serializers.PrimaryKeyRelatedField):
+    """A machine of the requesting provider's. Someone else's answers like a missing one,
+    so machine ids cannot be probed for existence."""
+
+    def get_queryset(self) -> Any:
+        request = self.context.get("request")
+        user = getattr(request, "user", None)
+        if user is None or not user.is_authenticated:
+            return Machine.objects.none()
+        return Machine.objects.filter(provider__user=user)
+
+
 class OfferCreateSerializer(serializers.Serializer):
-    machine = serializers.PrimaryKeyRelatedField(queryset=Machine.objects.all())
+    machine = OwnMachineField()
     gpu_model = serializers.PrimaryKeyRelatedField(queryset=GpuModel.objects.all())
     gpus = serializers.IntegerField(min_value=1, max_value=limits.ORDER_MAX_OFFER_GPUS)
     price = serializers.IntegerField(min_value=1, max_value=MAX_PRICE, help_text="Token base units per GPU-hour (6 decimals: 2500000 = 2.50)")

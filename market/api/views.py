@@ -17,6 +17,7 @@ from market import rounds, selectors, services
 from market.api import serializers as s
 from market.api.filters import AuditFilter, BidFilter, OfferFilter, TradeFilter
 from market.api.idempotency import idempotent
+from market.api.permissions import granted_scopes
 from market.audit import AuditAction, audit_record
 from market.models import ApiToken, AuctionRound, AuditEvent, Bid, Job, Offer, Scope, Trade
 from providers.models import GpuModel, Machine, Region
@@ -66,7 +67,9 @@ class MarketsView(APIView):
 
 # --- accounts ------------------------------------------------------------------
 class SignupView(APIView):
-    """Create a buyer or provider account. Signs the browser in; use /tokens/ for API access."""
+    """Create a buyer or provider account. It does not sign a browser in (a cross-site form
+    post must not sign anyone into an account of someone else's choosing): the /signup/ page
+    does that. For API access, log in and create a token on your account page."""
 
     permission_classes: list[Any] = []
     authentication_classes: list[Any] = []
@@ -117,12 +120,15 @@ class WalletLinkView(APIView):
 
 
 class TokenViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
-    """Your API tokens. The token itself is shown once, when created."""
+    """Your API tokens. The token itself is shown once, when created.
+
+    Creating and revoking need the `tokens` scope (a browser session has it), and a
+    token creates only tokens with a subset of its own scopes. Listing needs `read`."""
 
     lookup_value_regex = r"\d+"
 
     serializer_class = s.TokenSerializer
-    scopes = {"list": Scope.READ, "create": Scope.READ, "revoke": Scope.READ}
+    scopes = {"list": Scope.READ, "create": Scope.TOKENS, "revoke": Scope.TOKENS}
 
     def get_queryset(self) -> Any:
         if getattr(self, "swagger_fake_view", False):
@@ -130,11 +136,11 @@ class TokenViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
         return ApiToken.objects.filter(user=self.request.user)
 
     @extend_schema(request=s.TokenCreateSerializer, responses={201: s.TokenCreatedSerializer}, parameters=[IDEMPOTENCY_PARAM])
-    @idempotent
+    @idempotent(secret="token", secret_note="The token is shown only once, in the first response to this Idempotency-Key; only its hash is kept. Revoke this one and create a new one if you lost it.")
     def create(self, request: Request) -> Response:
         data = s.TokenCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        token, raw = services.token_create(user=request.user, **data.validated_data)
+        token, raw = services.token_create(user=request.user, within=granted_scopes(request), **data.validated_data)
         body = s.TokenSerializer(token).data | {"token": raw}
         return Response(body, status=status.HTTP_201_CREATED)
 
@@ -207,7 +213,7 @@ class OfferViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     @extend_schema(request=s.OfferCreateSerializer, responses={201: s.OfferSerializer}, parameters=[IDEMPOTENCY_PARAM])
     @idempotent
     def create(self, request: Request) -> Response:
-        data = s.OfferCreateSerializer(data=request.data)
+        data = s.OfferCreateSerializer(data=request.data, context={"request": request})
         data.is_valid(raise_exception=True)
         offer = services.offer_publish(user=request.user, **data.validated_data)
         return Response(s.OfferSerializer(offer).data, status=status.HTTP_201_CREATED)

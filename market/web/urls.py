@@ -3,6 +3,7 @@ from django.urls import path
 
 from ledger import web as ledger_web
 from market.web import views
+from market.web.login_limits import login_guarded
 
 app_name = "web"
 urlpatterns = [
@@ -20,6 +21,6 @@ urlpatterns = [
     path("wallet/", ledger_web.wallet, name="wallet"),
     path("trades/<int:trade_id>/", ledger_web.trade_page, name="trade"),
     path("signup/", views.signup, name="signup"),
-    path("login/", auth_views.LoginView.as_view(template_name="market/login.html", redirect_authenticated_user=True), name="login"),
+    path("login/", login_guarded(auth_views.LoginView.as_view(template_name="market/login.html", redirect_authenticated_user=True)), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
 ]

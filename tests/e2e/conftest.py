@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -68,6 +69,20 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
+
+
+def wait_for_js(page: Any, expression: str, timeout_ms: int = 20_000) -> None:
+    """Poll a JavaScript expression in the page until it is true (an error counts as false).
+
+    Playwright's wait_for_function builds its predicate with `new Function`, which the
+    pages' Content-Security-Policy (no 'unsafe-eval') refuses; page.evaluate goes through
+    the DevTools protocol, which the policy does not govern."""
+    probe = f"(() => {{ try {{ return !!({expression}); }} catch (e) {{ return false; }} }})()"
+    deadline = time.monotonic() + timeout_ms / 1000
+    while not page.evaluate(probe):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still false after {timeout_ms} ms: {expression}")
+        page.wait_for_timeout(100)
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import service_missing
+from tests.e2e.conftest import wait_for_js
 
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = Path(os.environ.get("GRIDBID_TEST_OUTPUT", ROOT / "test-output")) / "screenshots"
@@ -36,8 +37,11 @@ def page(browser: Any) -> Iterator[Any]:
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     pg = context.new_page()
     pg.set_default_timeout(20_000)
+    blocked: list[str] = []  # the Content-Security-Policy must not stop anything our pages do
+    pg.on("console", lambda m: blocked.append(m.text) if "Content Security Policy" in m.text else None)
     yield pg
     context.close()
+    assert not blocked, "the CSP blocked:\n" + "\n".join(blocked)
 
 
 def shot(page: Any, name: str) -> None:
@@ -60,7 +64,7 @@ def test_markets_page_goes_live_and_shows_the_demo(page, embedded_server):
     page.goto(embedded_server + "/")
     page.wait_for_selector("#live-status[data-ok='1']")
     assert page.locator("tr[data-bucket]").count() >= 10
-    page.wait_for_function("document.getElementById('round-ticker').textContent.startsWith('Round #')", timeout=30_000)
+    wait_for_js(page, "document.getElementById('round-ticker').textContent.startsWith('Round #')", timeout_ms=30_000)
     shot(page, "markets")
     page.click("tr[data-bucket] a >> nth=0")
     page.wait_for_selector("#depth")
@@ -153,7 +157,7 @@ def test_a_new_buyer_funds_escrow_bids_and_watches_the_job_run_and_settle(page, 
     shot(page, "orders-settled")
 
     page.click("[data-trade-state]")
-    page.wait_for_function("document.getElementById('proof-status').dataset.verified !== undefined")
+    wait_for_js(page, "document.getElementById('proof-status').dataset.verified !== undefined")
     assert page.text_content("#proof-status") == "proof verified ✓"
     assert page.text_content("#settle-tx").startswith("0x")
     shot(page, "trade-settled")

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.e2e import test_browser as ui
+from tests.e2e.conftest import wait_for_js
 from tests.e2e.test_agent_e2e import agent, agent_env
 
 browser, page, shot = ui.browser, ui.page, ui.shot  # the buyer's tour's Chromium fixtures and screenshots
@@ -96,15 +97,15 @@ def test_a_provider_watches_its_live_agent_come_online_and_report_utilisation(pa
         except Exception:
             log.flush()
             raise AssertionError("the machine never showed online:\n" + (home / "daemon.log").read_text()[-3000:]) from None
-        page.wait_for_function(f"document.querySelectorAll(\"{row} [data-field=telemetry] .gpu\").length === 2")
+        wait_for_js(page, f"document.querySelectorAll(\"{row} [data-field=telemetry] .gpu\").length === 2")
         assert "37%" in page.inner_text(f"{row} [data-field=telemetry]")
         assert page.inner_text("[data-kpi=online]") == "1 / 1"
 
         first = page.get_attribute(f"{row} [data-field=heartbeat]", "data-at")
-        page.wait_for_function(f"document.querySelector(\"{row} [data-field=heartbeat]\").dataset.at !== {json.dumps(first)}")
+        wait_for_js(page, f"document.querySelector(\"{row} [data-field=heartbeat]\").dataset.at !== {json.dumps(first)}")
         assert page.inner_text(f"{row} [data-field=heartbeat]").endswith("ago") or page.inner_text(f"{row} [data-field=heartbeat]") == "just now"
         page.wait_for_selector("#util-chart.has-plot canvas")  # uPlot drew the heartbeats
-        page.wait_for_function("document.querySelector('#util-chart .u-legend').textContent.includes(" + json.dumps(name) + ")")
+        wait_for_js(page, "document.querySelector('#util-chart .u-legend').textContent.includes(" + json.dumps(name) + ")")
         assert page.evaluate("window.__stillHere === true"), "the page reloaded instead of updating live"
         shot(page, "provider-live")
 
@@ -140,7 +141,7 @@ def test_the_operator_sees_a_new_round_appear_live(page, embedded_server):
     page.wait_for_selector("#live-status[data-ok='1']")
     page.evaluate("window.__stillHere = true")
     newest = page.evaluate("Number((document.querySelector('#op-rounds tr[data-round]') || {dataset: {round: 0}}).dataset.round)")
-    page.wait_for_function(f"Number((document.querySelector('#op-rounds tr[data-round]') || {{dataset: {{round: 0}}}}).dataset.round) > {newest}", timeout=60_000)
+    wait_for_js(page, f"Number((document.querySelector('#op-rounds tr[data-round]') || {{dataset: {{round: 0}}}}).dataset.round) > {newest}", timeout_ms=60_000)
     assert page.evaluate("window.__stillHere === true"), "the page reloaded instead of updating live"
     assert "Settlement queue" in page.inner_text("main") and page.locator("tbody[data-list=trade_states] .pill").count() >= 1
     shot(page, "operator-live")

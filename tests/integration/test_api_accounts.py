@@ -49,7 +49,7 @@ def test_malformed_and_unknown_tokens_are_refused_with_a_reason(anon):
 
 
 def test_token_is_shown_once_and_stored_only_as_a_hash(buyer, client_for):
-    client = client_for(buyer, ["read"])
+    client = client_for(buyer, ["read", "trade", "tokens"])
     r = client.post("/api/v1/tokens/", {"name": "bot", "scopes": ["read", "trade"]}, format="json")
     assert r.status_code == 201
     raw = r.json()["token"]

@@ -136,7 +136,10 @@ def test_a_cosignature_is_checked_owned_and_idempotent(provider_user, other_prov
 
     rival = client_for(other_provider_user, ["read", "provide"])
     r = rival.post(url, {"signature": wrong}, format="json")
-    assert r.status_code == 403 and "another provider" in r.json()["error"]["message"]
+    missing = rival.post("/api/v1/agent/cosigns/999999/", {"signature": wrong}, format="json")
+    # another provider's request looks exactly like a missing one: no existence oracle
+    assert r.status_code == missing.status_code == 404
+    assert r.json()["error"]["message"] == missing.json()["error"]["message"].replace("999999", str(cosign.pk))
     assert rival.get("/api/v1/agent/cosigns/").json()["cosigns"] == []
     assert client_for(provider_user, ["read"]).get("/api/v1/agent/cosigns/").status_code == 403
     assert mine.post("/api/v1/agent/cosigns/999999/", {"signature": wrong}, format="json").status_code == 404

@@ -1,0 +1,75 @@
+"""The API's throttles key on the real client: X-Forwarded-For counts only from a proxy
+in TRUSTED_PROXIES. tests/settings.py turns throttles off; these turn on the production
+classes with a small anonymous rate."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from django.core.cache import cache
+from django.test import override_settings
+from django.utils.module_loading import import_string
+from rest_framework.views import APIView
+
+import gridbid.settings as production
+
+pytestmark = pytest.mark.django_db
+
+LIMIT = 5
+
+
+@pytest.fixture
+def throttled(settings, monkeypatch) -> Iterator[None]:
+    classes = production.REST_FRAMEWORK["DEFAULT_THROTTLE_CLASSES"]
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_CLASSES": classes,
+                               "DEFAULT_THROTTLE_RATES": {"anon": f"{LIMIT}/minute", "user": "1000/minute"}}
+    # APIView copies DEFAULT_THROTTLE_CLASSES when first imported (here: throttles off);
+    # give it the production classes, as a server started with gridbid.settings has them
+    monkeypatch.setattr(APIView, "throttle_classes", [import_string(c) for c in classes])
+    cache.clear()
+    yield
+    cache.clear()
+
+
+def statuses(anon, *, peer: str, forwarded: list[str]) -> list[int]:
+    return [anon.get("/api/v1/markets/", REMOTE_ADDR=peer, HTTP_X_FORWARDED_FOR=f).status_code for f in forwarded]
+
+
+def test_a_fresh_forwarded_address_per_request_does_not_escape_the_anonymous_limit(throttled, anon):
+    got = statuses(anon, peer="203.0.113.9", forwarded=[f"198.51.100.{i}" for i in range(LIMIT + 3)])
+    assert got == [200] * LIMIT + [429] * 3
+    r = anon.get("/api/v1/markets/", REMOTE_ADDR="203.0.113.9", HTTP_X_FORWARDED_FOR="198.51.100.250")
+    assert r.status_code == 429 and r.json()["error"]["code"] == "throttled"
+
+
+def test_behind_a_trusted_proxy_each_forwarded_client_has_its_own_limit(throttled, anon):
+    with override_settings(TRUSTED_PROXIES=("10.0.0.0/8",)):
+        # two clients behind one proxy: each gets the whole limit
+        assert statuses(anon, peer="10.1.2.3", forwarded=["198.51.100.1"] * LIMIT) == [200] * LIMIT
+        assert statuses(anon, peer="10.1.2.3", forwarded=["198.51.100.2"] * LIMIT) == [200] * LIMIT
+        assert statuses(anon, peer="10.1.2.3", forwarded=["198.51.100.1"]) == [429]
+        # a client's own forged hop left of the proxy's is not believed
+        forged = [f"192.0.2.{i}, 198.51.100.3" for i in range(LIMIT + 1)]
+        assert statuses(anon, peer="10.1.2.3", forwarded=forged) == [200] * LIMIT + [429]
+
+
+def test_the_client_address_peels_only_trusted_hops(settings):
+    from gridbid.proxies import client_address
+
+    settings.TRUSTED_PROXIES = ("10.0.0.0/8", "2001:db8::/32")
+    assert client_address({"REMOTE_ADDR": "10.0.0.1", "HTTP_X_FORWARDED_FOR": "1.2.3.4, 10.9.9.9"}) == "1.2.3.4"
+    assert client_address({"REMOTE_ADDR": "2001:db8::1", "HTTP_X_FORWARDED_FOR": "5.6.7.8"}) == "5.6.7.8"
+    assert client_address({"REMOTE_ADDR": "8.8.8.8", "HTTP_X_FORWARDED_FOR": "1.2.3.4"}) == "8.8.8.8"
+    assert client_address({"REMOTE_ADDR": "10.0.0.1", "HTTP_X_FORWARDED_FOR": "not-an-ip"}) == "10.0.0.1"
+    assert client_address({"REMOTE_ADDR": "10.0.0.1"}) == "10.0.0.1"
+    settings.TRUSTED_PROXIES = ()
+    assert client_address({"REMOTE_ADDR": "10.0.0.1", "HTTP_X_FORWARDED_FOR": "1.2.3.4"}) == "10.0.0.1"
+
+
+def test_a_bad_trusted_proxies_value_stops_start_up_with_its_name(tmp_path):
+    from gridbid.config import ConfigError, load
+
+    with pytest.raises(ConfigError, match="TRUSTED_PROXIES: 'proxy.local' is not an IP address or CIDR"):
+        load({"GRIDBID_DATA_DIR": str(tmp_path), "TRUSTED_PROXIES": "10.0.0.1, proxy.local"})
+    assert load({"GRIDBID_DATA_DIR": str(tmp_path), "TRUSTED_PROXIES": "10.0.0.1,192.168.0.0/16"}).trusted_proxies == ("10.0.0.1", "192.168.0.0/16")
