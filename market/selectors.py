@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Count, Min, Q, QuerySet, Sum
+from django.conf import settings
+from django.core.cache import cache
+from django.db.models import Count, Max, Min, Q, QuerySet, Sum
 
 from market.models import AuctionRound, Bid, Job, Offer, Trade, User
 from market.states import BidState, OfferState, RoundState
@@ -90,32 +92,48 @@ def _last_prices(limit_rounds: int = 50) -> dict[tuple[str, str], list[int]]:
     return out
 
 
+MARKETS_CACHE_KEY = "market:buckets"
+
+
 def market_buckets(*, gpu_model: str | None = None, region: str | None = None) -> list[Bucket]:
-    """Every GPU model x region with open offers or open bids."""
-    offers = offers_open()
-    if gpu_model:
-        offers = offers.filter(gpu_model_id=gpu_model)
-    if region:
-        offers = offers.filter(machine__region_id=region)
-    ask_rows = offers.values("gpu_model_id", "machine__region_id").annotate(
+    """Every GPU model x region with open offers, with its open bids: at most
+    GRIDBID["MARKETS_CACHE_SECONDS"] old. Every page view, API call and book snapshot asks
+    for it, so it is computed once per that interval and shared through the cache (Redis
+    in production: shared by all servers). A filter picks from the whole list, so each
+    bucket's figures do not depend on the filter and odd filter values never fill the cache."""
+    ttl = settings.GRIDBID.get("MARKETS_CACHE_SECONDS", 0)
+    buckets: list[Bucket] | None = cache.get(MARKETS_CACHE_KEY) if ttl else None
+    if buckets is None:
+        buckets = _market_buckets_compute()
+        if ttl:
+            cache.set(MARKETS_CACHE_KEY, buckets, ttl)
+    return [b for b in buckets if (not gpu_model or b.gpu_model == gpu_model) and (not region or b.region == region)]
+
+
+def _market_buckets_compute() -> list[Bucket]:
+    ask_rows = offers_open().order_by().values("gpu_model_id", "machine__region_id").annotate(
         n=Count("id"), free=Sum("gpus_free"), best=Min("price")
     )
     buckets: dict[tuple[str, str], dict[str, int | None]] = {}
     for row in ask_rows:
         buckets[(row["gpu_model_id"], row["machine__region_id"])] = {"offers": row["n"], "free": row["free"] or 0, "ask": row["best"], "bid": None, "bids": 0}
     # a bid names models and regions by list; count it in each bucket it could trade in,
-    # looking only at the buckets of its models (most bids name one or two)
+    # looking only at the buckets of its models (most bids name one or two). Which buckets
+    # those are depends on the two lists alone, so the database groups the open bids by
+    # them (count and best price per group) and Python walks groups, not bids: a book of
+    # 10k bids that name a few hundred combinations is a few hundred rows.
     by_model: dict[str, list[tuple[str, str]]] = {}
     for key in buckets:
         by_model.setdefault(key[0], []).append(key)
-    for bid in Bid.objects.filter(state=BidState.OPEN).values("gpu_models", "allowed_regions", "max_price"):
-        keys = [k for m in bid["gpu_models"] for k in by_model.get(m, [])] if bid["gpu_models"] else list(buckets)
-        regions = set(bid["allowed_regions"])
+    groups = Bid.objects.filter(state=BidState.OPEN).order_by().values("gpu_models", "allowed_regions").annotate(n=Count("id"), best=Max("max_price"))
+    for group in groups:
+        keys = [k for m in group["gpu_models"] for k in by_model.get(m, [])] if group["gpu_models"] else list(buckets)
+        regions = set(group["allowed_regions"])
         for key in keys:
             if not regions or key[1] in regions:
                 b = buckets[key]
-                b["bids"] = (b["bids"] or 0) + 1
-                b["bid"] = max(b["bid"] or 0, bid["max_price"])
+                b["bids"] = (b["bids"] or 0) + group["n"]
+                b["bid"] = max(b["bid"] or 0, group["best"])
     history = _last_prices()
     out = []
     for (model, reg), b in sorted(buckets.items()):
