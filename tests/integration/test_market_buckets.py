@@ -70,7 +70,7 @@ def varied_book(provider_user: Any, buyer: Any, make_offer: Any, make_bid: Any) 
             if (model, region) != ("RTX-4090-24GB", "ap-northeast"):
                 make_offer(provider_user, model=model, region=region, count=rng.choice([1, 2, 4, 8]), price=rng.randrange(400_000, 3_000_000, 1000))
     shapes: list[tuple[list[str], list[str]]] = [
-        (["H100-SXM-80GB"], []), (["H100-SXM-80GB", "A100-SXM-80GB"], ["eu-west"]), ([], []), ([], ["us-east", "ap-northeast"]),
+        (["H100-SXM-80GB"], []), (["H100-SXM-80GB", "A100-SXM-80GB"], ["eu-west"]), ([], []), ([], ["us-east", "ap-northeast"]), ([], ["eu-west", "eu-west"]),
         (["H100-SXM-80GB", "H100-SXM-80GB"], []), (["L40S-48GB"], []), (["RTX-4090-24GB"], ["ap-northeast"]),
         (["A100-SXM-80GB"], ["eu-north"]), (["RTX-4090-24GB", "L40S-48GB"], ["us-east", "eu-west", "eu-west"]),
     ]
