@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,20 +95,37 @@ def _last_prices(limit_rounds: int = 50) -> dict[tuple[str, str], list[int]]:
 
 
 MARKETS_CACHE_KEY = "market:buckets"
+MARKETS_LOCK_KEY = "market:buckets:computing"
+MARKETS_KEEP_S = 60  # how long a computed list may stand in while its successor is computed
 
 
 def market_buckets(*, gpu_model: str | None = None, region: str | None = None) -> list[Bucket]:
     """Every GPU model x region with open offers, with its open bids: at most
-    GRIDBID["MARKETS_CACHE_SECONDS"] old. Every page view, API call and book snapshot asks
-    for it, so it is computed once per that interval and shared through the cache (Redis
-    in production: shared by all servers). A filter picks from the whole list, so each
-    bucket's figures do not depend on the filter and odd filter values never fill the cache."""
+    GRIDBID["MARKETS_CACHE_SECONDS"] old, plus the time one computation takes. Every page
+    view, API call and book snapshot asks for it, so it is computed once per that interval
+    and shared through the cache (Redis in production: shared by all servers). When it is
+    due, one request recomputes it and the others answer from the list it replaces: under
+    ASGI each request has its own thread, and 16 requests recomputing at once made every
+    second's first requests slow. A filter picks from the whole list, so each bucket's
+    figures do not depend on the filter and odd filter values never fill the cache."""
     ttl = settings.GRIDBID.get("MARKETS_CACHE_SECONDS", 0)
-    buckets: list[Bucket] | None = cache.get(MARKETS_CACHE_KEY) if ttl else None
-    if buckets is None:
+    if not ttl:
         buckets = _market_buckets_compute()
-        if ttl:
-            cache.set(MARKETS_CACHE_KEY, buckets, ttl)
+    else:
+        cached: tuple[float, list[Bucket]] | None = cache.get(MARKETS_CACHE_KEY)
+        fresh = cached is not None and time.time() - cached[0] < ttl
+        # due: the first request to take the lock recomputes; the others answer from the old list
+        locked = not fresh and cached is not None and cache.add(MARKETS_LOCK_KEY, 1, timeout=MARKETS_KEEP_S)
+        if cached is not None and not locked:
+            buckets = cached[1]
+        else:  # none yet (every request computes), or due and this request holds the lock
+            computed_at = time.time()
+            try:
+                buckets = _market_buckets_compute()
+                cache.set(MARKETS_CACHE_KEY, (computed_at, buckets), MARKETS_KEEP_S)
+            finally:
+                if locked:
+                    cache.delete(MARKETS_LOCK_KEY)
     return [b for b in buckets if (not gpu_model or b.gpu_model == gpu_model) and (not region or b.region == region)]
 
 

@@ -149,8 +149,9 @@ def redis_database() -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def server(mode: str, data: Path, n_bids: int, seed_value: int, n_rounds: int) -> Iterator[tuple[str, str]]:
-    """Seed, then start the mode's processes; yields (base URL, the buyer's token)."""
+def server(mode: str, data: Path, n_bids: int, seed_value: int, n_rounds: int) -> Iterator[tuple[str, str, int]]:
+    """Seed, then start the mode's processes; yields (base URL, the buyer's token, the
+    serving process's pid)."""
     with contextlib.ExitStack() as stack:
         env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "CHAIN_RPC_URL")}
         env.update(GRIDBID_DATA_DIR=str(data), DJANGO_SETTINGS_MODULE="tests.bench.api_settings", PYTHONPATH=str(ROOT),
@@ -181,7 +182,7 @@ def server(mode: str, data: Path, n_bids: int, seed_value: int, n_rounds: int) -
             base = f"http://127.0.0.1:{port}"
             wait_healthy(base, procs[0], data / "up.log")
             print(f"  {mode}: server up in {time.perf_counter() - started:.1f} s since seeding began", flush=True)
-            yield base, seeded["token"]
+            yield base, seeded["token"], procs[0].pid
         finally:
             for proc in reversed(procs):
                 stop(proc)
@@ -215,10 +216,23 @@ class Cell:
     p99_ms: float
     errors: int
     first_error: str = ""
+    server_cpu_s: float = 0.0
 
     @property
     def rps(self) -> float:
         return self.requests / self.seconds if self.seconds else 0.0
+
+    @property
+    def cpu_ms(self) -> float:
+        """The server process's CPU time per request: what a request costs, however busy
+        the box is with other work (wall-clock figures here are shared with it)."""
+        return 1000 * self.server_cpu_s / self.requests if self.requests else float("nan")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process, all its threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def bid_body(rng: random.Random) -> dict[str, Any]:
@@ -312,7 +326,7 @@ ENDPOINTS = ("GET /api/v1/markets/", "GET /", "POST /api/v1/bids/", "WS rounds")
 def print_row(cell: Cell, base_rps: float | None) -> None:
     ratio = f"{cell.rps / base_rps:6.2f}x" if base_rps else "   base"
     print(f"{cell.mode:<11}{cell.endpoint:<22}{cell.concurrency:>5}{cell.requests:>9,}{cell.rps:>9.1f}{cell.p50_ms:>9.1f}{cell.p99_ms:>9.1f}"
-          f"{cell.errors:>8}{ratio:>9}", flush=True)
+          f"{cell.errors:>8}{ratio:>9}{cell.cpu_ms:>10.2f}", flush=True)
 
 
 def main() -> int:
@@ -337,18 +351,20 @@ def main() -> int:
     endpoints = [e.strip() for e in args.endpoints.split(",") if e.strip()]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     print(f"API throughput, {args.bids:,} open bids (seed {args.seed}), {args.seconds:g} s per figure; latencies in ms; "
-          "ratio: req/s over the same endpoint's at concurrency 1", flush=True)
+          "ratio: req/s over the same endpoint's at concurrency 1; cpu ms/req: the serving process's CPU time per request", flush=True)
     cells: list[Cell] = []
     for mode in modes:
-        with tempfile.TemporaryDirectory(prefix=f"gridbid-bench-{mode}-") as tmp, server(mode, Path(tmp), args.bids, args.seed, args.rounds) as (base, token):
-            print(f"{'mode':<11}{'endpoint':<22}{'conc':>5}{'requests':>9}{'req/s':>9}{'p50':>9}{'p99':>9}{'errors':>8}{'ratio':>9}")
+        with tempfile.TemporaryDirectory(prefix=f"gridbid-bench-{mode}-") as tmp, server(mode, Path(tmp), args.bids, args.seed, args.rounds) as (base, token, pid):
+            print(f"{'mode':<11}{'endpoint':<22}{'conc':>5}{'requests':>9}{'req/s':>9}{'p50':>9}{'p99':>9}{'errors':>8}{'ratio':>9}{'cpu ms/req':>11}")
             for endpoint in endpoints:
                 base_rps = None
                 for c in concurrencies:
+                    cpu_before = cpu_seconds(pid)
                     if endpoint.startswith("WS "):
                         cell = asyncio.run(drive_ws(base, mode, endpoint.split(" ", 1)[1], c, args.seconds, args.max_requests))
                     else:
                         cell = asyncio.run(drive(base, token, mode, endpoint, c, args.seconds, args.max_requests))
+                    cell.server_cpu_s = cpu_seconds(pid) - cpu_before
                     cells.append(cell)
                     print_row(cell, base_rps)
                     base_rps = base_rps or cell.rps

@@ -101,7 +101,7 @@ def markets_cache(settings: Any) -> int:
 
     stale_s = gridbid.settings.GRIDBID["MARKETS_CACHE_SECONDS"]
     settings.GRIDBID = {**settings.GRIDBID, "MARKETS_CACHE_SECONDS": stale_s}
-    cache.delete(selectors.MARKETS_CACHE_KEY)
+    cache.delete_many([selectors.MARKETS_CACHE_KEY, selectors.MARKETS_LOCK_KEY])
     return int(stale_s)
 
 
@@ -133,3 +133,19 @@ def test_markets_filters_answer_from_the_same_cached_figures(markets_cache: int,
     only = anon.get("/api/v1/markets/", {"gpu_model": "RTX-4090-24GB"}).json()
     assert [r["key"] for r in only] == ["RTX-4090-24GB.eu-west"] and only[0] == everything["RTX-4090-24GB.eu-west"]
     assert anon.get("/api/v1/markets/", {"region": "nowhere"}).json() == []
+
+
+def test_while_one_request_recomputes_the_markets_the_others_answer_from_the_previous_list(markets_cache: int, provider_user: Any,
+                                                                                             make_offer: Any, anon: Any) -> None:
+    from django.core.cache import cache
+
+    make_offer(provider_user, price=2_000_000)
+    first = anon.get("/api/v1/markets/").json()
+    make_offer(provider_user, model="RTX-4090-24GB", region="eu-west", price=400_000, count=2)
+    computed_at, buckets = cache.get(selectors.MARKETS_CACHE_KEY)
+    cache.set(selectors.MARKETS_CACHE_KEY, (computed_at - markets_cache - 1, buckets), 60)  # due
+    assert cache.add(selectors.MARKETS_LOCK_KEY, 1, timeout=60)  # another request is computing it
+    assert anon.get("/api/v1/markets/").json() == first
+    cache.delete(selectors.MARKETS_LOCK_KEY)  # it finished without storing (it failed): the next request computes
+    assert [r["key"] for r in anon.get("/api/v1/markets/").json()] == ["H100-SXM-80GB.us-east", "RTX-4090-24GB.eu-west"]
+    assert cache.get(selectors.MARKETS_LOCK_KEY) is None
