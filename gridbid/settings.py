@@ -43,6 +43,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "gridbid.middleware.SyncMiddlewareChainMiddleware",  # last: see its docstring
 ]
 
 ROOT_URLCONF = "gridbid.urls"
