@@ -77,6 +77,13 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     }
     _db["CONN_MAX_AGE"] = 0
     _db["CONN_HEALTH_CHECKS"] = False
+else:
+    # Under ASGI each request runs in its own thread context, and a persistent connection
+    # (CONN_MAX_AGE) was opened per request and left open: 64 concurrent requests held
+    # 50+ PostgreSQL connections and then got "too many clients already" (500s). A pool
+    # per process bounds and reuses them; Django takes CONN_MAX_AGE=0 with a pool.
+    _db["CONN_MAX_AGE"] = 0
+    _db["OPTIONS"] = {**_db.get("OPTIONS", {}), "pool": {"min_size": 1, "max_size": 8, "timeout": 30}}
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_USER_MODEL = "market.User"

@@ -56,6 +56,7 @@ REDIS_DB = int(os.environ.get("BENCH_REDIS_DB", "11"))
 TARGET_ENDPOINT, TARGET_CONCURRENCY, TARGET_RPS, TARGET_P99_MS = "GET /api/v1/markets/", 16, 300.0, 100.0
 START_TIMEOUT_S = 240
 BUYER = "bench-buyer"
+last_database = ""  # the name of the PostgreSQL database the last production run made
 
 
 # --- seeding (runs in a subprocess with the server's environment) -------------------------
@@ -124,7 +125,8 @@ def postgres_database() -> Iterator[str]:
     """A fresh PostgreSQL database for one run, dropped after it."""
     import psycopg
 
-    name = f"gridbid_bench_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    global last_database
+    name = last_database = f"gridbid_bench_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     with psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=5) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     try:
