@@ -11,4 +11,4 @@ one client makes it read and write on every request - far more than any real cli
 from gridbid.settings import *  # noqa: F403
 from gridbid.settings import REST_FRAMEWORK
 
-REST_FRAMEWORK = {**REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {"anon": "10000/second", "user": "10000/second"}}
+REST_FRAMEWORK = {**REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {**REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], "anon": "10000/second", "user": "10000/second"}}
