@@ -340,7 +340,7 @@ def main() -> int:
     ap.add_argument("--bids", type=int, default=10_000, help="open bids seeded into the book")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=1, help="rounds cleared over the seeded book before the server starts")
-    ap.add_argument("--seconds", type=float, default=6.0, help="per endpoint and concurrency")
+    ap.add_argument("--seconds", type=float, default=4.0, help="per endpoint and concurrency")
     ap.add_argument("--max-requests", type=int, default=20_000, help="per endpoint and concurrency")
     ap.add_argument("--quick", action="store_true", help="2 s per figure, concurrency 1 and 16")
     args = ap.parse_args()
