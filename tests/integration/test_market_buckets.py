@@ -149,3 +149,22 @@ def test_while_one_request_recomputes_the_markets_the_others_answer_from_the_pre
     cache.delete(selectors.MARKETS_LOCK_KEY)  # it finished without storing (it failed): the next request computes
     assert [r["key"] for r in anon.get("/api/v1/markets/").json()] == ["H100-SXM-80GB.us-east", "RTX-4090-24GB.eu-west"]
     assert cache.get(selectors.MARKETS_LOCK_KEY) is None
+
+
+def test_the_home_page_table_is_rendered_once_per_markets_list_and_follows_it(markets_cache: int, provider_user: Any, make_offer: Any) -> None:
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    page = Client()
+    make_offer(provider_user, price=2_000_000)
+    assert "RTX-4090-24GB" not in page.get("/").content.decode()
+    with CaptureQueriesContext(connection) as queries:
+        again = page.get("/").content.decode()
+    assert "H100-SXM-80GB.us-east" in again
+    assert not any("providers_region" in q["sql"] or "providers_gpumodel" in q["sql"] for q in queries.captured_queries), "the cached table needs no catalogue"
+    make_offer(provider_user, model="RTX-4090-24GB", region="eu-west", price=400_000, count=2)
+    placed_at = time.monotonic()
+    while "RTX-4090-24GB.eu-west" not in page.get("/").content.decode() and time.monotonic() - placed_at < markets_cache + 1:
+        time.sleep(0.05)
+    assert time.monotonic() - placed_at <= markets_cache + 0.5
