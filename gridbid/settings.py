@@ -47,6 +47,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "gridbid.middleware.SyncMiddlewareChainMiddleware",  # last: see its docstring
 ]
 
 ROOT_URLCONF = "gridbid.urls"
@@ -86,6 +87,8 @@ if _db["ENGINE"] == "django.db.backends.postgresql":
         "max_idle": 60,  # a burst's extra connections are closed after a minute idle
         "name": "gridbid",
     }
+    # a database that does not answer fails start-up and /readyz in seconds instead of hanging them
+    _db["OPTIONS"].setdefault("connect_timeout", 5)
 elif _db["ENGINE"] == "django.db.backends.sqlite3":
     # The embedded server writes from the web threads and the in-process workers:
     # WAL lets readers run beside a writer, and the timeout waits out short locks.
@@ -96,9 +99,6 @@ elif _db["ENGINE"] == "django.db.backends.sqlite3":
     }
     _db["CONN_MAX_AGE"] = 0
     _db["CONN_HEALTH_CHECKS"] = False
-else:
-    # a database that does not answer fails start-up and /readyz in seconds instead of hanging them
-    _db.setdefault("OPTIONS", {}).setdefault("connect_timeout", 5)
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_USER_MODEL = "market.User"
@@ -233,6 +233,9 @@ GRIDBID = {
     "PRICING_RULE": CONFIG.pricing_rule,
     "FAIR_SHARE_CAP": CONFIG.fair_share_cap,
     "PRICE_POINT": CONFIG.price_point,
+    # the markets list (API, home page, book snapshots) is computed at most once a second and
+    # shared through the cache: it is up to this many seconds old (README, "Markets")
+    "MARKETS_CACHE_SECONDS": 1,
 }
 
 LOGGING = {

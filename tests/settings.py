@@ -50,3 +50,4 @@ CELERY_TASK_ALWAYS_EAGER = True
 CELERY_TASK_EAGER_PROPAGATES = True
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast; production keeps PBKDF2
 REST_FRAMEWORK = {**REST_FRAMEWORK, "DEFAULT_THROTTLE_CLASSES": []}  # noqa: F405
+GRIDBID = {**GRIDBID, "MARKETS_CACHE_SECONDS": 0}  # noqa: F405 - one test's book must not show in the next; tests that want the cache turn it on

@@ -1,0 +1,170 @@
+"""The markets list (`market_buckets`): the same figures as the walk over every open bid
+it replaced, on a varied book, and never staler than its documented cache allows.
+
+Runs on the database the test settings pick: PostgreSQL when it answers, else SQLite.
+To run it on SQLite beside a live PostgreSQL, point TEST_DATABASE_URL at a closed port:
+`TEST_DATABASE_URL=postgres://nobody@127.0.0.1:9/none pytest tests/integration/test_market_buckets.py`.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import pytest
+
+from market import selectors
+from market.models import Bid
+from market.selectors import Bucket, _last_prices
+from market.states import BidState
+from tests.conftest import bid_body
+
+pytestmark = pytest.mark.django_db
+
+MODELS = ["H100-SXM-80GB", "A100-SXM-80GB", "RTX-4090-24GB", "L40S-48GB"]
+REGIONS = ["us-east", "eu-west", "ap-northeast"]
+
+
+def buckets_by_walking_every_bid(*, gpu_model: str | None = None, region: str | None = None) -> list[Bucket]:
+    """The implementation market_buckets had until issue 15, kept as the reference: a
+    Python walk over every open bid, counting it in each bucket it could trade in."""
+    from django.db.models import Count, Min, Sum
+
+    offers = selectors.offers_open()
+    if gpu_model:
+        offers = offers.filter(gpu_model_id=gpu_model)
+    if region:
+        offers = offers.filter(machine__region_id=region)
+    ask_rows = offers.values("gpu_model_id", "machine__region_id").annotate(n=Count("id"), free=Sum("gpus_free"), best=Min("price"))
+    buckets: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in ask_rows:
+        buckets[(row["gpu_model_id"], row["machine__region_id"])] = {"offers": row["n"], "free": row["free"] or 0, "ask": row["best"], "bid": None, "bids": 0}
+    by_model: dict[str, list[tuple[str, str]]] = {}
+    for key in buckets:
+        by_model.setdefault(key[0], []).append(key)
+    for bid in Bid.objects.filter(state=BidState.OPEN).values("gpu_models", "allowed_regions", "max_price"):
+        keys = [k for m in bid["gpu_models"] for k in by_model.get(m, [])] if bid["gpu_models"] else list(buckets)
+        regions = set(bid["allowed_regions"])
+        for key in keys:
+            if not regions or key[1] in regions:
+                b = buckets[key]
+                b["bids"] = (b["bids"] or 0) + 1
+                b["bid"] = max(b["bid"] or 0, bid["max_price"])
+    history = _last_prices()
+    out = []
+    for (model, reg), b in sorted(buckets.items()):
+        prices = history.get((model, reg), [])
+        out.append(Bucket(model, reg, int(b["offers"] or 0), int(b["free"] or 0), b["ask"], b["bid"], int(b["bids"] or 0), prices[0] if prices else None, prices[1] if len(prices) > 1 else None))
+    return out
+
+
+@pytest.fixture
+def varied_book(provider_user: Any, buyer: Any, make_offer: Any, make_bid: Any) -> None:
+    """Offers in most (not all) model x region buckets, and bids of every shape a buyer can
+    send: one model or several, a model named twice, models without offers, any model,
+    regions or none, regions without offers; some cancelled or matched."""
+    rng = random.Random(15)
+    for model in MODELS[:3]:
+        for region in REGIONS:
+            if (model, region) != ("RTX-4090-24GB", "ap-northeast"):
+                make_offer(provider_user, model=model, region=region, count=rng.choice([1, 2, 4, 8]), price=rng.randrange(400_000, 3_000_000, 1000))
+    shapes: list[tuple[list[str], list[str]]] = [
+        (["H100-SXM-80GB"], []), (["H100-SXM-80GB", "A100-SXM-80GB"], ["eu-west"]), ([], []), ([], ["us-east", "ap-northeast"]), ([], ["eu-west", "eu-west"]),
+        (["H100-SXM-80GB", "H100-SXM-80GB"], []), (["L40S-48GB"], []), (["RTX-4090-24GB"], ["ap-northeast"]),
+        (["A100-SXM-80GB"], ["eu-north"]), (["RTX-4090-24GB", "L40S-48GB"], ["us-east", "eu-west", "eu-west"]),
+    ]
+    for _ in range(120):
+        models, regions = rng.choice(shapes)
+        make_bid(buyer, gpu_models=models, allowed_regions=regions, max_price=rng.randrange(100_000, 4_000_000, 1000))
+    closed = list(Bid.objects.order_by("?").values_list("pk", flat=True)[:30])
+    Bid.objects.filter(pk__in=closed[:15]).update(state=BidState.CANCELLED)
+    Bid.objects.filter(pk__in=closed[15:]).update(state=BidState.MATCHED, max_price=9_999_999)  # a closed bid's price must not show
+
+
+@pytest.mark.parametrize("gpu_model,region", [(None, None), ("H100-SXM-80GB", None), (None, "eu-west"), ("RTX-4090-24GB", "us-east"), ("L40S-48GB", None), ("nope", "nowhere")])
+def test_markets_figures_match_the_walk_over_every_open_bid(varied_book: None, gpu_model: str | None, region: str | None) -> None:
+    expected = buckets_by_walking_every_bid(gpu_model=gpu_model, region=region)
+    assert selectors.market_buckets(gpu_model=gpu_model, region=region) == expected
+    if gpu_model is None and region is None:  # the book is varied enough to tell a wrong rule apart
+        assert len(expected) == 8 and {b.open_bids for b in expected} != {expected[0].open_bids}
+        assert all(b.best_bid is not None and b.best_bid < 9_999_999 for b in expected)
+
+
+@pytest.fixture
+def markets_cache(settings: Any) -> int:
+    """The markets cache as production runs it (the test settings turn it off, so that
+    one test's book never shows in the next); emptied first. Its lifetime in seconds."""
+    from django.core.cache import cache
+
+    import gridbid.settings
+
+    stale_s = gridbid.settings.GRIDBID["MARKETS_CACHE_SECONDS"]
+    settings.GRIDBID = {**settings.GRIDBID, "MARKETS_CACHE_SECONDS": stale_s}
+    cache.delete_many([selectors.MARKETS_CACHE_KEY, selectors.MARKETS_LOCK_KEY])
+    return int(stale_s)
+
+
+def test_a_placed_bid_shows_on_the_markets_endpoint_within_the_documented_staleness(markets_cache: int, provider_user: Any, buyer: Any,
+                                                                                    make_offer: Any, client_for: Any, anon: Any) -> None:
+    stale_s = markets_cache
+    assert 0 < stale_s <= 1, "the README promises the markets list is at most a second old"
+    make_offer(provider_user, price=2_000_000)
+
+    def h100() -> dict[str, Any]:
+        return {r["key"]: r for r in anon.get("/api/v1/markets/").json()}["H100-SXM-80GB.us-east"]
+
+    before = h100()
+    r = client_for(buyer).post("/api/v1/bids/", bid_body(max_price=(before["best_bid"] or 0) + 1_000_000), format="json")
+    assert r.status_code == 201, r.json()
+    placed_at = time.monotonic()
+    seen = h100()
+    while seen["open_bids"] == before["open_bids"] and time.monotonic() - placed_at < stale_s + 1:  # bounded: staleness plus a second
+        time.sleep(0.05)
+        seen = h100()
+    assert time.monotonic() - placed_at <= stale_s + 0.5
+    assert (seen["open_bids"], seen["best_bid"]) == (before["open_bids"] + 1, r.json()["max_price"])
+
+
+def test_markets_filters_answer_from_the_same_cached_figures(markets_cache: int, provider_user: Any, make_offer: Any, anon: Any) -> None:
+    make_offer(provider_user, price=2_000_000)
+    make_offer(provider_user, model="RTX-4090-24GB", region="eu-west", price=400_000, count=2)
+    everything = {r["key"]: r for r in anon.get("/api/v1/markets/").json()}
+    only = anon.get("/api/v1/markets/", {"gpu_model": "RTX-4090-24GB"}).json()
+    assert [r["key"] for r in only] == ["RTX-4090-24GB.eu-west"] and only[0] == everything["RTX-4090-24GB.eu-west"]
+    assert anon.get("/api/v1/markets/", {"region": "nowhere"}).json() == []
+
+
+def test_while_one_request_recomputes_the_markets_the_others_answer_from_the_previous_list(markets_cache: int, provider_user: Any,
+                                                                                             make_offer: Any, anon: Any) -> None:
+    from django.core.cache import cache
+
+    make_offer(provider_user, price=2_000_000)
+    first = anon.get("/api/v1/markets/").json()
+    make_offer(provider_user, model="RTX-4090-24GB", region="eu-west", price=400_000, count=2)
+    computed_at, buckets = cache.get(selectors.MARKETS_CACHE_KEY)
+    cache.set(selectors.MARKETS_CACHE_KEY, (computed_at - markets_cache - 1, buckets), 60)  # due
+    assert cache.add(selectors.MARKETS_LOCK_KEY, 1, timeout=60)  # another request is computing it
+    assert anon.get("/api/v1/markets/").json() == first
+    cache.delete(selectors.MARKETS_LOCK_KEY)  # it finished without storing (it failed): the next request computes
+    assert [r["key"] for r in anon.get("/api/v1/markets/").json()] == ["H100-SXM-80GB.us-east", "RTX-4090-24GB.eu-west"]
+    assert cache.get(selectors.MARKETS_LOCK_KEY) is None
+
+
+def test_the_home_page_table_is_rendered_once_per_markets_list_and_follows_it(markets_cache: int, provider_user: Any, make_offer: Any) -> None:
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    page = Client()
+    make_offer(provider_user, price=2_000_000)
+    assert "RTX-4090-24GB" not in page.get("/").content.decode()
+    with CaptureQueriesContext(connection) as queries:
+        again = page.get("/").content.decode()
+    assert "H100-SXM-80GB.us-east" in again
+    assert not any("providers_region" in q["sql"] or "providers_gpumodel" in q["sql"] for q in queries.captured_queries), "the cached table needs no catalogue"
+    make_offer(provider_user, model="RTX-4090-24GB", region="eu-west", price=400_000, count=2)
+    placed_at = time.monotonic()
+    while "RTX-4090-24GB.eu-west" not in page.get("/").content.decode() and time.monotonic() - placed_at < markets_cache + 1:
+        time.sleep(0.05)
+    assert time.monotonic() - placed_at <= markets_cache + 0.5

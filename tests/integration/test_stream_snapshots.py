@@ -1,0 +1,64 @@
+"""The `rounds` snapshot every new subscriber gets first: built once per round and shared,
+never from the rounds' stored books (megabytes each at 10k bids), never older than the
+newest cleared round."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from market.models import AuctionRound
+from market.states import RoundState
+from market.streams import snapshots
+
+pytestmark = pytest.mark.django_db
+
+A_BIG_BOOK = {"bids": [{"id": i, "gpu_models": ["H100-SXM-80GB"], "max_price": 1_000_000 + i} for i in range(2000)]}
+
+
+def clear_round(number: int, price: int, *, state: str = RoundState.CLEARED) -> AuctionRound:
+    """A round row as round_clear leaves it: its whole book in inputs and result."""
+    now = timezone.now()
+    return AuctionRound.objects.create(
+        number=number, slot=number, state=state, scheduled_for=now, cleared_at=now + timedelta(milliseconds=number),
+        prices=[{"gpu_model": "H100-SXM-80GB", "region": "us-east", "price": price, "gpus": 4}],
+        stats={"trades": number, "matched_gpus": 4 * number, "bids": 2000}, inputs=A_BIG_BOOK, result=A_BIG_BOOK,
+    )
+
+
+def test_rounds_snapshot_shows_the_last_ten_cleared_rounds_newest_first() -> None:
+    for n in range(1, 13):
+        clear_round(n, 2_000_000 + n)
+    clear_round(13, 9, state=RoundState.FAILED)
+    rounds = snapshots.rounds()["rounds"]
+    assert [r["number"] for r in rounds] == list(range(12, 2, -1))
+    assert rounds[0]["prices"][0]["price"] == 2_000_012 and (rounds[0]["trades"], rounds[0]["matched_gpus"], rounds[0]["bids"]) == (12, 48, 2000)
+
+
+def test_rounds_snapshot_never_reads_the_rounds_stored_books() -> None:
+    for n in range(1, 4):
+        clear_round(n, 2_000_000)
+    with CaptureQueriesContext(connection) as queries:
+        snapshots.rounds()
+    sql = " ".join(q["sql"] for q in queries.captured_queries)
+    assert '"inputs"' not in sql and '"result"' not in sql, sql
+
+
+def test_rounds_snapshot_is_built_once_then_shared_until_a_round_clears() -> None:
+    for n in range(1, 4):
+        clear_round(n, 2_000_000 + n)
+    first = snapshots.rounds()
+    with CaptureQueriesContext(connection) as queries:
+        again = snapshots.rounds()
+    assert again == first
+    assert len(queries.captured_queries) == 1, "a later subscriber asks only which rounds are newest"
+    assert '"prices"' not in queries.captured_queries[0]["sql"], "...and does not read them again"
+    clear_round(4, 2_500_000)
+    after: dict[str, Any] = snapshots.rounds()
+    assert [r["number"] for r in after["rounds"]] == [4, 3, 2, 1]
+    assert after["rounds"][0]["prices"][0]["price"] == 2_500_000
