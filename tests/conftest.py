@@ -4,12 +4,69 @@ users by role -> tokens -> API clients -> machines -> offers and bids."""
 from __future__ import annotations
 
 import os
+import re
+import shutil
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 REQUIRE_SERVICES = os.environ.get("GRIDBID_REQUIRE_SERVICES") == "1"
+
+# tests/settings.py names a run's test database after its process, and pytest-django adds
+# `_gwN` per xdist worker; a run that was killed never drops its own
+_TEST_DATABASE = re.compile(r"gridbid_test_(\d+)(?:_gw\d+)?")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process, alive
+        return True
+    return True
+
+
+def _test_databases_of_dead_runs_drop() -> list[str]:
+    """Drop the test databases of runs whose process is gone, so killed runs do not pile
+    them up. Without FORCE, so a database some session still uses is left alone."""
+    import psycopg
+    from django.conf import settings
+
+    cfg = settings.DATABASES["default"]
+    dropped: list[str] = []
+    with psycopg.connect(host=cfg["HOST"] or "127.0.0.1", port=cfg["PORT"] or 5432, user=cfg["USER"] or "postgres",
+                         password=cfg["PASSWORD"] or None, dbname=cfg["NAME"] or "postgres", connect_timeout=3, autocommit=True) as conn:
+        names = [row[0] for row in conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'gridbid\\_test\\_%'")]
+        for name in names:
+            match = _TEST_DATABASE.fullmatch(name)
+            if match is None or _pid_alive(int(match.group(1))):
+                continue
+            try:
+                conn.execute(f'DROP DATABASE "{name}"')
+            except psycopg.Error:  # in use after all, or dropped by another run a moment ago
+                continue
+            dropped.append(name)
+    return dropped
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    from django.conf import settings
+
+    # once per run: in the xdist controller (or the only process), before any worker
+    # creates its database
+    if os.environ.get("PYTEST_XDIST_WORKER") or getattr(settings, "POSTGRES_UNAVAILABLE", "") is not None:
+        return
+    _test_databases_of_dead_runs_drop()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    from django.conf import settings
+
+    # the data directory tests/settings.py made for this run (workers' subdirectories too)
+    if getattr(settings, "TEST_DATA_DIR_CREATED", False):
+        shutil.rmtree(os.environ["GRIDBID_DATA_DIR"], ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -3,11 +3,11 @@ steps of a provider's life on chain, and an in-process transport for the real ag
 
 from __future__ import annotations
 
-import socket
 import time
 from typing import Any
 
 from tests.agent_loop import tick_until
+from tests.workers import free_port  # noqa: F401 - from this worker's port band; kept here for the suites that import it
 
 OPERATOR_KEY = "0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80"
 PROVIDER_KEYS = [
@@ -15,12 +15,6 @@ PROVIDER_KEYS = [
     "0x7c852118294e51e653712a81e05800f419141751be58f605c371e15141b007a6",
 ]
 TOKENS = 10**6
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def mint(ctx: Any, to: str, amount: int) -> None:
