@@ -69,8 +69,35 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         shutil.rmtree(os.environ["GRIDBID_DATA_DIR"], ignore_errors=True)
 
 
+def _shared_fixture_group(item: pytest.Item) -> str | None:
+    """The xdist group of a test that uses one of this suite's module- or session-scoped
+    fixtures (an anvil, a `gridbid up` server, Chromium, a deployed market): the tests that
+    share one instance of it run on one worker, so it starts once per run, not once per
+    worker that happens to get one of them. A session fixture groups across its directory,
+    a module fixture its module; the widest wins."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return None
+    group: str | None = None
+    for name in info.names_closure:
+        defs = info.name2fixturedefs.get(name)
+        if not defs or not defs[-1].baseid.startswith("tests"):
+            continue  # pytest's and plugins' own (django_db_setup is per worker by design)
+        scope = defs[-1].scope
+        if scope == "session":
+            return defs[-1].baseid or "tests"
+        if scope == "module":
+            group = item.nodeid.split("::", 1)[0]
+    return group
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks into node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from django.conf import settings
+
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None and (group := _shared_fixture_group(item)):
+            item.add_marker(pytest.mark.xdist_group(group))
 
     if getattr(settings, "POSTGRES_UNAVAILABLE", None) is None:
         return
