@@ -58,19 +58,24 @@ def test_two_workers_share_no_database_data_dir_redis_db_or_port_and_clear_a_kil
 
     out = tmp_path / "reports"
     out.mkdir()
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-p", "no:randomly", "-q", PROBE], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-p", "no:randomly", "-q", PROBE], cwd=ROOT,
                           env=_pytest_env(out), capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0 and "8 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0 and "15 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     reports = [json.loads(p.read_text()) for p in out.glob("*.json")]
+    assert len(reports) == 15, "every test ran once"
+    assert sorted(r["test"] for r in reports if "GET" in r["test"]) == [
+        f"test_every_operation_of_a_schema_runs[GET /probe/{name}/]" for name in "abc"], "every schemathesis operation ran"
+    grouped = {r["worker"] for r in reports if r["test"].startswith("test_tests_sharing_a_module_fixture")}
+    assert len(grouped) == 1, f"one worker ran the module fixture's tests, not {sorted(grouped)}"
     by_worker = {r["worker"]: r for r in reports}
-    assert set(by_worker) == {"gw0", "gw1"}, "both workers ran probes"
+    assert set(by_worker) == {"gw0", "gw1"}, "both workers ran tests"
     for key in ("database", "data_dir", "redis"):
         assert len({r[key] for r in reports}) == 2, f"each worker has its own {key}: {sorted({r[key] for r in reports})}"
     assert {r["redis"] for r in reports} == {"redis://127.0.0.1:6379/9", "redis://127.0.0.1:6379/8"}
     for name in by_worker:
         band = range(PORT_BASE + int(name[2:]) * PORT_BAND, PORT_BASE + (int(name[2:]) + 1) * PORT_BAND)
-        ports = [p for rr in reports if rr["worker"] == name for p in rr["ports"]]
+        ports = [p for r in reports if r["worker"] == name for p in r["ports"]]
         assert all(p in band for p in ports), f"{name}'s ports {ports} are in its band {band}"
         assert len(set(ports)) == len(ports), f"{name} never hands out one port twice in a run"
 
