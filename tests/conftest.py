@@ -70,12 +70,18 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         shutil.rmtree(os.environ["GRIDBID_DATA_DIR"], ignore_errors=True)
 
 
+# Session fixtures that start a server (the demo market, its dev chain): the tests that
+# use them run on one worker, so it starts once per run. Other session fixtures (the
+# in-process EVM of tests/contracts, ~13 s to deploy) start once per worker: splitting
+# their tests across workers saves more than the second start costs.
+SESSION_FIXTURES_ON_ONE_WORKER = {"embedded"}
+
+
 def _shared_fixture_group(item: pytest.Item) -> str | None:
-    """The xdist group of a test that uses one of this suite's module- or session-scoped
-    fixtures (an anvil, a `gridbid up` server, Chromium, a deployed market): the tests that
-    share one instance of it run on one worker, so it starts once per run, not once per
-    worker that happens to get one of them. A session fixture groups across its directory,
-    a module fixture its module; the widest wins."""
+    """The xdist group of a test that uses one of this suite's module-scoped fixtures (an
+    anvil, a `gridbid up` server, Chromium) or a session fixture named above: the tests
+    that share one instance of it run on one worker, so it starts once per run, not once
+    per worker that happens to draw one of them. A session fixture wins over a module's."""
     info = getattr(item, "_fixtureinfo", None)
     if info is None:
         return None
@@ -85,8 +91,8 @@ def _shared_fixture_group(item: pytest.Item) -> str | None:
         if not defs or not defs[-1].baseid.startswith("tests"):
             continue  # pytest's and plugins' own (django_db_setup is per worker by design)
         scope = defs[-1].scope
-        if scope == "session":
-            return defs[-1].baseid or "tests"
+        if scope == "session" and name in SESSION_FIXTURES_ON_ONE_WORKER:
+            return name
         if scope == "module":
             group = item.nodeid.split("::", 1)[0]
     return group
