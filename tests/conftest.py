@@ -4,6 +4,9 @@ users by role -> tokens -> API clients -> machines -> offers and bids."""
 from __future__ import annotations
 
 import os
+import re
+import shutil
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -11,9 +14,127 @@ import pytest
 
 REQUIRE_SERVICES = os.environ.get("GRIDBID_REQUIRE_SERVICES") == "1"
 
+# tests/settings.py names a run's test database after its process, and pytest-django adds
+# `_gwN` per xdist worker; a run that was killed never drops its own
+_TEST_DATABASE = re.compile(r"gridbid_test_(\d+)(?:_gw\d+)?")
 
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process, alive
+        return True
+    return True
+
+
+def _test_databases_of_dead_runs_drop() -> list[str]:
+    """Drop the test databases of runs whose process is gone, so killed runs do not pile
+    them up. Without FORCE, so a database some session still uses is left alone."""
+    import psycopg
+    from django.conf import settings
+
+    cfg = settings.DATABASES["default"]
+    dropped: list[str] = []
+    with psycopg.connect(host=cfg["HOST"] or "127.0.0.1", port=cfg["PORT"] or 5432, user=cfg["USER"] or "postgres",
+                         password=cfg["PASSWORD"] or None, dbname=cfg["NAME"] or "postgres", connect_timeout=3, autocommit=True) as conn:
+        names = [row[0] for row in conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'gridbid\\_test\\_%'")]
+        for name in names:
+            match = _TEST_DATABASE.fullmatch(name)
+            if match is None or _pid_alive(int(match.group(1))):
+                continue
+            try:
+                conn.execute(f'DROP DATABASE "{name}"')
+            except psycopg.Error:  # in use after all, or dropped by another run a moment ago
+                continue
+            dropped.append(name)
+    return dropped
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    from django.conf import settings
+
+    # once per run: in the xdist controller (or the only process), before any worker
+    # creates its database
+    if os.environ.get("PYTEST_XDIST_WORKER") or getattr(settings, "POSTGRES_UNAVAILABLE", "") is not None:
+        return
+    _test_databases_of_dead_runs_drop()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    from django.conf import settings
+
+    # the data directory tests/settings.py made for this run (workers' subdirectories too)
+    if getattr(settings, "TEST_DATA_DIR_CREATED", False):
+        shutil.rmtree(os.environ["GRIDBID_DATA_DIR"], ignore_errors=True)
+
+
+# Session fixtures that start a server (the demo market, its dev chain): the tests that
+# use them run on one worker, so it starts once per run. Other session fixtures (the
+# in-process EVM of tests/contracts, ~13 s to deploy) start once per worker: splitting
+# their tests across workers saves more than the second start costs.
+SESSION_FIXTURES_ON_ONE_WORKER = {"embedded"}
+
+
+def _shared_fixture_group(item: pytest.Item) -> str | None:
+    """The xdist group of a test that uses one of this suite's module-scoped fixtures (an
+    anvil, a `gridbid up` server, Chromium) or a session fixture named above: the tests
+    that share one instance of it run on one worker, so it starts once per run, not once
+    per worker that happens to draw one of them. A session fixture wins over a module's."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return None
+    group: str | None = None
+    for name in info.names_closure:
+        defs = info.name2fixturedefs.get(name)
+        if not defs or not defs[-1].baseid.startswith("tests"):
+            continue  # pytest's and plugins' own (django_db_setup is per worker by design)
+        scope = defs[-1].scope
+        if scope == "session" and name in SESSION_FIXTURES_ON_ONE_WORKER:
+            return name
+        if scope == "module":
+            group = item.nodeid.split("::", 1)[0]
+    return group
+
+
+def _node_id_set(item: pytest.Item, nodeid: str) -> None:
+    """pytest 8 keeps an item's id in `_nodeid`, pytest 9 in `_id` (a NodeId). xdist 3.8
+    still writes `_nodeid` for --dist loadgroup, which pytest 9 ignores: its xdist_group
+    marks did nothing. The id is what xdist's scheduler reads, so it is set here."""
+    if hasattr(item, "_id"):
+        from _pytest.nodeid import coerce_node_id
+
+        item._id = coerce_node_id(nodeid)
+    else:
+        item._nodeid = nodeid
+
+
+def _node_ids_made_unique(items: list[pytest.Item]) -> None:
+    """schemathesis gives every operation's test one node id (the operation is only in the
+    item's name). xdist's --dist loadgroup keys work by node id, so it ran one of the 52
+    API fuzz tests and dropped 51 without a word; the name's parameters go into the id."""
+    counts = Counter(item.nodeid for item in items)
+    for item in items:
+        if counts[item.nodeid] > 1 and not item.nodeid.endswith("::" + item.name):
+            _node_id_set(item, f"{item.nodeid.rsplit('::', 1)[0]}::{item.name}")
+    duplicates = sorted(nodeid for nodeid, n in Counter(item.nodeid for item in items).items() if n > 1)
+    if duplicates:
+        raise pytest.UsageError(f"tests share a node id, so a parallel run would drop all but one of each: {duplicates[:5]}")
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from django.conf import settings
+
+    _node_ids_made_unique(items)
+    if config.getoption("loadgroup", False) and os.environ.get("PYTEST_XDIST_WORKER"):  # xdist sets it for --dist loadgroup
+        # xdist's scheduler groups the ids ending in `@<group>` onto one worker
+        for item in items:
+            marks = [str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")]
+            group = "_".join(sorted(set(marks))) if marks else _shared_fixture_group(item)
+            if group and not item.nodeid.endswith("@" + group):
+                _node_id_set(item, f"{item.nodeid}@{group}")
 
     if getattr(settings, "POSTGRES_UNAVAILABLE", None) is None:
         return

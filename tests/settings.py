@@ -8,17 +8,27 @@ unless GRIDBID_REQUIRE_SERVICES=1 (CI), where a missing server is an error.
 import os
 import tempfile
 
-os.environ.setdefault("GRIDBID_DATA_DIR", tempfile.mkdtemp(prefix="gridbid-test-"))
+# A data directory per run, removed when the run ends (tests/conftest.py); under xdist the
+# controller makes it and each worker takes a subdirectory of its own (the controller's
+# environment is the workers'), so no two processes write one SQLite file or key file.
+TEST_DATA_DIR_CREATED = "GRIDBID_DATA_DIR" not in os.environ
+if TEST_DATA_DIR_CREATED:
+    os.environ["GRIDBID_DATA_DIR"] = tempfile.mkdtemp(prefix="gridbid-test-")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["GRIDBID_DATA_DIR"] = os.path.join(os.environ["GRIDBID_DATA_DIR"], os.environ["PYTEST_XDIST_WORKER"])
+    os.makedirs(os.environ["GRIDBID_DATA_DIR"], exist_ok=True)
 os.environ.pop("REDIS_URL", None)  # unit and API tests use the in-memory layer; Redis tests opt in
 os.environ.pop("DATABASE_URL", None)
 
 import dj_database_url  # noqa: E402
 
 from gridbid.settings import *  # noqa: E402,F403
+from tests.workers import worker_redis_url  # noqa: E402
 
 REQUIRE_SERVICES = os.environ.get("GRIDBID_REQUIRE_SERVICES") == "1"
 TEST_DATABASE_URL = os.environ.get("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
-TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+# each xdist worker its own database (15, 14, ... below the one named), flushed only by it
+TEST_REDIS_URL = worker_redis_url(os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15"))
 
 
 def _postgres_reachable(url: str) -> str | None:
@@ -39,7 +49,8 @@ def _postgres_reachable(url: str) -> str | None:
 POSTGRES_UNAVAILABLE = _postgres_reachable(TEST_DATABASE_URL)
 if POSTGRES_UNAVAILABLE is None:
     DATABASES = {"default": dj_database_url.parse(TEST_DATABASE_URL)}
-    # one test database per run, so parallel runs on one server do not collide
+    # one test database per run, so parallel runs on one server do not collide; pytest-django
+    # adds `_gwN` per xdist worker, and tests/conftest.py drops those of runs that were killed
     DATABASES["default"]["TEST"] = {"NAME": f"gridbid_test_{os.getpid()}"}
 elif REQUIRE_SERVICES:
     raise RuntimeError(f"GRIDBID_REQUIRE_SERVICES=1 but PostgreSQL at {TEST_DATABASE_URL} is unusable: {POSTGRES_UNAVAILABLE}")

@@ -1,14 +1,14 @@
 """The embedded server as a real process on real sockets, shared by the e2e tests.
 
-Each server gets free ports for HTTP and for its dev chain, so e2e runs never
-collide with each other or with a developer's `make run`."""
+Each server gets free ports for HTTP and for its dev chain, from its xdist worker's own
+band (tests/workers.py), so e2e runs never collide with each other, with another worker
+or with a developer's `make run`."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,13 +19,9 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.workers import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(data: Path, *, demo: bool, speed: int = 60, extra_env: dict[str, str] | None = None, up_args: tuple[str, ...] = ()) -> tuple[subprocess.Popen[bytes], str, dict[str, str]]:

@@ -13,7 +13,8 @@ from django.utils import timezone
 
 from market.models import AuctionRound, Job, Trade
 from tests.conftest import service_missing
-from tests.integration.helpers import OPERATOR_KEY, DjangoTransport, free_port
+from tests.integration.helpers import OPERATOR_KEY, DjangoTransport
+from tests.workers import free_port
 
 _rounds = itertools.count(1)
 

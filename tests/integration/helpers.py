@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ import pytest
 
 from tests.agent_loop import tick_until
 from tests.conftest import service_missing
+from tests.workers import free_port  # noqa: F401 - from this worker's port band; kept here for the suites that import it
 
 OPERATOR_KEY = "0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80"
 PROVIDER_KEYS = [
@@ -24,12 +24,6 @@ PROVIDER_KEYS = [
     "0x7c852118294e51e653712a81e05800f419141751be58f605c371e15141b007a6",
 ]
 TOKENS = 10**6
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def mint(ctx: Any, to: str, amount: int) -> None:

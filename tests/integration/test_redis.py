@@ -3,25 +3,27 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
 
 import pytest
 
 from tests.conftest import service_missing
 
-REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
-
 
 @pytest.fixture(scope="module")
 def redis_url() -> str:
+    """This worker's own Redis database (tests/settings.py), emptied of what a killed run
+    left there; FLUSHDB touches no other worker's database."""
     import redis
+    from django.conf import settings
 
+    url: str = settings.TEST_REDIS_URL
     try:
-        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
+        with redis.Redis.from_url(url, socket_connect_timeout=2) as client:
+            client.flushdb()
     except Exception as exc:
-        service_missing(f"Redis at {REDIS_URL} is unreachable ({exc}); set TEST_REDIS_URL")
-    return REDIS_URL
+        service_missing(f"Redis at {url} is unreachable ({exc}); set TEST_REDIS_URL")
+    return url
 
 
 def test_celery_task_round_trips_through_the_redis_broker(redis_url):
