@@ -42,7 +42,7 @@ def services_or_exit() -> None:
     from gridbid.health import probe_chain, probe_database, probe_redis, reason, redact
 
     cfg = settings.CONFIG
-    checks = [("DATABASE_URL", redact(cfg.database_url), probe_database, "start the database or correct DATABASE_URL")]
+    checks = [("DATABASE_URL", redact(cfg.database_url), lambda: probe_database(pooled=False), "start the database or correct DATABASE_URL")]
     if cfg.redis_url:
         redis_url = cfg.redis_url
         checks.append(("REDIS_URL", redact(redis_url), lambda: probe_redis(redis_url), "start Redis or correct REDIS_URL"))

@@ -92,8 +92,29 @@ class Readiness:
 
 
 # --- probes: one service each, no retries, short timeouts (also used by the CLI at start-up) ---
-def probe_database() -> None:
-    """Raises when the database does not answer a query."""
+def probe_database(*, timeout_s: float = PROBE_TIMEOUT_S, pooled: bool = True) -> None:
+    """Raises when the database does not answer a query within about `timeout_s`.
+
+    On PostgreSQL a request waits up to DATABASE_POOL_TIMEOUT (30 s) for a pooled
+    connection while the pool retries a database that is gone, so the probe asks the pool
+    with its own short deadline; `pooled=False` (start-up, before any pool exists) opens
+    one plain connection instead, so a refused start says one line, not the pool's retries."""
+    if connection.vendor == "postgresql":
+        if not pooled:
+            import psycopg
+
+            params = connection.get_connection_params()
+            params["connect_timeout"] = max(1, round(timeout_s))
+            psycopg.connect(**params).close()
+            return
+        pool = getattr(connection, "pool", None)
+        if pool is not None:
+            conn = pool.getconn(timeout=timeout_s)
+            try:
+                conn.execute("SELECT 1").fetchone()
+            finally:
+                pool.putconn(conn)
+            return
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
         cursor.fetchone()
