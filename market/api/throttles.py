@@ -1,7 +1,17 @@
-"""DRF's anonymous and per-user throttles, keyed by the real client address.
+"""The API's anonymous and per-user throttles: keyed by the real client address, counted
+with one atomic increment per request.
 
 DRF's own `get_ident` believes any `X-Forwarded-For`; these ask
 `gridbid.proxies.client_address`, which believes it only from TRUSTED_PROXIES.
+
+DRF's `SimpleRateThrottle` keeps every request's timestamp in the window as one cached
+list, read and written back whole on each request: its cost grows with the rate (at
+10,000/second the list was pickled to and from Redis every time), and two requests that
+read at once both see room. Here each (client, window) has one integer that
+`cache.incr` raises atomically, and the window slides: the previous window's count,
+weighted by how much of it still overlaps the last `duration` seconds, is added to this
+one's (the sliding-window counter). A request costs three small cache calls at any
+rate; a refused one is taken back out, so waiting as told is enough to get in again.
 """
 
 from __future__ import annotations
@@ -15,7 +25,7 @@ from rest_framework.settings import api_settings
 from gridbid.proxies import client_address
 
 
-class _ClientAddress:
+class _WindowCounter(throttling.SimpleRateThrottle):
     scope: str
 
     def get_ident(self, request: Any) -> str:
@@ -28,10 +38,52 @@ class _ClientAddress:
         except KeyError:
             raise ImproperlyConfigured(f"No throttle rate for scope {self.scope!r} in DEFAULT_THROTTLE_RATES.") from None
 
+    def allow_request(self, request: Any, view: Any) -> bool:
+        if self.rate is None:
+            return True
+        key = self.get_cache_key(request, view)
+        if key is None:
+            return True
+        now = self.timer()
+        window, into = divmod(now, self.duration)
+        current, previous = f"{key}:{int(window)}", f"{key}:{int(window) - 1}"
+        self.cache.add(current, 0, timeout=2 * self.duration + 1)
+        try:
+            count = self.cache.incr(current)
+        except ValueError:  # the window's key expired between the add and the incr
+            self.cache.add(current, 1, timeout=2 * self.duration + 1)
+            count = 1
+        before = int(self.cache.get(previous) or 0)
+        overlap = 1.0 - into / self.duration
+        if before * overlap + count <= self.num_requests:
+            return True
+        self.cache.decr(current)  # a refused request does not use up the allowance
+        # when will the next request fit? the previous window's weight falls as time passes
+        room = self.num_requests - count
+        if room >= 0 and before:
+            self.wait_s = (1.0 - room / before) * self.duration - into
+        else:  # this window alone is full: wait until it is the previous one and has faded enough
+            carried = count - 1
+            self.wait_s = self.duration - into + (1.0 - (self.num_requests - 1) / carried) * self.duration if carried else self.duration - into
+        return False
 
-class AnonRateThrottle(_ClientAddress, throttling.AnonRateThrottle):
-    pass
+    def wait(self) -> float | None:
+        return max(1.0, getattr(self, "wait_s", float(self.duration)))
 
 
-class UserRateThrottle(_ClientAddress, throttling.UserRateThrottle):
-    pass
+class AnonRateThrottle(_WindowCounter):
+    scope = "anon"
+
+    def get_cache_key(self, request: Any, view: Any) -> str | None:
+        if request.user and request.user.is_authenticated:
+            return None  # the user throttle counts them
+        return f"throttle:anon:{self.get_ident(request)}"
+
+
+class UserRateThrottle(_WindowCounter):
+    scope = "user"
+
+    def get_cache_key(self, request: Any, view: Any) -> str | None:
+        if not (request.user and request.user.is_authenticated):
+            return None  # the anonymous throttle counts them, at its own, lower rate
+        return f"throttle:user:{request.user.pk}"
