@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.cache import DEFAULT_CACHE_ALIAS, cache, caches
+from django.core.cache.backends.redis import RedisCache
 from django.core.exceptions import ImproperlyConfigured
 from rest_framework import throttling
 from rest_framework.settings import api_settings
@@ -47,13 +49,7 @@ class _WindowCounter(throttling.SimpleRateThrottle):
         now = self.timer()
         window, into = divmod(now, self.duration)
         current, previous = f"{key}:{int(window)}", f"{key}:{int(window) - 1}"
-        self.cache.add(current, 0, timeout=2 * self.duration + 1)
-        try:
-            count = self.cache.incr(current)
-        except ValueError:  # the window's key expired between the add and the incr
-            self.cache.add(current, 1, timeout=2 * self.duration + 1)
-            count = 1
-        before = int(self.cache.get(previous) or 0)
+        count, before = self._count(current, previous)
         overlap = 1.0 - into / self.duration
         if before * overlap + count <= self.num_requests:
             return True
@@ -66,6 +62,29 @@ class _WindowCounter(throttling.SimpleRateThrottle):
             carried = count - 1
             self.wait_s = self.duration - into + (1.0 - (self.num_requests - 1) / carried) * self.duration if carried else self.duration - into
         return False
+
+    def _count(self, current: str, previous: str) -> tuple[int, int]:
+        """Raise this window's counter; (its new value, the previous window's count)."""
+        ttl = 2 * int(self.duration) + 1
+        backend = caches[DEFAULT_CACHE_ALIAS] if self.cache is cache else self.cache  # the proxy's backend
+        if isinstance(backend, RedisCache):
+            # one round trip instead of Django's four (add, exists + incr, get): on Redis this
+            # was half of what an anonymous /markets/ request cost. Django stores an int as a
+            # plain Redis integer, so INCR and the cache's own get/incr read the same value.
+            keys = [backend.make_and_validate_key(k) for k in (current, previous)]
+            pipe = backend._cache.get_client(keys[0], write=True).pipeline(transaction=False)
+            pipe.incr(keys[0])
+            pipe.expire(keys[0], ttl)
+            pipe.get(keys[1])
+            count, _, before = pipe.execute()
+            return int(count), int(before or 0)
+        self.cache.add(current, 0, timeout=ttl)
+        try:
+            count = self.cache.incr(current)
+        except ValueError:  # the window's key expired between the add and the incr
+            self.cache.add(current, 1, timeout=ttl)
+            count = 1
+        return count, int(self.cache.get(previous) or 0)
 
     def wait(self) -> float | None:
         return max(1.0, getattr(self, "wait_s", float(self.duration)))

@@ -128,3 +128,34 @@ def test_the_limit_slides_across_a_window_boundary_and_retry_after_is_honest(thr
     assert ask().status_code == 429, "not before the time it was told"
     clock["now"] += 1.5
     assert ask().status_code == 200, "and in again once it has waited"
+
+
+@pytest.mark.redis
+def test_on_redis_the_counter_is_one_round_trip_and_holds_the_limit(throttled, anon, settings):
+    """Production caches on Redis: the throttle pipelines its three commands, and what it
+    writes is a plain integer that Django's own cache calls read back."""
+    import redis as redis_lib
+
+    from tests.conftest import service_missing
+
+    client = redis_lib.Redis.from_url(settings.TEST_REDIS_URL, socket_connect_timeout=2)
+    try:
+        client.ping()
+    except redis_lib.ConnectionError as exc:
+        service_missing(f"Redis at {settings.TEST_REDIS_URL} is unreachable ({exc})")
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": settings.TEST_REDIS_URL}}
+    from django.core.cache import cache as redis_cache
+
+    redis_cache.clear()
+    before = client.info("commandstats")
+    got = [anon.get("/api/v1/regions/", REMOTE_ADDR="203.0.113.80").status_code for _ in range(LIMIT + 2)]
+    after = client.info("commandstats")
+    assert got == [200] * LIMIT + [429] * 2
+    calls = lambda name: after.get(f"cmdstat_{name}", {}).get("calls", 0) - before.get(f"cmdstat_{name}", {}).get("calls", 0)  # noqa: E731
+    # each request: INCRBY + EXPIRE + GET in one pipeline; a refusal takes itself back out
+    # with the cache's decr (EXISTS + INCRBY -1)
+    assert (calls("incrby"), calls("expire")) == (LIMIT + 2 + 2, LIMIT + 2)
+    assert calls("set") == 0 and calls("exists") == 2, "no read-modify-write of a history list"
+    counters = [k for k in client.keys("*throttle:anon:203.0.113.80:*")]
+    assert len(counters) == 1 and int(client.get(counters[0])) == LIMIT, "the refused requests were taken back out"
+    redis_cache.clear()
