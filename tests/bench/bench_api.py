@@ -36,8 +36,6 @@ import contextlib
 import json
 import os
 import random
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -50,6 +48,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tests.e2e.conftest import stop_server  # noqa: E402 - needs ROOT on the path
+from tests.workers import free_port  # noqa: E402
+
 PG_ADMIN_URL = os.environ.get("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 REDIS_BASE = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379")
 REDIS_DB = int(os.environ.get("BENCH_REDIS_DB", "11"))
@@ -104,22 +107,6 @@ def seed(n_bids: int, seed_value: int, n_rounds: int) -> dict[str, Any]:
 
 
 # --- processes --------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=30)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
-
-
 @contextlib.contextmanager
 def postgres_database() -> Iterator[str]:
     """A fresh PostgreSQL database for one run, dropped after it."""
@@ -187,7 +174,7 @@ def server(mode: str, data: Path, n_bids: int, seed_value: int, n_rounds: int) -
             yield base, seeded["token"], procs[0].pid
         finally:
             for proc in reversed(procs):
-                stop(proc)
+                stop_server(proc)
 
 
 def wait_healthy(base: str, proc: subprocess.Popen[bytes], log: Path) -> None:
