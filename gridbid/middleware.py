@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import html
-import ipaddress
 import json
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -14,6 +13,7 @@ from django.core.exceptions import DisallowedHost
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 
 from gridbid import logs
+from gridbid.proxies import request_address
 
 
 class RejectNulBytesMiddleware:
@@ -32,29 +32,6 @@ class RejectNulBytesMiddleware:
         return self.get_response(request)
 
 
-def client_address(request: HttpRequest) -> str | None:
-    """The address the request came from, for the audit log and anything else that needs
-    it: the peer, or the client a trusted proxy forwarded for (`gridbid.proxies`, the same
-    address the throttles and the log-in limit see); None when it is no IP address (a Unix
-    socket, a test without one)."""
-    from gridbid.proxies import client_address as forwarded_client
-
-    raw = forwarded_client(request.META).strip()
-    try:
-        return str(ipaddress.ip_address(raw))
-    except ValueError:
-        return None
-
-
-def scope_address(scope: Mapping[str, Any]) -> str | None:
-    """The address an ASGI connection (a WebSocket) came from, like `client_address`."""
-    client = scope.get("client") or ()
-    try:
-        return str(ipaddress.ip_address(str(client[0]).strip()))
-    except (ValueError, IndexError, TypeError):
-        return None
-
-
 class RequestIdMiddleware:
     """Gives every request an id: the client's X-Request-ID when it is sane (1-64 of
     A-Za-z0-9._-), else a new one. It is answered in the X-Request-ID header, carried by
@@ -71,7 +48,7 @@ class RequestIdMiddleware:
         rid = incoming if logs.request_id_sane(incoming) else logs.request_id_new()
         request.request_id = rid  # type: ignore[attr-defined]
         logs.request_id.set(rid)
-        logs.request_address.set(client_address(request))
+        logs.request_address.set(request_address(request))
         response = self.get_response(request)
         response[logs.REQUEST_ID_HEADER] = rid
         response._resource_closers.append(_unbind)

@@ -4,7 +4,7 @@ Anyone can send `X-Forwarded-For`, so reading it blindly lets one client pose as
 thousands (a fresh address per request slips past every per-address limit).
 The header is read only when the peer is in `TRUSTED_PROXIES`, and then from the
 right: each hop a trusted proxy appended is peeled off until the first address we
-do not trust, which is the client. Throttles and the log-in limit use this.
+do not trust, which is the client. Throttles, the log-in limit and the audit log use this.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from django.conf import settings
+from django.http import HttpRequest
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 MAX_HOPS = 32  # a longer chain is not ours: stop peeling
@@ -59,3 +60,23 @@ def client_address(meta: Mapping[str, Any]) -> str:
         except ValueError:
             return address  # a garbled hop: the last proxy we trust is all we know
     return address
+
+
+def request_address(request: HttpRequest) -> str | None:
+    """The address the request came from, for the audit log and anything else that needs
+    it: `client_address`, the one the throttles and the log-in limit see, as a normalised
+    IP address; None when it is none (a Unix socket, a test without one)."""
+    raw = client_address(request.META).strip()
+    try:
+        return str(ipaddress.ip_address(raw))
+    except ValueError:
+        return None
+
+
+def scope_address(scope: Mapping[str, Any]) -> str | None:
+    """The address an ASGI connection (a WebSocket) came from, like `request_address`."""
+    client = scope.get("client") or ()
+    try:
+        return str(ipaddress.ip_address(str(client[0]).strip()))
+    except (ValueError, IndexError, TypeError):
+        return None

@@ -23,11 +23,11 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from gridbid import logs
-from gridbid.middleware import client_address
+from gridbid.proxies import request_address
 from market.models import ApiToken, AuditAction, AuditEvent, AuditImmutable, Offer, User
 from market.states import OfferState
 
-__all__ = ["AuditAction", "AuditImmutable", "audit_record", "client_address", "offer_change_record", "offer_snapshot"]
+__all__ = ["AuditAction", "AuditImmutable", "audit_record", "offer_change_record", "offer_snapshot"]
 
 # never kept, at any depth of the details
 SECRET_KEYS = frozenset({"password", "password1", "password2", "token", "raw", "secret", "private_key", "key", "passphrase", "authorization", "signature"})
@@ -60,7 +60,7 @@ def audit_record(*, actor: Any, action: AuditAction | str, request: HttpRequest 
         object_type, object_id = str(obj[0]), str(obj[1])
     else:
         object_type, object_id = "", ""
-    address = client_address(request) if request is not None else logs.request_address.get()
+    address = request_address(request) if request is not None else logs.request_address.get()
     rid = getattr(request, "request_id", "") if request is not None else ""
     body = _clean(json.loads(json.dumps(dict(details or {}), cls=DjangoJSONEncoder)))
     return AuditEvent.objects.create(

@@ -18,7 +18,7 @@ from rest_framework.exceptions import AuthenticationFailed, ValidationError
 
 from gridbid import logs
 from gridbid.metrics import stream_closed, stream_opened
-from gridbid.middleware import scope_address
+from gridbid.proxies import scope_address
 from market.api.errors import _flatten, _summary
 from market.api.parsers import JSON_DEPTH_MESSAGE, json_too_deep
 from market.errors import DomainError
