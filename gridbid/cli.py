@@ -120,11 +120,8 @@ def beat() -> None:
     services_or_exit()
     from gridbid.celery import app
 
-    # beat's state (last run of each entry) lives with the rest of the data, not in
-    # whatever folder the command happened to be started from
-    schedule = settings.CONFIG.data_dir / "celerybeat-schedule"
-    schedule.parent.mkdir(parents=True, exist_ok=True)
-    app.start(["beat", "--loglevel=INFO", f"--schedule={schedule}"])
+    settings.CONFIG.data_dir.mkdir(parents=True, exist_ok=True)  # beat keeps its schedule there (settings)
+    app.start(["beat", "--loglevel=INFO"])
 
 
 @main.command(name="stream", add_help_option=False, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})

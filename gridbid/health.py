@@ -31,6 +31,7 @@ Status = Literal["ok", "failing", "skipped"]
 
 PROBE_TIMEOUT_S = 2.0  # socket timeout of one Redis or chain probe
 DEADLINE_S = 4.0  # the whole readiness answer, network probes included
+PART_ORDER = ("database", "redis", "chain", "rounds", "listener", "outbox")
 ROUND_STALE_MIN_S = 60.0  # a round older than max(this, ROUND_STALE_ROUNDS x ROUND_SECONDS) is stale...
 ROUND_STALE_ROUNDS = 3  # ...when there are open bids to clear
 LISTENER_LAG_MAX_BLOCKS = 200  # the listener reads every 3 s; this far behind the head it has stopped
@@ -74,7 +75,6 @@ class Readiness:
     last_round_age_s: float | None = None
     outbox_depth: int | None = None
     outbox_oldest_age_s: float | None = None
-    at: float = 0.0
 
     @property
     def ready(self) -> bool:
@@ -108,7 +108,9 @@ def probe_database(*, timeout_s: float = PROBE_TIMEOUT_S, pooled: bool = True) -
             psycopg.connect(**params).close()
             return
         pool = getattr(connection, "pool", None)
-        if pool is not None:
+        # a thread that already holds its connection (the operator page, /metrics) asks on it:
+        # a second one from the pool could wait out the probe on a pool of one
+        if pool is not None and connection.connection is None:
             conn = pool.getconn(timeout=timeout_s)
             try:
                 conn.execute("SELECT 1").fetchone()
@@ -188,10 +190,11 @@ def _cached() -> Readiness | None:
     return None
 
 
-def readiness(*, deadline_s: float = DEADLINE_S, use_cache: bool = True) -> Readiness:
-    """Check every part; at most about `deadline_s` seconds."""
+def readiness() -> Readiness:
+    """Check every part; at most about DEADLINE_S seconds."""
     global _cache
-    if use_cache and (hit := _cached()) is not None:
+    deadline_s = DEADLINE_S
+    if (hit := _cached()) is not None:
         return hit
     # one check at a time per process: callers arriving meanwhile wait for it and share
     # its answer, so a burst of probes against a hung node cannot pile up threads
@@ -201,9 +204,11 @@ def readiness(*, deadline_s: float = DEADLINE_S, use_cache: bool = True) -> Read
                 return _cache[1]
         _run_lock.acquire()
     try:
-        if use_cache and (hit := _cached()) is not None:
+        if (hit := _cached()) is not None:
             return hit
         result = _readiness(deadline_s)
+        # one order of parts in every answer, whatever path the checks took
+        result.parts = {name: result.parts[name] for name in PART_ORDER if name in result.parts}
         with _cache_lock:
             _cache = (time.monotonic(), result)
         return result
@@ -219,7 +224,7 @@ def readiness_cache_clear() -> None:
 
 def _readiness(deadline_s: float) -> Readiness:
     start = time.monotonic()
-    out = Readiness(at=time.time())
+    out = Readiness()
     cfg = settings.CONFIG
 
     redis_future: Future[Any] | None = None
@@ -240,7 +245,7 @@ def _readiness(deadline_s: float) -> Readiness:
     from ledger.models import ChainTx
     from ledger.outbox import OPEN_STATES
 
-    open_txs = list(ChainTx.objects.filter(state__in=OPEN_STATES).values("sender", "nonce", "state", "signed_at", "created_at", "chain_id"))
+    open_txs = list(ChainTx.objects.filter(state__in=OPEN_STATES).values("sender", "nonce", "state", "signed_at", "created_at"))
     url = chain_url()
     chain_future: Future[Any] | None = None
     if url:
@@ -252,9 +257,6 @@ def _readiness(deadline_s: float) -> Readiness:
     _listener_part(out, probe)
     _outbox_part(out, open_txs, probe)
     _redis_part(out, redis_future, start, deadline_s)
-    # keep the parts in one order in the answer
-    order = ("database", "redis", "chain", "rounds", "listener", "outbox")
-    out.parts = {name: out.parts[name] for name in order if name in out.parts}
     return out
 
 

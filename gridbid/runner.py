@@ -82,7 +82,7 @@ class EmbeddedCelery:
         if demo:
             self.app.conf.beat_schedule["demo-tick"] = {"task": "market.tasks.demo_tick", "schedule": 3.0}
             self.app.conf.beat_schedule["demo-agents"] = {"task": "ledger.tasks.demo_agents_tick", "schedule": 5.0}
-        self.beat = EmbeddedService(self.app, thread=True, schedule_filename=str(settings.CONFIG.data_dir / "celerybeat-schedule"))
+        self.beat = EmbeddedService(self.app, thread=True, schedule_filename=self.app.conf.beat_schedule_filename)
         self.beat.start()
 
     def stop(self, timeout: float = 10.0) -> None:

@@ -97,7 +97,6 @@ elif _db["ENGINE"] == "django.db.backends.sqlite3":
         "transaction_mode": "IMMEDIATE",
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
-    _db["CONN_MAX_AGE"] = 0
     _db["CONN_HEALTH_CHECKS"] = False
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -224,6 +223,9 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TIMEZONE = "UTC"
+# beat's state (last run of each entry) lives with the rest of the data, not in whatever
+# folder beat was started from; `gridbid beat` and the embedded beat both read this
+CELERY_BEAT_SCHEDULE_FILENAME = str(CONFIG.data_dir / "celerybeat-schedule")
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 

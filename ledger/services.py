@@ -396,16 +396,19 @@ def escrow_deposit(*, ctx: ChainContext, user: User, amount: int, key: str) -> C
     custodial = custodial_key_get_or_create(user=user)
     signer = custodial_signer(custodial)
     market = ctx.deployment.market_address
+    # Estimating the deposit after the approve runs its transferFrom before the approve is
+    # mined: on any chain that does not mine each transaction at once that reverts
+    # ("allowance exceeded"; it crashed `gridbid up --demo`). The signer's nonces already
+    # order the two, so the deposit gets a gas limit instead of an estimate: what a plain
+    # transfer of this token costs this sender plus the market's own bookkeeping. It is
+    # estimated first, so a buyer without the tokens fails before anything is sent, and
+    # only for a new pair: a retry of a mined deposit (the tokens gone) sends nothing.
+    gas_limit = None
+    if not ChainTx.objects.filter(key=f"deposit:{key}").exists():
+        gas_limit = int(ctx.client.build(ctx.token.functions.transfer(market, amount), signer.address)["gas"]) + DEPOSIT_MARKET_GAS
     tx_submit(client=ctx.client, signer=signer, key=f"approve:{key}", purpose="approve", call=ctx.token.functions.approve(market, amount))
-    # Estimating the deposit now runs its transferFrom before the approve is mined: on any
-    # chain that does not mine each transaction at once that reverts ("allowance
-    # exceeded"; it crashed `gridbid up --demo`). The signer's nonces already order the
-    # two, so the deposit gets a gas limit instead of an estimate: what a plain transfer
-    # of this token costs this sender (estimated now; it fails here, before anything is
-    # sent, if the tokens are not there) plus the market's own bookkeeping.
-    transfer_gas = ctx.client.build(ctx.token.functions.transfer(market, amount), signer.address)["gas"]
     return tx_submit(client=ctx.client, signer=signer, key=f"deposit:{key}", purpose="deposit", call=ctx.market.functions.deposit(amount),
-                     gas_limit=int(transfer_gas) + DEPOSIT_MARKET_GAS)
+                     gas_limit=gas_limit)
 
 
 def escrow_summary(*, address: str) -> dict[str, Any]:

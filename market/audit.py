@@ -61,11 +61,10 @@ def audit_record(*, actor: Any, action: AuditAction | str, request: HttpRequest 
     else:
         object_type, object_id = "", ""
     address = request_address(request) if request is not None else logs.request_address.get()
-    rid = getattr(request, "request_id", "") if request is not None else ""
     body = _clean(json.loads(json.dumps(dict(details or {}), cls=DjangoJSONEncoder)))
     return AuditEvent.objects.create(
         actor=actor, actor_username=actor.get_username() if actor is not None else "", action=action, at=timezone.now(),
-        address=address, object_type=object_type[:32], object_id=object_id[:64], details=body, request_id=rid or logs.request_id.get(),
+        address=address, object_type=object_type[:32], object_id=object_id[:64], details=body, request_id=getattr(request, "request_id", "") or logs.request_id.get(),
     )
 
 

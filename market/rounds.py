@@ -72,7 +72,6 @@ def _set_aside(*, rnd: AuctionRound, aside: tuple[engine.SetAside, ...]) -> dict
     """Tell each owner why the engine could not take their order this round: a bid keeps its
     place in the book with the reason as its explanation; an offer is paused (`limits`), so
     its provider sees it stopped selling and can reprice it."""
-    bids = sorted({a.id for a in aside if a.kind == "bid" and a.id is not None})
     offers = sorted({a.id for a in aside if a.kind == "offer" and a.id is not None})
     reasons: dict[int, list[str]] = {}
     for a in aside:
@@ -80,6 +79,7 @@ def _set_aside(*, rnd: AuctionRound, aside: tuple[engine.SetAside, ...]) -> dict
             reasons.setdefault(a.id, []).append(
                 f"The market cannot take this bid: {a.field} {a.message}. Cancel it and place one within the limits."
             )
+    bids = sorted(reasons)
     with transaction.atomic():
         for bid in Bid.objects.select_for_update().filter(pk__in=bids, state=BidState.OPEN):
             bid.explanation = {"round": rnd.number, "matched": False, "set_aside": True, "reasons": reasons[bid.pk], "nearest": None}

@@ -51,8 +51,12 @@ def idempotent(handler: Handler | None = None, *, secret: str | None = None, sec
     return _idempotent(handler, secret=secret, secret_note=secret_note)
 
 
-def _redacted(body: dict[str, Any], secret: str, note: str) -> dict[str, Any]:
-    return {k: v for k, v in body.items() if k != secret} | {"note": note}
+def _kept(body: Any, status: int, secret: str | None, note: str) -> tuple[Any, int]:
+    """What a replay record holds and answers: a body with a secret in it loses the secret
+    and gains `note`, and answers 200 (an answer about the object, not a second copy)."""
+    if secret is None or not isinstance(body, dict) or secret not in body:
+        return body, status
+    return {k: v for k, v in body.items() if k != secret} | {"note": note}, 200
 
 
 def _idempotent(handler: Handler, *, secret: str | None, secret_note: str) -> Handler:
@@ -73,9 +77,8 @@ def _idempotent(handler: Handler, *, secret: str | None, secret_note: str) -> Ha
             if existing is not None:
                 if existing.request_hash != digest:
                     return Response(error_body("idempotency_conflict", "This Idempotency-Key was used with a different request. Use a new key for a new request."), status=409)
-                body, status = existing.body, existing.status_code
-                if secret is not None and isinstance(body, dict) and secret in body:  # a record kept before secrets were redacted
-                    body, status = _redacted(body, secret, secret_note), 200
+                # redacted again: a record kept before secrets were redacted may still hold one
+                body, status = _kept(existing.body, existing.status_code, secret, secret_note)
                 response = Response(body, status=status)
                 response["Idempotent-Replayed"] = "true"
                 return response
@@ -88,12 +91,7 @@ def _idempotent(handler: Handler, *, secret: str | None, secret_note: str) -> Ha
             if response.status_code >= 500:
                 transaction.set_rollback(True)
                 return response
-            record.status_code = response.status_code
-            record.body = response.data
-            if secret is not None and isinstance(response.data, dict) and secret in response.data:
-                # the replay is an answer about the object, not a second copy of the secret
-                record.status_code = 200
-                record.body = _redacted(response.data, secret, secret_note)
+            record.body, record.status_code = _kept(response.data, response.status_code, secret, secret_note)
             record.save(update_fields=["status_code", "body"])
             return response
 

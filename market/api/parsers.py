@@ -64,7 +64,7 @@ class BoundedJSONParser(JSONParser):
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
         limit: int | None = settings.DATA_UPLOAD_MAX_MEMORY_SIZE  # None: no limit
-        raw = b"" if stream is None else stream.read() if limit is None else stream.read(limit + 1)
+        raw = stream.read() if limit is None else stream.read(limit + 1)  # DRF parses no absent body
         if limit is not None and len(raw) > limit:
             raise BodyTooLarge(body_too_large_message(limit))
         if json_too_deep(raw):

@@ -25,6 +25,7 @@ from rest_framework import throttling
 from rest_framework.settings import api_settings
 
 from gridbid.proxies import client_address
+from market.cache_counters import cache_count_up
 
 
 class _WindowCounter(throttling.SimpleRateThrottle):
@@ -78,13 +79,7 @@ class _WindowCounter(throttling.SimpleRateThrottle):
             pipe.get(keys[1])
             count, _, before = pipe.execute()
             return int(count), int(before or 0)
-        self.cache.add(current, 0, timeout=ttl)
-        try:
-            count = self.cache.incr(current)
-        except ValueError:  # the window's key expired between the add and the incr
-            self.cache.add(current, 1, timeout=ttl)
-            count = 1
-        return count, int(self.cache.get(previous) or 0)
+        return cache_count_up(current, timeout=ttl), int(self.cache.get(previous) or 0)
 
     def wait(self) -> float | None:
         return max(1.0, getattr(self, "wait_s", float(self.duration)))

@@ -94,22 +94,24 @@ def screen(inp: RoundInput) -> tuple[RoundInput, tuple[SetAside, ...]]:
     """
     model_ids, region_ids = _round(inp)
     aside: list[SetAside] = []
-    offers = tuple(
-        o for i, o in enumerate(inp.offers)
+    offers = [
+        (i, o) for i, o in enumerate(inp.offers)
         if _offer_ok(o, model_ids, region_ids) or _keep(aside, "offer", i, o, _offer, model_ids, region_ids)
-    )
-    bids = tuple(
-        b for i, b in enumerate(inp.bids)
+    ]
+    bids = [
+        (i, b) for i, b in enumerate(inp.bids)
         if _bid_ok(b, model_ids, region_ids) or _keep(aside, "bid", i, b, _bid, model_ids, region_ids)
-    )
+    ]
     running = tuple(j for i, j in enumerate(inp.running) if _keep(aside, "running", i, j, _running))
+    # a duplicate is named by its place in the input as given, like every other error
     offer_ids: set[int] = set()
-    for i, o in enumerate(offers):
+    for i, o in offers:
         _unique(f"offers[{i}].id", o.id, offer_ids, "offer")
     bid_ids: set[int] = set()
-    for i, b in enumerate(bids):
+    for i, b in bids:
         _unique(f"bids[{i}].id", b.id, bid_ids, "bid")
-    return dataclasses.replace(inp, offers=offers, bids=bids, running=running), tuple(aside)
+    kept = dataclasses.replace(inp, offers=tuple(o for _, o in offers), bids=tuple(b for _, b in bids), running=running)
+    return kept, tuple(aside)
 
 
 def _keep(aside: list[SetAside], kind: str, i: int, item: Any, check: Callable[..., None], *context: set[str]) -> bool:

@@ -18,6 +18,8 @@ from channels.layers import get_channel_layer
 from django.core.cache import cache
 from django.db import transaction
 
+from market.cache_counters import cache_count_up
+
 log = logging.getLogger("gridbid.streams")
 
 PUBLIC_CHANNEL = re.compile(r"^(book\.[A-Za-z0-9_.-]+\.[a-z0-9-]+|rounds|trades)$")
@@ -45,13 +47,7 @@ def current_seq(group: str) -> int:
 
 
 def next_seq(group: str) -> int:
-    key = _seq_key(group)
-    cache.add(key, 0, SEQ_TTL)
-    try:
-        return int(cache.incr(key))
-    except ValueError:  # evicted between add and incr
-        cache.set(key, 1, SEQ_TTL)
-        return 1
+    return cache_count_up(_seq_key(group), timeout=SEQ_TTL)
 
 
 def publish(channel: str, data: Any, *, user_id: int | None = None) -> None:

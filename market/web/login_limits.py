@@ -24,6 +24,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from gridbid.proxies import client_address
+from market.cache_counters import cache_count_up
 
 ACCOUNT, ADDRESS = "account", "address"
 REFUSAL = {
@@ -65,12 +66,7 @@ def login_failure_record(*, username: str, address: str | None) -> None:
     limits = _limits()
     for kind, value in _subjects(username, address):
         key = _key(kind, "fail", value)
-        cache.add(key, 0, timeout=cooldown)
-        try:
-            failures = cache.incr(key)
-        except ValueError:  # expired between add and incr
-            cache.set(key, 1, timeout=cooldown)
-            failures = 1
+        failures = cache_count_up(key, timeout=cooldown)
         if failures >= limits[kind]:
             cache.set(_key(kind, "lock", value), time.time() + cooldown, timeout=cooldown)
             cache.delete(key)

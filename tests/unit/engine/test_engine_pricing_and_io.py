@@ -197,3 +197,12 @@ def test_screen_of_a_clean_round_is_the_round() -> None:
     inp = round_of([offer(1), offer(2)], [bid(1), bid(2)])
     kept, aside = screen(inp)
     assert kept == inp and aside == ()
+
+
+def test_screen_names_a_duplicate_by_its_place_in_the_input_after_a_set_aside() -> None:
+    from market.engine import limits, screen
+
+    inp = round_of([offer(1, ask=limits.MAX_PRICE + 1), offer(2), offer(2)], [bid(1)])
+    with pytest.raises(EngineInputError) as err:
+        screen(inp)
+    assert err.value.field == "offers[2].id"
