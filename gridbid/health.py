@@ -229,8 +229,9 @@ def _readiness(deadline_s: float) -> Readiness:
 
     redis_future: Future[Any] | None = None
     if cfg.redis_url:
-        url = cfg.redis_url
-        redis_future = _pool.submit(_timed, lambda: probe_redis(url))
+        # bound now: the closure runs on another thread, and `url` below becomes the chain's
+        redis_url = cfg.redis_url
+        redis_future = _pool.submit(_timed, lambda: probe_redis(redis_url))
 
     _, db_error, ms = _timed(probe_database)
     if db_error is not None:
