@@ -38,8 +38,16 @@ def test_celery_task_round_trips_through_the_redis_broker(redis_url):
         return price * gpus * seconds // 3600
 
     app.loader.import_module("celery.contrib.testing.tasks")
-    with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=20):
-        assert price_total.delay(2_000_000, 8, 5400).get(timeout=20) == 24_000_000
+    try:
+        with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=20):
+            assert price_total.delay(2_000_000, 8, 5400).get(timeout=20) == 24_000_000
+    finally:
+        # start_worker makes this app the process's current and default one; a later
+        # test's in-process worker of the project's app then never received a task
+        from gridbid.celery import app as project_app
+
+        project_app.set_current()
+        project_app.set_default()
 
 
 def test_channels_redis_layer_delivers_a_group_message(redis_url):
