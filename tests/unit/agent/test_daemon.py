@@ -245,10 +245,14 @@ def test_after_a_restart_the_agent_reattaches_to_a_running_job_and_runs_nothing_
 def test_a_job_that_ended_while_the_agent_was_down_is_reported_with_its_exit_code(tmp_path, key):
     market = FakeMarket()
     agent = make_agent(tmp_path, market, key)
-    market.assignments_list = [assignment(13, "raise SystemExit(4)")]
+    go = tmp_path / "go"
+    # The job waits for the test's word, so the agent cannot reap it before it goes down.
+    code = f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.01)\nraise SystemExit(4)"
+    market.assignments_list = [assignment(13, code)]
     run_until(agent, lambda: 13 in agent.running)
-    agent.running[13].popen.wait(10)
     agent.state.close()
+    go.touch()
+    agent.running[13].popen.wait(10)
     market2 = FakeMarket()
     again = make_agent(tmp_path, market2, key)
     again.recover()
