@@ -227,7 +227,7 @@ def test_preempted_job_checkpoints_and_resumes_on_another_agent(tmp_path, key):
 
 def test_after_a_restart_the_agent_reattaches_to_a_running_job_and_runs_nothing_twice(tmp_path, key):
     market = FakeMarket()
-    code = "import time; open('outputs/runs', 'a').write('x'); time.sleep(1.0)"
+    code = "import time; open('outputs/runs', 'a').write('x'); time.sleep(3.0)"
     agent = make_agent(tmp_path, market, key)
     market.assignments_list = [assignment(12, code)]
     run_until(agent, lambda: 12 in agent.running)
