@@ -27,6 +27,7 @@ class Queue(enum.StrEnum):
 TASK_QUEUES: dict[str, Queue] = {
     "market.tasks.round_run": Queue.ROUNDS,
     "market.tasks.bids_expire": Queue.DEFAULT,
+    "market.tasks.bookings_expire": Queue.DEFAULT,
     "market.tasks.idempotency_prune": Queue.DEFAULT,
     "market.tasks.demo_tick": Queue.DEMO,
     "providers.tasks.machines_mark_offline": Queue.DEFAULT,
@@ -61,6 +62,7 @@ def _schedule(sender: Celery, **_: object) -> None:
             "options": {"expires": settings.GRIDBID["ROUND_SECONDS"] * 2},
         },
         "expire-bids": {"task": "market.tasks.bids_expire", "schedule": 30.0},
+        "expire-bookings": {"task": "market.tasks.bookings_expire", "schedule": 15.0},
         "machines-offline": {"task": "providers.tasks.machines_mark_offline", "schedule": 10.0},
         "idempotency-prune": {"task": "market.tasks.idempotency_prune", "schedule": 3600.0},
         # ledger (settlement): all on the chain queue, each idempotent

@@ -40,6 +40,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TRUSTED_PROXIES", "(empty)", "Comma-separated IPs/CIDRs of your reverse proxies (10.0.0.0/8,127.0.0.1). Only their X-Forwarded-For is believed, for rate limits and log-in lock-outs; empty: the peer's address is the client's."),
     Variable("ROUND_SECONDS", "5", "Seconds between auction rounds (1-3600)."),
     Variable("ROUND_LEASE_SECONDS", "900", "How long a round may stay `clearing` (60-86400): past it, its worker is taken for dead and the round is failed. Above the slowest round you expect."),
+    Variable("BOOKING_GRACE_S", "300", "Seconds past a trade's booked duration (60-86400) its job may take to start and to report its end; then its GPUs go back to the market without it."),
     Variable("PRICING_RULE", "uniform", "Auction price rule: uniform (clearing price per bucket) or pay_as_ask."),
     Variable("PRICE_POINT", "0", "Where the uniform price sits in each bucket's clearing interval: 0 = the lowest clearing price (buyer-friendly), 0.5 = midpoint, 1 = top."),
     Variable("FAIR_SHARE_CAP", "1.0", "Largest fraction (0-1] of a scarce bucket's GPUs one buyer may take in one round."),
@@ -144,6 +145,7 @@ class Config:
     secure_cookies: bool
     round_seconds: float
     round_lease_seconds: float
+    booking_grace_s: float
     pricing_rule: str
     fair_share_cap: float
     price_point: float
@@ -245,6 +247,7 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         trusted_proxies=_proxies(env, "TRUSTED_PROXIES"),
         round_seconds=_number(env, "ROUND_SECONDS", 5.0, 1, 3600),
         round_lease_seconds=_number(env, "ROUND_LEASE_SECONDS", 900.0, 60, 86_400),
+        booking_grace_s=_number(env, "BOOKING_GRACE_S", 300.0, 60, 86_400),
         pricing_rule=_choice(env, "PRICING_RULE", "uniform", ("uniform", "pay_as_ask")),
         fair_share_cap=_number(env, "FAIR_SHARE_CAP", 1.0, 0.01, 1.0),
         price_point=_number(env, "PRICE_POINT", 0.0, 0.0, 1.0),

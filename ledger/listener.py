@@ -26,6 +26,7 @@ from ledger.models import (
     SeenBlock,
     SettleBatch,
 )
+from ledger.signals import trades_moved
 from market import states
 from market.models import Trade
 from market.states import TradeState
@@ -108,6 +109,8 @@ def _advance_trades(qs: Any, target: str) -> None:
             states.advance("trade", trade, target)
             trade.save(update_fields=["state"])
             moved.append(trade.pk)
+    if moved:
+        trades_moved.send(sender=_advance_trades, trade_ids=moved, state=target)  # e.g. a refund gives back the trade's GPUs
     events.jobs_changed(trade_ids=moved)  # the buyer's page shows recorded / settled live
 
 

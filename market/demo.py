@@ -11,11 +11,9 @@ import random
 from datetime import timedelta
 
 from django.db import transaction
-from django.db.models import F
-from django.db.models.functions import Least
 from django.utils import timezone
 
-from market import services
+from market import bookings, services
 from market.models import Role, User
 from market.streams import events
 from providers import catalogue
@@ -160,7 +158,7 @@ def demo_tick(seed: int | None = None) -> dict[str, int]:
                 job.state, job.progress, job.ended_at, job.exit_code = JobState.COMPLETED, 1.0, now, 0
                 job.gpu_seconds = t.gpus * t.duration_s
                 job.save()
-                Offer.objects.filter(pk=t.offer_id).update(gpus_free=Least(F("gpus"), F("gpus_free") + t.gpus))
+                bookings.on_job_ended(trade_id=t.pk, state=job.state)
                 finished += 1
             elif job.state == JobState.ASSIGNED:
                 job.state, job.started_at = JobState.RUNNING, now

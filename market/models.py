@@ -12,7 +12,7 @@ from django.contrib.auth.models import AbstractUser
 from django.db import models
 from django.db.models import F, Q
 
-from market.states import BidState, JobState, OfferState, RoundState, TradeState
+from market.states import BidState, BookingState, JobState, OfferState, RoundState, TradeState
 from providers.models import GpuModel, Machine, Provider, Region
 
 
@@ -66,7 +66,9 @@ class Offer(models.Model):
     machine = models.ForeignKey(Machine, on_delete=models.PROTECT, related_name="offers")
     gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="offers")
     gpus = models.PositiveSmallIntegerField(help_text="GPUs offered")
-    gpus_free = models.PositiveSmallIntegerField(help_text="GPUs not taken by running trades")
+    # derived, never counted: `market.bookings.capacity_refresh` sets it from the held bookings
+    # in the same transaction as every booking change (see Booking)
+    gpus_free = models.PositiveSmallIntegerField(help_text="GPUs not held by a booking")
     price = models.BigIntegerField(help_text="Ask, token base units per GPU-hour")
     min_duration_s = models.PositiveIntegerField(default=60)
     max_duration_s = models.PositiveIntegerField(default=30 * 24 * 3600)
@@ -237,6 +239,52 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.pk} ({self.state})"
+
+
+class ReleaseReason(models.TextChoices):
+    """Why a booking's GPUs came back: whichever of these happened first."""
+
+    COMPLETED = "completed", "the job completed"
+    FAILED = "failed", "the job failed"
+    PREEMPTED = "preempted", "the job was preempted"
+    STOPPED = "stopped", "the buyer stopped the job"
+    REFUNDED = "refunded", "the trade was refunded"
+    SETTLED = "settled", "the trade was settled"
+    EXPIRED = "expired", "the booking ran out"
+
+
+class Booking(models.Model):
+    """The GPUs one trade holds on one offer's machine, from `starts_at` until `ends_at` at
+    the latest. The one owner of capacity: an offer's free GPUs are its GPUs less those its
+    held bookings take, and a booking's release (the job ended, the trade was refunded, the
+    booking ran out) is the only way they come back, once."""
+
+    offer = models.ForeignKey(Offer, on_delete=models.PROTECT, related_name="bookings")
+    trade = models.OneToOneField(Trade, on_delete=models.PROTECT, related_name="booking")
+    gpus = models.PositiveSmallIntegerField()
+    gpu_indexes = models.JSONField(default=list, help_text="The machine's GPU indexes the job runs on")
+    starts_at = models.DateTimeField()
+    ends_at = models.DateTimeField(help_text="The GPUs come back by then even if nobody reports the job's end")
+    state = models.CharField(max_length=16, choices=BookingState.choices, default=BookingState.HELD)
+    released_at = models.DateTimeField(null=True, blank=True)
+    release_reason = models.CharField(max_length=16, choices=ReleaseReason.choices, blank=True, default="")
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["offer", "state"]), models.Index(fields=["state", "ends_at"])]
+        constraints = [
+            models.CheckConstraint(condition=Q(gpus__gte=1), name="booking_gpus_positive"),
+            models.CheckConstraint(condition=Q(ends_at__gt=F("starts_at")), name="booking_window_ordered"),
+            models.CheckConstraint(condition=Q(state__in=BookingState.values), name="booking_state_valid"),
+            models.CheckConstraint(
+                condition=Q(state=BookingState.HELD, released_at__isnull=True, release_reason="")
+                | Q(state=BookingState.RELEASED, released_at__isnull=False) & ~Q(release_reason=""),
+                name="booking_released_says_when_and_why",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"booking {self.pk}: trade {self.trade_id}, GPUs {self.gpu_indexes} ({self.state})"
 
 
 class IdempotencyRecord(models.Model):

@@ -22,7 +22,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from market import engine, repository
+from market import bookings, engine, repository
 from market.engine import serialize
 from market.models import AuctionRound, Bid, Job, Offer, Trade
 from market.states import BidState, OfferState, RoundState
@@ -127,7 +127,9 @@ def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundRes
     bid_ids = sorted({t.bid_id for t in result.trades})
     offer_ids = sorted({t.offer_id for t in result.trades})
     bids = {b.pk: b for b in Bid.objects.select_for_update().filter(pk__in=bid_ids)}
-    offers = {o.pk: o for o in Offer.objects.select_for_update().filter(pk__in=offer_ids)}
+    offers = {o.pk: o for o in Offer.objects.select_for_update().filter(pk__in=offer_ids).order_by("id")}
+    bookings.capacity_refresh(offer_ids=offer_ids)  # exact under the lock: what ended since the snapshot came back
+    free = dict(Offer.objects.filter(pk__in=offer_ids).values_list("id", "gpus_free"))
     providers = {p.pk: p for p in Provider.objects.filter(pk__in={t.provider_id for t in result.trades})}
     by_bid: dict[int, list[engine.Trade]] = {}
     for t in result.trades:
@@ -137,7 +139,7 @@ def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundRes
     for bid_id, parts in sorted(by_bid.items()):
         bid = bids.get(bid_id)
         still_ok = bid is not None and bid.state == BidState.OPEN and all(
-            offers[p.offer_id].state == OfferState.OPEN and offers[p.offer_id].gpus_free >= p.gpus for p in parts
+            offers[p.offer_id].state == OfferState.OPEN and free[p.offer_id] >= p.gpus for p in parts
         )
         if not still_ok:
             dropped.append(bid_id)  # cancelled or withdrawn while the engine ran: the whole bid or nothing
@@ -145,7 +147,7 @@ def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundRes
         assert bid is not None
         for p in parts:
             offer = offers[p.offer_id]
-            offer.gpus_free -= p.gpus
+            free[p.offer_id] -= p.gpus
             trades.append(
                 Trade(
                     round=rnd, bid=bid, offer=offer, buyer_id=bid.buyer_id, provider=providers[p.provider_id],
@@ -156,14 +158,18 @@ def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundRes
         bid.state = BidState.MATCHED
         bid.explanation = {"round": rnd.number, "matched": True, "reasons": [p.reason for p in parts]}
     Trade.objects.bulk_create(trades)
+    made = list(Trade.objects.filter(round=rnd).select_related("offer", "bid").order_by("id"))
+    now = timezone.now()
+    for t in made:
+        bookings.booking_hold(trade=t, offer=offers[t.offer_id], now=now)
     jobs = Job.objects.bulk_create(
         # a continuation's job starts from the checkpoint its preempted predecessor left
         Job(trade=t, checkpoint={"resume_from": t.bid.resume_from} if t.bid.resume_from else {})
-        for t in Trade.objects.filter(round=rnd).select_related("offer", "bid").order_by("id")
+        for t in made
     )
     for job in jobs:
         machine_wake(job.trade.offer.machine_id, reason="assigned", job_id=job.pk)
-    Offer.objects.bulk_update([o for o in offers.values()], ["gpus_free"])
+    bookings.capacity_refresh(offer_ids=offer_ids)
     matched = [b for b in bids.values() if b.state == BidState.MATCHED]
     Bid.objects.bulk_update(matched, ["state", "explanation"])
     unmatched = {u.bid_id: u for u in result.unmatched}

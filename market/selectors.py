@@ -11,8 +11,8 @@ from django.core.cache import cache
 from django.db import connection
 from django.db.models import Count, Min, Q, QuerySet, Sum
 
-from market.models import AuctionRound, AuditEvent, Bid, Job, Offer, Trade, User
-from market.states import BidState, OfferState, RoundState
+from market.models import AuctionRound, AuditEvent, Bid, Booking, Job, Offer, Trade, User
+from market.states import BidState, BookingState, OfferState, RoundState
 from providers.models import Machine
 
 
@@ -213,13 +213,12 @@ def provider_machines(provider_id: int, *, machine_ids: list[int] | None = None)
     if machine_ids is not None:
         qs = qs.filter(pk__in=machine_ids)
     machines = list(qs)
-    booked: dict[int, tuple[int, int]] = {}
-    for machine_id, gpus, free in Offer.objects.filter(machine__in=machines).exclude(state=OfferState.WITHDRAWN).values_list("machine_id", "gpus", "gpus_free"):
-        offered, busy = booked.get(machine_id, (0, 0))
-        booked[machine_id] = (offered + gpus, busy + gpus - free)
+    offered_by = dict(Offer.objects.filter(machine__in=machines).exclude(state=OfferState.WITHDRAWN).values_list("machine_id").annotate(n=Sum("gpus")))
+    # booked: what held bookings take, on any offer of the machine (a withdrawn offer's jobs still run)
+    busy_by = dict(Booking.objects.filter(offer__machine__in=machines, state=BookingState.HELD).values_list("offer__machine_id").annotate(n=Sum("gpus")))
     rows = []
     for m in machines:
-        offered, busy = booked.get(m.pk, (0, 0))
+        offered, busy = offered_by.get(m.pk, 0), busy_by.get(m.pk, 0)
         telemetry = machine_telemetry(m.pk)
         gpus = (telemetry or {}).get("gpus") or []
         rows.append({

@@ -13,14 +13,16 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.db.models import Sum
 from django.utils import timezone
 
 from market import states
 from market.api.auth import TOKEN_PREFIX, token_digest
 from market.audit import AuditAction, audit_record, offer_change_record, offer_snapshot
+from market.bookings import capacity_refresh
 from market.errors import Conflict, DomainError, NotAllowed
 from market.models import ApiToken, Bid, Job, Offer, Role, Scope, User
-from market.states import BidState, OfferState
+from market.states import BidState, BookingState, OfferState
 from market.streams import events
 from providers.models import GpuModel, Machine, Provider, Region
 
@@ -139,6 +141,8 @@ def offer_publish(*, user: User, machine: Machine, gpu_model: GpuModel, gpus: in
             f"Machine {machine.name!r} already has a live {gpu_model.id} offer.",
             fields={"gpu_model": ["Update or withdraw the existing offer instead."]},
         ) from None
+    capacity_refresh(offer_ids=[offer.pk])  # a withdrawn offer's jobs may still run on these cards
+    offer.refresh_from_db(fields=["gpus_free"])
     audit_record(actor=user, action=AuditAction.OFFER_PUBLISH, obj=offer, details={"machine": machine.pk, "gpu_model": gpu_model.id, "gpus": gpus, "price": price})
     events.book_changed(gpu_model.id, machine.region_id)
     return offer
@@ -154,11 +158,10 @@ def offer_update(*, user: User, offer: Offer, **changes: Any) -> Offer:
         raise Conflict("This offer was withdrawn; publish a new one.")
     before = offer_snapshot(offer)
     if "gpus" in changes:
-        taken = offer.gpus - offer.gpus_free
+        taken = offer.bookings.filter(state=BookingState.HELD).aggregate(n=Sum("gpus"))["n"] or 0
         installed = offer.machine.gpus.filter(model_id=offer.gpu_model_id).count()
         if not taken <= changes["gpus"] <= installed:
             raise DomainError("GPUs out of range.", fields={"gpus": [f"Between {max(taken, 1)} (in use by trades) and {installed} (installed)."]})
-        offer.gpus_free = changes["gpus"] - taken
     if "state" in changes and changes["state"] != offer.state:
         states.advance("offer", offer, changes.pop("state"))
         offer.paused_by = "provider" if offer.state == OfferState.PAUSED else ""
@@ -169,6 +172,8 @@ def offer_update(*, user: User, offer: Offer, **changes: Any) -> Offer:
     if offer.max_duration_s < offer.min_duration_s:
         raise DomainError("max_duration_s is below min_duration_s.", fields={"max_duration_s": ["Must be at least min_duration_s."]})
     offer.save()
+    capacity_refresh(offer_ids=[offer.pk])
+    offer.refresh_from_db(fields=["gpus_free"])
     offer_change_record(actor=user, offer=offer, before=before)
     events.book_changed(offer.gpu_model_id, offer.machine.region_id)
     return offer

@@ -45,6 +45,11 @@ class TradeState(models.TextChoices):
     DISPUTED = "disputed"
 
 
+class BookingState(models.TextChoices):
+    HELD = "held"  # its GPUs are taken
+    RELEASED = "released"  # its GPUs came back: the job ended, the trade was refunded or the booking ran out
+
+
 class JobState(models.TextChoices):
     ASSIGNED = "assigned"
     RUNNING = "running"
@@ -78,6 +83,10 @@ TRANSITIONS: Mapping[str, Mapping[str, frozenset[str]]] = {
         TradeState.SETTLED: frozenset({TradeState.DISPUTED}),
         TradeState.DISPUTED: frozenset({TradeState.SETTLED, TradeState.REFUNDED}),
         TradeState.REFUNDED: frozenset(),
+    },
+    "booking": {
+        BookingState.HELD: frozenset({BookingState.RELEASED}),
+        BookingState.RELEASED: frozenset(),
     },
     "job": {
         JobState.ASSIGNED: frozenset({JobState.RUNNING, JobState.FAILED, JobState.REFUNDED, JobState.PREEMPTED}),

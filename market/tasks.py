@@ -20,6 +20,14 @@ def bids_expire() -> int:
     return expired
 
 
+@shared_task(name="market.tasks.bookings_expire")
+def bookings_expire() -> int:
+    """Give back the GPUs of bookings whose window ran out (nobody reported the job's end)."""
+    from market.bookings import bookings_expire as expire
+
+    return expire()
+
+
 @shared_task(name="market.tasks.idempotency_prune")
 def idempotency_prune() -> int:
     from market.api.idempotency import idempotency_prune as prune

@@ -396,7 +396,7 @@ class JobSerializer(serializers.ModelSerializer):
         fields = ["id", "trade", "machine", "state", "progress", "started_at", "ended_at", "exit_code", "gpu_seconds", "checkpoint", "log_tail", "updated_at"]
 
     def get_log_tail(self, job: Job) -> str:
-        from providers.jobs import job_log_tail
+        from market.jobs import job_log_tail
 
         return job_log_tail(job)
 

@@ -343,7 +343,7 @@ class JobViewSet(viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"])
     def preempt(self, request: Request, pk: str) -> Response:
         """Operators: ask the agent to checkpoint and stop this job (spot capacity for a higher class)."""
-        from providers.jobs import job_preempt_request
+        from market.jobs import job_preempt_request
 
         job = get_object_or_404(self.get_queryset(), pk=pk)
         reason = "preempted by the operator"

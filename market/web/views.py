@@ -152,7 +152,7 @@ def my_orders(request: HttpRequest) -> HttpResponse:
 def job_page(request: HttpRequest, job_id: int) -> HttpResponse:
     """One job for its buyer (or provider, or an operator): state, progress, the end of
     its output, its receipt and where its outputs went; refreshed while it runs."""
-    from providers.jobs import job_log_tail
+    from market.jobs import job_log_tail
 
     job = selectors.jobs_visible(request.user).filter(pk=job_id).select_related("trade__bid", "trade__offer__machine").first()
     if job is None:

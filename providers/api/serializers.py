@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from providers.jobs import EVENT_TARGET
+from market.jobs import EVENT_TARGET
 
 HEX64 = r"^[0-9a-f]{64}$"
 

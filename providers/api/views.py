@@ -1,4 +1,4 @@
-"""Agent-facing endpoints: thin views over `providers.jobs`."""
+"""Agent-facing endpoints: thin views over `providers.jobs` (machines) and `market.jobs` (the jobs they run)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from market import jobs as job_services
 from market.api.permissions import ScopedAccess
 from market.api.serializers import JobSerializer
 from market.models import Scope
@@ -35,7 +36,7 @@ class AssignmentsView(AgentView):
 
     @extend_schema(responses=inline_serializer("Assignments", {"assignments": serializers.ListField(child=serializers.DictField())}))
     def get(self, request: Request, machine_id: int) -> Response:
-        return Response({"assignments": jobs.machine_assignments(user=request.user, machine_id=machine_id)})
+        return Response({"assignments": job_services.machine_assignments(user=request.user, machine_id=machine_id)})
 
 
 class JobEventView(AgentView):
@@ -45,7 +46,7 @@ class JobEventView(AgentView):
     def post(self, request: Request, job_id: int) -> Response:
         data = s.JobEventSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        job = jobs.job_event(user=request.user, job_id=job_id, **data.validated_data)
+        job = job_services.job_event(user=request.user, job_id=job_id, **data.validated_data)
         return Response(JobSerializer(job).data)
 
 
@@ -56,7 +57,7 @@ class JobReceiptView(AgentView):
     def post(self, request: Request, job_id: int) -> Response:
         data = s.ReceiptSubmitSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        job = jobs.job_receipt_submit(user=request.user, job_id=job_id, **data.validated_data)
+        job = job_services.job_receipt_submit(user=request.user, job_id=job_id, **data.validated_data)
         return Response(JobSerializer(job).data)
 
 

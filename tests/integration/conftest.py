@@ -9,9 +9,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.db import transaction
 from django.utils import timezone
 
-from market.models import AuctionRound, Job, Trade
+from market.bookings import booking_hold, capacity_refresh
+from market.models import AuctionRound, Job, Offer, Trade
 from tests.conftest import service_missing
 from tests.integration.helpers import OPERATOR_KEY, DjangoTransport
 from tests.workers import free_port
@@ -30,6 +32,11 @@ def make_job(make_offer, make_bid, buyer):
             region=offer.machine.region, price=offer.price, gpus=gpus, duration_s=duration_s,
             amount=offer.price * gpus * duration_s // 3600, state=trade_state,
         )
+        # as a round does: the trade books its GPUs under the offer's lock
+        with transaction.atomic():
+            locked = Offer.objects.select_for_update().get(pk=offer.pk)
+            booking_hold(trade=trade, offer=locked, now=timezone.now())
+            capacity_refresh(offer_ids=[offer.pk])
         return Job.objects.create(trade=trade)
 
     return make

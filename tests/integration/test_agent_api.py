@@ -123,7 +123,7 @@ def test_assignments_name_the_trade_spec_and_stable_distinct_gpus(provider_user,
 
 
 def test_a_preempt_order_shows_in_the_assignment(provider_user, client_for, make_job):
-    from providers.jobs import job_preempt_request
+    from market.jobs import job_preempt_request
 
     job = make_job(provider_user)
     job_preempt_request(job=job, reason="spot capacity reclaimed")

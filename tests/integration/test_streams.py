@@ -231,9 +231,10 @@ async def test_a_client_that_stops_reading_is_cut_off_with_4009_and_nothing_pile
 
 
 async def test_a_jobs_progress_from_heartbeats_reaches_its_buyer_and_nobody_else(buyer, stranger, provider_user, token_of, make_offer, make_bid):
+    from market.jobs import job_event
     from market.models import Job
     from market.rounds import round_clear
-    from providers.jobs import job_event, machine_heartbeat
+    from providers.jobs import machine_heartbeat
 
     offer = await sync_to_async(make_offer)(provider_user, price=2_000_000)
     await sync_to_async(make_bid)(buyer, gpus=2)
@@ -330,9 +331,10 @@ async def test_a_machine_that_goes_quiet_shows_offline_to_its_owner_and_the_oper
 
 
 async def test_a_sale_its_jobs_progress_and_the_new_totals_reach_the_provider(buyer, provider_user, other_provider_user, token_of, make_offer, make_bid):
+    from market.jobs import job_event
     from market.models import Job
     from market.rounds import round_clear
-    from providers.jobs import job_event, machine_heartbeat
+    from providers.jobs import machine_heartbeat
 
     offer = await sync_to_async(make_offer)(provider_user, price=2_000_000)
     seller, snaps = await subscribed(await sync_to_async(token_of)(provider_user), "sales", "machines")

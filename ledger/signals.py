@@ -1,0 +1,11 @@
+"""What the ledger tells the rest of the market, without importing it (DESIGN.md: ledger
+may import market's models and states only; market connects to these)."""
+
+from __future__ import annotations
+
+from django.dispatch import Signal
+
+# Confirmed chain events moved trades to a new state (recorded, settled, refunded,
+# disputed). Sent inside the listener's transaction, so a receiver's writes commit or roll
+# back with the event: kwargs `trade_ids` (list of int) and `state` (a TradeState value).
+trades_moved = Signal()

@@ -1,0 +1,163 @@
+"""GPU capacity: the one owner of who holds which GPUs, and until when.
+
+A trade's booking holds GPU indexes of its offer's machine from the round that matched it
+until its job ends, its trade is refunded or settled, or its window runs out: whichever
+comes first releases it, once, in the transaction that made the change. An offer's free
+GPUs are never counted up or down: `capacity_refresh` sets them from the held bookings,
+so they cannot drift from what is really taken.
+
+Callers hold the offer's row lock (`select_for_update`) when they book, so two rounds or
+two releases never allocate the same GPUs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Sum
+from django.utils import timezone
+
+from market import states
+from market.models import Booking, Job, Offer, ReleaseReason, Trade
+from market.states import BookingState, JobState
+from market.streams import events
+from providers.models import Gpu
+
+log = logging.getLogger(__name__)
+
+# the states in which a job may still hold its GPUs
+ACTIVE_JOB_STATES = (JobState.ASSIGNED, JobState.RUNNING, JobState.CHECKPOINTED)
+JOB_END_REASON = {JobState.COMPLETED: ReleaseReason.COMPLETED, JobState.FAILED: ReleaseReason.FAILED, JobState.PREEMPTED: ReleaseReason.PREEMPTED}
+
+
+class CapacityGone(Exception):
+    """The machine has fewer free GPUs of the model than the trade needs (the book changed
+    after the engine read it)."""
+
+
+def grace() -> timedelta:
+    """How long past its booked duration a job may take to start and to report its end
+    before its GPUs go back to the market without it."""
+    return timedelta(seconds=settings.GRIDBID["BOOKING_GRACE_S"])
+
+
+def _held_by_machine_model(machine_ids: Iterable[int]) -> dict[tuple[int, str], list[int]]:
+    held: dict[tuple[int, str], list[int]] = defaultdict(list)
+    rows = Booking.objects.filter(state=BookingState.HELD, offer__machine_id__in=list(machine_ids)).values_list("offer__machine_id", "offer__gpu_model_id", "gpu_indexes")
+    for machine_id, model_id, indexes in rows:
+        held[(machine_id, model_id)].extend(indexes)
+    return held
+
+
+def capacity_refresh(*, offer_ids: Iterable[int]) -> None:
+    """Set each offer's free GPUs from the bookings that hold them: its own GPUs less those
+    its held bookings take, and never more than the machine has left of the model (a
+    withdrawn offer's jobs may still run on the same cards)."""
+    offers = list(Offer.objects.filter(pk__in=list(offer_ids)).only("id", "gpus", "gpus_free", "machine_id", "gpu_model_id"))
+    if not offers:
+        return
+    own = dict(Booking.objects.filter(offer__in=offers, state=BookingState.HELD).values_list("offer_id").annotate(n=Sum("gpus")))
+    machines = {o.machine_id for o in offers}
+    held = _held_by_machine_model(machines)
+    installed: dict[tuple[int, str], int] = defaultdict(int)
+    for machine_id, model_id in Gpu.objects.filter(machine_id__in=machines).values_list("machine_id", "model_id"):
+        installed[(machine_id, model_id)] += 1
+    changed = []
+    for o in offers:
+        key = (o.machine_id, o.gpu_model_id)
+        free = max(0, min(o.gpus - own.get(o.pk, 0), installed[key] - len(held[key])))
+        if free != o.gpus_free:
+            o.gpus_free = free
+            changed.append(o)
+    Offer.objects.bulk_update(changed, ["gpus_free"])
+
+
+def booking_hold(*, trade: Trade, offer: Offer, now: datetime) -> Booking:
+    """Book `trade.gpus` GPUs of `offer`'s machine for the trade: the lowest indexes of the
+    offer's model that no held booking on the machine takes. The caller holds the offer's
+    row lock and refreshes its capacity after booking (`capacity_refresh`)."""
+    key = (offer.machine_id, offer.gpu_model_id)
+    taken = set(_held_by_machine_model([offer.machine_id])[key])
+    own = Booking.objects.filter(offer=offer, state=BookingState.HELD).aggregate(n=Sum("gpus"))["n"] or 0
+    indexes = [i for i in Gpu.objects.filter(machine_id=offer.machine_id, model_id=offer.gpu_model_id).order_by("index").values_list("index", flat=True) if i not in taken]
+    if len(indexes) < trade.gpus or offer.gpus - own < trade.gpus:
+        raise CapacityGone(f"offer {offer.pk} has {min(len(indexes), offer.gpus - own)} GPUs free, trade needs {trade.gpus}")
+    return Booking.objects.create(
+        offer=offer, trade=trade, gpus=trade.gpus, gpu_indexes=indexes[: trade.gpus],
+        starts_at=now, ends_at=now + timedelta(seconds=trade.duration_s) + grace(),
+    )
+
+
+def booking_started(*, trade_id: int, started_at: datetime) -> None:
+    """The job started: its booking runs for its duration from now (it may have waited for
+    its agent), never shorter than booked."""
+    booking = Booking.objects.select_for_update().filter(trade_id=trade_id, state=BookingState.HELD).select_related("trade").first()
+    if booking is None:
+        return
+    until = started_at + timedelta(seconds=booking.trade.duration_s) + grace()
+    if until > booking.ends_at:
+        Booking.objects.filter(pk=booking.pk).update(ends_at=until)
+
+
+def bookings_release(*, trade_ids: Iterable[int], reason: str, now: datetime | None = None) -> list[int]:
+    """Give back the GPUs of these trades' held bookings, once: a booking already released
+    is left as it is. Returns the trades whose bookings this call released. Runs in the
+    caller's transaction, so the GPUs come back with the change that freed them."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        bookings = list(Booking.objects.select_for_update().filter(trade_id__in=list(trade_ids), state=BookingState.HELD).select_related("offer__machine").order_by("id"))
+        if not bookings:
+            return []
+        offer_ids = sorted({b.offer_id for b in bookings})
+        list(Offer.objects.select_for_update().filter(pk__in=offer_ids).order_by("id").values_list("id", flat=True))  # in id order: no deadlock with a round
+        for b in bookings:
+            states.advance("booking", b, BookingState.RELEASED)
+            b.released_at, b.release_reason = now, reason
+        Booking.objects.bulk_update(bookings, ["state", "released_at", "release_reason"])
+        capacity_refresh(offer_ids=offer_ids)
+        for bucket in sorted({(b.offer.gpu_model_id, b.offer.machine.region_id) for b in bookings}):
+            events.book_changed(*bucket)
+    return [b.trade_id for b in bookings]
+
+
+def bookings_expire(*, now: datetime | None = None) -> int:
+    """Release the bookings whose window has run out. A job that never started by then
+    fails (its agent never took it; the trade is refunded by its timeout); a job still
+    reported running keeps its state, and its agent's later report is still taken."""
+    now = now or timezone.now()
+    due = list(Booking.objects.filter(state=BookingState.HELD, ends_at__lte=now).values_list("trade_id", flat=True)[:1000])
+    if not due:
+        return 0
+    with transaction.atomic():
+        released = bookings_release(trade_ids=due, reason=ReleaseReason.EXPIRED, now=now)
+        never_started = list(Job.objects.select_for_update().filter(trade_id__in=released, state=JobState.ASSIGNED))
+        for job in never_started:
+            states.advance("job", job, JobState.FAILED)
+            job.ended_at = now
+            job.checkpoint = {**(job.checkpoint or {}), "reason": "The provider's agent never started the job before its booking ran out."}
+            job.save(update_fields=["state", "ended_at", "checkpoint", "updated_at"])
+        if never_started:
+            events.jobs_changed(job_ids=[j.pk for j in never_started])
+    if released:
+        log.info("bookings expired: trades %s", released)
+    return len(released)
+
+
+def on_job_ended(*, trade_id: int, state: str, stopped: bool = False) -> None:
+    """A job reached an end state: its GPUs come back now."""
+    reason = ReleaseReason.STOPPED if stopped else JOB_END_REASON[JobState(state)]
+    bookings_release(trade_ids=[trade_id], reason=reason)
+
+
+def on_trades_moved(sender: object, *, trade_ids: list[int], state: str, **_: object) -> None:
+    """The chain refunded or settled trades (ledger's signal, inside its transaction)."""
+    from market.states import TradeState
+
+    reason = {TradeState.REFUNDED: ReleaseReason.REFUNDED, TradeState.SETTLED: ReleaseReason.SETTLED}.get(TradeState(state))
+    if reason is not None and trade_ids:
+        bookings_release(trade_ids=trade_ids, reason=reason)

@@ -1,0 +1,249 @@
+"""The job lifecycle, as the provider's agent reports it: assignments, events, receipts,
+preemption and the buyer's stop.
+
+A job's end (completed, failed, preempted, stopped) releases its booking in the same
+transaction (`market.bookings`), so its GPUs are back on the market the moment the
+report is taken. Plain functions with keyword-only arguments, each atomic, raising
+`market.errors.DomainError` subclasses that the API maps to 4xx. A provider reaches only
+its own machines and jobs: anything else is "not found".
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from django.core.cache import cache
+from django.db import transaction
+from django.utils import timezone
+
+from ledger.custody import buyer_address
+from market import bookings, states
+from market.bookings import ACTIVE_JOB_STATES
+from market.errors import Conflict, DomainError, NotFound
+from market.models import Job, User
+from market.services import bid_continue, spec_signature_custodial
+from market.states import BookingState, JobState
+from market.streams import events
+from providers.agent import receipts as receipt_format
+from providers.jobs import log_key, own_machine, provider_of
+from providers.push import machine_wake
+
+EVENT_TARGET = {
+    "started": JobState.RUNNING,
+    "checkpointed": JobState.CHECKPOINTED,
+    "completed": JobState.COMPLETED,
+    "failed": JobState.FAILED,
+    "preempted": JobState.PREEMPTED,
+}
+OUTCOME_STATE = {"completed": JobState.COMPLETED, "failed": JobState.FAILED, "preempted": JobState.PREEMPTED}
+
+
+def _own_job(user: User, job_id: int, *, lock: bool = False) -> Job:
+    qs = Job.objects.filter(pk=job_id, trade__provider=provider_of(user))
+    if lock:
+        qs = qs.select_for_update(of=("self",))
+    job = qs.select_related("trade", "trade__bid", "trade__offer", "trade__provider").first()
+    if job is None:
+        raise NotFound(f"No job {job_id} of yours.")
+    return job
+
+
+def _at(ts: int | None) -> datetime:
+    return datetime.fromtimestamp(ts, tz=UTC) if ts is not None else timezone.now()
+
+
+def job_log_tail(job: Job) -> str:
+    """The end of a job's output: the last one its agent reported once it ended, else live
+    from its agent's heartbeats."""
+    final = (job.checkpoint or {}).get("log_tail")
+    if final:
+        return str(final)
+    return str(cache.get(log_key(job.pk)) or "")
+
+
+# --- assignments ----------------------------------------------------------------------------
+@transaction.atomic
+def machine_assignments(*, user: User, machine_id: int) -> list[dict[str, Any]]:
+    """Jobs this machine should be running, each with its trade, spec and the GPU indexes
+    its booking holds (the round chose them, so no two jobs share a GPU)."""
+    machine = own_machine(user, machine_id, lock=True)
+    jobs = list(
+        Job.objects.select_for_update(of=("self",))
+        .filter(trade__offer__machine=machine, state__in=ACTIVE_JOB_STATES)
+        .select_related("trade", "trade__bid", "trade__buyer", "trade__booking")
+        .order_by("id")
+    )
+    out = []
+    for job in jobs:
+        trade = job.trade
+        meta = dict(job.checkpoint or {})
+        booking = getattr(trade, "booking", None)
+        if booking is None or (job.state == JobState.ASSIGNED and booking.state != BookingState.HELD):
+            continue  # its GPUs went back to the market before the agent took it: never start it
+        spec = trade.bid.job_spec
+        out.append({
+            "job": job.pk,
+            "trade": trade.pk,
+            "machine": machine.pk,
+            "state": job.state,
+            "trade_state": trade.state,
+            "gpu_model": trade.gpu_model_id,
+            "gpus": list(booking.gpu_indexes),
+            "duration_s": trade.duration_s,
+            "price": trade.price,
+            "job_spec": spec,
+            "spec_hash": receipt_format.spec_hash(spec),
+            "spec_signature": spec_signature_custodial(trade.bid) or None,
+            "buyer_address": buyer_address(trade.buyer),
+            "preempt": bool(meta.get("preempt_requested")),
+            "resume_from": meta.get("resume_from"),
+        })
+    return out
+
+
+@transaction.atomic
+def job_preempt_request(*, job: Job, reason: str = "") -> Job:
+    """Ask the machine's agent to checkpoint and stop this job (it sees it on its next poll)."""
+    job = Job.objects.select_for_update().get(pk=job.pk)
+    if job.state not in ACTIVE_JOB_STATES:
+        raise Conflict(f"A job that is {job.state} cannot be preempted.")
+    job.checkpoint = {**(job.checkpoint or {}), "preempt_requested": True, "preempt_reason": reason}
+    job.save(update_fields=["checkpoint", "updated_at"])
+    machine_wake(job.trade.offer.machine_id, reason="preempt", job_id=job.pk)
+    return job
+
+
+@transaction.atomic
+def job_stop(*, user: User, job_id: int) -> Job:
+    """The buyer stops its job before its time is up. A job its agent has not started ends
+    here and its GPUs come back at once; a running one is told to checkpoint and stop, and
+    its GPUs come back when its agent reports it stopped (seconds: the agent is woken). It
+    is billed for the GPU-seconds its signed receipt counts; the rest of the lock is
+    refunded at settlement. Stopping a job twice is answered with the job."""
+    job = Job.objects.select_for_update(of=("self",)).select_related("trade", "trade__offer").filter(pk=job_id, trade__buyer=user).first()
+    if job is None:
+        raise NotFound(f"No job {job_id} of yours.")
+    meta = dict(job.checkpoint or {})
+    if meta.get("stop_requested") and job.state in ACTIVE_JOB_STATES:
+        return job
+    if job.state not in ACTIVE_JOB_STATES:
+        raise Conflict(f"This job is {job.state} already; there is nothing to stop.")
+    meta.update(stop_requested=True, preempt_requested=True, preempt_reason="stopped by the buyer", stop_requested_at=timezone.now().isoformat())
+    job.checkpoint = meta
+    if job.state == JobState.ASSIGNED:
+        states.advance("job", job, JobState.PREEMPTED)
+        job.ended_at = timezone.now()
+        meta["reason"] = "Stopped by the buyer before it started; nothing ran, nothing is billed."
+        job.save()
+        bookings.on_job_ended(trade_id=job.trade_id, state=job.state, stopped=True)
+    else:
+        job.save(update_fields=["checkpoint", "updated_at"])
+    machine_wake(job.trade.offer.machine_id, reason="preempt", job_id=job.pk)
+    events.jobs_changed(job_ids=[job.pk])
+    return job
+
+
+# --- job events -----------------------------------------------------------------------------
+@transaction.atomic
+def job_event(*, user: User, job_id: int, event: str, at: int | None = None, progress: float | None = None, exit_code: int | None = None, gpu_seconds: int | None = None, checkpoint: dict[str, Any] | None = None, reason: str = "", log_tail: str = "") -> Job:
+    """Move the job through its states as its agent reports; a repeated report changes nothing."""
+    job = _own_job(user, job_id, lock=True)
+    trade = job.trade
+    meta = dict(job.checkpoint or {})
+    if event == "progress":
+        if job.state not in (JobState.RUNNING, JobState.CHECKPOINTED):
+            raise Conflict(f"A job that is {job.state} has no progress to report.")
+        job.progress = progress if progress is not None else job.progress
+        job.save(update_fields=["progress", "updated_at"])
+        events.jobs_changed(job_ids=[job.pk])
+        return job
+    target = EVENT_TARGET[event]
+    if checkpoint:
+        meta["latest_checkpoint"] = checkpoint
+        meta["checkpoints"] = [*meta.get("checkpoints", []), checkpoint][-20:]
+    if job.state == target:
+        if event == "checkpointed" and checkpoint:  # a newer checkpoint while still checkpointed
+            job.checkpoint = meta
+            job.save(update_fields=["checkpoint", "updated_at"])
+        return job  # duplicate delivery of a report already applied
+    states.advance("job", job, target)
+    job.checkpoint = meta
+    if event == "started":
+        job.started_at = job.started_at or _at(at)
+        bookings.booking_started(trade_id=trade.pk, started_at=job.started_at)
+    if event in ("completed", "failed", "preempted"):
+        limit = trade.gpus * trade.duration_s
+        if gpu_seconds is not None and gpu_seconds > limit:
+            raise DomainError(f"{gpu_seconds} GPU-seconds is more than the trade bought ({limit}).", fields={"gpu_seconds": [f"At most {limit}."]})
+        job.ended_at = _at(at)
+        job.exit_code = exit_code
+        job.gpu_seconds = gpu_seconds or 0
+        if reason:
+            meta["reason"] = reason[:500]
+        if log_tail:
+            meta["log_tail"] = log_tail
+        if event == "completed":
+            job.progress = 1.0
+    job.checkpoint = meta
+    job.save()
+    if job.state in bookings.JOB_END_REASON:
+        bookings.on_job_ended(trade_id=trade.pk, state=job.state, stopped=bool(meta.get("stop_requested")))
+    if event == "preempted" and meta.get("latest_checkpoint") and not meta.get("stop_requested"):
+        follow = bid_continue(job=job, checkpoint=meta["latest_checkpoint"])
+        if follow is not None:
+            job.checkpoint = {**meta, "continued_by_bid": follow.pk}
+            job.save(update_fields=["checkpoint", "updated_at"])
+    events.jobs_changed(job_ids=[job.pk])
+    events.operator_changed()  # jobs by state
+    return job
+
+
+# --- receipts ---------------------------------------------------------------------------------
+def job_receipt_submit(*, user: User, job_id: int, receipt: dict[str, Any], signature: str, outputs: list[dict[str, Any]] | None = None,
+                       outputs_archive: dict[str, Any] | None = None) -> Job:
+    """Check a signed completion receipt against the job and the provider's BLS key, and keep it.
+
+    The signature is verified before the row is locked: py-ecc takes ~0.5 s.
+    """
+    job = _own_job(user, job_id)
+    try:
+        r = receipt_format.receipt_from_body(receipt)
+    except receipt_format.ReceiptError as exc:
+        raise DomainError(f"Malformed receipt: {exc}", fields={"receipt": [str(exc)]}) from None
+    trade = job.trade
+    problems = {}
+    if r.trade_id != trade.pk:
+        problems["receipt.trade_id"] = [f"This job runs trade {trade.pk}."]
+    if r.job_spec_hash != receipt_format.spec_hash(trade.bid.job_spec):
+        problems["receipt.job_spec_hash"] = ["Does not match the job spec the buyer placed."]
+    if r.gpu_seconds > trade.gpus * trade.duration_s:
+        problems["receipt.gpu_seconds"] = [f"At most {trade.gpus * trade.duration_s} (GPUs x duration)."]
+    if problems:
+        raise DomainError("The receipt does not match this job.", fields=problems)
+    key = trade.provider.bls_public_key
+    if not key:
+        raise Conflict("Register your BLS public key (PATCH /api/v1/providers/me/) before sending receipts.")
+    if not receipt_format.receipt_verify(r, signature, key):
+        raise DomainError("The receipt's BLS signature does not verify against your registered key.", fields={"signature": ["Not a signature of this receipt by your BLS key."]})
+    digest = r.digest().hex()
+    with transaction.atomic():
+        job = _own_job(user, job_id, lock=True)
+        meta = dict(job.checkpoint or {})
+        held = meta.get("receipt")
+        if held:
+            if held["digest"] == digest:
+                return job
+            raise Conflict("This job already has a different receipt.")
+        if job.state != OUTCOME_STATE[r.outcome]:
+            raise Conflict(f"The receipt says {r.outcome} but the job is {job.state}; report the outcome event first.")
+        meta["receipt"] = {"body": r.body(), "signature": signature, "digest": digest, "leaf": r.leaf().hex(), "outputs": outputs or [], "received_at": timezone.now().isoformat()}
+        if outputs_archive:
+            meta["outputs_archive"] = dict(outputs_archive)  # where the buyer fetches them, and their digest
+        job.checkpoint = meta
+        job.gpu_seconds = r.gpu_seconds
+        job.exit_code = r.exit_code
+        job.save(update_fields=["checkpoint", "gpu_seconds", "exit_code", "updated_at"])
+        return job
+
+
