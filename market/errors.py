@@ -5,6 +5,7 @@ from __future__ import annotations
 
 class DomainError(Exception):
     code = "invalid"
+    details: dict[str, object] | None = None  # machine-readable figures, shown as error.details
 
     def __init__(self, message: str, *, fields: dict[str, list[str]] | None = None) -> None:
         super().__init__(message)
@@ -22,3 +23,10 @@ class NotFound(DomainError):
 
 class Conflict(DomainError):
     code = "conflict"
+
+
+class PaymentRequired(DomainError):
+    """The account's money does not cover the request (HTTP 402)."""
+
+    code = "payment_required"
+

@@ -22,7 +22,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from market import bookings, engine, repository
+from market import bookings, engine, funding, repository
 from market.engine import serialize
 from market.models import AuctionRound, Bid, Job, Offer, Trade
 from market.states import BidState, OfferState, RoundState
@@ -91,6 +91,20 @@ def _set_aside(*, rnd: AuctionRound, aside: tuple[engine.SetAside, ...]) -> dict
     return {"bids": bids, "offers": offers}
 
 
+def _unfunded_left_out(*, rnd: AuctionRound, inp: engine.RoundInput) -> tuple[engine.RoundInput, list[int]]:
+    """Leave out of the round the bids their buyers' escrow no longer covers (a withdrawal
+    since they were placed): each keeps its place in the book, with the shortfall as its
+    explanation, and takes part again once the buyer deposits."""
+    uncovered = funding.bids_uncovered((b.id, b.buyer_id, b.max_price, b.gpus, b.duration_s) for b in inp.bids)
+    if not uncovered:
+        return inp, []
+    with transaction.atomic():
+        for bid in Bid.objects.select_for_update().filter(pk__in=list(uncovered), state=BidState.OPEN):
+            bid.explanation = {"round": rnd.number, "matched": False, "unfunded": True, "reasons": [uncovered[bid.pk]], "nearest": None}
+            bid.save(update_fields=["explanation"])
+    return dataclasses.replace(inp, bids=tuple(b for b in inp.bids if b.id not in uncovered)), sorted(uncovered)
+
+
 def round_clear(*, now: datetime | None = None, slot: int | None = None) -> AuctionRound | None:
     """Run one round at `now`. Returns the round, or None if the slot was already taken
     or the book has no open bid (nothing could trade; no empty row is written).
@@ -106,7 +120,8 @@ def round_clear(*, now: datetime | None = None, slot: int | None = None) -> Auct
         return None
     try:
         inp, aside = engine.screen(repository.snapshot(now=now))
-        set_aside = _set_aside(rnd=rnd, aside=aside)
+        inp, unfunded = _unfunded_left_out(rnd=rnd, inp=inp)
+        set_aside = {**_set_aside(rnd=rnd, aside=aside), "unfunded_bids": unfunded}
         started = time.perf_counter()
         stages = StageTimes()
         result = engine.clear_round(inp, stopwatch=stages)
@@ -240,6 +255,9 @@ class Quote:
     total_amount: int
     reasons: list[str]
     nearest: str | None
+    funded: bool = True
+    max_cost: int = 0
+    escrow_available: int = 0
 
 
 def bid_quote(*, user_id: int, data: dict[str, Any], now: datetime | None = None) -> Quote:
@@ -255,9 +273,18 @@ def bid_quote(*, user_id: int, data: dict[str, Any], now: datetime | None = None
     if mine is not None:  # the asker's own bid: say what to change (others' bad orders are left out quietly)
         raise engine.EngineInputError(mine.field, mine.message)
     result = engine.clear_round(inp)
+    from market.models import User
+
+    funds = funding.funds_of(User.objects.get(pk=user_id))
+    cost = funding.bid_worst_case(max_price=data["max_price"], gpus=data["gpus"], duration_s=data["duration_s"])
+    money = {"funded": cost <= funds.available, "max_cost": cost, "escrow_available": funds.available}
+    short = [] if money["funded"] else [
+        f"Your escrow does not cover it: it may cost up to {funding.usdc(cost)} and {funding.usdc(max(funds.available, 0))} is free to commit; "
+        f"deposit at least {funding.usdc(cost - max(funds.available, 0))} more before placing it."]
     mine = [t for t in result.trades if t.bid_id == QUOTE_BID_ID]
     if mine:
         trades = [{"offer": t.offer_id, "gpu_model": t.gpu_model, "region": t.region, "gpus": t.gpus, "price": t.price, "amount": t.amount, "reason": t.reason} for t in mine]
-        return Quote(True, trades, sum(t.amount for t in mine), [], None)
+        # an offer would take it; it matches only with the money behind it
+        return Quote(not short, trades, sum(t.amount for t in mine), short, None, **money)
     why = next((u for u in result.unmatched if u.bid_id == QUOTE_BID_ID), None)
-    return Quote(False, [], 0, list(why.reasons) if why else ["No offer could take this bid."], why.nearest if why else None)
+    return Quote(False, [], 0, short + (list(why.reasons) if why else ["No offer could take this bid."]), why.nearest if why else None, **money)

@@ -21,6 +21,7 @@ from market.api.auth import TOKEN_PREFIX, token_digest
 from market.audit import AuditAction, audit_record, offer_change_record, offer_snapshot
 from market.bookings import capacity_refresh
 from market.errors import Conflict, DomainError, NotAllowed
+from market.funding import funds_check
 from market.models import ApiToken, Bid, Job, Offer, Role, Scope, User
 from market.states import BidState, BookingState, OfferState
 from market.streams import events
@@ -213,6 +214,8 @@ def _client_order_taken(*, user: User, client_order_id: str) -> Conflict:
 @transaction.atomic
 def bid_place(*, user: User, data: dict[str, Any]) -> Bid:
     bid_validate(data=data)
+    User.objects.select_for_update().filter(pk=user.pk).values_list("pk", flat=True).first()  # one placement per buyer at a time
+    funds_check(user=user, max_price=data["max_price"], gpus=data["gpus"], duration_s=data["duration_s"])
     client_order_id = data.get("client_order_id")
     if client_order_id and Bid.objects.filter(buyer=user, client_order_id=client_order_id).exists():
         raise _client_order_taken(user=user, client_order_id=client_order_id)

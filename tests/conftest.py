@@ -168,9 +168,31 @@ def make_user(db: Any) -> Callable[..., Any]:
     return make
 
 
+CHAIN_FIXTURES = {"anvil", "ctx", "deployment", "chain_ctx"}
+TEST_ESCROW = 10**12  # a million USDC: more than any test's bids may cost
+
+
+def escrow_credit(user: Any, amount: int) -> None:
+    """Journal a confirmed deposit of `amount` to the user's custodial address: the rows the
+    listener writes for a `Deposited` event. For the many tests about orders, not money,
+    that run without a chain; the tests of money deposit on a real chain instead."""
+    import secrets
+
+    from ledger.custody import custodial_key_get_or_create
+    from ledger.journal import Leg, journal_append
+
+    address = custodial_key_get_or_create(user=user).address
+    journal_append(legs=[Leg("deposit", f"free:{address}", f"wallet:{address}", amount)], tx_hash="0x" + secrets.token_hex(32),
+                   log_index=0, block_number=1, block_hash="0x" + "ab" * 32)
+
+
 @pytest.fixture
-def buyer(make_user: Callable[..., Any]) -> Any:
-    return make_user("buyer")
+def buyer(make_user: Callable[..., Any], request: pytest.FixtureRequest) -> Any:
+    """A buyer with escrow to bid with, unless the test runs a chain (its money is real there)."""
+    user = make_user("buyer")
+    if not CHAIN_FIXTURES & set(request.fixturenames):
+        escrow_credit(user, TEST_ESCROW)
+    return user
 
 
 @pytest.fixture
@@ -265,8 +287,18 @@ def make_bid(db: Any) -> Callable[..., Any]:
     from market.api.serializers import BidCreateSerializer
 
     def make(user: Any, **overrides: Any) -> Any:
+        """A bid placed through the service; its buyer's escrow is topped up to cover it
+        (see `escrow_credit`) unless `fund=False`."""
+        fund = overrides.pop("fund", True)
         data = BidCreateSerializer(data=bid_body(**overrides))
         data.is_valid(raise_exception=True)
-        return services.bid_place(user=user, data=dict(data.validated_data))
+        fields = dict(data.validated_data)
+        if fund:
+            from market.funding import bid_worst_case, funds_of
+
+            short = bid_worst_case(max_price=fields["max_price"], gpus=fields["gpus"], duration_s=fields["duration_s"]) - funds_of(user).available
+            if short > 0:
+                escrow_credit(user, short)
+        return services.bid_place(user=user, data=fields)
 
     return make

@@ -18,20 +18,24 @@ from rest_framework.views import exception_handler as drf_handler
 
 from market.api.parsers import body_too_large_message
 from market.engine import EngineInputError
-from market.errors import Conflict, DomainError, NotAllowed, NotFound
+from market.errors import Conflict, DomainError, NotAllowed, NotFound, PaymentRequired
 from market.states import InvalidTransition
 
 DOMAIN_STATUS: dict[type[Exception], int] = {
     NotFound: status.HTTP_404_NOT_FOUND,
     NotAllowed: status.HTTP_403_FORBIDDEN,
     Conflict: status.HTTP_409_CONFLICT,
+    PaymentRequired: status.HTTP_402_PAYMENT_REQUIRED,
     InvalidTransition: status.HTTP_409_CONFLICT,
     DomainError: status.HTTP_400_BAD_REQUEST,
 }
 
 
-def error_body(code: str, message: str, fields: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"error": {"code": code, "message": message, "fields": fields or {}}}
+def error_body(code: str, message: str, fields: dict[str, Any] | None = None, details: dict[str, Any] | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"code": code, "message": message, "fields": fields or {}}
+    if details:
+        body["details"] = details
+    return {"error": body}
 
 
 def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:
@@ -91,7 +95,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     for kind, code in DOMAIN_STATUS.items():
         if isinstance(exc, kind):
             if isinstance(exc, DomainError):
-                return Response(error_body(exc.code, exc.message, exc.fields), status=code)
+                return Response(error_body(exc.code, exc.message, exc.fields, exc.details), status=code)
             return Response(error_body("conflict", str(exc)), status=code)
     if isinstance(exc, DjangoValidationError):
         fields = _flatten(exc.message_dict if hasattr(exc, "error_dict") else exc.messages)

@@ -377,6 +377,9 @@ class QuoteSerializer(serializers.Serializer):
     total_amount = serializers.IntegerField(help_text="What the escrow would lock, base units")
     reasons = serializers.ListField(child=serializers.CharField(), help_text="Why it would not match")
     nearest = serializers.CharField(allow_null=True, help_text="The closest thing that would match")
+    funded = serializers.BooleanField(help_text="Whether your free escrow covers the bid's worst case; an unfunded bid is refused (402)")
+    max_cost = serializers.IntegerField(help_text="The bid's worst case, max_price x GPUs x hours, base units")
+    escrow_available = serializers.IntegerField(help_text="Your free escrow less what your open bids and unrecorded trades may take, base units")
 
 
 class TradeSerializer(serializers.ModelSerializer):
