@@ -10,7 +10,7 @@ its own machines and jobs: anything else is "not found".
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.cache import cache
@@ -18,12 +18,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from ledger.custody import buyer_address
+from ledger.wallet import is_wallet_buyer
 from market import bookings, states
 from market.bookings import ACTIVE_JOB_STATES
 from market.errors import Conflict, DomainError, NotFound
-from market.models import Job, User
+from market.funding import EscrowShort, funds_of, usdc
+from market.models import Bid, Booking, Job, Offer, Trade, User
 from market.services import bid_continue, spec_signature_custodial
-from market.states import BookingState, JobState
+from market.states import BidState, BookingState, JobState, OfferState
 from market.streams import events
 from providers.agent import receipts as receipt_format
 from providers.jobs import log_key, own_machine, provider_of
@@ -70,10 +72,13 @@ def machine_assignments(*, user: User, machine_id: int) -> list[dict[str, Any]]:
     machine = own_machine(user, machine_id, lock=True)
     jobs = list(
         Job.objects.select_for_update(of=("self",))
-        .filter(trade__offer__machine=machine, state__in=ACTIVE_JOB_STATES)
+        .filter(trade__offer__machine=machine, state__in=ACTIVE_JOB_STATES, trade__extends__isnull=True)  # an extension runs as its trade's job
         .select_related("trade", "trade__bid", "trade__buyer", "trade__booking")
         .order_by("id")
     )
+    extensions: dict[int, list[dict[str, int]]] = {}
+    for ext_trade, root, ext_job, seconds in Job.objects.filter(trade__extends__in=[j.trade_id for j in jobs]).order_by("trade_id").values_list("trade_id", "trade__extends_id", "id", "trade__duration_s"):
+        extensions.setdefault(root, []).append({"trade": ext_trade, "job": ext_job, "duration_s": seconds})
     out = []
     for job in jobs:
         trade = job.trade
@@ -90,7 +95,8 @@ def machine_assignments(*, user: User, machine_id: int) -> list[dict[str, Any]]:
             "trade_state": trade.state,
             "gpu_model": trade.gpu_model_id,
             "gpus": list(booking.gpu_indexes),
-            "duration_s": trade.duration_s,
+            "duration_s": trade.duration_s + sum(e["duration_s"] for e in extensions.get(trade.pk, [])),
+            "extensions": extensions.get(trade.pk, []),
             "price": trade.price,
             "job_spec": spec,
             "spec_hash": receipt_format.spec_hash(spec),
@@ -144,6 +150,78 @@ def job_stop(*, user: User, job_id: int) -> Job:
     return job
 
 
+def _extensions_follow(job: Job) -> None:
+    """An extension's job is its trade's job running on: it starts and ends with it. (Its
+    GPU-seconds come with its own receipt, signed by the agent.)"""
+    for ext in Job.objects.select_for_update().filter(trade__extends=job.trade_id).exclude(state=job.state):
+        if not states.can_advance("job", ext.state, job.state):
+            continue
+        states.advance("job", ext, job.state)
+        ext.started_at, ext.ended_at, ext.exit_code = job.started_at, job.ended_at, job.exit_code
+        ext.checkpoint = {**(ext.checkpoint or {}), "reason": f"the job of trade {job.trade_id}, which this extends, is {job.state}"}
+        ext.save()
+
+
+MIN_EXTENSION_S = 60
+
+
+@transaction.atomic
+def job_extend(*, user: User, job_id: int, duration_s: int, max_price: int | None = None) -> Trade:
+    """The buyer buys `duration_s` more on the GPUs its job holds, at the offer's ask now
+    (`max_price` caps it: a dearer ask is refused, not paid). The extension is a trade of
+    its own (its own order, recorded on chain and settled against its own receipt), its
+    job follows the first one's, and the booking holds the GPUs for the added time."""
+    job = Job.objects.select_for_update(of=("self",)).select_related("trade__bid", "trade__offer").filter(pk=job_id, trade__buyer=user).first()
+    if job is None:
+        raise NotFound(f"No job {job_id} of yours.")
+    if job.trade.extends_id:
+        raise Conflict(f"This job is an extension; extend the job of trade {job.trade.extends_id} instead.")
+    original = job.trade
+    if job.state not in ACTIVE_JOB_STATES or (job.checkpoint or {}).get("stop_requested"):
+        raise Conflict(f"This job is {'stopping' if job.state in ACTIVE_JOB_STATES else job.state}; only a running or waiting job can be extended.")
+    if is_wallet_buyer(user):
+        raise Conflict("Your orders are signed by your own wallet; extensions are for custodial accounts for now. Place a new bid for more time.")
+    if duration_s < MIN_EXTENSION_S:
+        raise DomainError(f"An extension is at least {MIN_EXTENSION_S} seconds.", fields={"duration_s": [f"At least {MIN_EXTENSION_S}."]})
+    booking = Booking.objects.select_for_update().filter(trade=original).first()
+    if booking is None or booking.state != BookingState.HELD:
+        raise Conflict("This job's GPUs are no longer booked; it cannot be extended.")
+    offer = Offer.objects.select_for_update().get(pk=original.offer_id)
+    if offer.state != OfferState.OPEN:
+        raise Conflict(f"The provider's offer is {offer.state}: it sells no more time now.")
+    so_far = original.duration_s + sum(Trade.objects.filter(extends=original).values_list("duration_s", flat=True))
+    if so_far + duration_s > offer.max_duration_s:
+        more = max(0, offer.max_duration_s - so_far)
+        raise DomainError(f"The offer sells at most {offer.max_duration_s} s in one booking; this one has {so_far} s.",
+                          fields={"duration_s": [f"At most {more} more." if more else "The offer allows no more time on this booking."]})
+    until = booking.ends_at + timedelta(seconds=duration_s)
+    if offer.available_until is not None and until - bookings.grace() > offer.available_until:
+        raise DomainError(f"The offer is available until {offer.available_until.isoformat()}.", fields={"duration_s": ["Ends after the offer's availability."]})
+    if max_price is not None and offer.price > max_price:
+        raise Conflict(f"The offer's ask is now {usdc(offer.price)}/GPU-h, above your max_price of {usdc(max_price)}/GPU-h.")
+    amount = offer.price * original.gpus * duration_s // 3600
+    User.objects.select_for_update().filter(pk=user.pk).values_list("pk", flat=True).first()
+    funds = funds_of(user)
+    if amount > funds.available:
+        raise EscrowShort(f"This extension costs {usdc(amount)} but your escrow has {usdc(max(funds.available, 0))} free to commit. "
+                          f"Deposit at least {usdc(amount - funds.available)} more.", cost=amount, available=funds.available, free=funds.free, committed=funds.committed)
+    first_bid = original.bid
+    bid = Bid.objects.create(
+        buyer=user, job_spec=first_bid.job_spec, spec_signature=first_bid.spec_signature, gpus=original.gpus, gpu_models=[original.gpu_model_id],
+        max_price=offer.price, duration_s=duration_s, klass=first_bid.klass, state=BidState.MATCHED,
+        explanation={"matched": True, "extension_of": original.pk, "reasons": [f"{duration_s} s more on the GPUs of trade {original.pk}, at the offer's ask"]},
+    )
+    trade = Trade.objects.create(
+        round=None, extends=original, bid=bid, offer=offer, buyer=user, provider=original.provider, gpu_model=original.gpu_model, region=original.region,
+        price=offer.price, gpus=original.gpus, duration_s=duration_s, amount=amount, reason=f"extends trade {original.pk}",
+    )
+    Job.objects.create(trade=trade, state=job.state, started_at=job.started_at, checkpoint={"extension_of_job": job.pk})
+    Booking.objects.filter(pk=booking.pk).update(ends_at=until)
+    machine_wake(offer.machine_id, reason="extended", job_id=job.pk)
+    events.jobs_changed(job_ids=[job.pk])
+    return trade
+
+
 # --- job events -----------------------------------------------------------------------------
 @transaction.atomic
 def job_event(*, user: User, job_id: int, event: str, at: int | None = None, progress: float | None = None, exit_code: int | None = None, gpu_seconds: int | None = None, checkpoint: dict[str, Any] | None = None, reason: str = "", log_tail: str = "") -> Job:
@@ -187,6 +265,7 @@ def job_event(*, user: User, job_id: int, event: str, at: int | None = None, pro
             job.progress = 1.0
     job.checkpoint = meta
     job.save()
+    _extensions_follow(job)
     if job.state in bookings.JOB_END_REASON:
         bookings.on_job_ended(trade_id=trade.pk, state=job.state, stopped=bool(meta.get("stop_requested")))
     if event == "preempted" and meta.get("latest_checkpoint") and not meta.get("stop_requested"):

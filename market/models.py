@@ -192,7 +192,10 @@ class AuctionRound(models.Model):
 
 
 class Trade(models.Model):
-    round = models.ForeignKey(AuctionRound, on_delete=models.PROTECT, related_name="trades")
+    # null for an extension: its buyer bought more time on the same GPUs, at the offer's ask
+    round = models.ForeignKey(AuctionRound, null=True, blank=True, on_delete=models.PROTECT, related_name="trades")
+    extends = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="extensions",
+                                help_text="The trade whose booking this one extends")
     bid = models.ForeignKey(Bid, on_delete=models.PROTECT, related_name="trades")
     offer = models.ForeignKey(Offer, on_delete=models.PROTECT, related_name="trades")
     buyer = models.ForeignKey(User, on_delete=models.PROTECT, related_name="trades_bought")
@@ -213,6 +216,7 @@ class Trade(models.Model):
             models.CheckConstraint(condition=Q(price__gt=0, gpus__gte=1, duration_s__gte=1, amount__gte=0), name="trade_positive_terms"),
             models.CheckConstraint(condition=Q(state__in=TradeState.values), name="trade_state_valid"),
             models.UniqueConstraint(fields=["bid", "offer"], name="trade_unique_bid_offer"),
+            models.CheckConstraint(condition=Q(round__isnull=False) | Q(extends__isnull=False), name="trade_from_a_round_or_an_extension"),
         ]
 
     def __str__(self) -> str:
@@ -324,6 +328,8 @@ class AuditAction(models.TextChoices):
     OFFER_WITHDRAW = "offer.withdraw", "offer withdrawn"
     OFFER_UPDATE = "offer.update", "offer changed"
     JOB_PREEMPT = "job.preempt", "job preempted"
+    JOB_STOP = "job.stop", "job stopped by its buyer"
+    JOB_EXTEND = "job.extend", "booking extended by its buyer"
     TRADE_DISPUTE = "trade.dispute", "trade disputed"
     TRADE_RULING = "trade.ruling", "dispute ruled"
     ESCROW_DEPOSIT = "escrow.deposit", "escrow deposit"

@@ -239,7 +239,7 @@ def provider_sales(provider_id: int, *, trade_ids: list[int] | None = None, limi
     for t in qs[:limit]:
         job = getattr(t, "job", None)
         out.append({
-            "id": t.pk, "round": t.round.number, "gpu_model": t.gpu_model_id, "region": t.region_id, "price": t.price,
+            "id": t.pk, "round": t.round.number if t.round else None, "gpu_model": t.gpu_model_id, "region": t.region_id, "price": t.price,
             "gpus": t.gpus, "amount": t.amount, "state": t.state, "created_at": t.created_at,
             "job": {"id": job.pk, "state": job.state, "progress": job.progress} if job else None,
         })

@@ -186,18 +186,27 @@ def escrow_credit(user: Any, amount: int) -> None:
                    log_index=0, block_number=1, block_hash="0x" + "ab" * 32)
 
 
+def gets_test_escrow(request: pytest.FixtureRequest) -> bool:
+    """Whether a test's buyers get `TEST_ESCROW`: not in tests of money (marked `unfunded`)
+    nor where a chain runs (the money is real there)."""
+    return request.node.get_closest_marker("unfunded") is None and not CHAIN_FIXTURES & set(request.fixturenames)
+
+
 @pytest.fixture
 def buyer(make_user: Callable[..., Any], request: pytest.FixtureRequest) -> Any:
-    """A buyer with escrow to bid with, unless the test runs a chain (its money is real there)."""
+    """A buyer with escrow to bid with (see `gets_test_escrow`)."""
     user = make_user("buyer")
-    if not CHAIN_FIXTURES & set(request.fixturenames):
+    if gets_test_escrow(request):
         escrow_credit(user, TEST_ESCROW)
     return user
 
 
 @pytest.fixture
-def stranger(make_user: Callable[..., Any]) -> Any:
-    return make_user("stranger")
+def stranger(make_user: Callable[..., Any], request: pytest.FixtureRequest) -> Any:
+    user = make_user("stranger")
+    if gets_test_escrow(request):
+        escrow_credit(user, TEST_ESCROW)
+    return user
 
 
 @pytest.fixture
@@ -282,14 +291,14 @@ def bid_body(**overrides: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-def make_bid(db: Any) -> Callable[..., Any]:
+def make_bid(db: Any, request: pytest.FixtureRequest) -> Callable[..., Any]:
     from market import services
     from market.api.serializers import BidCreateSerializer
 
     def make(user: Any, **overrides: Any) -> Any:
         """A bid placed through the service; its buyer's escrow is topped up to cover it
-        (see `escrow_credit`) unless `fund=False`."""
-        fund = overrides.pop("fund", True)
+        (see `escrow_credit`) unless `fund=False` or the test is about money (`gets_test_escrow`)."""
+        fund = overrides.pop("fund", True) and gets_test_escrow(request)
         data = BidCreateSerializer(data=bid_body(**overrides))
         data.is_valid(raise_exception=True)
         fields = dict(data.validated_data)

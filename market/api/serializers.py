@@ -361,6 +361,11 @@ class RoundDetailSerializer(RoundSerializer):
         fields = [*RoundSerializer.Meta.fields, "trade_list"]
 
 
+class JobExtendSerializer(serializers.Serializer):
+    duration_s = serializers.IntegerField(min_value=60, max_value=MAX_DURATION_S, help_text="Seconds to add")
+    max_price = serializers.IntegerField(required=False, min_value=1, max_value=MAX_PRICE, help_text="Refuse the extension if the ask is above this, base units per GPU-hour")
+
+
 class QuoteTradeSerializer(serializers.Serializer):
     offer = serializers.IntegerField()
     gpu_model = serializers.CharField()
@@ -383,11 +388,11 @@ class QuoteSerializer(serializers.Serializer):
 
 
 class TradeSerializer(serializers.ModelSerializer):
-    round = serializers.IntegerField(source="round.number", read_only=True)
+    round = serializers.IntegerField(source="round.number", read_only=True, allow_null=True, help_text="The round that matched it; null for an extension")
 
     class Meta:
         model = Trade
-        fields = ["id", "round", "bid", "offer", "buyer", "provider", "gpu_model", "region", "price", "gpus", "duration_s", "amount", "state", "reason", "created_at"]
+        fields = ["id", "round", "extends", "bid", "offer", "buyer", "provider", "gpu_model", "region", "price", "gpus", "duration_s", "amount", "state", "reason", "created_at"]
 
 
 class JobSerializer(serializers.ModelSerializer):

@@ -337,7 +337,36 @@ class QuoteView(APIView):
 class JobViewSet(viewsets.ReadOnlyModelViewSet):
     """Jobs running your trades, with progress from the provider's heartbeats."""
 
-    scopes = {"list": Scope.READ, "retrieve": Scope.READ, "preempt": Scope.OPERATE}
+    scopes = {"list": Scope.READ, "retrieve": Scope.READ, "preempt": Scope.OPERATE, "stop": Scope.TRADE, "extend": Scope.TRADE}
+
+    @extend_schema(request=s.JobExtendSerializer, responses={201: s.TradeSerializer})
+    @action(detail=True, methods=["post"])
+    def extend(self, request: Request, pk: str) -> Response:
+        """Buyers: buy more time on the GPUs your job holds, at the offer's ask now (give
+        max_price to refuse a dearer ask). The extension is a trade of its own, recorded on
+        chain and settled against its own receipt; 402 if your escrow does not cover it."""
+        from market.jobs import job_extend
+
+        data = s.JobExtendSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        with transaction.atomic():
+            trade = job_extend(user=request.user, job_id=int(pk), **data.validated_data)
+            audit_record(actor=request.user, action=AuditAction.JOB_EXTEND, request=request, obj=trade,
+                         details={"job": int(pk), "extends": trade.extends_id, "duration_s": trade.duration_s, "price": trade.price, "amount": trade.amount})
+        return Response(s.TradeSerializer(trade).data, status=201)
+
+    @extend_schema(request=None, responses=s.JobSerializer)
+    @action(detail=True, methods=["post"])
+    def stop(self, request: Request, pk: str) -> Response:
+        """Buyers: stop your job now. It is billed for the GPU-seconds it ran (its agent's signed
+        receipt) and the rest of its lock is refunded at settlement; its GPUs go back to the
+        market when its agent reports it stopped (at once if it had not started)."""
+        from market.jobs import job_stop
+
+        with transaction.atomic():
+            job = job_stop(user=request.user, job_id=int(pk))
+            audit_record(actor=request.user, action=AuditAction.JOB_STOP, request=request, obj=job, details={"trade": job.trade_id})
+        return Response(s.JobSerializer(job).data)
 
     @extend_schema(request=None, responses=s.JobSerializer)
     @action(detail=True, methods=["post"])

@@ -69,7 +69,7 @@ def rounds() -> dict[str, Any]:
 
 
 def trade_public(t: Trade) -> dict[str, Any]:
-    return {"id": t.pk, "round": t.round.number, "gpu_model": t.gpu_model_id, "region": t.region_id, "price": t.price, "gpus": t.gpus, "duration_s": t.duration_s}
+    return {"id": t.pk, "round": t.round.number if t.round else None, "gpu_model": t.gpu_model_id, "region": t.region_id, "price": t.price, "gpus": t.gpus, "duration_s": t.duration_s}
 
 
 def trades() -> dict[str, Any]:

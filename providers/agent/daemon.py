@@ -12,6 +12,7 @@ logged against that report and does not stop the others.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import sys
@@ -210,6 +211,8 @@ class Agent:
         trade = int(a["trade"])
         known = self.state.job(trade)
         if known is not None:
+            if a.get("extensions") and a["extensions"] != (known.get("extensions") or []) and known["state"] in ("accepted", "running"):
+                self._extend(known, a)
             if a.get("preempt") and trade in self.running and not self.running[trade].stopping:
                 self.running[trade].terminate("preempted", time.time(), self.config.grace_s)
                 log(f"trade {trade}: preempt order; SIGTERM sent, {self.config.grace_s:.0f}s to checkpoint")
@@ -227,6 +230,8 @@ class Agent:
             return "refused"
         if not self.state.job_accept(**base):
             return "duplicate"
+        if a.get("extensions"):
+            self.state.job_update(trade, extensions=list(a["extensions"]))
         if a.get("preempt"):
             # preempted before it started: nothing ran, nothing to checkpoint
             self._finish(self.state.job(trade), Outcome(None, "preempted", time.time()))
@@ -234,6 +239,15 @@ class Agent:
         self._prepare(self.state.job(trade))
         log(f"trade {trade}: accepted job {base['job_id']} on GPUs {base['gpus']}")
         return "accepted"
+
+    def _extend(self, job: dict[str, Any], a: dict[str, Any]) -> None:
+        """The buyer bought more time on these GPUs: the job may run to the new total."""
+        trade, total = job["trade_id"], int(a["duration_s"])
+        self.state.job_update(trade, duration_s=total, extensions=list(a["extensions"]))
+        sup = self.running.get(trade)
+        if sup is not None and not job["spec"].get("time_limit_s"):
+            sup.limits = dataclasses.replace(sup.limits, time_limit_s=float(total))
+        log(f"trade {trade}: extended to {total} s in all ({len(a['extensions'])} extension(s))")
 
     def refusal(self, a: dict[str, Any]) -> str | None:
         """Why this assignment must not run here, or None."""
@@ -345,6 +359,10 @@ class Agent:
         started = job.get("started_at") or outcome.ended_at
         ended = max(started, outcome.ended_at)
         gpu_seconds = math.ceil((ended - started) * len(job["gpus"])) if job.get("started_at") else 0
+        extensions = job.get("extensions") or []
+        # the trade bought its own time; what ran past it is billed to its extensions, in order
+        own_cap = len(job["gpus"]) * (int(job["duration_s"]) - sum(int(e["duration_s"]) for e in extensions))
+        used_total, gpu_seconds = gpu_seconds, min(gpu_seconds, own_cap)
         files = receipts.output_manifest(paths.output(job["spec"].get("output_dir") or "outputs")) if paths.work.exists() else []
         checkpoint = None
         if outcome.reason in ("preempted", "timeout") and paths.checkpoint.exists():
@@ -389,8 +407,27 @@ class Agent:
         if archive:
             report["outputs_archive"] = archive
         self.state.report(trade_id=trade, job_id=job["job_id"], kind="receipt", body=report)
+        self._extension_receipts(job, receipt, used_total - gpu_seconds, own_cap, files)
         log(f"trade {trade}: {result} ({outcome.reason}, exit {outcome.exit_code}, {gpu_seconds} GPU-s); receipt signed")
         return receipt
+
+    def _extension_receipts(self, job: dict[str, Any], first: receipts.Receipt, rest: int, own_cap: int, files: list[Any]) -> None:
+        """One signed receipt per extension of the job, each for the GPU-seconds that ran in
+        its own time (0 for time not reached); each is kept as a job of its own trade, so a
+        settlement root holding it can be co-signed like any other."""
+        start = first.started_at + own_cap // max(1, len(job["gpus"]))
+        for ext in job.get("extensions") or []:
+            cap = len(job["gpus"]) * int(ext["duration_s"])
+            part, rest = min(rest, cap), rest - min(rest, cap)
+            r = dataclasses.replace(first, trade_id=int(ext["trade"]), started_at=min(start, first.ended_at), gpu_seconds=part, checkpoint=None)
+            signature = receipts.receipt_sign(r, self.bls_key)
+            ext_trade, ext_job = int(ext["trade"]), int(ext["job"])
+            self.state.job_accept(trade_id=ext_trade, job_id=ext_job, spec=job["spec"], spec_hash=job["spec_hash"], gpus=job["gpus"],
+                                  duration_s=int(ext["duration_s"]), runtime=job["runtime"], state="finished")
+            self.state.job_update(ext_trade, gpu_seconds=part, receipt=r.body(), signature=signature, ended_at=first.ended_at, exit_code=first.exit_code)
+            self.state.report(trade_id=ext_trade, job_id=ext_job, kind="receipt", body={"receipt": r.body(), "signature": signature, "outputs": [f.__dict__ for f in files]})
+            start += int(ext["duration_s"])
+            log(f"trade {ext_trade}: extension of trade {job['trade_id']}: {part} GPU-s; receipt signed")
 
     # --- settlement -------------------------------------------------------------------------
     def cosign_request(self, req: dict[str, Any]) -> str:

@@ -39,6 +39,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     signature    TEXT,
     resume       TEXT,
     progress     REAL NOT NULL DEFAULT 0,
+    extensions   TEXT,                   -- [{trade, job, duration_s}]: time the buyer added, each its own trade
     created_at   REAL NOT NULL,
     updated_at   REAL NOT NULL
 );
@@ -55,7 +56,9 @@ CREATE TABLE IF NOT EXISTS outbox (
 CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
-JSON_COLUMNS = ("spec", "gpus", "checkpoint", "receipt", "resume")
+JSON_COLUMNS = ("spec", "gpus", "checkpoint", "receipt", "resume", "extensions")
+# columns added since the first release, for state files written by an older agent
+ADDED_COLUMNS = {"extensions": "TEXT"}
 
 
 class State:
@@ -68,6 +71,10 @@ class State:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.executescript(SCHEMA)
+        have = {row[1] for row in self.db.execute("PRAGMA table_info(jobs)")}
+        for column, kind in ADDED_COLUMNS.items():
+            if column not in have:
+                self.db.execute(f"ALTER TABLE jobs ADD COLUMN {column} {kind}")
 
     def close(self) -> None:
         self.db.close()

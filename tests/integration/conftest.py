@@ -13,8 +13,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from market.bookings import booking_hold, capacity_refresh
-from market.models import AuctionRound, Job, Offer, Trade
-from tests.conftest import service_missing
+from market.api.serializers import BidCreateSerializer
+from market.models import AuctionRound, Bid, Job, Offer, Trade
+from tests.conftest import bid_body, service_missing
 from tests.integration.helpers import OPERATOR_KEY, DjangoTransport
 from tests.workers import free_port
 
@@ -25,7 +26,9 @@ _rounds = itertools.count(1)
 def make_job(make_offer, make_bid, buyer):
     def make(user, *, offer=None, gpus=2, duration_s=3600, trade_state="recorded", job_spec=None, count=4) -> Job:
         offer = offer or make_offer(user, count=count)
-        bid = make_bid(buyer, gpus=gpus, duration_s=duration_s, **({"job_spec": job_spec} if job_spec else {}))
+        data = BidCreateSerializer(data=bid_body(gpus=gpus, duration_s=duration_s, **({"job_spec": job_spec} if job_spec else {})))
+        data.is_valid(raise_exception=True)
+        bid = Bid.objects.create(buyer=buyer, state="matched", **data.validated_data)  # matched: made with the ORM, past the book
         rnd = AuctionRound.objects.create(number=next(_rounds), scheduled_for=timezone.now())
         trade = Trade.objects.create(
             round=rnd, bid=bid, offer=offer, buyer=buyer, provider=offer.machine.provider, gpu_model=offer.gpu_model,
