@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import running_server
+from tests.e2e.funds import TOKENS, chain_rpc, escrow_deposit, fund, funded_buyer, make_tokens, token_balance, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -30,19 +31,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         SERVER_ENV.clear()
         SERVER_ENV.update(env)
         yield base
-
-
-def make_tokens(**users: tuple[str, tuple[str, ...]]) -> dict[str, str]:
-    """Create accounts and their tokens on the server's database in one go: {name: (role, scopes)}."""
-    code = "from market import services\nfrom market.models import User\n" + "".join(
-        (f"u = User.objects.create_user(username={name!r}, password='correct-horse-battery-staple', role='operator')\n" if role == "operator" else
-         f"u = services.user_signup(username={name!r}, password='correct-horse-battery-staple', role={role!r})\n")
-        + f"print({name!r}, services.token_create(user=u, name='e2e', scopes={list(scopes)!r})[1])\n"
-        for name, (role, scopes) in users.items()
-    )
-    out = subprocess.run([sys.executable, "-m", "gridbid.cli", "manage", "shell", "-c", code], cwd=ROOT, env=SERVER_ENV, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    return dict(line.split() for line in out.stdout.splitlines() if line.split()[:1] and line.split()[0] in users)
 
 
 def agent_env(home: Path) -> dict[str, str]:
@@ -82,7 +70,7 @@ def join_market(server: str, tmp_path: Path, name: str, token: str, *, region: s
 
 
 def test_an_agent_joins_the_market_and_its_offers_appear(server, tmp_path):
-    token = make_tokens(rackowner=("provider", ("read", "provide")))["rackowner"]
+    token = make_tokens(SERVER_ENV, rackowner=("provider", ("read", "provide")))["rackowner"]
     inventory = tmp_path / "inventory.json"
     inventory.write_text(json.dumps({"host": "rack1", "driver_version": "550.54.15", "cuda_version": "12.4", "gpus": [{"index": i, "name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559} for i in range(4)]}))
     home = tmp_path / "agent"
@@ -126,7 +114,7 @@ def test_a_bad_token_stops_the_agent_with_one_clear_message(server, tmp_path):
 
 
 def test_a_matched_bid_runs_on_the_winning_agent_and_the_buyer_sees_the_receipt(server, tmp_path):
-    tokens = make_tokens(cheap=("provider", ("read", "provide")), dear=("provider", ("read", "provide")), trainer=("buyer", ("read", "trade")))
+    tokens = make_tokens(SERVER_ENV, cheap=("provider", ("read", "provide")), dear=("provider", ("read", "provide")), trainer=("buyer", ("read", "trade")))
     cheap, cheap_machine = join_market(server, tmp_path, "cheap", tokens["cheap"], region="eu-west", price="1.50")
     dear, _ = join_market(server, tmp_path, "dear", tokens["dear"], region="us-east", price="2.50")
     daemons = []
@@ -135,6 +123,7 @@ def test_a_matched_bid_runs_on_the_winning_agent_and_the_buyer_sees_the_receipt(
         daemons.append((subprocess.Popen([sys.executable, "-m", "providers.agent", "run", "--poll-seconds", "0.5", "--heartbeat-seconds", "1", "--max-seconds", "50"], cwd=ROOT, env=agent_env(home), stdout=log, stderr=subprocess.STDOUT, start_new_session=True), log))
     try:
         buyer = {"Authorization": f"Bearer {tokens['trainer']}"}
+        escrow_deposit(server, SERVER_ENV, "trainer", buyer, 1 * TOKENS)
         spec = {"command": [sys.executable, "-c", "import os; print('training done, loss 0.042', flush=True); open(os.environ['GRIDBID_OUTPUT_DIR'] + '/result.txt', 'w').write('42')"]}
         r = httpx.post(f"{server}/api/v1/bids/", headers=buyer, json={"job_spec": spec, "gpus": 1, "gpu_models": ["H100-SXM-80GB"], "max_price": 3_000_000, "duration_s": 60})
         assert r.status_code == 201, r.text
@@ -165,51 +154,6 @@ def test_a_matched_bid_runs_on_the_winning_agent_and_the_buyer_sees_the_receipt(
 
 
 # --- on the market's dev chain -------------------------------------------------------------
-OPERATOR = "0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266"  # anvil's account 0: the dev chain's operator and token minter
-TOKENS = 10**6
-
-
-def chain_rpc(server: str) -> tuple[Any, dict[str, Any]]:
-    from providers.agent.chain import Rpc
-
-    chain = httpx.get(f"{server}/api/v1/ledger/chain/").json()["chain"]
-    assert chain and chain["rpc_url"] and chain["min_stake"] == 100 * TOKENS, chain
-    return Rpc(chain["rpc_url"]), chain
-
-
-def fund(rpc: Any, chain: dict[str, Any], address: str, amount: int) -> None:
-    """Gas and `amount` test tokens for `address`, minted by the operator (a node-signed
-    transaction, so no nonce of the server's is taken from under it)."""
-    from providers.agent.chain import calldata
-
-    rpc.call("anvil_setBalance", [address, hex(10**20)])
-    rpc.call("anvil_impersonateAccount", [OPERATOR])
-    tx = rpc.call("eth_sendTransaction", [{"from": OPERATOR, "to": chain["token"], "data": "0x" + calldata("mint(address,uint256)", address, amount).hex()}])
-    for _ in range(100):
-        receipt = rpc.call("eth_getTransactionReceipt", [tx])
-        if receipt:
-            assert receipt["status"] == "0x1", receipt
-            return
-        time.sleep(0.1)
-    pytest.fail(f"mint {tx} not mined")
-
-
-def token_balance(rpc: Any, chain: dict[str, Any], address: str) -> int:
-    from providers.agent.chain import calldata
-
-    return int(rpc.call("eth_call", [{"to": chain["token"], "data": "0x" + calldata("balanceOf(address)", address).hex()}, "latest"]), 16)
-
-
-def wait_for(what: str, check: Callable[[], Any], *, seconds: float, logs: Callable[[], str] = lambda: "") -> Any:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.5)
-    pytest.fail(f"{what}: not within {seconds:.0f} s\n{logs()}")
-
-
 def start_daemon(home: Path, seconds: int = 150) -> tuple[subprocess.Popen[bytes], Any]:
     log = open(home / "daemon.log", "w")  # noqa: SIM115 - closed by stop_daemons
     proc = subprocess.Popen([sys.executable, "-m", "providers.agent", "run", "--poll-seconds", "0.5", "--heartbeat-seconds", "1", "--max-seconds", str(seconds)],
@@ -227,24 +171,10 @@ def stop_daemons(daemons: list[tuple[subprocess.Popen[bytes], Any]]) -> None:
         log.close()
 
 
-def funded_buyer(server: str, rpc: Any, chain: dict[str, Any], name: str, amount: int) -> dict[str, str]:
-    """A buyer whose custodial address got tokens and deposited them into escrow; its auth header."""
-    token = make_tokens(**{name: ("buyer", ("read", "trade"))})[name]
-    code = f"from market.models import User\nfrom ledger.custody import custodial_key_get_or_create\nprint('ADDR', custodial_key_get_or_create(user=User.objects.get(username={name!r})).address)"
-    out = subprocess.run([sys.executable, "-m", "gridbid.cli", "manage", "shell", "-c", code], cwd=ROOT, env=SERVER_ENV, capture_output=True, text=True, timeout=60)
-    address = next(line.split()[1] for line in out.stdout.splitlines() if line.startswith("ADDR "))
-    fund(rpc, chain, address, amount)
-    auth = {"Authorization": f"Bearer {token}"}
-    r = httpx.post(f"{server}/api/v1/ledger/deposit/", headers={**auth, "Idempotency-Key": f"{name}-deposit"}, json={"amount": amount}, timeout=30)
-    assert r.status_code == 202, r.text
-    wait_for("the deposit in escrow", lambda: httpx.get(f"{server}/api/v1/ledger/escrow/", headers=auth).json()["free"] == amount, seconds=30)
-    return auth
-
-
 @pytest.mark.timeout(240)
 def test_two_agents_stake_on_chain_run_a_job_cosign_its_settlement_and_withdraw_the_earnings(server, tmp_path):
     rpc, chain = chain_rpc(server)
-    tokens = make_tokens(north=("provider", ("read", "provide")), south=("provider", ("read", "provide")))
+    tokens = make_tokens(SERVER_ENV, north=("provider", ("read", "provide")), south=("provider", ("read", "provide")))
 
     def funds(home: Path) -> None:
         fund(rpc, chain, json.loads((home / "keys" / "eth-keystore.json").read_text())["address"], 150 * TOKENS)
@@ -259,7 +189,7 @@ def test_two_agents_stake_on_chain_run_a_job_cosign_its_settlement_and_withdraw_
     address = httpx.get(f"{server}/api/v1/providers/me/", headers=provider).json()["chain_address"]
     assert token_balance(rpc, chain, address) == 50 * TOKENS  # 100 staked
 
-    buyer = funded_buyer(server, rpc, chain, "chainbuyer", 20 * TOKENS)
+    buyer = funded_buyer(server, SERVER_ENV, "chainbuyer", 20 * TOKENS)
     daemons = [start_daemon(home) for home in (north, south)]
     server_log = Path(SERVER_ENV["GRIDBID_DATA_DIR"]) / "server.log"
     logs = lambda: "\n".join((h / "daemon.log").read_text()[-3000:] for h in (north, south)) + "\n" + server_log.read_text()[-3000:]  # noqa: E731
@@ -375,11 +305,12 @@ def test_an_operator_preempts_a_running_job_which_checkpoints_and_resumes_on_ano
     import hashlib
     import tarfile
 
-    tokens = make_tokens(spotty=("provider", ("read", "provide")), spotbuyer=("buyer", ("read", "trade")), watch=("operator", ("read", "operate")))
-    # A10 machines, so no other test's bid lands here; no escrow, so the trade runs pending
+    tokens = make_tokens(SERVER_ENV, spotty=("provider", ("read", "provide")), spotbuyer=("buyer", ("read", "trade")), watch=("operator", ("read", "operate")))
+    # A10 machines, so no other test's bid lands here; the provider is not on chain, so the trade runs pending
     home, machine = join_market(server, tmp_path, "spotty", tokens["spotty"], region="eu-west", price="1.00", gpu=("NVIDIA A10", 23028, "A10-24GB"))
     buyer = {"Authorization": f"Bearer {tokens['spotbuyer']}"}
     operator = {"Authorization": f"Bearer {tokens['watch']}"}
+    escrow_deposit(server, SERVER_ENV, "spotbuyer", buyer, 2 * TOKENS)
     daemons = [start_daemon(home, seconds=90)]
     logs = lambda: (home / "daemon.log").read_text()[-3000:]  # noqa: E731
     try:
@@ -434,7 +365,7 @@ def test_an_operator_preempts_a_running_job_which_checkpoints_and_resumes_on_ano
         for offer in httpx.get(f"{server}/api/v1/offers/", headers=provider, params={"machine": machine}).json()["results"]:
             if offer["machine"] == machine and offer["state"] in ("open", "paused"):
                 assert httpx.post(f"{server}/api/v1/offers/{offer['id']}/withdraw/", headers=provider).status_code == 200
-        other_tokens = make_tokens(spotty2=("provider", ("read", "provide")))
+        other_tokens = make_tokens(SERVER_ENV, spotty2=("provider", ("read", "provide")))
         home2, machine2 = join_market(server, tmp_path, "spotty2", other_tokens["spotty2"], region="eu-west", price="1.00", gpu=("NVIDIA A10", 23028, "A10-24GB"))
         daemons.append(start_daemon(home2, seconds=90))
         logs2 = lambda: (home2 / "daemon.log").read_text()[-3000:]  # noqa: E731
