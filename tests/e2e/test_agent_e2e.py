@@ -18,7 +18,16 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import running_server
-from tests.e2e.funds import TOKENS, chain_rpc, escrow_deposit, fund, funded_buyer, make_tokens, token_balance, wait_for
+from tests.e2e.funds import (
+    TOKENS,
+    chain_rpc,
+    escrow_deposit,
+    fund,
+    funded_buyer,
+    make_tokens,
+    token_balance,
+    wait_for,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
