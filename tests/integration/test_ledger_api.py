@@ -17,7 +17,7 @@ import pytest
 
 from tests.integration.helpers import TOKENS, drive, mint
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.unfunded]  # the tests here count escrow to the unit
 
 MARKET = "0x5FbDB2315678afecb367f053371D33aA2a4B0c5A"
 TOKEN = "0xe7f1725E7734CE288F8367e1Bb143E90bb3F0512"

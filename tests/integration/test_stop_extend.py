@@ -142,10 +142,11 @@ def test_an_extension_the_offer_cannot_sell_is_refused_with_the_reason(provider_
 
 
 def test_an_extension_needs_escrow_to_cover_it(provider_user, make_user, client_for, make_job, make_offer, make_bid):
-    from market.bookings import booking_hold, capacity_refresh
-    from market.models import AuctionRound
     from django.db import transaction
     from django.utils import timezone
+
+    from market.bookings import booking_hold, capacity_refresh
+    from market.models import AuctionRound
 
     poor = make_user("poor")
     offer = make_offer(provider_user, count=1, price=2 * USDC)
