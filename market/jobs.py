@@ -20,6 +20,7 @@ from django.utils import timezone
 from ledger.custody import buyer_address
 from ledger.wallet import is_wallet_buyer
 from market import bookings, states
+from market.audit import AuditAction, audit_record
 from market.bookings import ACTIVE_JOB_STATES
 from market.errors import Conflict, DomainError, NotFound
 from market.funding import EscrowShort, funds_of, usdc
@@ -219,6 +220,23 @@ def job_extend(*, user: User, job_id: int, duration_s: int, max_price: int | Non
     Booking.objects.filter(pk=booking.pk).update(ends_at=until)
     machine_wake(offer.machine_id, reason="extended", job_id=job.pk)
     events.jobs_changed(job_ids=[job.pk])
+    return trade
+
+
+@transaction.atomic
+def job_stop_recorded(*, user: User, job_id: int, request: Any = None) -> Job:
+    """`job_stop` and its audit record, one transaction (the API and the job page)."""
+    job = job_stop(user=user, job_id=job_id)
+    audit_record(actor=user, action=AuditAction.JOB_STOP, request=request, obj=job, details={"trade": job.trade_id})
+    return job
+
+
+@transaction.atomic
+def job_extend_recorded(*, user: User, job_id: int, duration_s: int, max_price: int | None = None, request: Any = None) -> Trade:
+    """`job_extend` and its audit record, one transaction (the API and the job page)."""
+    trade = job_extend(user=user, job_id=job_id, duration_s=duration_s, max_price=max_price)
+    audit_record(actor=user, action=AuditAction.JOB_EXTEND, request=request, obj=trade,
+                 details={"job": job_id, "extends": trade.extends_id, "duration_s": trade.duration_s, "price": trade.price, "amount": trade.amount})
     return trade
 
 

@@ -345,14 +345,11 @@ class JobViewSet(viewsets.ReadOnlyModelViewSet):
         """Buyers: buy more time on the GPUs your job holds, at the offer's ask now (give
         max_price to refuse a dearer ask). The extension is a trade of its own, recorded on
         chain and settled against its own receipt; 402 if your escrow does not cover it."""
-        from market.jobs import job_extend
+        from market.jobs import job_extend_recorded
 
         data = s.JobExtendSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        with transaction.atomic():
-            trade = job_extend(user=request.user, job_id=int(pk), **data.validated_data)
-            audit_record(actor=request.user, action=AuditAction.JOB_EXTEND, request=request, obj=trade,
-                         details={"job": int(pk), "extends": trade.extends_id, "duration_s": trade.duration_s, "price": trade.price, "amount": trade.amount})
+        trade = job_extend_recorded(user=request.user, job_id=int(pk), request=request, **data.validated_data)
         return Response(s.TradeSerializer(trade).data, status=201)
 
     @extend_schema(request=None, responses=s.JobSerializer)
@@ -361,11 +358,9 @@ class JobViewSet(viewsets.ReadOnlyModelViewSet):
         """Buyers: stop your job now. It is billed for the GPU-seconds it ran (its agent's signed
         receipt) and the rest of its lock is refunded at settlement; its GPUs go back to the
         market when its agent reports it stopped (at once if it had not started)."""
-        from market.jobs import job_stop
+        from market.jobs import job_stop_recorded
 
-        with transaction.atomic():
-            job = job_stop(user=request.user, job_id=int(pk))
-            audit_record(actor=request.user, action=AuditAction.JOB_STOP, request=request, obj=job, details={"trade": job.trade_id})
+        job = job_stop_recorded(user=request.user, job_id=int(pk), request=request)
         return Response(s.JobSerializer(job).data)
 
     @extend_schema(request=None, responses=s.JobSerializer)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from decimal import Decimal
 from typing import Any
 
 from django import forms
@@ -160,7 +161,65 @@ def job_page(request: HttpRequest, job_id: int) -> HttpResponse:
     meta = job.checkpoint or {}
     return render(request, "market/job.html", {"job": job, "log_tail": job_log_tail(job), "receipt": (meta.get("receipt") or {}).get("body"),
                                                "outputs": (meta.get("receipt") or {}).get("outputs") or [], "archive": meta.get("outputs_archive"),
-                                               "continued_by": meta.get("continued_by_bid"), "resume_from": meta.get("resume_from")})
+                                               "continued_by": meta.get("continued_by_bid"), "resume_from": meta.get("resume_from"),
+                                               "rental": _rental(request.user, job), "extend_form": ExtendForm()})
+
+
+def _rental(user: Any, job: Any) -> dict[str, Any] | None:
+    """What the buyer of a job can do with its booking: until when it holds the GPUs, what
+    it was extended by, the offer's ask for more, whether it can still stop or extend."""
+    from market.bookings import ACTIVE_JOB_STATES
+    from market.models import Booking
+
+    trade = job.trade
+    if trade.buyer_id != user.pk or trade.extends_id:
+        return None
+    booking = Booking.objects.filter(trade=trade).first()
+    extensions = list(Trade.objects.filter(extends=trade).order_by("id"))
+    active = job.state in ACTIVE_JOB_STATES and not (job.checkpoint or {}).get("stop_requested")
+    offer = trade.offer
+    return {"booking": booking, "extensions": extensions, "ask": offer.price, "offer_open": offer.state == "open",
+            "booked_s": trade.duration_s + sum(t.duration_s for t in extensions), "max_duration_s": offer.max_duration_s,
+            "can_stop": active, "can_extend": active and booking is not None and booking.state == "held" and offer.state == "open",
+            "stopping": bool((job.checkpoint or {}).get("stop_requested")) and job.state in ACTIVE_JOB_STATES}
+
+
+class ExtendForm(forms.Form):
+    hours = forms.DecimalField(min_value=Decimal("0.02"), max_value=Decimal(24 * 30), decimal_places=2, initial=Decimal("1"), label="More hours")
+    ask = forms.IntegerField(min_value=1, widget=forms.HiddenInput)  # the ask the buyer saw: a dearer one is refused, not paid
+
+
+@login_required
+def job_stop(request: HttpRequest, job_id: int) -> HttpResponse:
+    from market.jobs import job_stop_recorded
+
+    if request.method == "POST":
+        try:
+            job = job_stop_recorded(user=request.user, job_id=job_id, request=request)
+            messages.success(request, f"Job #{job_id} stopped before it started: nothing is billed." if job.state == "preempted" else
+                             f"Job #{job_id} is stopping: its agent checkpoints and ends it; you pay for the GPU-seconds it ran and the rest is refunded.")
+        except DomainError as exc:
+            messages.error(request, exc.message)
+    return redirect("web:job", job_id)
+
+
+@login_required
+def job_extend(request: HttpRequest, job_id: int) -> HttpResponse:
+    from market.jobs import job_extend_recorded
+
+    if request.method == "POST":
+        form = ExtendForm(request.POST)
+        if not form.is_valid():
+            messages.error(request, "Extension not bought: " + "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items()))
+            return redirect("web:job", job_id)
+        try:
+            trade = job_extend_recorded(user=request.user, job_id=job_id, duration_s=int(form.cleaned_data["hours"] * 3600),
+                                        max_price=form.cleaned_data["ask"], request=request)
+            messages.success(request, f"Extended by {trade.duration_s // 60} min at {trade.price / USD:.2f} USDC/GPU-h "
+                                      f"({trade.amount / USD:.2f} USDC, trade #{trade.pk}).")
+        except DomainError as exc:
+            messages.error(request, exc.message)
+    return redirect("web:job", job_id)
 
 
 class TokenForm(forms.Form):
