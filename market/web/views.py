@@ -261,8 +261,24 @@ class BidForm(forms.Form):
     location_region = forms.ChoiceField(required=False, label="Your location")
     max_latency_ms = forms.IntegerField(required=False, min_value=1, max_value=10000, label="Max latency (ms)")
     klass = forms.ChoiceField(choices=[("on_demand", "on-demand"), ("reserved", "reserved"), ("spot", "spot (cheapest, may be preempted)")], initial="on_demand", label="Class")
-    image = forms.CharField(max_length=255, initial="ghcr.io/acme/train:latest", label="Container image")
-    command = forms.CharField(max_length=1000, required=False, initial="python train.py", label="Command")
+    image = forms.CharField(max_length=255, required=False, initial="ghcr.io/acme/train:latest", label="Container image",
+                            help_text="Empty: the command runs as a process on the provider's machine (providers whose agent runs jobs as processes).")
+    command = forms.CharField(max_length=1000, required=False, initial="python train.py", label="Command",
+                              help_text="Split as a shell would (quotes group words); nothing is run through a shell.")
+
+    def clean_command(self) -> list[str]:
+        import shlex
+
+        try:
+            return shlex.split(self.cleaned_data.get("command") or "")
+        except ValueError as exc:
+            raise forms.ValidationError(f"Cannot split the command: {exc} (close every quote).") from exc
+
+    def clean(self) -> dict[str, Any]:
+        d = super().clean() or {}
+        if not d.get("image") and not d.get("command") and "command" not in self.errors:
+            raise forms.ValidationError("Give a container image, a command, or both.")
+        return d
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
@@ -272,7 +288,7 @@ class BidForm(forms.Form):
     def api_body(self) -> dict[str, object]:
         d = self.cleaned_data
         body: dict[str, object] = {
-            "job_spec": {"image": d["image"], **({"command": d["command"].split()} if d.get("command") else {})},
+            "job_spec": {**({"image": d["image"]} if d.get("image") else {}), **({"command": d["command"]} if d.get("command") else {})},
             "gpus": d["gpus"],
             "gpu_models": [d["gpu_model"]],
             "max_price": int(d["max_price_usd"] * USD),
