@@ -256,8 +256,9 @@ USD = 1_000_000
 class BidForm(forms.Form):
     gpu_model = forms.ChoiceField(label="GPU model")
     gpus = forms.IntegerField(min_value=1, max_value=64, initial=1, label="GPUs")
-    max_price_usd = forms.DecimalField(min_value=0.01, max_value=1000, decimal_places=2, initial=2.50, label="Max price per GPU-hour (USD)")
-    hours = forms.DecimalField(min_value=0.1, max_value=720, decimal_places=1, initial=1, label="Duration (hours)")
+    # Decimal bounds: a float 0.1 is 0.1000000000000000055..., and the form refused "0.1"
+    max_price_usd = forms.DecimalField(min_value=Decimal("0.01"), max_value=Decimal(1000), decimal_places=2, initial=Decimal("2.50"), label="Max price per GPU-hour (USD)")
+    hours = forms.DecimalField(min_value=Decimal("0.1"), max_value=Decimal(720), decimal_places=1, initial=Decimal(1), label="Duration (hours)")
     location_region = forms.ChoiceField(required=False, label="Your location")
     max_latency_ms = forms.IntegerField(required=False, min_value=1, max_value=10000, label="Max latency (ms)")
     klass = forms.ChoiceField(choices=[("on_demand", "on-demand"), ("reserved", "reserved"), ("spot", "spot (cheapest, may be preempted)")], initial="on_demand", label="Class")
