@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from django.http import FileResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.generics import get_object_or_404
@@ -17,7 +19,8 @@ from market import rounds, selectors, services
 from market.api import serializers as s
 from market.api.filters import AuditFilter, BidFilter, OfferFilter, TradeFilter
 from market.api.idempotency import idempotent
-from market.api.permissions import granted_scopes
+from market.api.permissions import granted_scopes, is_operator
+from market.api.schema import ErrorSerializer
 from market.audit import AuditAction, audit_record
 from market.models import ApiToken, AuctionRound, AuditEvent, Bid, Job, Offer, Scope, Trade
 from providers.models import GpuModel, Machine, Region
@@ -337,7 +340,35 @@ class QuoteView(APIView):
 class JobViewSet(viewsets.ReadOnlyModelViewSet):
     """Jobs running your trades, with progress from the provider's heartbeats."""
 
-    scopes = {"list": Scope.READ, "retrieve": Scope.READ, "preempt": Scope.OPERATE, "stop": Scope.TRADE, "extend": Scope.TRADE}
+    scopes = {"list": Scope.READ, "retrieve": Scope.READ, "preempt": Scope.OPERATE, "stop": Scope.TRADE, "extend": Scope.TRADE,
+              "outputs": Scope.READ, "output": Scope.READ}
+
+    @extend_schema(responses=s.JobOutputsSerializer)
+    @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
+    def outputs(self, request: Request, pk: str) -> Response:
+        """Buyers: the output files the provider's agent uploaded after the job ended, each
+        checked against the job's signed receipt, with download links (kept OUTPUTS_TTL_S)."""
+        from market.outputs import outputs_of
+
+        view = outputs_of(user=request.user, job_id=int(pk), operator=is_operator(request))
+        return Response(s.JobOutputsSerializer(view).data)
+
+    @extend_schema(
+        responses={(200, "application/octet-stream"): OpenApiTypes.BINARY,
+                   410: OpenApiResponse(ErrorSerializer, description="The outputs were kept OUTPUTS_TTL_S after upload and are deleted now.")},
+    )
+    @action(detail=True, methods=["get"], url_path=r"outputs/(?P<path>.+?)", pagination_class=None, filter_backends=[])
+    def output(self, request: Request, pk: str, path: str) -> FileResponse:
+        """Buyers: download one output file (its SHA-256 is in the ETag and the receipt)."""
+        from market.outputs import output_open
+
+        output, fh = output_open(user=request.user, job_id=int(pk), path=path, operator=is_operator(request))
+        # an attachment of no particular type: a provider's file must never render as a page of ours
+        response = FileResponse(fh, as_attachment=True, filename=output.path.rsplit("/", 1)[-1], content_type="application/octet-stream")
+        response["Content-Length"] = str(output.size)
+        response["ETag"] = f'"{output.sha256}"'
+        response["Cache-Control"] = "private, no-store"
+        return response
 
     @extend_schema(request=s.JobExtendSerializer, responses={201: s.TradeSerializer})
     @action(detail=True, methods=["post"])
