@@ -341,7 +341,7 @@ class JobViewSet(viewsets.ReadOnlyModelViewSet):
     """Jobs running your trades, with progress from the provider's heartbeats."""
 
     scopes = {"list": Scope.READ, "retrieve": Scope.READ, "preempt": Scope.OPERATE, "stop": Scope.TRADE, "extend": Scope.TRADE,
-              "outputs": Scope.READ, "output": Scope.READ}
+              "outputs": Scope.READ}
 
     @extend_schema(responses=s.JobOutputsSerializer)
     @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
@@ -353,22 +353,6 @@ class JobViewSet(viewsets.ReadOnlyModelViewSet):
         view = outputs_of(user=request.user, job_id=int(pk), operator=is_operator(request))
         return Response(s.JobOutputsSerializer(view).data)
 
-    @extend_schema(
-        responses={(200, "application/octet-stream"): OpenApiTypes.BINARY,
-                   410: OpenApiResponse(ErrorSerializer, description="The outputs were kept OUTPUTS_TTL_S after upload and are deleted now.")},
-    )
-    @action(detail=True, methods=["get"], url_path=r"outputs/(?P<path>.+?)", pagination_class=None, filter_backends=[])
-    def output(self, request: Request, pk: str, path: str) -> FileResponse:
-        """Buyers: download one output file (its SHA-256 is in the ETag and the receipt)."""
-        from market.outputs import output_open
-
-        output, fh = output_open(user=request.user, job_id=int(pk), path=path, operator=is_operator(request))
-        # an attachment of no particular type: a provider's file must never render as a page of ours
-        response = FileResponse(fh, as_attachment=True, filename=output.path.rsplit("/", 1)[-1], content_type="application/octet-stream")
-        response["Content-Length"] = str(output.size)
-        response["ETag"] = f'"{output.sha256}"'
-        response["Cache-Control"] = "private, no-store"
-        return response
 
     @extend_schema(request=s.JobExtendSerializer, responses={201: s.TradeSerializer})
     @action(detail=True, methods=["post"])
@@ -421,6 +405,29 @@ class JobViewSet(viewsets.ReadOnlyModelViewSet):
         if getattr(self, "swagger_fake_view", False):
             return Job.objects.none()
         return selectors.jobs_visible(self.request.user)
+
+
+class JobOutputDownloadView(APIView):
+    """Buyers: download one output file of your job (its SHA-256 is in the ETag and the receipt).
+    Operators may too; anyone else gets 404, and everyone 410 once it expired."""
+
+    scopes = {"get": Scope.READ}
+
+    @extend_schema(
+        operation_id="jobs_output_download",
+        responses={(200, "application/octet-stream"): OpenApiTypes.BINARY,
+                   410: OpenApiResponse(ErrorSerializer, description="The outputs were kept OUTPUTS_TTL_S after upload and are deleted now.")},
+    )
+    def get(self, request: Request, pk: str, path: str) -> FileResponse:
+        from market.outputs import output_open
+
+        output, fh = output_open(user=request.user, job_id=int(pk), path=path, operator=is_operator(request))
+        # an attachment of no particular type: a provider's file must never render as a page of ours
+        response = FileResponse(fh, as_attachment=True, filename=output.path.rsplit("/", 1)[-1], content_type="application/octet-stream")
+        response["Content-Length"] = str(output.size)
+        response["ETag"] = f'"{output.sha256}"'
+        response["Cache-Control"] = "private, no-store"
+        return response
 
 
 class AuditViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):

@@ -10,6 +10,7 @@ signed outputs_root). Files land in a storage folder of the test's own.
 from __future__ import annotations
 
 import hashlib
+from concurrent.futures import Executor, Future
 from datetime import timedelta
 from typing import Any
 
@@ -171,13 +172,13 @@ def test_expired_outputs_are_deleted_and_their_download_answers_410(provider_use
     JobOutput.objects.filter(pk=kept.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
     r = mine.get(url)
     assert r.status_code == 410 and "OUTPUTS_TTL_S" in r.json()["error"]["message"], "past its expiry, before the task ran"
-    assert outputs_expire.delay().get() == 1
+    assert outputs_expire() == 1
     assert not JobOutput.objects.exists() and not (outputs_folder / kept.storage_name).exists()
     r = mine.get(url)
     assert r.status_code == 410 and r.json()["error"]["code"] == "gone"
     listed = mine.get(f"/api/v1/jobs/{ended_job.pk}/outputs/").json()
     assert listed["files"] == [] and listed["expired_at"] is not None and listed["waiting"] == []
-    assert outputs_expire.delay().get() == 0
+    assert outputs_expire() == 0
 
 
 def test_outputs_ttl_s_sets_the_expiry(provider_user, client_for, ended_job, settings):
@@ -198,26 +199,59 @@ def test_the_job_page_lists_the_files_with_sizes_and_download_links(provider_use
 
 
 # --- the real agent daemon --------------------------------------------------------------------------
+class SameThread(Executor):
+    """The agent's uploads run on a worker thread; through DjangoTransport they must run on the
+    test's own, whose database connection holds the test's transaction. (The e2e test runs
+    them on their thread against a real server.)"""
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # the agent reads it from the future, as from a thread's
+            future.set_exception(exc)
+        return future
+
+
 def test_the_agent_uploads_a_finished_jobs_outputs_from_its_queue_and_resumes_after_a_restart(provider_user, buyer, client_for, make_job, agent_for):
     import sys
 
+    from providers.agent.daemon import Agent
     from providers.agent.state import State
     from tests.integration.helpers import drive
 
     spec = {"command": [sys.executable, "-c", "import os; d = os.environ['GRIDBID_OUTPUT_DIR']; os.makedirs(d + '/sub'); "
                                               "open(d + '/a.txt', 'w').write('alpha'); open(d + '/sub/b.bin', 'wb').write(b'beta' * 1000)"]}
     job = make_job(provider_user, gpus=1, job_spec=spec)
-    machine = job.trade.offer.machine
-    agent = agent_for(provider_user, machine)
-    drive(agent, lambda: agent.state.uploads_pending(job.trade_id) and "receipt" in Job.objects.get(pk=job.pk).checkpoint, timeout=30)
-    assert {u["path"] for u in agent.state.uploads_pending(job.trade_id)} == {"a.txt", "sub/b.bin"}
-    # the agent stops before it uploads anything; a new one, on the same state, takes the queue up
-    agent.pool.shutdown(wait=True)
-    agent.state.close()
-    again = agent_for(provider_user, machine)
-    assert again.state.path == agent.state.path or again.home == agent.home
+    first = agent_for(provider_user, job.trade.offer.machine)
+    first.pool = SameThread()
+    # the tick that sends the receipt starts no upload: the agent stops here, its queue full
+    drive(first, lambda: "receipt" in Job.objects.get(pk=job.pk).checkpoint, timeout=30)
+    assert {u["path"] for u in first.state.uploads_pending(job.trade_id)} == {"a.txt", "sub/b.bin"}
+    assert not JobOutput.objects.exists()
+    first.state.close()
+    again = Agent(home=first.home, config=first.config, client=first.client, state=State(first.home / "state.sqlite3"),
+                  inventory=first.inventory, bls_key=first.bls_key, account=first.account, pool=SameThread())
     drive(again, lambda: JobOutput.objects.filter(job=job).count() == 2, timeout=30)
-    assert not again.state.uploads_pending(job.trade_id)
+    drive(again, lambda: not again.state.uploads_pending(job.trade_id), timeout=10)
+    assert {u["state"] for u in again.state.uploads(job.trade_id)} == {"done"}
     got = client_for(buyer).get(f"/api/v1/jobs/{job.pk}/outputs/sub/b.bin")
     assert got.status_code == 200 and b"".join(got.streaming_content) == b"beta" * 1000
-    State(again.home / "state.sqlite3").close()
+
+
+def test_a_file_the_market_refuses_is_not_tried_again(provider_user, make_job, agent_for):
+    import sys
+
+    from tests.integration.helpers import drive
+
+    spec = {"command": [sys.executable, "-c", "import os; open(os.environ['GRIDBID_OUTPUT_DIR'] + '/a.txt', 'w').write('alpha')"]}
+    job = make_job(provider_user, gpus=1, job_spec=spec)
+    agent = agent_for(provider_user, job.trade.offer.machine)
+    agent.pool = SameThread()
+    drive(agent, lambda: "receipt" in Job.objects.get(pk=job.pk).checkpoint, timeout=30)
+    # changed on disk after the receipt was signed: the market refuses it (400), once
+    (agent.job_paths(job.trade_id).output("outputs") / "a.txt").write_text("tampered")
+    drive(agent, lambda: agent.state.uploads(job.trade_id)[0]["state"] != "pending", timeout=15)
+    failed = agent.state.uploads(job.trade_id)[0]
+    assert failed["state"] == "failed" and failed["attempts"] == 1 and "does not match the receipt" in failed["error"]
+    assert not JobOutput.objects.exists()
