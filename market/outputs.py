@@ -90,7 +90,7 @@ class Stored:
     created: bool
 
 
-def output_store(*, user: User, job_id: int, machine_id: int, path: str, body: IO[bytes], length: int | None) -> Stored:
+def output_store(*, user: User, job_id: int, machine_id: int, path: str, body: IO[bytes], length: int) -> Stored:
     """Take one output file of a job from the agent of the machine that ran it.
 
     Refused: another provider's job or machine (404); a machine of this provider that did
@@ -109,9 +109,12 @@ def output_store(*, user: User, job_id: int, machine_id: int, path: str, body: I
     if expected is None:
         raise DomainError(f"{path!r} is not among the outputs the receipt of job {job_id} lists.", fields={"path": ["Not in the receipt's outputs."]})
     limit = max_bytes()
-    if expected["size"] > limit or (length is not None and length > limit):
+    if expected["size"] > limit or length > limit:
         raise TooLarge(f"The file is larger than {limit:,} bytes, the most the market keeps per output file (OUTPUTS_MAX_BYTES).",
                        fields={"body": [f"At most {limit:,} bytes."]})
+    if length != expected["size"]:
+        raise DomainError(f"{path!r} is {length} bytes long (Content-Length); the receipt lists it with {expected['size']} bytes.",
+                          fields={"Content-Length": [f"The receipt says {expected['size']}."]})
     held = JobOutput.objects.filter(job=job, path=path).first()
     if held is not None and held.sha256 == expected["sha256"]:
         _drain(body, limit)

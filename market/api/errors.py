@@ -18,7 +18,15 @@ from rest_framework.views import exception_handler as drf_handler
 
 from market.api.parsers import body_too_large_message
 from market.engine import EngineInputError
-from market.errors import Conflict, DomainError, Gone, NotAllowed, NotFound, PaymentRequired, TooLarge
+from market.errors import (
+    Conflict,
+    DomainError,
+    Gone,
+    NotAllowed,
+    NotFound,
+    PaymentRequired,
+    TooLarge,
+)
 from market.states import InvalidTransition
 
 DOMAIN_STATUS: dict[type[Exception], int] = {

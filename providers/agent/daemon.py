@@ -2,7 +2,8 @@
 
 Everything happens on one thread, in `Agent.tick()`, which never blocks for
 long: jobs run as supervised process groups that the tick polls; only the
-download of a job's inputs runs on a worker thread. Reports go through the
+download of a job's inputs and the upload of its outputs to the market run on a
+worker thread. Reports go through the
 SQLite outbox, so a report the market has not acknowledged is sent again after
 a crash. Transport errors and 5xx back off with jitter and retry forever; bad
 credentials stop the daemon with one message; a 4xx on one job's report is
@@ -442,18 +443,18 @@ class Agent:
         then start the next that is due. The queue lives in the state database, so a restart
         picks up where this left off; each file is tried `upload_attempts` times."""
         if self.uploading is not None:
-            up, fut = self.uploading
+            sent, fut = self.uploading
             if not fut.done():
                 return
             self.uploading = None
             exc = fut.exception()
             if exc is None:
-                self.state.upload_update(up["id"], state="done", attempts=up["attempts"] + 1, error=None)
-                every = self.state.uploads(up["trade_id"])
+                self.state.upload_update(sent["id"], state="done", attempts=sent["attempts"] + 1, error=None)
+                every = self.state.uploads(sent["trade_id"])
                 done = sum(1 for u in every if u["state"] == "done")
-                log(f"trade {up['trade_id']}: output {up['path']} uploaded ({up['size']} bytes); {done}/{len(every)} of the job's files at the market")
+                log(f"trade {sent['trade_id']}: output {sent['path']} uploaded ({sent['size']} bytes); {done}/{len(every)} of the job's files at the market")
             else:
-                self._upload_failed(up, exc, now)
+                self._upload_failed(sent, exc, now)
         up = self.state.upload_due(now)
         if up is None:
             return

@@ -170,9 +170,9 @@ class State:
         return added
 
     def uploads_pending(self, trade_id: int | None = None) -> list[dict[str, Any]]:
-        q, args = "SELECT * FROM uploads WHERE state='pending'", ()
+        q, args = "SELECT * FROM uploads WHERE state='pending'", []
         if trade_id is not None:
-            q, args = q + " AND trade_id=?", (trade_id,)
+            q, args = q + " AND trade_id=?", [trade_id]
         return [dict(r) for r in self.db.execute(q + " ORDER BY id", args).fetchall()]
 
     def uploads(self, trade_id: int) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ from rest_framework.views import APIView
 from market import jobs as job_services
 from market.api.permissions import ScopedAccess
 from market.api.serializers import JobOutputSerializer, JobSerializer
+from market.errors import DomainError
 from market.models import Scope
 from providers import jobs
 from providers.api import serializers as s
@@ -81,8 +82,13 @@ class JobOutputUploadView(AgentView):
 
         machine = s.OutputUploadQuerySerializer(data=request.query_params)
         machine.is_valid(raise_exception=True)
-        raw_length = request.META.get("CONTENT_LENGTH") or ""
-        length = int(raw_length) if raw_length.isdigit() else None
+        raw_length = str(request.META.get("CONTENT_LENGTH") or "")
+        if not raw_length and "chunked" not in str(request.META.get("HTTP_TRANSFER_ENCODING", "")).lower():
+            raw_length = "0"  # no body at all: an empty file
+        if not raw_length.isdigit():
+            raise DomainError("Send the file with a Content-Length header (its size in bytes); chunked uploads are not taken.",
+                              fields={"Content-Length": ["Required: the file's size in bytes."]})
+        length = int(raw_length)
         stored = output_store(user=request.user, job_id=job_id, machine_id=machine.validated_data["machine"], path=path,
                               body=request.stream or io.BytesIO(b""), length=length)
         return Response(JobOutputSerializer(stored.output, context={"request": request}).data, status=201 if stored.created else 200)

@@ -69,6 +69,12 @@ def test_an_output_whose_hash_matches_the_receipt_is_kept_and_sending_it_again_c
     assert again.status_code == 200 and JobOutput.objects.filter(job=ended_job).count() == 1
 
 
+def test_an_empty_output_file_is_kept_too(provider_user, client_for, make_job):
+    job = ended_with_receipt(make_job(provider_user), {"empty.txt": b""})
+    r = put(client_for(provider_user), job, "empty.txt", b"")
+    assert r.status_code == 201 and r.json()["size"] == 0 and r.json()["sha256"] == sha(b"")
+
+
 def test_an_output_whose_bytes_differ_from_the_receipt_is_refused_and_not_kept(provider_user, client_for, ended_job):
     r = put(client_for(provider_user), ended_job, "result.txt", b"loss 0.999\n")
     assert r.status_code == 400
@@ -250,7 +256,7 @@ def test_a_file_the_market_refuses_is_not_tried_again(provider_user, make_job, a
     agent.pool = SameThread()
     drive(agent, lambda: "receipt" in Job.objects.get(pk=job.pk).checkpoint, timeout=30)
     # changed on disk after the receipt was signed: the market refuses it (400), once
-    (agent.job_paths(job.trade_id).output("outputs") / "a.txt").write_text("tampered")
+    (agent.job_paths(job.trade_id).output("outputs") / "a.txt").write_text("ALPHA")
     drive(agent, lambda: agent.state.uploads(job.trade_id)[0]["state"] != "pending", timeout=15)
     failed = agent.state.uploads(job.trade_id)[0]
     assert failed["state"] == "failed" and failed["attempts"] == 1 and "does not match the receipt" in failed["error"]
