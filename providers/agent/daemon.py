@@ -455,6 +455,8 @@ class Agent:
                 log(f"trade {sent['trade_id']}: output {sent['path']} uploaded ({sent['size']} bytes); {done}/{len(every)} of the job's files at the market")
             else:
                 self._upload_failed(sent, exc, now)
+        if not hasattr(self.client, "job_output_upload"):  # a market client without output storage
+            return
         up = self.state.upload_due(now)
         if up is None:
             return
@@ -477,7 +479,7 @@ class Agent:
         if again and attempts < self.config.upload_attempts:
             delay = min(600.0, self.config.upload_retry_s * 2 ** (attempts - 1))
             self.state.upload_update(up["id"], attempts=attempts, next_at=now + delay, error=message)
-            log(f"trade {up['trade_id']}: upload of output {up['path']} failed ({message}); try {attempts + 1}/{self.config.upload_attempts} in {delay:.0f}s")
+            log(f"trade {up['trade_id']}: upload of output {up['path']} failed ({message}); try {attempts + 1}/{self.config.upload_attempts} in {delay:.3g}s")
         else:
             self.state.upload_update(up["id"], state="failed", attempts=attempts, error=message)
             log(f"trade {up['trade_id']}: output {up['path']} not uploaded, giving up after {attempts} tries: {message}")
