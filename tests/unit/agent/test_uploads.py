@@ -42,7 +42,7 @@ def test_outputs_are_uploaded_after_the_receipt_and_transient_failures_are_retri
     market = StoringMarket([Transient("market answered 503"), Rejected("no receipt yet", status=409)])
     agent = make_agent(tmp_path, market, key, upload_retry_s=0.05)
     market.assignments_list = [assignment(1, WRITES_TWO)]
-    tick_until(agent, lambda: len(market.stored) == 2)
+    tick_until(agent, lambda: len(agent.state.uploads(1)) == 2 and not agent.state.uploads_pending(1))
     assert market.stored == {"a.txt": b"alpha", "sub/b.txt": b"beta"} and market.receipt_first
     rows = agent.state.uploads(1)
     assert {u["state"] for u in rows} == {"done"} and sum(u["attempts"] for u in rows) == 4, "two failed tries, then each file once"
