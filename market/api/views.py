@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
+from asgiref.sync import sync_to_async
+from django.core.handlers.asgi import ASGIRequest
 from django.db import transaction
-from django.http import FileResponse
+from django.http import FileResponse, StreamingHttpResponse
+from django.utils.http import content_disposition_header
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
@@ -407,6 +411,15 @@ class JobViewSet(viewsets.ReadOnlyModelViewSet):
         return selectors.jobs_visible(self.request.user)
 
 
+async def _chunks_async(fh: Any, size: int = 1 << 20) -> AsyncIterator[bytes]:
+    read = sync_to_async(fh.read, thread_sensitive=False)
+    try:
+        while chunk := await read(size):
+            yield chunk
+    finally:
+        await sync_to_async(fh.close, thread_sensitive=False)()
+
+
 class JobOutputDownloadView(APIView):
     """Buyers: download one output file of your job (its SHA-256 is in the ETag and the receipt).
     Operators may too; anyone else gets 404, and everyone 410 once it expired."""
@@ -418,12 +431,19 @@ class JobOutputDownloadView(APIView):
         responses={(200, "application/octet-stream"): OpenApiTypes.BINARY,
                    410: OpenApiResponse(ErrorSerializer, description="The outputs were kept OUTPUTS_TTL_S after upload and are deleted now.")},
     )
-    def get(self, request: Request, pk: str, path: str) -> FileResponse:
+    def get(self, request: Request, pk: str, path: str) -> StreamingHttpResponse:
         from market.outputs import output_open
 
         output, fh = output_open(user=request.user, job_id=int(pk), path=path, operator=is_operator(request))
+        name = output.path.rsplit("/", 1)[-1]
         # an attachment of no particular type: a provider's file must never render as a page of ours
-        response = FileResponse(fh, as_attachment=True, filename=output.path.rsplit("/", 1)[-1], content_type="application/octet-stream")
+        response: StreamingHttpResponse
+        if isinstance(request._request, ASGIRequest):
+            # under ASGI a sync iterator is read whole into memory before the first byte goes out
+            response = StreamingHttpResponse(_chunks_async(fh), content_type="application/octet-stream")
+            response["Content-Disposition"] = content_disposition_header(True, name) or "attachment"
+        else:
+            response = FileResponse(fh, as_attachment=True, filename=name, content_type="application/octet-stream")
         response["Content-Length"] = str(output.size)
         response["ETag"] = f'"{output.sha256}"'
         response["Cache-Control"] = "private, no-store"

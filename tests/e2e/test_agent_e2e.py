@@ -424,7 +424,7 @@ def test_a_jobs_output_file_is_uploaded_by_its_agent_and_downloaded_by_its_buyer
         got = httpx.get(f"{server}{kept['download_url']}", headers=buyer, timeout=30)
         assert got.status_code == 200, got.text
         assert hashlib.sha256(got.content).hexdigest() == signed["sha256"] == kept["sha256"], "the buyer gets the bytes the provider signed for"
-        assert got.headers["content-type"] == "application/octet-stream"
+        assert got.headers["content-type"] == "application/octet-stream" and got.headers["content-disposition"] == 'attachment; filename="model.bin"'
         nosy = httpx.get(f"{server}{kept['download_url']}", headers={"Authorization": f"Bearer {tokens['nosy']}"})
         assert nosy.status_code == 404
         assert "output model.bin uploaded" in (home / "daemon.log").read_text()
