@@ -162,7 +162,7 @@ def _buyers_job(user: User, job_id: int, *, operator: bool) -> Job:
     qs = Job.objects.filter(pk=job_id)
     if not operator:
         qs = qs.filter(trade__buyer=user)
-    job = qs.first()
+    job: Job | None = qs.first()
     if job is None:
         raise NotFound(f"No job {job_id} of yours.")
     return job
