@@ -29,6 +29,7 @@ TASK_QUEUES: dict[str, Queue] = {
     "market.tasks.bids_expire": Queue.DEFAULT,
     "market.tasks.bookings_expire": Queue.DEFAULT,
     "market.tasks.idempotency_prune": Queue.DEFAULT,
+    "market.tasks.outputs_expire": Queue.DEFAULT,
     "market.tasks.demo_tick": Queue.DEMO,
     "providers.tasks.machines_mark_offline": Queue.DEFAULT,
     "ledger.tasks.trades_record": Queue.CHAIN,
@@ -65,6 +66,7 @@ def _schedule(sender: Celery, **_: object) -> None:
         "expire-bookings": {"task": "market.tasks.bookings_expire", "schedule": 15.0},
         "machines-offline": {"task": "providers.tasks.machines_mark_offline", "schedule": 10.0},
         "idempotency-prune": {"task": "market.tasks.idempotency_prune", "schedule": 3600.0},
+        "outputs-expire": {"task": "market.tasks.outputs_expire", "schedule": 300.0, "options": {"expires": 600}},
         # ledger (settlement): all on the chain queue, each idempotent
         "ledger-record": {"task": "ledger.tasks.trades_record", "schedule": 5.0, "options": {"expires": 10}},
         "ledger-settle": {"task": "ledger.tasks.batches_settle", "schedule": 10.0, "options": {"expires": 20}},

@@ -57,6 +57,11 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("METRICS_TOKEN", "(unset: operators only)", "Bearer token a Prometheus scraper sends to read /metrics (at least 16 characters)."),
     Variable("LOG_LEVEL", "INFO", "DEBUG, INFO, WARNING or ERROR."),
     Variable("LOG_FORMAT", "plain", "plain (text lines) or json (one JSON object per line: time, level, logger, message, request_id)."),
+    Variable("OUTPUTS_STORAGE", "filesystem", "Where job outputs the agents upload are kept: filesystem ($GRIDBID_DATA_DIR/outputs) or s3 (needs `pip install 'gridbid[s3]'`; credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY)."),
+    Variable("OUTPUTS_S3_BUCKET", "(unset)", "OUTPUTS_STORAGE=s3 only: the bucket the outputs go to (required there)."),
+    Variable("OUTPUTS_S3_ENDPOINT_URL", "(unset: AWS)", "OUTPUTS_STORAGE=s3 only: the endpoint of an S3-compatible store (https://minio.example.com)."),
+    Variable("OUTPUTS_MAX_BYTES", "5368709120", "Largest output file (bytes, 1024 to 1 TiB) an agent may upload to the market; a bigger one gets a 413."),
+    Variable("OUTPUTS_TTL_S", "604800", "Seconds uploaded outputs are kept for their buyer (60 to a year); then they are deleted and a download answers 410."),
     Variable("GRIDBID_DEMO_SPEED", "60", "Under `gridbid up --demo`: how many times faster than booked the demo's simulated jobs run (1-10000)."),
 )
 
@@ -167,6 +172,12 @@ class Config:
     metrics_token: str | None = None
     # reverse proxies whose X-Forwarded-For is believed (gridbid.proxies)
     trusted_proxies: tuple[str, ...] = ()
+    # job outputs uploaded by the agents (market.outputs): kept in Django's "outputs" storage
+    outputs_storage: str = "filesystem"
+    outputs_s3_bucket: str | None = None
+    outputs_s3_endpoint_url: str | None = None
+    outputs_max_bytes: int = 5 * 1024**3
+    outputs_ttl_s: float = 7 * 86_400.0
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -233,6 +244,10 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         if len(body) != 64 or any(c not in "0123456789abcdefABCDEF" for c in body):
             raise ConfigError("OPERATOR_KEY is not a private key: expected 64 hex digits (0x optional)")
     log_level = _choice(env, "LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
+    outputs_storage = _choice(env, "OUTPUTS_STORAGE", "filesystem", ("filesystem", "s3"))
+    outputs_s3_bucket = env.get("OUTPUTS_S3_BUCKET", "").strip() or None
+    if outputs_storage == "s3" and not outputs_s3_bucket:
+        raise ConfigError("OUTPUTS_STORAGE=s3 needs OUTPUTS_S3_BUCKET: the bucket the job outputs go to")
     return Config(
         data_dir=data_dir,
         database_url=database_url,
@@ -265,4 +280,9 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         log_format=_choice(env, "LOG_FORMAT", "plain", ("plain", "json")),
         metrics_token=_metrics_token(env),
         demo_speed=_number(env, "GRIDBID_DEMO_SPEED", 60.0, 1, 10_000),
+        outputs_storage=outputs_storage,
+        outputs_s3_bucket=outputs_s3_bucket,
+        outputs_s3_endpoint_url=_url(env, "OUTPUTS_S3_ENDPOINT_URL", ("https", "http")),
+        outputs_max_bytes=int(_number(env, "OUTPUTS_MAX_BYTES", 5 * 1024**3, 1024, 1024**4, int)),
+        outputs_ttl_s=_number(env, "OUTPUTS_TTL_S", 7 * 86_400.0, 60, 365 * 86_400),
     )

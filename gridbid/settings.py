@@ -142,7 +142,19 @@ STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+    # job outputs the agents upload (market.outputs); never served as static files: only
+    # through the buyer's download endpoint
+    "outputs": {"BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(CONFIG.data_dir / "outputs")}},
 }
+OUTPUTS_MAX_BYTES = CONFIG.outputs_max_bytes  # one uploaded output file, at most
+OUTPUTS_TTL_S = CONFIG.outputs_ttl_s  # how long the buyer can download them
+if CONFIG.outputs_storage == "s3":
+    # django-storages (`pip install 'gridbid[s3]'`); boto3 reads AWS_ACCESS_KEY_ID and
+    # AWS_SECRET_ACCESS_KEY from the environment. Not exercised by the test suite.
+    STORAGES["outputs"] = {"BACKEND": "storages.backends.s3.S3Storage", "OPTIONS": {
+        "bucket_name": CONFIG.outputs_s3_bucket, "endpoint_url": CONFIG.outputs_s3_endpoint_url,
+        "default_acl": "private", "querystring_auth": True, "file_overwrite": False, "location": "outputs",
+    }}
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
 

@@ -291,6 +291,32 @@ class Booking(models.Model):
         return f"booking {self.pk}: trade {self.trade_id}, GPUs {self.gpu_indexes} ({self.state})"
 
 
+OUTPUT_PATH_MAX = 512
+
+
+class JobOutput(models.Model):
+    """One output file of a job, uploaded by its machine's agent after the job ended and
+    checked against the file's SHA-256 in the job's signed receipt. Kept in the "outputs"
+    storage until `expires_at` (OUTPUTS_TTL_S after upload); then the file and this row
+    are deleted (market.outputs.outputs_expire) and a download answers 410."""
+
+    job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="outputs")
+    path = models.CharField(max_length=OUTPUT_PATH_MAX, help_text="Relative, '/'-separated, as the receipt lists it")
+    size = models.PositiveBigIntegerField()
+    sha256 = models.CharField(max_length=64)
+    storage_name = models.CharField(max_length=1024, help_text="The file's name in the outputs storage")
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["job", "path"]
+        indexes = [models.Index(fields=["expires_at"])]
+        constraints = [models.UniqueConstraint(fields=["job", "path"], name="joboutput_unique_path_per_job")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id}: {self.path} ({self.size} bytes)"
+
+
 class IdempotencyRecord(models.Model):
     """The first response to a POST carrying an Idempotency-Key, kept 24 hours."""
 

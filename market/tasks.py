@@ -35,6 +35,14 @@ def idempotency_prune() -> int:
     return prune()
 
 
+@shared_task(name="market.tasks.outputs_expire")
+def outputs_expire() -> int:
+    """Delete job outputs kept past OUTPUTS_TTL_S, files and rows."""
+    from market.outputs import outputs_expire as expire
+
+    return expire()
+
+
 @shared_task(name="market.tasks.round_run", ignore_result=True)
 def round_run() -> int | None:
     """Clear the round of the current schedule slot; a duplicate delivery is a no-op."""

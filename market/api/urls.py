@@ -1,4 +1,4 @@
-from django.urls import include, path
+from django.urls import include, path, re_path
 from rest_framework.routers import DefaultRouter
 
 from market.api import views
@@ -23,5 +23,7 @@ urlpatterns = [
     path("me/wallet/", views.WalletLinkView.as_view(), name="wallet-link"),
     path("quote/", views.QuoteView.as_view(), name="quote"),
     path("providers/me/", views.ProviderMeView.as_view(), name="provider-me"),
+    # before the router: a file's name may end like a format suffix (result.json)
+    re_path(r"^jobs/(?P<pk>\d+)/outputs/(?P<path>.+)$", views.JobOutputDownloadView.as_view(), name="job-output"),
     path("", include(router.urls)),
 ]

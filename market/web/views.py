@@ -160,7 +160,8 @@ def job_page(request: HttpRequest, job_id: int) -> HttpResponse:
         raise Http404("No such job of yours")
     meta = job.checkpoint or {}
     return render(request, "market/job.html", {"job": job, "log_tail": job_log_tail(job), "receipt": (meta.get("receipt") or {}).get("body"),
-                                               "outputs": (meta.get("receipt") or {}).get("outputs") or [], "archive": meta.get("outputs_archive"),
+                                               "outputs": _output_rows(request, job), "archive": meta.get("outputs_archive"),
+                                               "outputs_expired_at": meta.get("outputs_expired_at"),
                                                "continued_by": meta.get("continued_by_bid"), "resume_from": meta.get("resume_from"),
                                                "rental": _rental(request.user, job), "extend_form": ExtendForm()})
 
@@ -220,6 +221,25 @@ def job_extend(request: HttpRequest, job_id: int) -> HttpResponse:
         except DomainError as exc:
             messages.error(request, exc.message)
     return redirect("web:job", job_id)
+
+
+def _output_rows(request: HttpRequest, job: Any) -> list[dict[str, Any]]:
+    """The receipt's output files, each with the market's copy when it keeps one; a download
+    link only for the buyer and operators (the download refuses anyone else)."""
+    from django.utils import timezone
+
+    from market.api.serializers import output_download_url
+
+    listed = ((job.checkpoint or {}).get("receipt") or {}).get("outputs") or []
+    kept = {o.path: o for o in job.outputs.filter(expires_at__gt=timezone.now())}
+    may_download = job.trade.buyer_id == request.user.pk or request.user.is_superuser or getattr(request.user, "role", "") == "operator"
+    rows = []
+    for f in listed:
+        if not isinstance(f, dict):
+            continue
+        output = kept.get(f.get("path"))
+        rows.append({**f, "kept": output, "url": output_download_url(job.pk, output.path) if output and may_download else None})
+    return rows
 
 
 class TokenForm(forms.Form):

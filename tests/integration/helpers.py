@@ -116,6 +116,7 @@ class DjangoTransport:
     def handle_request(self, request):  # type: ignore[no-untyped-def]
         import httpx
 
+        request.read()  # a streamed body (an uploaded file) is read here
         resp = self.client.generic(
             request.method, request.url.raw_path.decode(), data=request.content,
             content_type=request.headers.get("content-type", "application/json"),
