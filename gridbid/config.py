@@ -57,6 +57,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("METRICS_TOKEN", "(unset: operators only)", "Bearer token a Prometheus scraper sends to read /metrics (at least 16 characters)."),
     Variable("LOG_LEVEL", "INFO", "DEBUG, INFO, WARNING or ERROR."),
     Variable("LOG_FORMAT", "plain", "plain (text lines) or json (one JSON object per line: time, level, logger, message, request_id)."),
+    Variable("WEBHOOK_ALLOW_PRIVATE_URLS", "false", "true lets webhooks call private, loopback and link-local addresses (127.0.0.1, 10.x, ...): for tests and closed networks only."),
+    Variable("EMAIL_URL", "console://", "Where notification emails go: console:// (printed to the log), smtp://user:pass@host:587 (STARTTLS with smtp+tls://, TLS with smtps://), or dummy:// (dropped)."),
+    Variable("DEFAULT_FROM_EMAIL", "GridBid <gridbid@localhost>", "The From address of notification emails."),
     Variable("GRIDBID_DEMO_SPEED", "60", "Under `gridbid up --demo`: how many times faster than booked the demo's simulated jobs run (1-10000)."),
 )
 
@@ -167,6 +170,10 @@ class Config:
     metrics_token: str | None = None
     # reverse proxies whose X-Forwarded-For is believed (gridbid.proxies)
     trusted_proxies: tuple[str, ...] = ()
+    # webhooks may call private and loopback addresses (tests, closed networks)
+    webhook_allow_private_urls: bool = False
+    email_url: str = "console://"
+    default_from_email: str = "GridBid <gridbid@localhost>"
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -214,6 +221,55 @@ def _metrics_token(env: Mapping[str, str]) -> str | None:
     if len(raw) < 16:
         raise ConfigError("METRICS_TOKEN is too short: use at least 16 random characters (e.g. `openssl rand -hex 24`)")
     return raw
+
+
+EMAIL_SCHEMES = ("console", "smtp", "smtp+tls", "smtps", "dummy")
+
+
+def _email_url(env: Mapping[str, str]) -> str:
+    raw = (env.get("EMAIL_URL") or "").strip() or "console://"
+    try:
+        parts = urlsplit(raw)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as exc:
+        raise ConfigError(f"EMAIL_URL={raw!r} is not a valid URL ({exc})") from None
+    if parts.scheme not in EMAIL_SCHEMES:
+        raise ConfigError(f"EMAIL_URL={raw!r} has scheme {parts.scheme or '(none)'!r}; expected one of: {', '.join(s + '://' for s in EMAIL_SCHEMES)}")
+    if parts.scheme.startswith("smtp") and not parts.hostname:
+        raise ConfigError(f"EMAIL_URL={raw!r} has no host: expected smtp://user:password@host:587")
+    return raw
+
+
+def _from_email(env: Mapping[str, str]) -> str:
+    from email.utils import parseaddr
+
+    raw = (env.get("DEFAULT_FROM_EMAIL") or "").strip() or "GridBid <gridbid@localhost>"
+    _, address = parseaddr(raw)
+    if "@" not in address or any(c in raw for c in "\r\n"):
+        raise ConfigError(f"DEFAULT_FROM_EMAIL={raw!r} is not an email address: expected name@host or 'Name <name@host>'")
+    return raw
+
+
+def email_settings(url: str) -> dict[str, object]:
+    """Django's EMAIL_* settings for an EMAIL_URL (checked by `load`)."""
+    from urllib.parse import unquote
+
+    parts = urlsplit(url)
+    if parts.scheme == "console":
+        return {"EMAIL_BACKEND": "django.core.mail.backends.console.EmailBackend"}
+    if parts.scheme == "dummy":
+        return {"EMAIL_BACKEND": "django.core.mail.backends.dummy.EmailBackend"}
+    ssl = parts.scheme == "smtps"
+    return {
+        "EMAIL_BACKEND": "django.core.mail.backends.smtp.EmailBackend",
+        "EMAIL_HOST": parts.hostname or "",
+        "EMAIL_PORT": parts.port or (465 if ssl else 587 if parts.scheme == "smtp+tls" else 25),
+        "EMAIL_HOST_USER": unquote(parts.username or ""),
+        "EMAIL_HOST_PASSWORD": unquote(parts.password or ""),
+        "EMAIL_USE_TLS": parts.scheme == "smtp+tls",
+        "EMAIL_USE_SSL": ssl,
+        "EMAIL_TIMEOUT": 10,
+    }
 
 
 def load(env: Mapping[str, str] | None = None) -> Config:
@@ -265,4 +321,7 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         log_format=_choice(env, "LOG_FORMAT", "plain", ("plain", "json")),
         metrics_token=_metrics_token(env),
         demo_speed=_number(env, "GRIDBID_DEMO_SPEED", 60.0, 1, 10_000),
+        webhook_allow_private_urls=_bool(env, "WEBHOOK_ALLOW_PRIVATE_URLS", False),
+        email_url=_email_url(env),
+        default_from_email=_from_email(env),
     )

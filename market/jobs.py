@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from ledger.custody import buyer_address
 from ledger.wallet import is_wallet_buyer
-from market import bookings, states
+from market import bookings, notify, states
 from market.bookings import ACTIVE_JOB_STATES
 from market.errors import Conflict, DomainError, NotFound
 from market.funding import EscrowShort, funds_of, usdc
@@ -143,6 +143,7 @@ def job_stop(*, user: User, job_id: int) -> Job:
         meta["reason"] = "Stopped by the buyer before it started; nothing ran, nothing is billed."
         job.save()
         bookings.on_job_ended(trade_id=job.trade_id, state=job.state, stopped=True)
+        notify.job_changed(job=job)
     else:
         job.save(update_fields=["checkpoint", "updated_at"])
     machine_wake(job.trade.offer.machine_id, reason="preempt", job_id=job.pk)
@@ -273,6 +274,7 @@ def job_event(*, user: User, job_id: int, event: str, at: int | None = None, pro
         if follow is not None:
             job.checkpoint = {**meta, "continued_by_bid": follow.pk}
             job.save(update_fields=["checkpoint", "updated_at"])
+    notify.job_changed(job=job)  # running, completed, failed, preempted: webhooks and emails
     events.jobs_changed(job_ids=[job.pk])
     events.operator_changed()  # jobs by state
     return job

@@ -25,6 +25,8 @@ class Role(models.TextChoices):
 class User(AbstractUser):
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.BUYER)
     chain_address = models.CharField(max_length=42, blank=True, default="", help_text="The user's settlement address, 0x...")
+    # notification emails (market.notify) go out only when the user also has an email address
+    email_notifications = models.BooleanField(default=True, help_text="Email me when my bids match, my jobs run or end, and my payments settle")
 
     class Meta:
         constraints = [models.CheckConstraint(condition=Q(role__in=Role.values), name="user_role_valid")]
@@ -384,3 +386,7 @@ class AuditEvent(models.Model):
 
     def delete(self, *args: object, **kwargs: object) -> tuple[int, dict[str, int]]:
         raise AuditImmutable("Audit records are append-only: they cannot be deleted.")
+
+
+# webhooks live beside their delivery code; imported here so Django sees them with the app's models
+from market.webhooks import Webhook, WebhookDelivery  # noqa: E402,F401
