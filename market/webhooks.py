@@ -99,6 +99,9 @@ class WebhookDelivery(models.Model):
         constraints = [models.UniqueConstraint(fields=["webhook", "event_id"], name="webhookdelivery_one_per_event")]
         indexes = [models.Index(fields=["state", "next_attempt_at"], name="webhookdelivery_due")]
 
+    def __str__(self) -> str:
+        return f"delivery {self.pk} of {self.event_type} to webhook {self.webhook_id}: {self.state}"
+
 
 # --- validation -------------------------------------------------------------------------------
 def _address_public(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
@@ -176,7 +179,9 @@ def webhook_create(*, user: Any, url: str, events: list[str] | None = None, acti
     events = sorted(set(EVENT_TYPES if events is None else events))
     _checked(url, events)
     # the owner's row, locked: two creates at once cannot both pass the limit
-    type(user).objects.select_for_update().filter(pk=user.pk).first()
+    from django.contrib.auth import get_user_model
+
+    get_user_model().objects.select_for_update().filter(pk=user.pk).first()
     if Webhook.objects.filter(owner=user).count() >= MAX_WEBHOOKS_PER_USER:
         raise Conflict(f"You have {MAX_WEBHOOKS_PER_USER} webhooks already, the most an account may have; delete one first.")
     secret = "whsec_" + secrets.token_hex(24)
