@@ -396,3 +396,25 @@ def test_the_account_page_sets_the_email_and_turns_emails_off(buyer):
     assert buyer.email_notifications is False
     bad = c.post("/account/", {"action": "notifications", "email": "not-an-address"}).content.decode()
     assert "valid email" in bad
+
+
+def test_the_verification_snippet_in_the_docs_takes_a_real_delivery_and_refuses_forged_or_stale_ones(
+    private_urls, receiver, buyer, provider_user, client_for, make_job
+):
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "webhooks.md").read_text()
+    namespace: dict[str, Any] = {}
+    exec(doc.split("```python\n")[1].split("```")[0], namespace)  # noqa: S102 - our own documentation's code
+    gridbid_event = namespace["gridbid_event"]
+
+    hook = hook_for(client_for(buyer), receiver.url, ["job.running"])
+    job_event(user=provider_user, job_id=make_job(provider_user).pk, event="started")
+    [request] = receiver.requests
+    header = request["headers"]["X-GridBid-Signature"]
+    assert gridbid_event(request["body"], header, hook["secret"])["type"] == "job.running"
+    with pytest.raises(ValueError, match="bad signature"):
+        gridbid_event(request["body"].replace(b'"running"', b'"failed"'), header, hook["secret"])
+    stale = int(time.time()) - 3600
+    with pytest.raises(ValueError, match="stale"):
+        gridbid_event(request["body"], webhooks.signature(hook["secret"], stale, request["body"]), hook["secret"])
