@@ -4,14 +4,10 @@ http.server), signed with the webhook's secret; emails through Django's mail bac
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
-import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -24,47 +20,9 @@ from market.jobs import job_event
 from market.models import Job
 from market.rounds import round_clear
 from market.webhooks import WebhookDelivery
+from tests.receiver import Receiver, verify
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-class Receiver:
-    """An HTTP server on 127.0.0.1 that records each POST and answers the statuses it is given
-    in turn (then 200)."""
-
-    def __init__(self) -> None:
-        self.requests: list[dict[str, Any]] = []
-        self.answers: list[int] = []
-        self.lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                with receiver.lock:
-                    receiver.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
-                    code = receiver.answers.pop(0) if receiver.answers else 200
-                self.send_response(code)
-                self.end_headers()
-                self.wfile.write(b"receiver says no" if code >= 400 else b"ok")
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/hooks/gridbid"
-
-    def events(self) -> list[str]:
-        return [r["headers"]["X-GridBid-Event"] for r in self.requests]
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture
@@ -83,15 +41,6 @@ def hook_for(client: Any, url: str, events: list[str] | None = None) -> dict[str
     r = client.post("/api/v1/webhooks/", {"url": url, **({"events": events} if events else {})}, format="json")
     assert r.status_code == 201, r.content
     return r.json()
-
-
-def verify(secret: str, request: dict[str, Any], *, tolerance_s: int = 300) -> dict[str, Any]:
-    """What a receiver does (docs/webhooks.md): check the signature and its age, then parse."""
-    parts = dict(p.split("=", 1) for p in request["headers"]["X-GridBid-Signature"].split(","))
-    expected = hmac.new(secret.encode(), parts["t"].encode() + b"." + request["body"], hashlib.sha256).hexdigest()
-    assert hmac.compare_digest(expected, parts["v1"]), "the signature does not match the body"
-    assert abs(time.time() - int(parts["t"])) < tolerance_s
-    return json.loads(request["body"])
 
 
 def test_a_buyers_webhook_gets_its_bid_matched_and_its_job_running_and_completed_signed(
