@@ -246,6 +246,7 @@ def job_event(*, user: User, job_id: int, event: str, at: int | None = None, pro
             job.checkpoint = meta
             job.save(update_fields=["checkpoint", "updated_at"])
         return job  # duplicate delivery of a report already applied
+    resumed = job.state == JobState.CHECKPOINTED and target == JobState.RUNNING
     states.advance("job", job, target)
     job.checkpoint = meta
     if event == "started":
@@ -274,7 +275,8 @@ def job_event(*, user: User, job_id: int, event: str, at: int | None = None, pro
         if follow is not None:
             job.checkpoint = {**meta, "continued_by_bid": follow.pk}
             job.save(update_fields=["checkpoint", "updated_at"])
-    notify.job_changed(job=job)  # running, completed, failed, preempted: webhooks and emails
+    if not resumed:  # running after a checkpoint is not news: its parties heard it start
+        notify.job_changed(job=job)  # running, completed, failed, preempted: webhooks and emails
     events.jobs_changed(job_ids=[job.pk])
     events.operator_changed()  # jobs by state
     return job

@@ -190,7 +190,7 @@ def webhook_create(*, user: Any, url: str, events: list[str] | None = None, acti
 
 @transaction.atomic
 def webhook_update(*, user: Any, webhook_id: int, url: str | None = None, events: list[str] | None = None, active: bool | None = None) -> Webhook:
-    hook = Webhook.objects.select_for_update().filter(pk=webhook_id, owner=user).first()
+    hook: Webhook | None = Webhook.objects.select_for_update().filter(pk=webhook_id, owner=user).first()
     if hook is None:
         raise NotFound(f"No webhook {webhook_id} of yours.")
     new_url = hook.url if url is None else url
@@ -272,7 +272,8 @@ def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int | None, s
         # webhook was made may point inside the network now
         why = url_refusal(url, allow_private=False)
         if why is not None:
-            return None, f"refused: {why}", "resolve" in why or "private" in why or "local name" in why
+            # a private address is refused for good; a name that does not resolve may again
+            return None, f"refused: {why}", "public address" in why
     try:
         with httpx.Client(timeout=TIMEOUT_S, follow_redirects=False, trust_env=False) as client, \
                 client.stream("POST", url, content=body, headers=headers) as answer:

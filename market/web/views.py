@@ -192,7 +192,7 @@ def _account_notifications(request: HttpRequest, action: str, hook_form: Webhook
     from market import webhooks
 
     if action == "webhook_create" and hook_form.is_valid():
-        _, secret = webhooks.webhook_create(user=request.user, url=hook_form.cleaned_data["url"], events=hook_form.cleaned_data["events"])
+        secret: str = webhooks.webhook_create(user=request.user, url=hook_form.cleaned_data["url"], events=hook_form.cleaned_data["events"])[1]
         return secret
     if action in ("webhook_delete", "webhook_toggle") and request.POST.get("webhook", "").isdigit():
         hook_id = int(request.POST["webhook"])

@@ -367,3 +367,23 @@ def test_the_verification_snippet_in_the_docs_takes_a_real_delivery_and_refuses_
     stale = int(time.time()) - 3600
     with pytest.raises(ValueError, match="stale"):
         gridbid_event(request["body"], webhooks.signature(hook["secret"], stale, request["body"]), hook["secret"])
+
+
+def test_a_url_that_turned_private_is_refused_at_send_time_and_given_up(receiver, buyer, provider_user, client_for, make_job, settings):
+    settings.GRIDBID = {**settings.GRIDBID, "WEBHOOK_ALLOW_PRIVATE_URLS": True}
+    hook = hook_for(client_for(buyer), receiver.url, ["job.running"])
+    settings.GRIDBID = {**settings.GRIDBID, "WEBHOOK_ALLOW_PRIVATE_URLS": False}  # as a name re-pointed at 127.0.0.1 would be
+    job_event(user=provider_user, job_id=make_job(provider_user).pk, event="started")
+    assert receiver.requests == []
+    delivery = WebhookDelivery.objects.get(webhook_id=hook["id"])
+    assert delivery.state == "failed" and "refused" in delivery.last_error and "public address" in delivery.last_error
+
+
+def test_a_job_running_again_after_a_checkpoint_is_not_announced_twice(private_urls, receiver, buyer, provider_user, client_for, make_job):
+    hook_for(client_for(buyer), receiver.url)
+    job = make_job(provider_user)
+    job_event(user=provider_user, job_id=job.pk, event="started")
+    job_event(user=provider_user, job_id=job.pk, event="checkpointed", checkpoint={"step": 100})
+    job_event(user=provider_user, job_id=job.pk, event="started")
+    job_event(user=provider_user, job_id=job.pk, event="completed", exit_code=0, gpu_seconds=10)
+    assert receiver.events() == ["job.running", "job.completed"]
