@@ -173,6 +173,13 @@ def _checked(url: str, events: list[str]) -> None:
         raise DomainError(" ".join(m for ms in fields.values() for m in ms), fields=fields)
 
 
+def _audit(user: Any, action: str, hook: Webhook, details: dict[str, Any]) -> None:
+    from market.audit import AuditAction, audit_record
+
+    # never the secret: the record says where events go, not how they are signed
+    audit_record(actor=user, action=AuditAction[action], obj=("webhook", hook.pk), details=details)
+
+
 @transaction.atomic
 def webhook_create(*, user: Any, url: str, events: list[str] | None = None, active: bool = True) -> tuple[Webhook, str]:
     """A new webhook and its signing secret (shown once: only its owner's first answer has it)."""
@@ -185,7 +192,9 @@ def webhook_create(*, user: Any, url: str, events: list[str] | None = None, acti
     if Webhook.objects.filter(owner=user).count() >= MAX_WEBHOOKS_PER_USER:
         raise Conflict(f"You have {MAX_WEBHOOKS_PER_USER} webhooks already, the most an account may have; delete one first.")
     secret = "whsec_" + secrets.token_hex(24)
-    return Webhook.objects.create(owner=user, url=url, secret=secret, events=events, active=active), secret
+    hook = Webhook.objects.create(owner=user, url=url, secret=secret, events=events, active=active)
+    _audit(user, "WEBHOOK_CREATE", hook, {"url": url, "events": events, "active": active})
+    return hook, secret
 
 
 @transaction.atomic
@@ -200,13 +209,17 @@ def webhook_update(*, user: Any, webhook_id: int, url: str | None = None, events
     if active is not None:
         hook.active = active
     hook.save()
+    _audit(user, "WEBHOOK_UPDATE", hook, {"url": hook.url, "events": hook.events, "active": hook.active})
     return hook
 
 
+@transaction.atomic
 def webhook_delete(*, user: Any, webhook_id: int) -> None:
-    deleted, _ = Webhook.objects.filter(pk=webhook_id, owner=user).delete()
-    if not deleted:
+    hook = Webhook.objects.filter(pk=webhook_id, owner=user).first()
+    if hook is None:
         raise NotFound(f"No webhook {webhook_id} of yours.")
+    _audit(user, "WEBHOOK_DELETE", hook, {"url": hook.url})
+    hook.delete()
 
 
 @dataclass(frozen=True)

@@ -387,3 +387,18 @@ def test_a_job_running_again_after_a_checkpoint_is_not_announced_twice(private_u
     job_event(user=provider_user, job_id=job.pk, event="started")
     job_event(user=provider_user, job_id=job.pk, event="completed", exit_code=0, gpu_seconds=10)
     assert receiver.events() == ["job.running", "job.completed"]
+
+
+def test_adding_changing_and_deleting_a_webhook_is_in_the_audit_log_without_its_secret(private_urls, receiver, buyer, client_for):
+    c = client_for(buyer)
+    hook = hook_for(c, receiver.url, ["job.failed"])
+    c.patch(f"/api/v1/webhooks/{hook['id']}/", {"events": ["job.failed", "job.completed"]}, format="json")
+    c.delete(f"/api/v1/webhooks/{hook['id']}/")
+    log = c.get("/api/v1/audit/").json()["results"]
+    mine = [e for e in log if e["action"].startswith("webhook.")]
+    assert [(e["action"], e["object"]) for e in mine] == [
+        ("webhook.delete", {"type": "webhook", "id": str(hook["id"])}),
+        ("webhook.update", {"type": "webhook", "id": str(hook["id"])}),
+        ("webhook.create", {"type": "webhook", "id": str(hook["id"])}),
+    ]
+    assert mine[2]["details"]["url"] == receiver.url and hook["secret"] not in json.dumps(log)
