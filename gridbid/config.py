@@ -62,6 +62,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("OUTPUTS_S3_ENDPOINT_URL", "(unset: AWS)", "OUTPUTS_STORAGE=s3 only: the endpoint of an S3-compatible store (https://minio.example.com)."),
     Variable("OUTPUTS_MAX_BYTES", "5368709120", "Largest output file (bytes, 1024 to 1 TiB) an agent may upload to the market; a bigger one gets a 413."),
     Variable("OUTPUTS_TTL_S", "604800", "Seconds uploaded outputs are kept for their buyer (60 to a year); then they are deleted and a download answers 410."),
+    Variable("WEBHOOK_ALLOW_PRIVATE_URLS", "false", "true lets webhooks call private, loopback and link-local addresses (127.0.0.1, 10.x, ...): for tests and closed networks only."),
+    Variable("EMAIL_URL", "console://", "Where notification emails go: console:// (printed to the log), smtp://user:pass@host:587 (STARTTLS with smtp+tls://, TLS with smtps://), or dummy:// (dropped)."),
+    Variable("DEFAULT_FROM_EMAIL", "GridBid <gridbid@localhost>", "The From address of notification emails."),
     Variable("GRIDBID_DEMO_SPEED", "60", "Under `gridbid up --demo`: how many times faster than booked the demo's simulated jobs run (1-10000)."),
 )
 
@@ -178,6 +181,10 @@ class Config:
     outputs_s3_endpoint_url: str | None = None
     outputs_max_bytes: int = 5 * 1024**3
     outputs_ttl_s: float = 7 * 86_400.0
+    # webhooks may call private and loopback addresses (tests, closed networks)
+    webhook_allow_private_urls: bool = False
+    email_url: str = "console://"
+    default_from_email: str = "GridBid <gridbid@localhost>"
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -225,6 +232,55 @@ def _metrics_token(env: Mapping[str, str]) -> str | None:
     if len(raw) < 16:
         raise ConfigError("METRICS_TOKEN is too short: use at least 16 random characters (e.g. `openssl rand -hex 24`)")
     return raw
+
+
+EMAIL_SCHEMES = ("console", "smtp", "smtp+tls", "smtps", "dummy")
+
+
+def _email_url(env: Mapping[str, str]) -> str:
+    raw = (env.get("EMAIL_URL") or "").strip() or "console://"
+    try:
+        parts = urlsplit(raw)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as exc:
+        raise ConfigError(f"EMAIL_URL={raw!r} is not a valid URL ({exc})") from None
+    if parts.scheme not in EMAIL_SCHEMES:
+        raise ConfigError(f"EMAIL_URL={raw!r} has scheme {parts.scheme or '(none)'!r}; expected one of: {', '.join(s + '://' for s in EMAIL_SCHEMES)}")
+    if parts.scheme.startswith("smtp") and not parts.hostname:
+        raise ConfigError(f"EMAIL_URL={raw!r} has no host: expected smtp://user:password@host:587")
+    return raw
+
+
+def _from_email(env: Mapping[str, str]) -> str:
+    from email.utils import parseaddr
+
+    raw = (env.get("DEFAULT_FROM_EMAIL") or "").strip() or "GridBid <gridbid@localhost>"
+    _, address = parseaddr(raw)
+    if "@" not in address or any(c in raw for c in "\r\n"):
+        raise ConfigError(f"DEFAULT_FROM_EMAIL={raw!r} is not an email address: expected name@host or 'Name <name@host>'")
+    return raw
+
+
+def email_settings(url: str) -> dict[str, object]:
+    """Django's EMAIL_* settings for an EMAIL_URL (checked by `load`)."""
+    from urllib.parse import unquote
+
+    parts = urlsplit(url)
+    if parts.scheme == "console":
+        return {"EMAIL_BACKEND": "django.core.mail.backends.console.EmailBackend"}
+    if parts.scheme == "dummy":
+        return {"EMAIL_BACKEND": "django.core.mail.backends.dummy.EmailBackend"}
+    ssl = parts.scheme == "smtps"
+    return {
+        "EMAIL_BACKEND": "django.core.mail.backends.smtp.EmailBackend",
+        "EMAIL_HOST": parts.hostname or "",
+        "EMAIL_PORT": parts.port or (465 if ssl else 587 if parts.scheme == "smtp+tls" else 25),
+        "EMAIL_HOST_USER": unquote(parts.username or ""),
+        "EMAIL_HOST_PASSWORD": unquote(parts.password or ""),
+        "EMAIL_USE_TLS": parts.scheme == "smtp+tls",
+        "EMAIL_USE_SSL": ssl,
+        "EMAIL_TIMEOUT": 10,
+    }
 
 
 def load(env: Mapping[str, str] | None = None) -> Config:
@@ -285,4 +341,7 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         outputs_s3_endpoint_url=_url(env, "OUTPUTS_S3_ENDPOINT_URL", ("https", "http")),
         outputs_max_bytes=int(_number(env, "OUTPUTS_MAX_BYTES", 5 * 1024**3, 1024, 1024**4, int)),
         outputs_ttl_s=_number(env, "OUTPUTS_TTL_S", 7 * 86_400.0, 60, 365 * 86_400),
+        webhook_allow_private_urls=_bool(env, "WEBHOOK_ALLOW_PRIVATE_URLS", False),
+        email_url=_email_url(env),
+        default_from_email=_from_email(env),
     )

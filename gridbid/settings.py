@@ -251,7 +251,21 @@ GRIDBID = {
     # the markets list (API, home page, book snapshots) is computed at most once a second and
     # shared through the cache: it is up to this many seconds old (README, "Markets")
     "MARKETS_CACHE_SECONDS": 1,
+    # webhooks may call private and loopback addresses (market.webhooks); tests and closed networks only
+    "WEBHOOK_ALLOW_PRIVATE_URLS": CONFIG.webhook_allow_private_urls,
 }
+
+# notification emails (market.notify): EMAIL_URL, console by default
+_email = _config.email_settings(CONFIG.email_url)
+EMAIL_BACKEND = _email["EMAIL_BACKEND"]
+EMAIL_HOST = _email.get("EMAIL_HOST", "localhost")
+EMAIL_PORT = _email.get("EMAIL_PORT", 25)
+EMAIL_HOST_USER = _email.get("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = _email.get("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = _email.get("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = _email.get("EMAIL_USE_SSL", False)
+EMAIL_TIMEOUT = _email.get("EMAIL_TIMEOUT", 10)
+DEFAULT_FROM_EMAIL = CONFIG.default_from_email
 
 LOGGING = {
     "version": 1,

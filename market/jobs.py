@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from ledger.custody import buyer_address
 from ledger.wallet import is_wallet_buyer
-from market import bookings, states
+from market import bookings, notify, states
 from market.audit import AuditAction, audit_record
 from market.bookings import ACTIVE_JOB_STATES
 from market.errors import Conflict, DomainError, NotFound
@@ -144,6 +144,7 @@ def job_stop(*, user: User, job_id: int) -> Job:
         meta["reason"] = "Stopped by the buyer before it started; nothing ran, nothing is billed."
         job.save()
         bookings.on_job_ended(trade_id=job.trade_id, state=job.state, stopped=True)
+        notify.job_changed(job=job)
     else:
         job.save(update_fields=["checkpoint", "updated_at"])
     machine_wake(job.trade.offer.machine_id, reason="preempt", job_id=job.pk)
@@ -263,6 +264,7 @@ def job_event(*, user: User, job_id: int, event: str, at: int | None = None, pro
             job.checkpoint = meta
             job.save(update_fields=["checkpoint", "updated_at"])
         return job  # duplicate delivery of a report already applied
+    resumed = job.state == JobState.CHECKPOINTED and target == JobState.RUNNING
     states.advance("job", job, target)
     job.checkpoint = meta
     if event == "started":
@@ -291,6 +293,8 @@ def job_event(*, user: User, job_id: int, event: str, at: int | None = None, pro
         if follow is not None:
             job.checkpoint = {**meta, "continued_by_bid": follow.pk}
             job.save(update_fields=["checkpoint", "updated_at"])
+    if not resumed:  # running after a checkpoint is not news: its parties heard it start
+        notify.job_changed(job=job)  # running, completed, failed, preempted: webhooks and emails
     events.jobs_changed(job_ids=[job.pk])
     events.operator_changed()  # jobs by state
     return job

@@ -25,6 +25,8 @@ class Role(models.TextChoices):
 class User(AbstractUser):
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.BUYER)
     chain_address = models.CharField(max_length=42, blank=True, default="", help_text="The user's settlement address, 0x...")
+    # notification emails (market.notify) go out only when the user also has an email address
+    email_notifications = models.BooleanField(default=True, help_text="Email me when my bids match, my jobs run or end, and my payments settle")
 
     class Meta:
         constraints = [models.CheckConstraint(condition=Q(role__in=Role.values), name="user_role_valid")]
@@ -345,6 +347,9 @@ class AuditAction(models.TextChoices):
     SIGNUP = "account.signup", "signed up"
     TOKEN_CREATE = "token.create", "API token created"
     TOKEN_REVOKE = "token.revoke", "API token revoked"
+    WEBHOOK_CREATE = "webhook.create", "webhook added"
+    WEBHOOK_UPDATE = "webhook.update", "webhook changed"
+    WEBHOOK_DELETE = "webhook.delete", "webhook deleted"
     BID_PLACE = "bid.place", "bid placed"
     BID_CANCEL = "bid.cancel", "bid cancelled"
     OFFER_PUBLISH = "offer.publish", "offer published"
@@ -410,3 +415,7 @@ class AuditEvent(models.Model):
 
     def delete(self, *args: object, **kwargs: object) -> tuple[int, dict[str, int]]:
         raise AuditImmutable("Audit records are append-only: they cannot be deleted.")
+
+
+# webhooks live beside their delivery code; imported here so Django sees them with the app's models
+from market.webhooks import Webhook, WebhookDelivery  # noqa: E402,F401

@@ -2,6 +2,7 @@ from django.urls import include, path, re_path
 from rest_framework.routers import DefaultRouter
 
 from market.api import views
+from market.api import webhooks as webhooks_api
 
 router = DefaultRouter(trailing_slash="/?")
 router.register("regions", views.RegionViewSet, basename="region")
@@ -14,6 +15,7 @@ router.register("trades", views.TradeViewSet, basename="trade")
 router.register("jobs", views.JobViewSet, basename="job")
 router.register("rounds", views.RoundViewSet, basename="round")
 router.register("audit", views.AuditViewSet, basename="audit")
+router.register("webhooks", webhooks_api.WebhookViewSet, basename="webhook")
 
 urlpatterns = [
     path("markets/", views.MarketsView.as_view(), name="markets"),

@@ -247,25 +247,80 @@ class TokenForm(forms.Form):
     scopes = forms.MultipleChoiceField(choices=[(s.value, s.label) for s in Scope], widget=forms.CheckboxSelectMultiple, initial=["read", "trade"])
 
 
+class WebhookForm(forms.Form):
+    url = forms.CharField(max_length=500, label="URL", widget=forms.URLInput(attrs={"placeholder": "https://example.com/hooks/gridbid"}))
+    events = forms.MultipleChoiceField(widget=forms.CheckboxSelectMultiple, initial=["bid.matched", "job.completed", "job.failed"])
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        from market.webhooks import EVENT_TYPES
+
+        super().__init__(*args, **kwargs)
+        self.fields["events"].choices = [(name, name) for name in EVENT_TYPES]
+
+
+class NotificationsForm(forms.Form):
+    email = forms.EmailField(required=False, max_length=254)
+    email_notifications = forms.BooleanField(required=False, label="Email me the same events")
+
+
+WEBHOOK_LOG = 20  # account page; each webhook's whole log is at /api/v1/webhooks/{id}/deliveries/
+
+
+def _account_notifications(request: HttpRequest, action: str, hook_form: WebhookForm, notify_form: NotificationsForm) -> str | None:
+    """The account page's webhook and email forms; returns a new webhook's secret (shown once)."""
+    from market import webhooks
+
+    if action == "webhook_create" and hook_form.is_valid():
+        secret: str = webhooks.webhook_create(user=request.user, url=hook_form.cleaned_data["url"], events=hook_form.cleaned_data["events"])[1]
+        return secret
+    if action in ("webhook_delete", "webhook_toggle") and request.POST.get("webhook", "").isdigit():
+        hook_id = int(request.POST["webhook"])
+        if action == "webhook_delete":
+            webhooks.webhook_delete(user=request.user, webhook_id=hook_id)
+        else:
+            webhooks.webhook_update(user=request.user, webhook_id=hook_id, active=request.POST.get("active") == "1")
+    elif action == "notifications" and notify_form.is_valid():
+        user = request.user
+        user.email = notify_form.cleaned_data["email"]
+        user.email_notifications = notify_form.cleaned_data["email_notifications"]
+        user.save(update_fields=["email", "email_notifications"])
+    return None
+
+
 @login_required
 def account(request: HttpRequest) -> HttpResponse:
-    """API tokens: create (the token is shown once), list, revoke; the account's recent activity."""
+    """API tokens: create (the token is shown once), list, revoke; webhooks (the secret is
+    shown once) and their delivery log; notification emails; the account's recent activity."""
     from market.models import ApiToken
+    from market.webhooks import WebhookDelivery
 
-    form = TokenForm(request.POST or None) if request.POST.get("action") == "create" else TokenForm()
-    created = None
+    action = request.POST.get("action", "")
+    form = TokenForm(request.POST or None) if action == "create" else TokenForm()
+    hook_form = WebhookForm(request.POST) if action == "webhook_create" else WebhookForm()
+    user = request.user
+    notify_form = NotificationsForm(request.POST) if action == "notifications" else NotificationsForm(
+        initial={"email": user.email, "email_notifications": user.email_notifications})
+    created = created_secret = None
     if request.method == "POST":
         try:
-            if request.POST.get("action") == "create" and form.is_valid():
+            if action == "create" and form.is_valid():
                 _, created = services.token_create(user=request.user, name=form.cleaned_data["name"], scopes=form.cleaned_data["scopes"])
-            elif request.POST.get("action") == "revoke" and request.POST.get("token", "").isdigit():
+            elif action == "revoke" and request.POST.get("token", "").isdigit():
                 services.token_revoke(user=request.user, token_id=int(request.POST["token"]))
                 return redirect("web:account")
+            elif action.startswith("webhook_") or action == "notifications":
+                created_secret = _account_notifications(request, action, hook_form, notify_form)
+                if action in ("webhook_delete", "webhook_toggle") or (action == "notifications" and not notify_form.errors):
+                    return redirect("web:account")
         except DomainError as exc:
-            form.add_error(None, exc.message)
+            (hook_form if action.startswith("webhook_") else form).add_error(None, exc.message)
     tokens = ApiToken.objects.filter(user=request.user)
     recent = selectors.audit_events_own(request.user).order_by("-id")[:AUDIT_RECENT]
-    return render(request, "market/account.html", {"form": form, "tokens": tokens, "created": created, "recent": recent})
+    hooks = user.webhooks.order_by("id")
+    deliveries = WebhookDelivery.objects.filter(webhook__owner=user).select_related("webhook").order_by("-id")[:WEBHOOK_LOG]
+    return render(request, "market/account.html", {"form": form, "tokens": tokens, "created": created, "recent": recent,
+                                                   "hook_form": hook_form, "hooks": hooks, "created_secret": created_secret,
+                                                   "deliveries": deliveries, "notify_form": notify_form})
 
 
 AUDIT_RECENT = 20  # account page; the whole log is at /api/v1/audit/
