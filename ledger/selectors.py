@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from django.db.models import Q, Sum
+from django.db.models import Q
 
 from contracts.merkle import MerkleTree, receipt_leaf, verify_proof
 from ledger.context import deployment_current
@@ -91,24 +91,97 @@ def escrow_of(*, user: User | None = None, address: str | None = None) -> dict[s
     return out
 
 
-def earnings_of(*, provider: Provider) -> dict[str, Any]:
-    """A provider's money as the journal has it: paid in total, free to withdraw, held in
-    disputes over its trades, and stake."""
+def earnings_of(*, provider: Provider, series_limit: int = 500) -> dict[str, Any]:
+    """A provider's money, built only from journal entries (confirmed chain events), so each
+    figure is the chain's to the unit. The one source for the earnings API, the provider page
+    and `gridbid-agent earnings`. Token base units:
+
+    * `settled`: what settlement batches paid it (price x GPU-seconds used; the share of a
+      lock refunded to the buyer is never its money);
+    * `paid`: `settled` less what disputes it lost gave back to buyers. A dispute it won
+      counts once: the released amount is the payment coming back, not new earnings;
+    * `held`: the part of `paid` held now in open disputes over its trades (from its free
+      balance or its stake), with `disputes` counting open, won and lost ones and amounts;
+    * `free` (withdrawable, the contract's `balance_of`), `withdrawn`, `stake`, `slashed`;
+    * `payments`: per trade, newest first, what it paid and where its dispute stands;
+    * `series`: (unix time, cumulative `paid` less `held`) after each event that moved it.
+    """
     address = provider.chain_address or None
-    out: dict[str, Any] = {"provider": provider.pk, "address": address, "paid": 0, "free": 0, "held": 0, "stake": 0, "payments": []}
+    disputes = {"open": 0, "held": 0, "won": 0, "won_amount": 0, "lost": 0, "lost_amount": 0}
+    out: dict[str, Any] = {"provider": provider.pk, "address": address, "settled": 0, "paid": 0, "held": 0, "free": 0,
+                           "withdrawn": 0, "stake": 0, "slashed": 0, "disputes": disputes, "payments": [], "series": []}
     if not address:
         return out
-    balances = account_balances(prefix_filter=address)
-    out["free"] = balances.get(f"free:{address}", 0)
-    out["stake"] = balances.get(f"stake:{address}", 0)
-    pays = JournalEntry.objects.filter(kind__in=["pay", "release"], debit__iexact=f"free:{address}")
-    out["paid"] = int(pays.aggregate(total=Sum("amount"))["total"] or 0)
-    out["payments"] = [{"trade": e.trade_id, "amount": e.amount, "kind": e.kind, "tx_hash": e.tx_hash, "block": e.block_number}
-                       for e in pays.order_by("-seq")[:100]]
-    held = JournalEntry.objects.filter(trade_id__in=Trade.objects.filter(provider=provider).values("pk"))
-    into = held.filter(debit__startswith="held:").aggregate(total=Sum("amount"))["total"] or 0
-    out_of = held.filter(credit__startswith="held:").aggregate(total=Sum("amount"))["total"] or 0
-    out["held"] = int(into) - int(out_of)
+    free, stake = f"free:{address}".lower(), f"stake:{address}".lower()
+    mine = Q(debit__iexact=free) | Q(credit__iexact=free) | Q(debit__iexact=stake) | Q(credit__iexact=stake)
+    entries = list(JournalEntry.objects.filter(mine).order_by("seq"))
+    # trades whose dispute held money of this provider: what leaves their held account to a
+    # buyer (a lost dispute) touches none of its accounts, so it is read by trade
+    held_trades = {e.trade_id for e in entries if e.kind == "hold" and e.trade_id is not None}
+    if held_trades:
+        lost_legs = JournalEntry.objects.filter(kind="refund", trade_id__in=held_trades, credit__startswith="held:")
+        entries = sorted([*entries, *lost_legs], key=lambda e: e.seq)
+    balance = {free: 0, stake: 0}
+    per_trade: dict[int, dict[str, Any]] = {}
+    held_now: dict[int, int] = defaultdict(int)
+    outcome: dict[int, str] = {}
+    running = 0
+    for e in entries:
+        debit, credit = e.debit.lower(), e.credit.lower()
+        if debit in balance:
+            balance[debit] += e.amount
+        if credit in balance:
+            balance[credit] -= e.amount
+        trade = per_trade.setdefault(e.trade_id, {"trade": e.trade_id, "paid": 0, "dispute": None, "tx_hash": e.tx_hash, "block": e.block_number}) \
+            if e.trade_id is not None else None
+        moved = 0
+        if e.kind == "pay" and debit == free:
+            out["settled"] += e.amount
+            moved = e.amount
+            if trade is not None:
+                trade.update(paid=trade["paid"] + e.amount, tx_hash=e.tx_hash, block=e.block_number)
+        elif e.kind == "hold" and credit in balance and e.trade_id is not None:
+            held_now[e.trade_id] += e.amount
+            outcome[e.trade_id] = "open"
+            moved = -e.amount
+        elif e.kind == "release" and debit in balance and e.trade_id is not None:
+            held_now[e.trade_id] -= e.amount
+            outcome[e.trade_id] = "won"
+            disputes["won_amount"] += e.amount
+            moved = e.amount
+        elif e.kind == "refund" and e.trade_id in held_trades and credit == f"held:{e.trade_id}":
+            held_now[e.trade_id] -= e.amount
+            outcome[e.trade_id] = "lost"
+            disputes["lost_amount"] += e.amount
+        elif e.kind == "withdraw" and credit == free:
+            out["withdrawn"] += e.amount
+        elif e.kind == "slash" and credit == stake:
+            out["slashed"] += e.amount
+        if moved:
+            running += moved
+            out["series"].append((round(e.created_at.timestamp(), 3), running))
+    for trade_id, state in outcome.items():
+        if state == "won":
+            disputes["won"] += 1
+        elif state == "lost":
+            disputes["lost"] += 1
+        else:
+            disputes["open"] += 1
+        if trade_id in per_trade:
+            per_trade[trade_id]["dispute"] = state
+    disputes["held"] = sum(held_now.values())
+    out["held"] = disputes["held"]
+    out["paid"] = out["settled"] - disputes["lost_amount"]
+    out["free"], out["stake"] = balance[free], balance[stake]
+    out["payments"] = sorted((t for t in per_trade.values() if t["paid"]), key=lambda t: -t["trade"])[:100]
+    # one point per moment: events applied together share their time
+    series: list[tuple[float, int]] = []
+    for at, value in out["series"]:
+        if series and at - series[-1][0] < 1:
+            series[-1] = (series[-1][0], value)
+        else:
+            series.append((at, value))
+    out["series"] = series[-series_limit:] if series_limit > 0 else []
     return out
 
 
