@@ -192,12 +192,21 @@ class EscrowView(APIView):
 
 
 class EarningsView(APIView):
-    """A provider's earnings: paid in total, free to withdraw, held in disputes, and stake."""
+    """A provider's money from confirmed chain events only, in token base units: `settled`
+    (what settlements paid for the GPU-time used; the rest of each lock went back to the
+    buyer), `paid` (settled less disputes lost; a dispute won counts once), `held` (the part
+    of paid open disputes hold), `disputes` (open, won, lost, with amounts), `free` (to
+    withdraw), `withdrawn`, `stake`, `slashed`, `payments` per trade and `series`
+    ([unix time, paid less held] after each event that moved it)."""
 
     permission_classes = [ScopedAccess]
     scopes = {"get": Scope.READ}
 
-    @extend_schema(parameters=[OpenApiParameter("provider", int, description="Operators only: which provider")], responses=inline_serializer("Earnings", {"address": serializers.CharField(allow_null=True), "paid": serializers.IntegerField(), "free": serializers.IntegerField(), "held": serializers.IntegerField(), "stake": serializers.IntegerField(), "payments": serializers.ListField(child=serializers.DictField())}))
+    @extend_schema(parameters=[OpenApiParameter("provider", int, description="Operators only: which provider")], responses=inline_serializer("Earnings", {
+        "provider": serializers.IntegerField(), "address": serializers.CharField(allow_null=True), "settled": serializers.IntegerField(),
+        "paid": serializers.IntegerField(), "held": serializers.IntegerField(), "free": serializers.IntegerField(), "withdrawn": serializers.IntegerField(),
+        "stake": serializers.IntegerField(), "slashed": serializers.IntegerField(), "disputes": serializers.DictField(child=serializers.IntegerField()),
+        "payments": serializers.ListField(child=serializers.DictField()), "series": serializers.ListField(child=serializers.ListField())}))
     def get(self, request: Request) -> Response:
         wanted = request.query_params.get("provider")
         if wanted is not None and is_operator(request):

@@ -229,7 +229,7 @@ def test_two_agents_stake_on_chain_run_a_job_cosign_its_settlement_and_withdraw_
         assert r.returncode == 0, r.stderr
         from providers.agent.chain import tokens as fmt
 
-        assert f"free to withdraw {fmt(paid)}" in flat(r.stdout) and "settled" in r.stdout
+        assert f"paid {fmt(paid)} (settled {fmt(paid)}" in flat(r.stdout) and f"free to withdraw {fmt(paid)}" in flat(r.stdout), r.stdout
 
         r = agent(north, "withdraw", "--amount", "1000")
         assert r.returncode == 2 and "more than the free balance" in flat(r.stderr), r.stderr
