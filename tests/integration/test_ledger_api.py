@@ -299,9 +299,10 @@ def test_the_chain_endpoint_names_the_contracts_and_never_the_servers_private_no
     Deployment = type(deployment)
     Deployment.objects.filter(pk=deployment.pk).update(rpc_url="http://127.0.0.1:1")  # nothing listens: min_stake unknown
     chain = client.get("/api/v1/ledger/chain/").json()["chain"]
-    assert chain == {"chain_id": 31337, "market": MARKET, "token": TOKEN, "rpc_url": "http://127.0.0.1:1", "min_stake": None, "token_decimals": 6}
+    assert chain == {"chain_id": 31337, "market": MARKET, "token": TOKEN, "rpc_url": "http://127.0.0.1:1", "min_stake": None, "token_decimals": 6, "faucet": True}
     settings.CONFIG = dataclasses.replace(settings.CONFIG, chain_rpc_url="https://node.example/v3/secret-key")
     assert client.get("/api/v1/ledger/chain/").json()["chain"]["rpc_url"] is None
+    assert client.get("/api/v1/ledger/chain/").json()["chain"]["faucet"] is False, "a chain of its own by URL: no faucet unless CHAIN_FAUCET=true"
     settings.CONFIG = dataclasses.replace(settings.CONFIG, chain_public_rpc_url="https://rpc.example")
     assert client.get("/api/v1/ledger/chain/").json()["chain"]["rpc_url"] == "https://rpc.example"
 
