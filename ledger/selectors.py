@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from django.db.models import Q
+from django.db.models import Max, Q, Sum
 
 from contracts.merkle import MerkleTree, receipt_leaf, verify_proof
 from ledger.context import deployment_current
@@ -112,76 +112,58 @@ def earnings_of(*, provider: Provider, series_limit: int = 500) -> dict[str, Any
                            "withdrawn": 0, "stake": 0, "slashed": 0, "disputes": disputes, "payments": [], "series": []}
     if not address:
         return out
-    free, stake = f"free:{address}".lower(), f"stake:{address}".lower()
+    free, stake = f"free:{address}", f"stake:{address}"
     mine = Q(debit__iexact=free) | Q(credit__iexact=free) | Q(debit__iexact=stake) | Q(credit__iexact=stake)
-    entries = list(JournalEntry.objects.filter(mine).order_by("seq"))
-    # trades whose dispute held money of this provider: what leaves their held account to a
-    # buyer (a lost dispute) touches none of its accounts, so it is read by trade
-    held_trades = {e.trade_id for e in entries if e.kind == "hold" and e.trade_id is not None}
-    if held_trades:
-        lost_legs = JournalEntry.objects.filter(kind="refund", trade_id__in=held_trades, credit__startswith="held:")
-        entries = sorted([*entries, *lost_legs], key=lambda e: e.seq)
-    balance = {free: 0, stake: 0}
-    per_trade: dict[int, dict[str, Any]] = {}
+    balances = {k.lower(): v for k, v in account_balances(prefix_filter=address).items()}
+    out["free"], out["stake"] = balances.get(free.lower(), 0), balances.get(stake.lower(), 0)
+    pays = JournalEntry.objects.filter(kind="pay", debit__iexact=free)
+    out["settled"] = int(pays.aggregate(total=Sum("amount"))["total"] or 0)
+    out["withdrawn"] = int(JournalEntry.objects.filter(kind="withdraw", credit__iexact=free).aggregate(total=Sum("amount"))["total"] or 0)
+    out["slashed"] = int(JournalEntry.objects.filter(kind="slash", credit__iexact=stake).aggregate(total=Sum("amount"))["total"] or 0)
+
+    # disputes, trade by trade: what was held from this provider (its free balance or stake),
+    # given back to it (won) or passed to the buyer (lost: that leg touches none of its accounts)
+    holds = list(JournalEntry.objects.filter(mine, kind__in=["hold", "release"], trade_id__isnull=False).order_by("seq"))
+    held_trades = {e.trade_id for e in holds if e.kind == "hold"}
+    losses = list(JournalEntry.objects.filter(kind="refund", trade_id__in=held_trades, credit__startswith="held:").order_by("seq")) if held_trades else []
     held_now: dict[int, int] = defaultdict(int)
     outcome: dict[int, str] = {}
-    running = 0
-    for e in entries:
-        debit, credit = e.debit.lower(), e.credit.lower()
-        if debit in balance:
-            balance[debit] += e.amount
-        if credit in balance:
-            balance[credit] -= e.amount
-        trade = per_trade.setdefault(e.trade_id, {"trade": e.trade_id, "paid": 0, "dispute": None, "tx_hash": e.tx_hash, "block": e.block_number}) \
-            if e.trade_id is not None else None
-        moved = 0
-        if e.kind == "pay" and debit == free:
-            out["settled"] += e.amount
-            moved = e.amount
-            if trade is not None:
-                trade.update(paid=trade["paid"] + e.amount, tx_hash=e.tx_hash, block=e.block_number)
-        elif e.kind == "hold" and credit in balance and e.trade_id is not None:
-            held_now[e.trade_id] += e.amount
-            outcome[e.trade_id] = "open"
-            moved = -e.amount
-        elif e.kind == "release" and debit in balance and e.trade_id is not None:
-            held_now[e.trade_id] -= e.amount
-            outcome[e.trade_id] = "won"
+    for e in sorted([*holds, *losses], key=lambda e: e.seq):
+        trade_id = int(e.trade_id)  # type: ignore[arg-type]
+        if e.kind == "hold":
+            held_now[trade_id] += e.amount
+            outcome[trade_id] = "open"
+        elif e.kind == "release":
+            held_now[trade_id] -= e.amount
+            outcome[trade_id] = "won"
             disputes["won_amount"] += e.amount
-            moved = e.amount
-        elif e.kind == "refund" and e.trade_id in held_trades and credit == f"held:{e.trade_id}":
-            held_now[e.trade_id] -= e.amount
-            outcome[e.trade_id] = "lost"
+        elif e.credit == f"held:{trade_id}":
+            held_now[trade_id] -= e.amount
+            outcome[trade_id] = "lost"
             disputes["lost_amount"] += e.amount
-        elif e.kind == "withdraw" and credit == free:
-            out["withdrawn"] += e.amount
-        elif e.kind == "slash" and credit == stake:
-            out["slashed"] += e.amount
-        if moved:
-            running += moved
-            out["series"].append((round(e.created_at.timestamp(), 3), running))
-    for trade_id, state in outcome.items():
-        if state == "won":
-            disputes["won"] += 1
-        elif state == "lost":
-            disputes["lost"] += 1
-        else:
-            disputes["open"] += 1
-        if trade_id in per_trade:
-            per_trade[trade_id]["dispute"] = state
-    disputes["held"] = sum(held_now.values())
-    out["held"] = disputes["held"]
+    for state in outcome.values():
+        disputes["open" if state == "open" else state] += 1
+    disputes["held"] = out["held"] = sum(held_now.values())
     out["paid"] = out["settled"] - disputes["lost_amount"]
-    out["free"], out["stake"] = balance[free], balance[stake]
-    out["payments"] = sorted((t for t in per_trade.values() if t["paid"]), key=lambda t: -t["trade"])[:100]
-    # one point per moment: events applied together share their time
-    series: list[tuple[float, int]] = []
-    for at, value in out["series"]:
-        if series and at - series[-1][0] < 1:
-            series[-1] = (series[-1][0], value)
-        else:
-            series.append((at, value))
-    out["series"] = series[-series_limit:] if series_limit > 0 else []
+
+    per_trade = pays.exclude(trade_id__isnull=True).values("trade_id").annotate(paid=Sum("amount"), seq=Max("seq")).order_by("-trade_id")[:100]
+    last = {e.seq: e for e in JournalEntry.objects.filter(seq__in=[row["seq"] for row in per_trade])}
+    out["payments"] = [{"trade": row["trade_id"], "paid": int(row["paid"]), "dispute": outcome.get(row["trade_id"]),
+                        "tx_hash": last[row["seq"]].tx_hash, "block": last[row["seq"]].block_number} for row in per_trade]
+
+    if series_limit > 0:
+        # paid less held after each confirmed event that moved it; events applied together share a point
+        moves = JournalEntry.objects.filter(Q(kind="pay", debit__iexact=free) | Q(pk__in=[e.pk for e in holds])).order_by("seq")
+        series: list[tuple[float, int]] = []
+        running = 0
+        for kind, amount, at in moves.values_list("kind", "amount", "created_at").iterator():
+            running += -amount if kind == "hold" else amount
+            t = round(at.timestamp(), 3)
+            if series and t - series[-1][0] < 1:
+                series[-1] = (series[-1][0], running)
+            else:
+                series.append((t, running))
+        out["series"] = series[-series_limit:]
     return out
 
 
