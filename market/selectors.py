@@ -235,12 +235,17 @@ def provider_sales(provider_id: int, *, trade_ids: list[int] | None = None, limi
     qs = Trade.objects.filter(provider_id=provider_id).select_related("round", "job").order_by("-id")
     if trade_ids is not None:
         qs = qs.filter(pk__in=trade_ids)
+    from ledger.models import JournalEntry
+
+    rows = list(qs[:limit])
+    # what the chain paid for each (confirmed settlement legs), beside the lock it sold
+    paid = dict(JournalEntry.objects.filter(kind="pay", trade_id__in=[t.pk for t in rows]).values_list("trade_id").annotate(n=Sum("amount")))
     out = []
-    for t in qs[:limit]:
+    for t in rows:
         job = getattr(t, "job", None)
         out.append({
             "id": t.pk, "round": t.round.number if t.round else None, "gpu_model": t.gpu_model_id, "region": t.region_id, "price": t.price,
-            "gpus": t.gpus, "amount": t.amount, "state": t.state, "created_at": t.created_at,
+            "gpus": t.gpus, "amount": t.amount, "paid": paid.get(t.pk), "state": t.state, "created_at": t.created_at,
             "job": {"id": job.pk, "state": job.state, "progress": job.progress} if job else None,
         })
     return out

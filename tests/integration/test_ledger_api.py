@@ -245,6 +245,7 @@ def test_the_provider_page_shows_what_the_chain_paid_not_what_was_sold(buyer, pr
     html = c.get("/provider/").content.decode()
     assert '<dd class="bid" data-kpi="paid">0.0014</dd>' in html, html[html.find("kpis"):html.find("kpis") + 900]
     assert '<dd data-kpi="held">0.0004</dd>' in html
+    assert '<td class="num" data-field="paid">0.0014</td>' in html, "the sale shows what the chain paid beside its lock"
     assert f"{trade.amount / 1e6:.2f}" not in html[html.find('data-kpi="paid"'):html.find("</dl>")]
 
 

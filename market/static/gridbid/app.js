@@ -244,13 +244,14 @@
       if (fresh) {
         row = document.createElement("tr");
         row.dataset.sale = t.id;
-        row.innerHTML = `<td><a href="/trades/${t.id}/">#${t.id}</a></td><td>#${t.round}</td><td>${esc(t.gpu_model)} · ${esc(t.region)}</td><td class="num">${money(t.price)}</td><td class="num">${t.gpus}</td><td class="num">${money(t.amount)}</td><td><span class="pill" data-field="state"></span></td><td data-field="job">—</td>`;
+        row.innerHTML = `<td><a href="/trades/${t.id}/">#${t.id}</a></td><td>#${t.round}</td><td>${esc(t.gpu_model)} · ${esc(t.region)}</td><td class="num">${money(t.price)}</td><td class="num">${t.gpus}</td><td class="num">${money(t.amount)}</td><td class="num" data-field="paid">—</td><td><span class="pill" data-field="state"></span></td><td data-field="job">—</td>`;
         document.querySelector("#sales tbody").prepend(row);
         document.querySelector("#sales").closest(".table-wrap").hidden = false;
         const empty = document.getElementById("sales-empty"); if (empty) empty.remove();
         flash(row);
       }
       pill(row.querySelector("[data-field=state]"), t.state);
+      setText(row.querySelector("[data-field=paid]"), t.paid === null || t.paid === undefined ? "—" : tokens(t.paid));
       if (t.job) {
         const cell = row.querySelector("[data-field=job]");
         if (!cell.querySelector("progress")) cell.innerHTML = '<span class="job-state"></span> <progress max="1" aria-label="job progress"></progress>';
