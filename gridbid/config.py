@@ -49,6 +49,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("GRIDBID_CHAIN_PORT", "8545", "Port of the embedded dev chain (anvil), started by `gridbid up` when CHAIN_RPC_URL is unset."),
     Variable("CHAIN_ID", "31337", "Expected chain id; start-up refuses a node that reports another."),
     Variable("CHAIN_CONFIRMATIONS", "1", "Blocks a transaction must be buried under before it counts (0-100)."),
+    Variable("CHAIN_FAUCET", "(auto: on for the embedded dev chain)", "true/false. A test-token faucet (tokens and gas) for buyers and provider agents (`gridbid-agent faucet`); never runs on a chain other than the dev chain (31337) with the market's own test token. Unset: on only under `gridbid up` without CHAIN_RPC_URL."),
     Variable("OPERATOR_KEY", "(dev key on the local chain)", "Hex private key of the operator account (dev only; use OPERATOR_KEYSTORE in production)."),
     Variable("OPERATOR_KEYSTORE", "(unset)", "Path of an encrypted JSON keystore holding the operator key."),
     Variable("OPERATOR_KEYSTORE_PASSPHRASE", "(unset)", "Passphrase of OPERATOR_KEYSTORE."),
@@ -173,6 +174,8 @@ class Config:
     log_format: str = "plain"
     # a scraper's bearer token for /metrics; operators read it with their own session or token
     metrics_token: str | None = None
+    # the test-token faucet: None = on for the embedded dev chain only (ledger.escrow.faucet_available)
+    chain_faucet: bool | None = None
     # reverse proxies whose X-Forwarded-For is believed (gridbid.proxies)
     trusted_proxies: tuple[str, ...] = ()
     # job outputs uploaded by the agents (market.outputs): kept in Django's "outputs" storage
@@ -327,6 +330,7 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         chain_port=int(_number(env, "GRIDBID_CHAIN_PORT", 8545, 1, 65535, int)),
         chain_id=int(_number(env, "CHAIN_ID", 31337, 1, 2**53, int)),
         chain_confirmations=int(_number(env, "CHAIN_CONFIRMATIONS", 1, 0, 100, int)),
+        chain_faucet=None if env.get("CHAIN_FAUCET", "").strip().lower() in ("", "auto") else _bool(env, "CHAIN_FAUCET", False),
         operator_key=operator_key,
         operator_keystore=Path(keystore) if keystore else None,
         operator_keystore_passphrase=env.get("OPERATOR_KEYSTORE_PASSPHRASE") or None,

@@ -139,6 +139,9 @@ class MarketClient:
     def earnings(self) -> dict[str, Any]:
         return self.request("GET", "/api/v1/ledger/earnings/")
 
+    def faucet(self) -> dict[str, Any]:
+        return self.request("POST", "/api/v1/ledger/faucet/", json={})
+
     # --- settlement co-signatures ---
     def cosigns(self) -> list[dict[str, Any]]:
         return self.request("GET", "/api/v1/agent/cosigns/")["cosigns"]

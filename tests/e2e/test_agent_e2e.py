@@ -98,6 +98,7 @@ def test_an_agent_joins_the_market_and_its_offers_appear(server, tmp_path):
     assert r.returncode == 1, r.stderr + r.stdout
     machine_id = int(r.stdout.split("as #")[1].split()[0])
     assert "Not enough tokens for the stake" in flat(r.stderr) and "holds 0 of token" in flat(r.stderr) and "Traceback" not in r.stderr
+    assert "run `gridbid-agent faucet` for test tokens and gas" in flat(r.stderr), "the dev chain's faucet is named"
 
     r = agent(home, "price", "set", "H100-SXM-80GB", "--floor", "2.00", "--premium", "1.00")
     assert r.returncode == 0, r.stderr + r.stdout
@@ -114,6 +115,24 @@ def test_an_agent_joins_the_market_and_its_offers_appear(server, tmp_path):
     assert "connected to" in r.stdout
     machine = httpx.get(f"{server}/api/v1/machines/{machine_id}/", headers=auth).json()
     assert machine["state"] == "online" and machine["last_heartbeat"]
+
+
+def test_a_fresh_agent_gets_test_tokens_from_the_faucet_then_registers_on_chain(server, tmp_path):
+    token = make_tokens(SERVER_ENV, newcomer=("provider", ("read", "provide")))["newcomer"]
+    said: dict[str, str] = {}
+
+    def faucet(home: Path) -> None:
+        r = agent(home, "faucet")
+        assert r.returncode == 0, r.stderr + r.stdout
+        said["faucet"] = flat(r.stdout)
+
+    home, _ = join_market(server, tmp_path, "newcomer", token, region="eu-west", price="2.00", chain=True, fund=faucet)
+    assert "sending 1000 test tokens and gas" in said["faucet"] and "holds 1000 tokens" in said["faucet"], said["faucet"]
+    assert "Now run `gridbid-agent register`" in said["faucet"]
+    r = agent(home, "faucet")
+    assert r.returncode == 1 and "less than an hour ago" in flat(r.stderr) and "Traceback" not in r.stderr, r.stderr + r.stdout
+    r = agent(home, "earnings")
+    assert r.returncode == 0 and "stake 100 " in flat(r.stdout), r.stderr + r.stdout
 
 
 def test_a_bad_token_stops_the_agent_with_one_clear_message(server, tmp_path):
@@ -229,7 +248,7 @@ def test_two_agents_stake_on_chain_run_a_job_cosign_its_settlement_and_withdraw_
         assert r.returncode == 0, r.stderr
         from providers.agent.chain import tokens as fmt
 
-        assert f"free to withdraw {fmt(paid)}" in flat(r.stdout) and "settled" in r.stdout
+        assert f"paid {fmt(paid)} (settled {fmt(paid)}" in flat(r.stdout) and f"free to withdraw {fmt(paid)}" in flat(r.stdout), r.stdout
 
         r = agent(north, "withdraw", "--amount", "1000")
         assert r.returncode == 2 and "more than the free balance" in flat(r.stderr), r.stderr

@@ -44,6 +44,7 @@ def test_defaults_are_embedded_sqlite_and_a_generated_secret(tmp_path):
         ("PRICE_POINT", "1.5", "PRICE_POINT"),
         ("CHAIN_RPC_URL", "ws://x", "CHAIN_RPC_URL"),
         ("CHAIN_CONFIRMATIONS", "-1", "CHAIN_CONFIRMATIONS"),
+        ("CHAIN_FAUCET", "sometimes", "CHAIN_FAUCET"),
         ("MARKET_ADDRESS", "0x123", "MARKET_ADDRESS"),
         ("OPERATOR_KEY", "not-a-key", "OPERATOR_KEY"),
         ("SECRET_KEY", "short", "SECRET_KEY"),
@@ -129,3 +130,10 @@ def test_readme_documents_every_variable():
     readme = (ROOT / "README.md").read_text()
     missing = [v.name for v in VARIABLES if f"`{v.name}`" not in readme]
     assert not missing, f"README configuration table lacks {missing}"
+
+
+def test_the_faucet_is_automatic_unless_switched_on_or_off(tmp_path):
+    assert load(env(tmp_path)).chain_faucet is None, "unset: on for the embedded dev chain only"
+    assert load(env(tmp_path, CHAIN_FAUCET="auto")).chain_faucet is None
+    assert load(env(tmp_path, CHAIN_FAUCET="true")).chain_faucet is True
+    assert load(env(tmp_path, CHAIN_FAUCET="off")).chain_faucet is False
