@@ -11,6 +11,7 @@ chain pays it when it withdraws.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import sys
@@ -23,9 +24,10 @@ import httpx
 import pytest
 
 from tests.e2e import test_browser as ui
-from tests.e2e.conftest import running_server, wait_for_js
+from tests.e2e.conftest import start_server, stop_server, wait_for_js
 from tests.e2e.funds import TOKENS, chain_rpc, fund, make_tokens, token_balance, wait_for
 from tests.e2e.test_agent_e2e import agent, flat, join_market, start_daemon, stop_daemons
+from tests.receiver import Receiver, verify, wait_for_events
 
 browser, page, shot = ui.browser, ui.page, ui.shot  # the buyer's tour's Chromium fixtures and screenshots
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
@@ -37,8 +39,19 @@ JOB = f"{sys.executable} -c \"import os, time; open(os.environ['GRIDBID_OUTPUT_D
 
 @pytest.fixture(scope="module")
 def market(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
-    with running_server(tmp_path_factory.mktemp("rental"), demo=False) as (base, env):
+    # the buyer's webhook receiver listens on 127.0.0.1: a private address, allowed here only
+    proc, base, env = start_server(tmp_path_factory.mktemp("rental"), demo=False, extra_env={"WEBHOOK_ALLOW_PRIVATE_URLS": "true"})
+    try:
         yield base, env
+    finally:
+        stop_server(proc)
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    yield r
+    r.close()
 
 
 def log_in(page: Any, base: str, username: str) -> None:
@@ -60,7 +73,7 @@ def place_bid(page: Any, base: str) -> None:
     page.click("#place")
 
 
-def test_a_rental_from_refused_bid_to_stop_early_settles_on_chain_and_frees_the_gpus(market, page, tmp_path):
+def test_a_rental_from_refused_bid_to_stop_early_settles_on_chain_and_frees_the_gpus(market, page, receiver, tmp_path):
     base, env = market
     rpc, chain = chain_rpc(base)
     buyer = f"renter{uuid.uuid4().hex[:6]}"
@@ -78,8 +91,16 @@ def test_a_rental_from_refused_bid_to_stop_early_settles_on_chain_and_frees_the_
     server_log = Path(env["GRIDBID_DATA_DIR"]) / "server.log"
     logs = lambda: "\n".join((h / "daemon.log").read_text()[-3000:] for h in (cheap, dear)) + "\n" + server_log.read_text()[-3000:]  # noqa: E731
     try:
-        # 1. no escrow: the bid is refused, with what is missing and where to deposit it
+        # 0. the buyer wants to be told: a webhook, added on the account page (its secret shown once)
         log_in(page, base, buyer)
+        page.goto(base + "/account/")
+        page.fill("#webhooks input[name=url]", receiver.url)
+        for event in ("bid.matched", "job.running", "job.preempted"):
+            page.check(f"#webhooks input[name=events][value='{event}']")
+        page.click("#webhooks button:has-text('Add webhook')")
+        secret = page.inner_text("#new-webhook-secret").strip()
+
+        # 1. no escrow: the bid is refused, with what is missing and where to deposit it
         place_bid(page, base)
         refusal = page.inner_text("div.error[role=alert]")
         assert "escrow has 0.00 USDC free" in refusal and "Deposit at least 0.30 USDC" in refusal, refusal
@@ -138,10 +159,27 @@ def test_a_rental_from_refused_bid_to_stop_early_settles_on_chain_and_frees_the_
         assert page.locator("#stop-zone").count() == 0 and page.locator("#extend-form").count() == 0
         shot(page, "rental-stopped")
 
-        # 6. the GPUs are back on the market, for the next buyer
+        # 6. its output, uploaded by the agent and checked against the receipt, for the buyer only
+        page.reload()
+        wait_for_js(page, "document.querySelector('#job-outputs a[download]') !== null", timeout_ms=60_000)
+        with page.expect_download() as download:
+            page.click("#job-outputs a[download]")
+        content = Path(download.value.path()).read_bytes()
+        (listed,) = done["checkpoint"]["receipt"]["outputs"]
+        assert content == b"42" and hashlib.sha256(content).hexdigest() == listed["sha256"] and listed["path"] == "result.txt"
+        stranger = {"Authorization": f"Bearer {tokens['dear']}"}
+        assert httpx.get(f"{base}/api/v1/jobs/{job['id']}/outputs/result.txt", headers=stranger).status_code == 404
+
+        # and the webhook heard it all, signed with the secret shown once
+        got = wait_for_events(receiver, ["bid.matched", "job.running", "job.preempted"], seconds=30)
+        assert got[:3] == ["bid.matched", "job.running", "job.preempted"], got
+        bodies = [verify(secret, request) for request in receiver.requests]
+        assert bodies[2]["data"]["job"]["id"] == job["id"], bodies[2]
+
+        # 7. the GPUs are back on the market, for the next buyer
         wait_for("the offer's GPU free again", lambda: httpx.get(f"{base}/api/v1/offers/{trade['offer']}/").json()["gpus_free"] == 2, seconds=10)
 
-        # 7. both trades settle on chain against the agent's receipts; the provider is paid
+        # 8. both trades settle on chain against the agent's receipts; the provider is paid
         # for what ran, the buyer refunded the rest
         def settled() -> Any:
             rows = [httpx.get(f"{base}/api/v1/trades/{t}/", headers=auth).json() for t in (trade["id"], extension["id"])]
@@ -153,7 +191,7 @@ def test_a_rental_from_refused_bid_to_stop_early_settles_on_chain_and_frees_the_
         expected = trade["price"] * used // 3600  # the extension's receipt counts what ran past the first booking: nothing here
         assert earnings["paid"] == earnings["free"] == expected, earnings
 
-        # 8. what the provider is shown is what the chain pays it
+        # 9. what the provider is shown is what the chain pays it
         page.context.clear_cookies()  # the provider signs in on its own
         log_in(page, base, "cheap")
         page.goto(base + "/provider/")
