@@ -152,7 +152,8 @@ def my_orders(request: HttpRequest) -> HttpResponse:
 def job_page(request: HttpRequest, job_id: int) -> HttpResponse:
     """One job for its buyer (or provider, or an operator): state, progress, the end of
     its output, its receipt and where its outputs went; refreshed while it runs."""
-    from market.jobs import job_log_tail
+    from market.jobs import job_access, job_log_tail
+    from providers.agent.runtime import job_ports
 
     job = selectors.jobs_visible(request.user).filter(pk=job_id).select_related("trade__bid", "trade__offer__machine").first()
     if job is None:
@@ -160,7 +161,8 @@ def job_page(request: HttpRequest, job_id: int) -> HttpResponse:
     meta = job.checkpoint or {}
     return render(request, "market/job.html", {"job": job, "log_tail": job_log_tail(job), "receipt": (meta.get("receipt") or {}).get("body"),
                                                "outputs": (meta.get("receipt") or {}).get("outputs") or [], "archive": meta.get("outputs_archive"),
-                                               "continued_by": meta.get("continued_by_bid"), "resume_from": meta.get("resume_from")})
+                                               "continued_by": meta.get("continued_by_bid"), "resume_from": meta.get("resume_from"),
+                                               "access": job_access(job), "reason": meta.get("reason"), "spec_ports": job_ports(job.trade.bid.job_spec or {})})
 
 
 class TokenForm(forms.Form):
@@ -173,7 +175,10 @@ def account(request: HttpRequest) -> HttpResponse:
     """API tokens: create (the token is shown once), list, revoke; the account's recent activity."""
     from market.models import ApiToken
 
+    from market.ssh_keys import ssh_key_add, ssh_key_delete
+
     form = TokenForm(request.POST or None) if request.POST.get("action") == "create" else TokenForm()
+    key_form = SshKeyForm(request.POST or None) if request.POST.get("action") == "ssh-add" else SshKeyForm()
     created = None
     if request.method == "POST":
         try:
@@ -182,11 +187,24 @@ def account(request: HttpRequest) -> HttpResponse:
             elif request.POST.get("action") == "revoke" and request.POST.get("token", "").isdigit():
                 services.token_revoke(user=request.user, token_id=int(request.POST["token"]))
                 return redirect("web:account")
+            elif request.POST.get("action") == "ssh-add" and key_form.is_valid():
+                key = ssh_key_add(user=request.user, name=key_form.cleaned_data["name"], public_key=key_form.cleaned_data["public_key"])
+                messages.success(request, f"SSH key {key.name!r} added ({key.fingerprint}).")
+                return redirect("web:account")
+            elif request.POST.get("action") == "ssh-delete" and request.POST.get("key", "").isdigit():
+                ssh_key_delete(user=request.user, key_id=int(request.POST["key"]))
+                return redirect("web:account")
         except DomainError as exc:
-            form.add_error(None, exc.message)
+            (key_form if request.POST.get("action", "").startswith("ssh-") else form).add_error(None, exc.message)
     tokens = ApiToken.objects.filter(user=request.user)
     recent = selectors.audit_events_own(request.user).order_by("-id")[:AUDIT_RECENT]
-    return render(request, "market/account.html", {"form": form, "tokens": tokens, "created": created, "recent": recent})
+    return render(request, "market/account.html", {"form": form, "tokens": tokens, "created": created, "recent": recent,
+                                                   "key_form": key_form, "ssh_keys": request.user.ssh_keys.order_by("id")})
+
+
+class SshKeyForm(forms.Form):
+    name = forms.CharField(max_length=64, required=False, label="Name", help_text="Default: the key's comment")
+    public_key = forms.CharField(max_length=8192, label="Public key", widget=forms.Textarea(attrs={"rows": 3, "placeholder": "ssh-ed25519 AAAA... you@laptop"}))
 
 
 AUDIT_RECENT = 20  # account page; the whole log is at /api/v1/audit/
