@@ -97,7 +97,8 @@ class TokenCreatedSerializer(TokenSerializer):
 
 class SshKeyCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=64, required=False, allow_blank=True, default="", help_text="A label; default: the key's comment")
-    public_key = serializers.CharField(max_length=8192, trim_whitespace=True, help_text="One OpenSSH public key line: ssh-ed25519, ssh-rsa (2048+ bits) or ecdsa-sha2-nistp256/384/521")
+    public_key = serializers.CharField(max_length=8192, trim_whitespace=True,
+                                       error_messages={"blank": "Paste a public key, e.g. the contents of ~/.ssh/id_ed25519.pub.", "max_length": "A public key is at most 8192 characters."}, help_text="One OpenSSH public key line: ssh-ed25519, ssh-rsa (2048+ bits) or ecdsa-sha2-nistp256/384/521")
 
 
 class SshKeySerializer(serializers.ModelSerializer):
