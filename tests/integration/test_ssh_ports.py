@@ -70,7 +70,7 @@ def test_the_same_key_twice_is_refused_and_the_name_defaults_to_its_comment(buye
     ("ssh-ed25519", "no base64 body"),
     ("ssh-ed25519 not*base64!", "not valid base64"),
     ("ssh-ed25519 AAAAB3NzaC1yc2EAAAABAwAAAAEF", "not a ssh-ed25519 key"),  # the body of an ssh-rsa key
-    ("ssh-rsa AAAAB3NzaC1yc2EAAAABAwAAAAEF", "2 bits; use at least 2048"),
+    ("ssh-rsa AAAAB3NzaC1yc2EAAAABAwAAAAEF", "3 bits; use at least 2048"),
     ("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA==", "truncated"),
     ("-----BEGIN OPENSSH PRIVATE KEY-----", "private key"),
     ("ssh-ed25519 " + "A" * 9000, "at most 8192"),
