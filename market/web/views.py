@@ -174,7 +174,6 @@ class TokenForm(forms.Form):
 def account(request: HttpRequest) -> HttpResponse:
     """API tokens: create (the token is shown once), list, revoke; the account's recent activity."""
     from market.models import ApiToken
-
     from market.ssh_keys import ssh_key_add, ssh_key_delete
 
     form = TokenForm(request.POST or None) if request.POST.get("action") == "create" else TokenForm()

@@ -28,7 +28,13 @@ def command(ctx: click.Context, market: str, token: str, machine_name: str, regi
     from providers import catalogue
     from providers.agent import keys
     from providers.agent.commands import client_for, console
-    from providers.agent.config import AgentConfig, ConfigError, load_config, ports_check, save_config
+    from providers.agent.config import (
+        AgentConfig,
+        ConfigError,
+        load_config,
+        ports_check,
+        save_config,
+    )
 
     home = home_of(ctx)
     out = console()

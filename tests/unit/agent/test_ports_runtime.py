@@ -20,7 +20,7 @@ from providers.agent.runtime import (
     job_ports,
     ports_pick,
 )
-from tests.unit.agent.test_daemon import FakeMarket, key, make_agent  # noqa: F401 - key is a fixture
+from tests.unit.agent.test_daemon import FakeMarket, make_agent
 
 
 def argv_for(tmp_path: Path, binary: str = "/usr/bin/docker", **kw) -> list[str]:
@@ -138,7 +138,12 @@ KEY_LINE = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKx4n0yZf1v8eQm7e2e6Xh9c0c8b7tq6
     ({"runtime": "auto"}, "docker", [KEY_LINE], "no public_host set"),
     ({"runtime": "docker", "public_host": "gpu1.example.net"}, "docker", [], "has no SSH key"),
 ])
-def test_a_job_asking_for_ports_the_agent_cannot_publish_is_refused_with_the_reason(tmp_path, monkeypatch, key, cfg, path, keys, why):
+def test_a_job_asking_for_ports_the_agent_cannot_publish_is_refused_with_the_reason(tmp_path, monkeypatch, cfg, path, keys, why):
+    from contracts import bls
+    from providers.agent.keys import BlsKey
+
+    sk = bls.keygen(b"\x0a" * 32)
+    key = BlsKey(sk, bls.public_key(sk), b"")
 
     if path == "docker":  # a docker binary on PATH: the check is about something else
         bindir = tmp_path / "bin"
