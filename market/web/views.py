@@ -221,6 +221,8 @@ class BidForm(forms.Form):
     klass = forms.ChoiceField(choices=[("on_demand", "on-demand"), ("reserved", "reserved"), ("spot", "spot (cheapest, may be preempted)")], initial="on_demand", label="Class")
     image = forms.CharField(max_length=255, initial="ghcr.io/acme/train:latest", label="Container image")
     command = forms.CharField(max_length=1000, required=False, initial="python train.py", label="Command")
+    ports = forms.CharField(max_length=200, required=False, label="Ports to publish", help_text="Container ports, e.g. 8888, 6006")
+    ssh = forms.BooleanField(required=False, label="SSH into the container (with your account's keys)")
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
@@ -237,6 +239,12 @@ class BidForm(forms.Form):
             "duration_s": int(d["hours"] * 3600),
             "klass": d["klass"],
         }
+        spec = body["job_spec"]
+        assert isinstance(spec, dict)
+        if d.get("ports"):
+            spec["ports"] = [p for p in d["ports"].replace(",", " ").split() if p]
+        if d.get("ssh"):
+            spec["ssh"] = True
         if d.get("location_region"):
             body["location_region"] = d["location_region"]
         if d.get("max_latency_ms"):

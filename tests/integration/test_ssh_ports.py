@@ -238,3 +238,17 @@ def test_assignments_carry_the_buyers_current_keys_only_for_ssh_jobs(provider_us
     got = {a["job"]: a for a in client_for(provider_user, ["provide"]).get(f"/api/v1/agent/machines/{job.trade.offer.machine_id}/assignments/").json()["assignments"]}
     assert [line.split()[2] for line in got[job.pk]["ssh_keys"]] == ["gridbid:laptop", "gridbid:desk"]
     assert got[plain.pk]["ssh_keys"] == []
+
+
+def test_the_bid_form_asks_for_ssh_and_ports_and_says_why_it_cannot(buyer, client, tmp_path):
+    client.force_login(buyer)
+    form = {"gpu_model": "H100-SXM-80GB", "gpus": 1, "max_price_usd": "2.50", "hours": "1", "klass": "on_demand", "image": "ghcr.io/acme/dev:1", "command": "/usr/sbin/sshd -D -e"}
+    r = client.post("/bids/new/", {**form, "ssh": "on", "ports": "8888, 6006"})
+    assert "no SSH key" in r.content.decode()
+    r = client.post("/bids/new/", {**form, "ports": "8888, http"})
+    assert "ports" in r.content.decode() and "valid integer" in r.content.decode()
+    SshKey.objects.create(owner=buyer, name="k", key_type="ssh-ed25519", public_key="ssh-ed25519 AAAA", fingerprint="SHA256:x")
+    r = client.post("/bids/new/", {**form, "ssh": "on", "ports": "8888, 6006"})
+    assert r.status_code == 302
+    assert buyer.bids.get().job_spec == {"image": "ghcr.io/acme/dev:1", "command": ["/usr/sbin/sshd", "-D", "-e"], "ports": [8888, 6006], "ssh": True,
+                                         "env": {}, "inputs": [], "output_dir": "outputs"}
