@@ -29,6 +29,7 @@ from market.ssh_keys import authorized_keys
 from market.states import BidState, BookingState, JobState, OfferState
 from market.streams import events
 from providers.agent import receipts as receipt_format
+from providers.agent.runtime import job_ports
 from providers.jobs import log_key, own_machine, provider_of
 from providers.push import machine_wake
 
@@ -69,7 +70,7 @@ def job_access(job: Job) -> dict[str, Any] | None:
 def _access_check(job: Job, access: dict[str, Any]) -> dict[str, Any]:
     """The agent's port mappings, checked against what the job spec asked for."""
     spec = job.trade.bid.job_spec or {}
-    asked = set(spec.get("ports") or []) | ({22} if spec.get("ssh") else set())
+    asked = set(job_ports(spec))  # the agent's own reading of the spec
     got = [(int(p["container"]), int(p["host"])) for p in access.get("ports") or []]
     if not asked:
         raise DomainError("This job's spec publishes no ports; report no access.", fields={"access": ["The spec asks for no ports."]})

@@ -113,7 +113,7 @@ def ssh_key_add(*, user: User, name: str, public_key: str) -> SshKey:
         parsed = key_parse(public_key)
     except KeyInvalid as exc:
         raise DomainError(f"Not a usable SSH public key: {exc}.", fields={"public_key": [str(exc).capitalize() + "."]}) from None
-    name = (name or parsed.comment or parsed.type).strip()[:64]
+    name = name.strip() if name else (re.sub(r"[^A-Za-z0-9 _.@:+-]+", "-", parsed.comment).strip(" -")[:64].strip() or parsed.type)
     if not NAME_RE.match(name):
         raise DomainError("Bad key name.", fields={"name": ["1-64 letters, digits, spaces or _ . @ : + -"]})
     User.objects.select_for_update().filter(pk=user.pk).values_list("pk", flat=True).first()

@@ -62,6 +62,10 @@ def test_the_same_key_twice_is_refused_and_the_name_defaults_to_its_comment(buye
     again = c.post("/api/v1/ssh-keys/", {"name": "other", "public_key": pub.replace("ana@desk", "someone-else")}, format="json")
     assert again.status_code == 409 and "already" in again.json()["error"]["message"] and "ana@desk" in again.json()["error"]["message"]
     assert SshKey.objects.filter(owner=buyer).count() == 1
+    odd = c.post("/api/v1/ssh-keys/", {"public_key": keygen(tmp_path, comment="Ana (work) <ana@example.org>")}, format="json")
+    assert odd.status_code == 201 and odd.json()["name"] == "Ana -work- -ana@example.org", odd.content
+    bad = c.post("/api/v1/ssh-keys/", {"name": "<script>", "public_key": keygen(tmp_path)}, format="json")
+    assert bad.status_code == 400 and "letters, digits" in json.dumps(bad.json())
 
 
 @pytest.mark.parametrize(("text", "words"), [
