@@ -162,3 +162,22 @@ def test_a_job_asking_for_ports_the_agent_cannot_publish_is_refused_with_the_rea
     assert event["reason"].startswith("refused by the provider's agent: ") and why in event["reason"], event["reason"]
     assert "22, 8888" in event["reason"] or "ssh" in event["reason"]
     assert not (agent.job_paths(5).root / "ssh" / "authorized_keys").exists()
+
+
+def test_init_keeps_the_public_host_and_port_range_and_refuses_bad_ones(tmp_path):
+    from click.testing import CliRunner
+
+    from providers.agent.cli import main
+    from providers.agent.config import load_config
+
+    base = ["--home", str(tmp_path), "init", "--market", "http://m.invalid", "--token", "gb_x_y", "--no-check", "--kdf-iterations", "2", "--runtime", "docker"]
+    r = CliRunner().invoke(main, [*base, "--public-host", "gpu1.example.net", "--host-ports", "42000-42099"])
+    assert r.exit_code == 0, r.output
+    c = load_config(tmp_path)
+    assert (c.public_host, c.host_port_min, c.host_port_max, c.runtime) == ("gpu1.example.net", 42000, 42099, "docker")
+    r = CliRunner().invoke(main, [*base, "--host-ports", "42000"])
+    assert r.exit_code == 2 and "expected LOW-HIGH" in r.output
+    r = CliRunner().invoke(main, [*base, "--host-ports", "80-90"])
+    assert r.exit_code == 2 and "1024 <= min" in r.output
+    r = CliRunner().invoke(main, [*base], env={"GRIDBID_AGENT_PUBLIC_HOST": "gpu2.example.net"})
+    assert r.exit_code == 0 and load_config(tmp_path).public_host == "gpu2.example.net", "every option is also an environment variable"
