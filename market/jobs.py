@@ -26,9 +26,11 @@ from market.errors import Conflict, DomainError, NotFound
 from market.funding import EscrowShort, funds_of, usdc
 from market.models import Bid, Booking, Job, Offer, Trade, User
 from market.services import bid_continue, spec_signature_custodial
+from market.ssh_keys import authorized_keys
 from market.states import BidState, BookingState, JobState, OfferState
 from market.streams import events
 from providers.agent import receipts as receipt_format
+from providers.agent.runtime import job_ports
 from providers.jobs import log_key, own_machine, provider_of
 from providers.push import machine_wake
 
@@ -54,6 +56,30 @@ def _own_job(user: User, job_id: int, *, lock: bool = False) -> Job:
 
 def _at(ts: int | None) -> datetime:
     return datetime.fromtimestamp(ts, tz=UTC) if ts is not None else timezone.now()
+
+
+def job_access(job: Job) -> dict[str, Any] | None:
+    """Where the buyer reaches the job's published ports while it runs, as its agent
+    reported them when it started: {host, ports: [{container, host}], ssh}."""
+    access = (job.checkpoint or {}).get("access")
+    if not access or job.state not in (JobState.RUNNING, JobState.CHECKPOINTED):
+        return None
+    ssh_port = next((p["host"] for p in access["ports"] if p["container"] == 22), None) if access.get("ssh") else None
+    return {"host": access["host"], "ports": access["ports"], "ssh": f"ssh -p {ssh_port} root@{access['host']}" if ssh_port else None}
+
+
+def _access_check(job: Job, access: dict[str, Any]) -> dict[str, Any]:
+    """The agent's port mappings, checked against what the job spec asked for."""
+    spec = job.trade.bid.job_spec or {}
+    asked = set(job_ports(spec))  # the agent's own reading of the spec
+    got = [(int(p["container"]), int(p["host"])) for p in access.get("ports") or []]
+    if not asked:
+        raise DomainError("This job's spec publishes no ports; report no access.", fields={"access": ["The spec asks for no ports."]})
+    if {c for c, _ in got} != asked or len(got) != len(asked):
+        raise DomainError(f"The access must map exactly the ports the job asked for: {sorted(asked)}.", fields={"access.ports": [f"Map each of {sorted(asked)} once."]})
+    if len({h for _, h in got}) != len(got):
+        raise DomainError("Two container ports are mapped to the same host port.", fields={"access.ports": ["Each host port once."]})
+    return {"host": access["host"], "ports": [{"container": c, "host": h} for c, h in sorted(got)], "ssh": bool(spec.get("ssh"))}
 
 
 def job_log_tail(job: Job) -> str:
@@ -105,6 +131,8 @@ def machine_assignments(*, user: User, machine_id: int) -> list[dict[str, Any]]:
             "buyer_address": buyer_address(trade.buyer),
             "preempt": bool(meta.get("preempt_requested")),
             "resume_from": meta.get("resume_from"),
+            # read when the agent takes the job: keys added or removed since the bid count
+            "ssh_keys": authorized_keys(trade.buyer) if spec.get("ssh") else [],
         })
     return out
 
@@ -243,7 +271,7 @@ def job_extend_recorded(*, user: User, job_id: int, duration_s: int, max_price: 
 
 # --- job events -----------------------------------------------------------------------------
 @transaction.atomic
-def job_event(*, user: User, job_id: int, event: str, at: int | None = None, progress: float | None = None, exit_code: int | None = None, gpu_seconds: int | None = None, checkpoint: dict[str, Any] | None = None, reason: str = "", log_tail: str = "") -> Job:
+def job_event(*, user: User, job_id: int, event: str, at: int | None = None, progress: float | None = None, exit_code: int | None = None, gpu_seconds: int | None = None, checkpoint: dict[str, Any] | None = None, reason: str = "", log_tail: str = "", access: dict[str, Any] | None = None) -> Job:
     """Move the job through its states as its agent reports; a repeated report changes nothing."""
     job = _own_job(user, job_id, lock=True)
     trade = job.trade
@@ -267,7 +295,11 @@ def job_event(*, user: User, job_id: int, event: str, at: int | None = None, pro
     resumed = job.state == JobState.CHECKPOINTED and target == JobState.RUNNING
     states.advance("job", job, target)
     job.checkpoint = meta
+    if access is not None and event != "started":
+        raise DomainError("Only a started event carries the job's access.", fields={"access": ["Report it with the started event."]})
     if event == "started":
+        if access is not None:
+            meta["access"] = _access_check(job, access)
         job.started_at = job.started_at or _at(at)
         bookings.booking_started(trade_id=trade.pk, started_at=job.started_at)
     if event in ("completed", "failed", "preempted"):

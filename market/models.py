@@ -64,6 +64,28 @@ class ApiToken(models.Model):
         return f"{self.prefix}… ({self.name})"
 
 
+class SshKey(models.Model):
+    """An SSH public key on a buyer's account; jobs that ask for `ssh` get them all in
+    /root/.ssh/authorized_keys. Parsed and checked in `market.ssh_keys`."""
+
+    owner = models.ForeignKey(User, on_delete=models.CASCADE, related_name="ssh_keys")
+    name = models.CharField(max_length=64)
+    key_type = models.CharField(max_length=32)
+    public_key = models.TextField(help_text="`<type> <base64>`, as an authorized_keys line")
+    fingerprint = models.CharField(max_length=64, help_text="SHA256:..., as `ssh-keygen -lf` shows it")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "fingerprint"], name="sshkey_unique_per_owner"),
+            models.UniqueConstraint(fields=["owner", "name"], name="sshkey_unique_name_per_owner"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.fingerprint})"
+
+
 class Offer(models.Model):
     machine = models.ForeignKey(Machine, on_delete=models.PROTECT, related_name="offers")
     gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="offers")

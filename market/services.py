@@ -214,6 +214,9 @@ def _client_order_taken(*, user: User, client_order_id: str) -> Conflict:
 @transaction.atomic
 def bid_place(*, user: User, data: dict[str, Any]) -> Bid:
     bid_validate(data=data)
+    if (data.get("job_spec") or {}).get("ssh") and not user.ssh_keys.exists():
+        raise DomainError("The job asks for ssh but your account has no SSH key.",
+                          fields={"job_spec.ssh": ["Add your public key first: POST /api/v1/ssh-keys/ or your account page."]})
     User.objects.select_for_update().filter(pk=user.pk).values_list("pk", flat=True).first()  # one placement per buyer at a time
     funds_check(user=user, max_price=data["max_price"], gpus=data["gpus"], duration_s=data["duration_s"])
     client_order_id = data.get("client_order_id")

@@ -21,6 +21,7 @@ from market.models import (
     JobOutput,
     Offer,
     Scope,
+    SshKey,
     Trade,
 )
 from market.states import OfferState
@@ -31,6 +32,7 @@ MAX_PRICE = limits.MAX_PRICE
 MAX_DURATION_S = limits.ORDER_MAX_DURATION_S
 ADDRESS_RE = re.compile(r"^0x[0-9a-fA-F]{40}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+MAX_JOB_PORTS = 16
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 
@@ -92,6 +94,18 @@ class TokenCreatedSerializer(TokenSerializer):
 
     class Meta(TokenSerializer.Meta):
         fields = [*TokenSerializer.Meta.fields, "token"]
+
+
+class SshKeyCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=64, required=False, allow_blank=True, default="", help_text="A label; default: the key's comment")
+    public_key = serializers.CharField(max_length=8192, trim_whitespace=True,
+                                       error_messages={"blank": "Paste a public key, e.g. the contents of ~/.ssh/id_ed25519.pub.", "max_length": "A public key is at most 8192 characters."}, help_text="One OpenSSH public key line: ssh-ed25519, ssh-rsa (2048+ bits) or ecdsa-sha2-nistp256/384/521")
+
+
+class SshKeySerializer(serializers.ModelSerializer):
+    class Meta:
+        model = SshKey
+        fields = ["id", "name", "key_type", "public_key", "fingerprint", "created_at"]
 
 
 class MeSerializer(serializers.Serializer):
@@ -278,6 +292,11 @@ class JobSpecSerializer(serializers.Serializer):
     time_limit_s = serializers.IntegerField(min_value=1, max_value=MAX_DURATION_S, required=False, allow_null=True,
                                             help_text="Stop the job after this many seconds (default: the bid's duration)")
     resources = JobResourcesSerializer(required=False)
+    ports = serializers.ListField(
+        child=serializers.IntegerField(min_value=1, max_value=65535), max_length=MAX_JOB_PORTS, required=False,
+        help_text="Container ports to publish on the provider's public host (a container image is needed); the job's access shows where each one is mapped.",
+    )
+    ssh = serializers.BooleanField(required=False, help_text="Publish port 22 and put your account's SSH keys in /root/.ssh/authorized_keys; your image runs the SSH server.")
     upload_url = serializers.URLField(
         max_length=1024, required=False, allow_null=True,
         help_text="An http(s) folder the provider's agent PUTs trade-<id>/outputs.tar (and checkpoint.tar on preemption) to, "
@@ -297,9 +316,22 @@ class JobSpecSerializer(serializers.Serializer):
             raise serializers.ValidationError(f"Not valid variable names: {', '.join(map(repr, bad[:5]))}.")
         return env
 
+    def validate_ports(self, ports: list[int]) -> list[int]:
+        if len(set(ports)) != len(ports):
+            raise serializers.ValidationError("Each port once.")
+        return ports
+
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if not attrs.get("image") and not attrs.get("command"):
             raise serializers.ValidationError("Give an image (container) or a command (list of arguments), or both.")
+        if not attrs.get("image"):
+            asked = [f for f in ("ports", "ssh") if attrs.get(f)]
+            if asked:
+                raise serializers.ValidationError({f: ["Ports need a container image: a job without one runs as a plain process, which cannot publish ports. Give an image."] for f in asked})
+        if not attrs.get("ssh"):
+            attrs.pop("ssh", None)  # ssh: false is the same spec as no ssh
+        if not attrs.get("ports"):
+            attrs.pop("ports", None)
         return attrs
 
 
@@ -399,10 +431,20 @@ class TradeSerializer(serializers.ModelSerializer):
 class JobSerializer(serializers.ModelSerializer):
     machine = serializers.IntegerField(source="trade.offer.machine_id", read_only=True)
     log_tail = serializers.SerializerMethodField(help_text="The end of the job's output, as its agent last reported it")
+    access = serializers.SerializerMethodField(help_text="Where the job's published ports are reached while it runs: host, port mappings and the ssh command; null otherwise")
 
     class Meta:
         model = Job
-        fields = ["id", "trade", "machine", "state", "progress", "started_at", "ended_at", "exit_code", "gpu_seconds", "checkpoint", "log_tail", "updated_at"]
+        fields = ["id", "trade", "machine", "state", "progress", "started_at", "ended_at", "exit_code", "gpu_seconds", "checkpoint", "log_tail", "access", "updated_at"]
+
+    @extend_schema_field(inline_serializer("JobAccess", {
+        "host": serializers.CharField(), "ports": serializers.ListField(child=serializers.DictField(child=serializers.IntegerField())),
+        "ssh": serializers.CharField(allow_null=True, help_text="The command line to connect, e.g. ssh -p 40022 root@host"),
+    }, allow_null=True))
+    def get_access(self, job: Job) -> dict[str, Any] | None:
+        from market.jobs import job_access
+
+        return job_access(job)
 
     def get_log_tail(self, job: Job) -> str:
         from market.jobs import job_log_tail

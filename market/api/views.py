@@ -26,7 +26,7 @@ from market.api.idempotency import idempotent
 from market.api.permissions import granted_scopes, is_operator
 from market.api.schema import ErrorSerializer
 from market.audit import AuditAction, audit_record
-from market.models import ApiToken, AuctionRound, AuditEvent, Bid, Job, Offer, Scope, Trade
+from market.models import ApiToken, AuctionRound, AuditEvent, Bid, Job, Offer, Scope, SshKey, Trade
 from providers.models import GpuModel, Machine, Region
 
 IDEMPOTENCY_PARAM = OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False, description="Retry-safe POST: the same key and body return the first response for 24 h.")
@@ -158,6 +158,37 @@ class TokenViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     def revoke(self, request: Request, pk: str) -> Response:
         token = services.token_revoke(user=request.user, token_id=int(pk))
         return Response(s.TokenSerializer(token).data)
+
+
+class SshKeyViewSet(mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet):
+    """Your SSH public keys. Jobs whose spec asks for `ssh` get them all in the container's
+    /root/.ssh/authorized_keys. A key is a credential: adding or removing one needs the
+    `tokens` scope (a browser session has it), as API tokens do; listing needs `read`."""
+
+    lookup_value_regex = r"\d+"
+    pagination_class = None
+    serializer_class = s.SshKeySerializer
+    scopes = {"list": Scope.READ, "create": Scope.TOKENS, "destroy": Scope.TOKENS}
+
+    def get_queryset(self) -> Any:
+        if getattr(self, "swagger_fake_view", False):
+            return SshKey.objects.none()
+        return SshKey.objects.filter(owner=self.request.user).order_by("id")
+
+    @extend_schema(request=s.SshKeyCreateSerializer, responses={201: s.SshKeySerializer})
+    def create(self, request: Request) -> Response:
+        from market.ssh_keys import ssh_key_add
+
+        data = s.SshKeyCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        key = ssh_key_add(user=request.user, **data.validated_data)
+        return Response(s.SshKeySerializer(key).data, status=status.HTTP_201_CREATED)
+
+    def destroy(self, request: Request, pk: str) -> Response:
+        from market.ssh_keys import ssh_key_delete
+
+        ssh_key_delete(user=request.user, key_id=int(pk))
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 # --- providers -------------------------------------------------------------------

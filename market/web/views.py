@@ -153,7 +153,8 @@ def my_orders(request: HttpRequest) -> HttpResponse:
 def job_page(request: HttpRequest, job_id: int) -> HttpResponse:
     """One job for its buyer (or provider, or an operator): state, progress, the end of
     its output, its receipt and where its outputs went; refreshed while it runs."""
-    from market.jobs import job_log_tail
+    from market.jobs import job_access, job_log_tail
+    from providers.agent.runtime import job_ports
 
     job = selectors.jobs_visible(request.user).filter(pk=job_id).select_related("trade__bid", "trade__offer__machine").first()
     if job is None:
@@ -163,7 +164,8 @@ def job_page(request: HttpRequest, job_id: int) -> HttpResponse:
                                                "outputs": _output_rows(request, job), "archive": meta.get("outputs_archive"),
                                                "outputs_expired_at": meta.get("outputs_expired_at"),
                                                "continued_by": meta.get("continued_by_bid"), "resume_from": meta.get("resume_from"),
-                                               "rental": _rental(request.user, job), "extend_form": ExtendForm()})
+                                               "rental": _rental(request.user, job), "extend_form": ExtendForm(),
+                                               "access": job_access(job), "reason": meta.get("reason"), "spec_ports": job_ports(job.trade.bid.job_spec or {})})
 
 
 def _rental(user: Any, job: Any) -> dict[str, Any] | None:
@@ -292,6 +294,7 @@ def account(request: HttpRequest) -> HttpResponse:
     """API tokens: create (the token is shown once), list, revoke; webhooks (the secret is
     shown once) and their delivery log; notification emails; the account's recent activity."""
     from market.models import ApiToken
+    from market.ssh_keys import ssh_key_add, ssh_key_delete
     from market.webhooks import WebhookDelivery
 
     action = request.POST.get("action", "")
@@ -300,6 +303,7 @@ def account(request: HttpRequest) -> HttpResponse:
     user = request.user
     notify_form = NotificationsForm(request.POST) if action == "notifications" else NotificationsForm(
         initial={"email": user.email, "email_notifications": user.email_notifications})
+    key_form = SshKeyForm(request.POST) if action == "ssh-add" else SshKeyForm()
     created = created_secret = None
     if request.method == "POST":
         try:
@@ -312,15 +316,28 @@ def account(request: HttpRequest) -> HttpResponse:
                 created_secret = _account_notifications(request, action, hook_form, notify_form)
                 if action in ("webhook_delete", "webhook_toggle") or (action == "notifications" and not notify_form.errors):
                     return redirect("web:account")
+            elif action == "ssh-add" and key_form.is_valid():
+                key = ssh_key_add(user=request.user, name=key_form.cleaned_data["name"], public_key=key_form.cleaned_data["public_key"])
+                messages.success(request, f"SSH key {key.name!r} added ({key.fingerprint}).")
+                return redirect("web:account")
+            elif action == "ssh-delete" and request.POST.get("key", "").isdigit():
+                ssh_key_delete(user=request.user, key_id=int(request.POST["key"]))
+                return redirect("web:account")
         except DomainError as exc:
-            (hook_form if action.startswith("webhook_") else form).add_error(None, exc.message)
+            (hook_form if action.startswith("webhook_") else key_form if action.startswith("ssh-") else form).add_error(None, exc.message)
     tokens = ApiToken.objects.filter(user=request.user)
     recent = selectors.audit_events_own(request.user).order_by("-id")[:AUDIT_RECENT]
     hooks = user.webhooks.order_by("id")
     deliveries = WebhookDelivery.objects.filter(webhook__owner=user).select_related("webhook").order_by("-id")[:WEBHOOK_LOG]
     return render(request, "market/account.html", {"form": form, "tokens": tokens, "created": created, "recent": recent,
                                                    "hook_form": hook_form, "hooks": hooks, "created_secret": created_secret,
-                                                   "deliveries": deliveries, "notify_form": notify_form})
+                                                   "deliveries": deliveries, "notify_form": notify_form,
+                                                   "key_form": key_form, "ssh_keys": user.ssh_keys.order_by("id")})
+
+
+class SshKeyForm(forms.Form):
+    name = forms.CharField(max_length=64, required=False, label="Name", help_text="Default: the key's comment")
+    public_key = forms.CharField(max_length=8192, label="Public key", widget=forms.Textarea(attrs={"rows": 3, "placeholder": "ssh-ed25519 AAAA... you@laptop"}))
 
 
 AUDIT_RECENT = 20  # account page; the whole log is at /api/v1/audit/
@@ -341,6 +358,9 @@ class BidForm(forms.Form):
                             help_text="Empty: the command runs as a process on the provider's machine (providers whose agent runs jobs as processes).")
     command = forms.CharField(max_length=1000, required=False, initial="python train.py", label="Command",
                               help_text="Split as a shell would (quotes group words); nothing is run through a shell.")
+
+    ports = forms.CharField(max_length=200, required=False, label="Ports to publish", help_text="Container ports, e.g. 8888, 6006")
+    ssh = forms.BooleanField(required=False, label="SSH into the container (with your account's keys)")
 
     def clean_command(self) -> list[str]:
         import shlex
@@ -371,6 +391,12 @@ class BidForm(forms.Form):
             "duration_s": int(d["hours"] * 3600),
             "klass": d["klass"],
         }
+        spec = body["job_spec"]
+        assert isinstance(spec, dict)
+        if d.get("ports"):
+            spec["ports"] = [p for p in d["ports"].replace(",", " ").split() if p]
+        if d.get("ssh"):
+            spec["ssh"] = True
         if d.get("location_region"):
             body["location_region"] = d["location_region"]
         if d.get("max_latency_ms"):

@@ -8,6 +8,7 @@ is written 0600 like the keys.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -62,6 +63,9 @@ class AgentConfig:
     require_buyer_signature: bool = True  # the market signs custodial buyers' specs; wallet buyers sign their own
     measured_tflops: float | None = None
     rpc_url: str | None = None  # our own chain node; unset: the one the market names
+    public_host: str | None = None  # the name or address buyers reach this machine's published ports at
+    host_port_min: int = 40000  # host ports published container ports are mapped to, first
+    host_port_max: int = 40999  # and last
     pricing: list[PricingRule] = field(default_factory=list)
 
     @property
@@ -100,7 +104,17 @@ def config_from_dict(raw: dict[str, Any], *, source: str = "config") -> AgentCon
         if extra or "gpu_model" not in rule:
             raise ConfigError(f"{source}: pricing[{i}] has unknown keys {sorted(extra)} or no gpu_model")
         rules.append(PricingRule(**rule))
-    return AgentConfig(**data, pricing=rules)
+    config = AgentConfig(**data, pricing=rules)
+    ports_check(config, source=source)
+    return config
+
+
+def ports_check(config: AgentConfig, *, source: str = "config") -> None:
+    low, high = config.host_port_min, config.host_port_max
+    if not (isinstance(low, int) and isinstance(high, int) and 1024 <= low <= high <= 65535):
+        raise ConfigError(f"{source}: host_port_min..host_port_max must be whole numbers with 1024 <= min <= max <= 65535 (got {low!r}..{high!r})")
+    if config.public_host is not None and (not isinstance(config.public_host, str) or not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.:-]{0,252}[A-Za-z0-9])?", config.public_host)):
+        raise ConfigError(f"{source}: public_host must be a host name or IP address (got {config.public_host!r})")
 
 
 def config_to_dict(config: AgentConfig) -> dict[str, Any]:

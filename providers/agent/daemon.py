@@ -43,7 +43,9 @@ from providers.agent.runtime import (
     ProcessRuntime,
     Supervised,
     job_env,
+    job_ports,
     pick_runtime,
+    ports_pick,
     proc_start_ticks,
     process_alive,
     tree_size,
@@ -233,6 +235,8 @@ class Agent:
             return "refused"
         if not self.state.job_accept(**base):
             return "duplicate"
+        if spec.get("ssh"):
+            self._keys_write(trade, a.get("ssh_keys") or [])
         if a.get("extensions"):
             self.state.job_update(trade, extensions=list(a["extensions"]))
         if a.get("preempt"):
@@ -283,7 +287,36 @@ class Agent:
             return f"GPU(s) {sorted(busy & set(gpus))} are running another job"
         if spec.get("image") and self.config.runtime == "process" and not spec.get("command"):
             return "the job needs a container image and this machine runs the process runtime only"
+        if job_ports(spec):
+            return self.ports_refusal(spec, a.get("ssh_keys") or [])
         return None
+
+    def ports_refusal(self, spec: dict[str, Any], ssh_keys: list[str]) -> str | None:
+        """Why a job that publishes ports cannot run here, or None."""
+        asked = ", ".join(str(p) for p in job_ports(spec))
+        if self.config.runtime == "process":
+            return (f"the job asks to publish port(s) {asked}, and this machine runs the process runtime, which cannot publish ports "
+                    "(only a docker or podman runtime can); bid again for a provider with a container runtime")
+        if self.config.runtime == "auto" and not (ContainerRuntime.available("docker") or ContainerRuntime.available("podman")):
+            return f"the job asks to publish port(s) {asked}, and neither docker nor podman is installed on this machine, so it cannot publish ports"
+        if not self.config.public_host:
+            return f"the job asks to publish port(s) {asked}, and this agent has no public_host set, so buyers could not reach them (the provider sets it with `gridbid-agent init --public-host`)"
+        if spec.get("ssh") and not ssh_keys:
+            return "the job asks for ssh and its buyer's account has no SSH key to let in; add one and bid again"
+        room = self.config.host_port_max - self.config.host_port_min + 1
+        if len(job_ports(spec)) > room:
+            return f"the job asks to publish {len(job_ports(spec))} ports and this machine publishes at most {room}"
+        return None
+
+    def _keys_write(self, trade: int, lines: list[str]) -> None:
+        """The buyer's SSH keys, as the authorized_keys file mounted into the container."""
+        from providers.agent.config import write_private
+
+        clean = [line for line in lines if isinstance(line, str) and "\n" not in line and "\r" not in line and line.strip()]
+        write_private(self._keys_path(trade), ("\n".join(clean) + "\n").encode())
+
+    def _keys_path(self, trade: int) -> Path:
+        return self.job_paths(trade).root / "ssh" / "authorized_keys"
 
     # --- running -------------------------------------------------------------------------
     def _limits(self, job: dict[str, Any]) -> Limits:
@@ -322,16 +355,30 @@ class Agent:
         paths.output(output_dir).mkdir(parents=True, exist_ok=True)
         baseline = tree_size(paths.work)
         started = time.time()
+        access = None
+        mapped: list[Any] = []
+        wanted = job_ports(spec)
+        if wanted:
+            if not isinstance(runtime, ContainerRuntime):
+                raise RuntimeError(self.ports_refusal(spec, ["-"]) or "ports need a container runtime")
+            taken = {p["host"] for j in self.state.jobs("running") for p in ((j.get("access") or {}).get("ports") or [])}
+            mapped = ports_pick(wanted, low=self.config.host_port_min, high=self.config.host_port_max, taken=taken)
+            access = {"host": self.config.public_host, "ports": [{"container": m.container, "host": m.host} for m in mapped]}
         if isinstance(runtime, ContainerRuntime) and spec.get("image"):
-            popen = runtime.launch_image(image=spec["image"], command=spec.get("command") or [], paths=paths, env=env, limits=limits, trade_id=trade, gpus=job["gpus"])
+            popen = runtime.launch_image(image=spec["image"], command=spec.get("command") or [], paths=paths, env=env, limits=limits, trade_id=trade, gpus=job["gpus"],
+                                         ports=mapped, authorized_keys=self._keys_path(trade) if spec.get("ssh") else None)
         else:
             runtime = ProcessRuntime() if isinstance(runtime, ContainerRuntime) else runtime
             popen = runtime.launch(argv=spec["command"], paths=paths, env=env, limits=limits, trade_id=trade, gpus=job["gpus"])
         ticks = proc_start_ticks(popen.pid)
-        self.state.job_update(trade, state="running", pid=popen.pid, pid_ticks=ticks, started_at=started, runtime=runtime.name)
+        self.state.job_update(trade, state="running", pid=popen.pid, pid_ticks=ticks, started_at=started, runtime=runtime.name, access=access)
         self.running[trade] = Supervised(trade, popen.pid, ticks, started, paths, limits, runtime, popen, baseline)
-        self.state.report(trade_id=trade, job_id=job["job_id"], kind="event", body={"event": "started", "at": int(started)})
-        log(f"trade {trade}: started ({runtime.name}, pid {popen.pid})")
+        started_event: dict[str, Any] = {"event": "started", "at": int(started)}
+        if access:
+            started_event["access"] = access
+        self.state.report(trade_id=trade, job_id=job["job_id"], kind="event", body=started_event)
+        published = f", ports {', '.join(f'{m.host}->{m.container}' for m in mapped)} on {self.config.public_host}" if wanted else ""
+        log(f"trade {trade}: started ({runtime.name}, pid {popen.pid}{published})")
 
     def supervise(self, now: float | None = None) -> None:
         for trade, fut in list(self.preparing.items()):

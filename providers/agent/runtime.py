@@ -10,6 +10,11 @@ agent's user and sees the host's filesystem and network.
 `docker` / `podman` runtimes (used only when the binary is present): the job's
 directory mounted at /job, read-only root, no host network, all capabilities
 dropped, no new privileges, GPUs through `--gpus` (docker) or CDI (podman).
+Ports the job asks for are published (`-p host:container`) on host ports the agent
+picks from its range. A job that asks for `ssh` gets its buyer's keys mounted
+read-only at /root/.ssh/authorized_keys and runs as the container's root, with a
+writable root filesystem and the few capabilities an SSH server needs to switch
+users; its image runs the server. The process runtime cannot publish ports.
 
 Preemption: SIGTERM to the whole group, a grace period in which the job saves
 a checkpoint to $GRIDBID_CHECKPOINT_DIR, then SIGKILL.
@@ -37,8 +42,50 @@ RESERVED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "HIP
 SHIM = Path(__file__).with_name("shim.py")
 
 
+SSHD_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "SYS_CHROOT", "KILL", "AUDIT_WRITE", "NET_BIND_SERVICE")
+
+
 class RuntimeError_(Exception):
     pass
+
+
+@dataclass(frozen=True)
+class PortMap:
+    container: int
+    host: int
+
+
+def job_ports(spec: Mapping[str, Any]) -> list[int]:
+    """The container ports a job spec publishes: its `ports`, and 22 for `ssh`."""
+    ports = [int(p) for p in spec.get("ports") or []]
+    if spec.get("ssh") and 22 not in ports:
+        ports.insert(0, 22)
+    return ports
+
+
+def port_free(port: int) -> bool:
+    """Nothing listens on `port` here (a bind on all interfaces succeeds)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("0.0.0.0", port))  # noqa: S104 - the container runtime publishes on all interfaces
+        except OSError:
+            return False
+    return True
+
+
+def ports_pick(container_ports: Sequence[int], *, low: int, high: int, taken: set[int], free: Any = port_free) -> list[PortMap]:
+    """Host ports for `container_ports`, lowest first in [low, high], skipping those other
+    jobs hold (`taken`) and those something else listens on."""
+    out: list[PortMap] = []
+    candidates = (p for p in range(low, high + 1) if p not in taken)
+    for c in container_ports:
+        host = next((p for p in candidates if free(p)), None)
+        if host is None:
+            raise RuntimeError_(f"no free host port left in {low}-{high} for container port {c}; other jobs hold them")
+        out.append(PortMap(c, host))
+    return out
 
 
 @dataclass(frozen=True)
@@ -166,16 +213,26 @@ class ContainerRuntime:
     def container_name(self, trade_id: int) -> str:
         return f"gridbid-trade-{trade_id}"
 
-    def run_argv(self, *, image: str, command: Sequence[str], paths: JobPaths, env: Mapping[str, str], limits: Limits, trade_id: int, gpus: Sequence[int]) -> list[str]:
+    def run_argv(self, *, image: str, command: Sequence[str], paths: JobPaths, env: Mapping[str, str], limits: Limits, trade_id: int, gpus: Sequence[int],
+                 ports: Sequence[PortMap] = (), authorized_keys: Path | None = None) -> list[str]:
+        ssh = authorized_keys is not None
         argv = [
             self.binary, "run", "--rm", "--name", self.container_name(trade_id),
-            "--read-only", "--tmpfs", "/tmp:rw,nosuid,size=1g",
+            *(() if ssh else ("--read-only",)), "--tmpfs", "/tmp:rw,nosuid,size=1g",
             "--network", "bridge",  # never the host's network namespace
             "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
             "--pids-limit", "4096", "--ulimit", f"nofile={limits.open_files}:{limits.open_files}",
-            "--user", f"{os.getuid()}:{os.getgid()}",
-            "--volume", f"{paths.work}:/job:rw", "--workdir", "/job",
         ]
+        if ssh:
+            # an SSH server runs as root and drops to the user it logs in; nothing more
+            for cap in SSHD_CAPS:
+                argv += ["--cap-add", cap]
+            argv += ["--tmpfs", "/run:rw,nosuid,size=16m", "--volume", f"{authorized_keys}:/root/.ssh/authorized_keys:ro"]
+        else:
+            argv += ["--user", f"{os.getuid()}:{os.getgid()}"]
+        argv += ["--volume", f"{paths.work}:/job:rw", "--workdir", "/job"]
+        for p in ports:
+            argv += ["--publish", f"{p.host}:{p.container}"]
         if limits.memory_bytes:
             argv += ["--memory", str(limits.memory_bytes)]
         if gpus:
@@ -192,9 +249,10 @@ class ContainerRuntime:
     def launch(self, *, argv: Sequence[str], paths: JobPaths, env: Mapping[str, str], limits: Limits, trade_id: int, gpus: Sequence[int]) -> subprocess.Popen[bytes]:
         raise RuntimeError_("use launch_image for container runtimes")
 
-    def launch_image(self, *, image: str, command: Sequence[str], paths: JobPaths, env: Mapping[str, str], limits: Limits, trade_id: int, gpus: Sequence[int]) -> subprocess.Popen[bytes]:
+    def launch_image(self, *, image: str, command: Sequence[str], paths: JobPaths, env: Mapping[str, str], limits: Limits, trade_id: int, gpus: Sequence[int],
+                     ports: Sequence[PortMap] = (), authorized_keys: Path | None = None) -> subprocess.Popen[bytes]:
         container_env = job_env_for_container(env)
-        argv = self.run_argv(image=image, command=command, paths=paths, env=container_env, limits=limits, trade_id=trade_id, gpus=gpus)
+        argv = self.run_argv(image=image, command=command, paths=paths, env=container_env, limits=limits, trade_id=trade_id, gpus=gpus, ports=ports, authorized_keys=authorized_keys)
         client_env = {"PATH": os.environ.get("PATH", SAFE_PATH), "HOME": str(paths.root)}
         for k in ("DOCKER_HOST", "XDG_RUNTIME_DIR", "CONTAINER_HOST"):
             if k in os.environ:

@@ -41,6 +41,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     resume       TEXT,
     progress     REAL NOT NULL DEFAULT 0,
     extensions   TEXT,                   -- [{trade, job, duration_s}]: time the buyer added, each its own trade
+    access       TEXT,                   -- {host, ports: [{container, host}], ssh}: where the job's ports are published
     created_at   REAL NOT NULL,
     updated_at   REAL NOT NULL
 );
@@ -72,9 +73,9 @@ CREATE TABLE IF NOT EXISTS uploads (
 CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
-JSON_COLUMNS = ("spec", "gpus", "checkpoint", "receipt", "resume", "extensions")
+JSON_COLUMNS = ("spec", "gpus", "checkpoint", "receipt", "resume", "extensions", "access")
 # columns added since the first release, for state files written by an older agent
-ADDED_COLUMNS = {"extensions": "TEXT"}
+ADDED_COLUMNS = {"extensions": "TEXT", "access": "TEXT"}
 
 
 class State:

@@ -51,6 +51,18 @@ class CheckpointSerializer(serializers.Serializer):
     url = serializers.CharField(max_length=2048, required=False, allow_blank=True)
 
 
+class PortMappingSerializer(serializers.Serializer):
+    container = serializers.IntegerField(min_value=1, max_value=65535)
+    host = serializers.IntegerField(min_value=1, max_value=65535)
+
+
+class JobAccessSerializer(serializers.Serializer):
+    """Where the agent published the job's ports: its machine's public host and the mappings."""
+
+    host = serializers.RegexField(r"^[A-Za-z0-9]([A-Za-z0-9.:-]{0,252}[A-Za-z0-9])?$", error_messages={"invalid": "A host name or IP address."})
+    ports = PortMappingSerializer(many=True, min_length=1, max_length=17)
+
+
 class JobEventSerializer(serializers.Serializer):
     event = serializers.ChoiceField(choices=[*EVENT_TARGET, "progress"])
     at = serializers.IntegerField(min_value=0, max_value=2**40, required=False, allow_null=True, default=None, help_text="Unix seconds, the agent's clock")
@@ -60,6 +72,7 @@ class JobEventSerializer(serializers.Serializer):
     checkpoint = CheckpointSerializer(required=False, allow_null=True, default=None)
     reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
     log_tail = serializers.CharField(max_length=LOG_TAIL_CHARS, required=False, allow_blank=True, default="", trim_whitespace=False)
+    access = JobAccessSerializer(required=False, allow_null=True, default=None, help_text="started only: the job's published ports")
 
     def validate(self, attrs: dict) -> dict:
         if attrs["event"] == "progress" and attrs.get("progress") is None:
