@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -62,14 +63,22 @@ def log_in(page: Any, base: str, username: str) -> None:
     page.wait_for_selector(f"text={username}")
 
 
-def place_bid(page: Any, base: str) -> None:
+def ssh_public_key(tmp_path: Path) -> str:
+    path = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "renter@laptop", "-f", str(path)], check=True, timeout=60)
+    return Path(f"{path}.pub").read_text().strip()
+
+
+def place_bid(page: Any, base: str, *, image: str = "", ssh: bool = False) -> None:
     page.goto(base + "/bids/new/")
     page.select_option("#id_gpu_model", A10[2])
     page.fill("#id_gpus", "1")
     page.fill("#id_max_price_usd", "3.00")
     page.fill("#id_hours", "0.1")
-    page.fill("#id_image", "")
+    page.fill("#id_image", image)
     page.fill("#id_command", JOB)
+    if ssh:
+        page.check("#id_ssh")
     page.click("#place")
 
 
@@ -115,12 +124,33 @@ def test_a_rental_from_refused_bid_to_stop_early_settles_on_chain_and_frees_the_
         page.click("#deposit-form button")
         wait_for("the deposit in escrow", lambda: httpx.get(f"{base}/api/v1/ledger/escrow/", headers=auth).json()["free"] == 5 * TOKENS, seconds=60, logs=logs)
 
-        # 3. funded: placed, matched to the cheaper machine, run once the trade is on chain
+        # 3. a job to reach by SSH: these agents run jobs as processes, so the agent refuses it,
+        # the buyer reads why on the job's page, and its GPU comes back
+        public_key = ssh_public_key(tmp_path)
+        page.goto(base + "/account/")
+        page.fill("#ssh-keys input[name=name]", "laptop")
+        page.fill("#ssh-keys textarea[name=public_key]", public_key)
+        page.click("#ssh-keys button:has-text('Add key')")
+        page.wait_for_selector("text=SSH key 'laptop' added (SHA256:")
+        place_bid(page, base, image="python:3.11-slim", ssh=True)
+        page.wait_for_selector("text=placed: it takes part in the next round")
+
+        def refused() -> Any:
+            jobs = httpx.get(f"{base}/api/v1/jobs/", headers=auth).json()["results"]
+            return jobs[0] if jobs and jobs[0]["state"] == "failed" else None
+
+        sshjob = wait_for("the SSH job refused by the process-runtime agent", refused, seconds=90, logs=logs)
+        page.goto(f"{base}/jobs/{sshjob['id']}/")
+        reason = page.inner_text("#job-reason")
+        assert "container" in reason and "process" in reason, reason
+        wait_for("its GPU free again", lambda: httpx.get(f"{base}/api/v1/offers/", params={"machine": cheap_machine}).json()["results"][0]["gpus_free"] == 2, seconds=15)
+
+        # 4. funded: placed, matched to the cheaper machine, run once the trade is on chain
         place_bid(page, base)
         page.wait_for_selector("text=placed: it takes part in the next round")
 
         def running() -> Any:
-            jobs = httpx.get(f"{base}/api/v1/jobs/", headers=auth).json()["results"]
+            jobs = [j for j in httpx.get(f"{base}/api/v1/jobs/", headers=auth).json()["results"] if j["id"] != sshjob["id"]]
             return jobs[0] if jobs and jobs[0]["state"] == "running" else None
 
         job = wait_for("the job running on the cheaper machine", running, seconds=90, logs=logs)
@@ -130,7 +160,7 @@ def test_a_rental_from_refused_bid_to_stop_early_settles_on_chain_and_frees_the_
         offer = httpx.get(f"{base}/api/v1/offers/{trade['offer']}/").json()
         assert offer["gpus_free"] == 1, offer
 
-        # 4. more time at the offer's ask, from the job page
+        # 5. more time at the offer's ask, from the job page
         page.goto(f"{base}/jobs/{job['id']}/")
         page.wait_for_selector("#rental")
         assert "Extend at 1.20 USDC/GPU-h" in page.inner_text("#extend")
@@ -142,7 +172,7 @@ def test_a_rental_from_refused_bid_to_stop_early_settles_on_chain_and_frees_the_
         assert page.locator("#extensions tbody tr").count() == 1
         shot(page, "rental-extended")
 
-        # 5. stop early: a second, red step; then pending until the agent reports it stopped
+        # 6. stop early: a second, red step; then pending until the agent reports it stopped
         page.click("#stop-zone summary")
         page.click("#stop-confirm")
         page.wait_for_selector("text=is stopping")
@@ -159,7 +189,7 @@ def test_a_rental_from_refused_bid_to_stop_early_settles_on_chain_and_frees_the_
         assert page.locator("#stop-zone").count() == 0 and page.locator("#extend-form").count() == 0
         shot(page, "rental-stopped")
 
-        # 6. its output, uploaded by the agent and checked against the receipt, for the buyer only
+        # 7. its output, uploaded by the agent and checked against the receipt, for the buyer only
         wait_for("the output at the market", lambda: httpx.get(f"{base}/api/v1/jobs/{job['id']}/outputs/", headers=auth).json().get("files"), seconds=60, logs=logs)
         page.reload()
         with page.expect_download() as download:
@@ -172,14 +202,14 @@ def test_a_rental_from_refused_bid_to_stop_early_settles_on_chain_and_frees_the_
 
         # and the webhook heard it all, signed with the secret shown once
         got = wait_for_events(receiver, ["bid.matched", "job.running", "job.preempted"], seconds=30)
-        assert got[:3] == ["bid.matched", "job.running", "job.preempted"], got
+        assert got == ["bid.matched", "job.failed", "bid.matched", "job.running", "job.preempted"], got  # the SSH job's two first
         bodies = [verify(secret, request) for request in receiver.requests]
-        assert bodies[2]["data"]["job"]["id"] == job["id"], bodies[2]
+        assert bodies[1]["data"]["job"]["id"] == sshjob["id"] and bodies[4]["data"]["job"]["id"] == job["id"], bodies
 
-        # 7. the GPUs are back on the market, for the next buyer
+        # 8. the GPUs are back on the market, for the next buyer
         wait_for("the offer's GPU free again", lambda: httpx.get(f"{base}/api/v1/offers/{trade['offer']}/").json()["gpus_free"] == 2, seconds=10)
 
-        # 8. both trades settle on chain against the agent's receipts; the provider is paid
+        # 9. both trades settle on chain against the agent's receipts; the provider is paid
         # for what ran, the buyer refunded the rest
         def settled() -> Any:
             rows = [httpx.get(f"{base}/api/v1/trades/{t}/", headers=auth).json() for t in (trade["id"], extension["id"])]
@@ -191,7 +221,7 @@ def test_a_rental_from_refused_bid_to_stop_early_settles_on_chain_and_frees_the_
         expected = trade["price"] * used // 3600  # the extension's receipt counts what ran past the first booking: nothing here
         assert earnings["paid"] == earnings["free"] == expected, earnings
 
-        # 9. what the provider is shown is what the chain pays it
+        # 10. what the provider is shown is what the chain pays it
         page.context.clear_cookies()  # the provider signs in on its own
         log_in(page, base, "cheap")
         page.goto(base + "/provider/")
