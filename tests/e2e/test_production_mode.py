@@ -20,6 +20,7 @@ import pytest
 from tests.conftest import service_missing
 from tests.e2e.conftest import ROOT, start_server, stop_server
 from tests.e2e.funds import TOKENS, escrow_deposit_many
+from tests.workers import free_port
 
 PG_ADMIN_URL = os.environ.get("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 REDIS_HOST_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15").rsplit("/", 1)[0]
@@ -57,16 +58,32 @@ def production_env(tmp_path: Path) -> Iterator[dict[str, str]]:
     redis_db = 1 + os.getpid() % 14
     redis_url = f"{REDIS_HOST_URL}/{redis_db}"
     redis.Redis.from_url(redis_url).flushdb()
+    # a chain of its own, as production has (CHAIN_RPC_URL; anvil standing in for the
+    # network), the contracts deployed the way an operator does: `gridbid chain deploy`
+    from ledger.chain.anvil import AnvilNotFound, find_anvil, start_anvil, stop_anvil
+
+    try:
+        find_anvil()
+    except AnvilNotFound as exc:
+        service_missing(str(exc))
+    chain_port = free_port()
+    chain = start_anvil(port=chain_port)
     env = {
         "DATABASE_URL": f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}",
         "REDIS_URL": redis_url,
         "DATABASE_POOL_MAX_SIZE": str(POOL_MAX),
         "ROUND_SECONDS": "1",
         "GRIDBID_DATA_DIR": str(tmp_path / "data"),
+        "CHAIN_RPC_URL": f"http://127.0.0.1:{chain_port}",
+        "CHAIN_CONFIRMATIONS": "0",
     }
     try:
+        for step in (("manage", "migrate", "--no-input"), ("chain", "deploy")):
+            out = subprocess.run([sys.executable, "-m", "gridbid.cli", *step], cwd=ROOT, env=_gridbid_env(env), capture_output=True, text=True, timeout=240)
+            assert out.returncode == 0, out.stdout + out.stderr
         yield env
     finally:
+        stop_anvil(chain)
         with _pg_admin() as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
@@ -178,7 +195,7 @@ def test_production_server_and_worker_stay_within_their_connection_pools_under_6
     env = production_env
     database = env["DATABASE_URL"].rsplit("/", 1)[1]
     data = Path(env["GRIDBID_DATA_DIR"])
-    data.mkdir(parents=True)
+    data.mkdir(parents=True, exist_ok=True)  # the fixture's migrate and deploy made it
     proc, base, _ = start_server(data, demo=False, extra_env=env, up_args=("--no-worker",))
     try:
         tokens = _tokens(env, CLIENTS)
@@ -243,7 +260,7 @@ def test_a_request_that_finds_the_pool_exhausted_gets_a_503_that_says_retry(prod
     env = {**production_env, "DATABASE_POOL_MAX_SIZE": "1", "DATABASE_POOL_TIMEOUT": "1"}
     database = env["DATABASE_URL"].rsplit("/", 1)[1]
     data = Path(env["GRIDBID_DATA_DIR"])
-    data.mkdir(parents=True)
+    data.mkdir(parents=True, exist_ok=True)  # the fixture's migrate and deploy made it
     proc, base, _ = start_server(data, demo=False, extra_env=env, up_args=("--no-worker",))
     try:
         token = _tokens(env, 1)[0]
