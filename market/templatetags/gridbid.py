@@ -86,7 +86,7 @@ def when(value: object, default: str = "—") -> SafeString:
     at = _moment(value)
     if at is None:
         return format_html("{}", default)
-    at = at.astimezone(dt.UTC)
+    at = at.astimezone(dt.UTC).replace(microsecond=0)
     return format_html('<time class="ts" datetime="{}">{}</time>', at.isoformat().replace("+00:00", "Z"), at.strftime(TS_FORMAT))
 
 
