@@ -18,7 +18,6 @@ import numpy as np
 
 from .market import CHUNK_CELLS, F64, I64, BoolA, Market
 
-
 TOKEN = 10**6  # the stablecoin's base units per USDC
 
 
