@@ -135,3 +135,21 @@ def test_a_disputed_trade_shows_the_dispute_transaction_amount_held_and_deadline
         button = re.search(rf'<button[^>]*value="{action}"[^>]*>', ruling).group(0)
         assert 'class="danger"' in button and "data-confirm=" in button
     assert "Slash (USDC)" in ruling
+
+
+def test_a_sent_ruling_shows_as_pending_and_its_buttons_are_gone(buyer, operator, settled_trade):
+    from ledger.models import ChainTx
+    from market.audit import AuditAction, audit_record
+    from market.models import Trade
+
+    Trade.objects.filter(pk=settled_trade.pk).update(state="disputed")
+    c = _client(operator)
+    again = c.post(f"/trades/{settled_trade.pk}/", {"action": "refund-buyer", "slash": "1.25", "nonce": "r1"}).content.decode()
+    assert 'id="confirm"' in again and "Yes: refund the buyer" in again and 'value="1.25"' in again
+    audit_record(actor=operator, action=AuditAction.TRADE_RULING, obj=settled_trade,
+                 details={"pay_provider": False, "slash": 1_250_000, "state": "accepted", "transactions": ["ruling:web:o:r1"]})
+    ChainTx.objects.create(purpose="ruling", key="ruling:web:o:r1", chain_id=31337, sender="0x" + "ef" * 20, nonce=3,
+                           tx_hash="0x" + "e2" * 32, raw="0x00", state="mined", block_number=77)
+    html = c.get(f"/trades/{settled_trade.pk}/").content.decode()
+    assert "ruling pending" in html and "0x" + "e2" * 32 in html and "in block 77" in html
+    assert 'value="refund-buyer"' not in html and 'value="pay-provider"' not in html
