@@ -80,6 +80,15 @@ def test_a_buyer_on_a_phone_sees_each_orders_state_and_payment_without_scrolling
     assert state["y"] >= 0 and payment["y"] >= 0
     shot(page, "phone-orders")
 
+    # the payment page (long transaction hashes), the bid form and the wallet fit too
+    page.click("tr[data-order] a.payment")
+    page.wait_for_url("**/trades/*/")
+    no_sideways_scroll(page)
+    page.goto(base + "/bids/new/")
+    no_sideways_scroll(page)
+    page.goto(base + "/wallet/")
+    no_sideways_scroll(page)
+
     # market detail and offers: cards, no sideways scroll either
     page.goto(base + "/markets/A100-SXM-80GB/us-east/")
     page.wait_for_selector("#depth")
