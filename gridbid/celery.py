@@ -18,6 +18,7 @@ class Queue(enum.StrEnum):
     ROUNDS = "rounds"
     CHAIN = "chain"
     DEMO = "demo"
+    NOTIFY = "notify"
 
 
 # Every task by name, so a task lands on its queue however it is sent (beat, .delay,
@@ -29,7 +30,11 @@ TASK_QUEUES: dict[str, Queue] = {
     "market.tasks.bids_expire": Queue.DEFAULT,
     "market.tasks.bookings_expire": Queue.DEFAULT,
     "market.tasks.idempotency_prune": Queue.DEFAULT,
+    "market.tasks.outputs_expire": Queue.DEFAULT,
     "market.tasks.demo_tick": Queue.DEMO,
+    "market.tasks.webhook_deliver": Queue.NOTIFY,
+    "market.tasks.webhooks_retry": Queue.NOTIFY,
+    "market.tasks.email_notify": Queue.NOTIFY,
     "providers.tasks.machines_mark_offline": Queue.DEFAULT,
     "ledger.tasks.trades_record": Queue.CHAIN,
     "ledger.tasks.batches_settle": Queue.CHAIN,
@@ -40,8 +45,9 @@ TASK_QUEUES: dict[str, Queue] = {
 }
 
 # The queues one worker serves together: the embedded mode runs one worker thread per
-# group, and the README's production section one `gridbid worker -Q` per group.
-WORKER_GROUPS: tuple[tuple[Queue, ...], ...] = ((Queue.ROUNDS,), (Queue.CHAIN,), (Queue.DEFAULT, Queue.DEMO))
+# group, and the README's production section one `gridbid worker -Q` per group. Notifications
+# have their own: a receiver that takes its full timeout to answer delays only other notices.
+WORKER_GROUPS: tuple[tuple[Queue, ...], ...] = ((Queue.ROUNDS,), (Queue.CHAIN,), (Queue.DEFAULT, Queue.DEMO), (Queue.NOTIFY,))
 
 app = Celery("gridbid")
 app.config_from_object("django.conf:settings", namespace="CELERY")
@@ -65,6 +71,8 @@ def _schedule(sender: Celery, **_: object) -> None:
         "expire-bookings": {"task": "market.tasks.bookings_expire", "schedule": 15.0},
         "machines-offline": {"task": "providers.tasks.machines_mark_offline", "schedule": 10.0},
         "idempotency-prune": {"task": "market.tasks.idempotency_prune", "schedule": 3600.0},
+        "outputs-expire": {"task": "market.tasks.outputs_expire", "schedule": 300.0, "options": {"expires": 600}},
+        "webhooks-retry": {"task": "market.tasks.webhooks_retry", "schedule": 30.0, "options": {"expires": 60}},
         # ledger (settlement): all on the chain queue, each idempotent
         "ledger-record": {"task": "ledger.tasks.trades_record", "schedule": 5.0, "options": {"expires": 10}},
         "ledger-settle": {"task": "ledger.tasks.batches_settle", "schedule": 10.0, "options": {"expires": 20}},

@@ -49,6 +49,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("GRIDBID_CHAIN_PORT", "8545", "Port of the embedded dev chain (anvil), started by `gridbid up` when CHAIN_RPC_URL is unset."),
     Variable("CHAIN_ID", "31337", "Expected chain id; start-up refuses a node that reports another."),
     Variable("CHAIN_CONFIRMATIONS", "1", "Blocks a transaction must be buried under before it counts (0-100)."),
+    Variable("CHAIN_FAUCET", "(auto: on for the embedded dev chain)", "true/false. A test-token faucet (tokens and gas) for buyers and provider agents (`gridbid-agent faucet`); never runs on a chain other than the dev chain (31337) with the market's own test token. Unset: on only under `gridbid up` without CHAIN_RPC_URL."),
     Variable("OPERATOR_KEY", "(dev key on the local chain)", "Hex private key of the operator account (dev only; use OPERATOR_KEYSTORE in production)."),
     Variable("OPERATOR_KEYSTORE", "(unset)", "Path of an encrypted JSON keystore holding the operator key."),
     Variable("OPERATOR_KEYSTORE_PASSPHRASE", "(unset)", "Passphrase of OPERATOR_KEYSTORE."),
@@ -57,6 +58,14 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("METRICS_TOKEN", "(unset: operators only)", "Bearer token a Prometheus scraper sends to read /metrics (at least 16 characters)."),
     Variable("LOG_LEVEL", "INFO", "DEBUG, INFO, WARNING or ERROR."),
     Variable("LOG_FORMAT", "plain", "plain (text lines) or json (one JSON object per line: time, level, logger, message, request_id)."),
+    Variable("OUTPUTS_STORAGE", "filesystem", "Where job outputs the agents upload are kept: filesystem ($GRIDBID_DATA_DIR/outputs) or s3 (needs `pip install 'gridbid[s3]'`; credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY)."),
+    Variable("OUTPUTS_S3_BUCKET", "(unset)", "OUTPUTS_STORAGE=s3 only: the bucket the outputs go to (required there)."),
+    Variable("OUTPUTS_S3_ENDPOINT_URL", "(unset: AWS)", "OUTPUTS_STORAGE=s3 only: the endpoint of an S3-compatible store (https://minio.example.com)."),
+    Variable("OUTPUTS_MAX_BYTES", "5368709120", "Largest output file (bytes, 1024 to 1 TiB) an agent may upload to the market; a bigger one gets a 413."),
+    Variable("OUTPUTS_TTL_S", "604800", "Seconds uploaded outputs are kept for their buyer (60 to a year); then they are deleted and a download answers 410."),
+    Variable("WEBHOOK_ALLOW_PRIVATE_URLS", "false", "true lets webhooks call private, loopback and link-local addresses (127.0.0.1, 10.x, ...): for tests and closed networks only."),
+    Variable("EMAIL_URL", "console://", "Where notification emails go: console:// (printed to the log), smtp://user:pass@host:587 (STARTTLS with smtp+tls://, TLS with smtps://), or dummy:// (dropped)."),
+    Variable("DEFAULT_FROM_EMAIL", "GridBid <gridbid@localhost>", "The From address of notification emails."),
     Variable("GRIDBID_DEMO_SPEED", "60", "Under `gridbid up --demo`: how many times faster than booked the demo's simulated jobs run (1-10000)."),
 )
 
@@ -165,8 +174,20 @@ class Config:
     log_format: str = "plain"
     # a scraper's bearer token for /metrics; operators read it with their own session or token
     metrics_token: str | None = None
+    # the test-token faucet: None = on for the embedded dev chain only (ledger.escrow.faucet_available)
+    chain_faucet: bool | None = None
     # reverse proxies whose X-Forwarded-For is believed (gridbid.proxies)
     trusted_proxies: tuple[str, ...] = ()
+    # job outputs uploaded by the agents (market.outputs): kept in Django's "outputs" storage
+    outputs_storage: str = "filesystem"
+    outputs_s3_bucket: str | None = None
+    outputs_s3_endpoint_url: str | None = None
+    outputs_max_bytes: int = 5 * 1024**3
+    outputs_ttl_s: float = 7 * 86_400.0
+    # webhooks may call private and loopback addresses (tests, closed networks)
+    webhook_allow_private_urls: bool = False
+    email_url: str = "console://"
+    default_from_email: str = "GridBid <gridbid@localhost>"
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -216,6 +237,55 @@ def _metrics_token(env: Mapping[str, str]) -> str | None:
     return raw
 
 
+EMAIL_SCHEMES = ("console", "smtp", "smtp+tls", "smtps", "dummy")
+
+
+def _email_url(env: Mapping[str, str]) -> str:
+    raw = (env.get("EMAIL_URL") or "").strip() or "console://"
+    try:
+        parts = urlsplit(raw)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as exc:
+        raise ConfigError(f"EMAIL_URL={raw!r} is not a valid URL ({exc})") from None
+    if parts.scheme not in EMAIL_SCHEMES:
+        raise ConfigError(f"EMAIL_URL={raw!r} has scheme {parts.scheme or '(none)'!r}; expected one of: {', '.join(s + '://' for s in EMAIL_SCHEMES)}")
+    if parts.scheme.startswith("smtp") and not parts.hostname:
+        raise ConfigError(f"EMAIL_URL={raw!r} has no host: expected smtp://user:password@host:587")
+    return raw
+
+
+def _from_email(env: Mapping[str, str]) -> str:
+    from email.utils import parseaddr
+
+    raw = (env.get("DEFAULT_FROM_EMAIL") or "").strip() or "GridBid <gridbid@localhost>"
+    _, address = parseaddr(raw)
+    if "@" not in address or any(c in raw for c in "\r\n"):
+        raise ConfigError(f"DEFAULT_FROM_EMAIL={raw!r} is not an email address: expected name@host or 'Name <name@host>'")
+    return raw
+
+
+def email_settings(url: str) -> dict[str, object]:
+    """Django's EMAIL_* settings for an EMAIL_URL (checked by `load`)."""
+    from urllib.parse import unquote
+
+    parts = urlsplit(url)
+    if parts.scheme == "console":
+        return {"EMAIL_BACKEND": "django.core.mail.backends.console.EmailBackend"}
+    if parts.scheme == "dummy":
+        return {"EMAIL_BACKEND": "django.core.mail.backends.dummy.EmailBackend"}
+    ssl = parts.scheme == "smtps"
+    return {
+        "EMAIL_BACKEND": "django.core.mail.backends.smtp.EmailBackend",
+        "EMAIL_HOST": parts.hostname or "",
+        "EMAIL_PORT": parts.port or (465 if ssl else 587 if parts.scheme == "smtp+tls" else 25),
+        "EMAIL_HOST_USER": unquote(parts.username or ""),
+        "EMAIL_HOST_PASSWORD": unquote(parts.password or ""),
+        "EMAIL_USE_TLS": parts.scheme == "smtp+tls",
+        "EMAIL_USE_SSL": ssl,
+        "EMAIL_TIMEOUT": 10,
+    }
+
+
 def load(env: Mapping[str, str] | None = None) -> Config:
     env = os.environ if env is None else env
     data_dir = Path(env.get("GRIDBID_DATA_DIR", "./.gridbid")).expanduser().resolve()
@@ -233,6 +303,10 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         if len(body) != 64 or any(c not in "0123456789abcdefABCDEF" for c in body):
             raise ConfigError("OPERATOR_KEY is not a private key: expected 64 hex digits (0x optional)")
     log_level = _choice(env, "LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
+    outputs_storage = _choice(env, "OUTPUTS_STORAGE", "filesystem", ("filesystem", "s3"))
+    outputs_s3_bucket = env.get("OUTPUTS_S3_BUCKET", "").strip() or None
+    if outputs_storage == "s3" and not outputs_s3_bucket:
+        raise ConfigError("OUTPUTS_STORAGE=s3 needs OUTPUTS_S3_BUCKET: the bucket the job outputs go to")
     return Config(
         data_dir=data_dir,
         database_url=database_url,
@@ -256,6 +330,7 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         chain_port=int(_number(env, "GRIDBID_CHAIN_PORT", 8545, 1, 65535, int)),
         chain_id=int(_number(env, "CHAIN_ID", 31337, 1, 2**53, int)),
         chain_confirmations=int(_number(env, "CHAIN_CONFIRMATIONS", 1, 0, 100, int)),
+        chain_faucet=None if env.get("CHAIN_FAUCET", "").strip().lower() in ("", "auto") else _bool(env, "CHAIN_FAUCET", False),
         operator_key=operator_key,
         operator_keystore=Path(keystore) if keystore else None,
         operator_keystore_passphrase=env.get("OPERATOR_KEYSTORE_PASSPHRASE") or None,
@@ -265,4 +340,12 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         log_format=_choice(env, "LOG_FORMAT", "plain", ("plain", "json")),
         metrics_token=_metrics_token(env),
         demo_speed=_number(env, "GRIDBID_DEMO_SPEED", 60.0, 1, 10_000),
+        outputs_storage=outputs_storage,
+        outputs_s3_bucket=outputs_s3_bucket,
+        outputs_s3_endpoint_url=_url(env, "OUTPUTS_S3_ENDPOINT_URL", ("https", "http")),
+        outputs_max_bytes=int(_number(env, "OUTPUTS_MAX_BYTES", 5 * 1024**3, 1024, 1024**4, int)),
+        outputs_ttl_s=_number(env, "OUTPUTS_TTL_S", 7 * 86_400.0, 60, 365 * 86_400),
+        webhook_allow_private_urls=_bool(env, "WEBHOOK_ALLOW_PRIVATE_URLS", False),
+        email_url=_email_url(env),
+        default_from_email=_from_email(env),
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 import secrets
 from collections.abc import Callable
 from typing import Any
@@ -61,6 +62,18 @@ def _unbind() -> None:
     logs.request_address.set(None)
 
 
+# an agent's upload of one job output file (market.outputs): bounded by OUTPUTS_MAX_BYTES
+# instead, and read by the view in chunks (Django spools the body to disk, not memory)
+OUTPUT_UPLOAD_PATH = re.compile(r"^/api/v1/agent/jobs/\d+/outputs/")
+
+
+def body_limit(scope: dict[str, Any]) -> int | None:
+    if scope.get("method") == "PUT" and OUTPUT_UPLOAD_PATH.match(str(scope.get("path", ""))):
+        return int(settings.OUTPUTS_MAX_BYTES)
+    limit: int | None = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    return limit
+
+
 class BodySizeLimitMiddleware:
     """ASGI: an HTTP body over DATA_UPLOAD_MAX_MEMORY_SIZE gets a 413 before Django reads it.
 
@@ -75,8 +88,8 @@ class BodySizeLimitMiddleware:
         self.inner = inner
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        limit: int | None = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-        if scope["type"] != "http" or limit is None:
+        limit = body_limit(scope) if scope["type"] == "http" else None
+        if limit is None:
             await self.inner(scope, receive, send)
             return
         length = dict(scope.get("headers") or []).get(b"content-length", b"")

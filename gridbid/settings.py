@@ -142,7 +142,19 @@ STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+    # job outputs the agents upload (market.outputs); never served as static files: only
+    # through the buyer's download endpoint
+    "outputs": {"BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(CONFIG.data_dir / "outputs")}},
 }
+OUTPUTS_MAX_BYTES = CONFIG.outputs_max_bytes  # one uploaded output file, at most
+OUTPUTS_TTL_S = CONFIG.outputs_ttl_s  # how long the buyer can download them
+if CONFIG.outputs_storage == "s3":
+    # django-storages (`pip install 'gridbid[s3]'`); boto3 reads AWS_ACCESS_KEY_ID and
+    # AWS_SECRET_ACCESS_KEY from the environment. Not exercised by the test suite.
+    STORAGES["outputs"] = {"BACKEND": "storages.backends.s3.S3Storage", "OPTIONS": {
+        "bucket_name": CONFIG.outputs_s3_bucket, "endpoint_url": CONFIG.outputs_s3_endpoint_url,
+        "default_acl": "private", "querystring_auth": True, "file_overwrite": False, "location": "outputs",
+    }}
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
 
@@ -239,7 +251,21 @@ GRIDBID = {
     # the markets list (API, home page, book snapshots) is computed at most once a second and
     # shared through the cache: it is up to this many seconds old (README, "Markets")
     "MARKETS_CACHE_SECONDS": 1,
+    # webhooks may call private and loopback addresses (market.webhooks); tests and closed networks only
+    "WEBHOOK_ALLOW_PRIVATE_URLS": CONFIG.webhook_allow_private_urls,
 }
+
+# notification emails (market.notify): EMAIL_URL, console by default
+_email = _config.email_settings(CONFIG.email_url)
+EMAIL_BACKEND = _email["EMAIL_BACKEND"]
+EMAIL_HOST = _email.get("EMAIL_HOST", "localhost")
+EMAIL_PORT = _email.get("EMAIL_PORT", 25)
+EMAIL_HOST_USER = _email.get("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = _email.get("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = _email.get("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = _email.get("EMAIL_USE_SSL", False)
+EMAIL_TIMEOUT = _email.get("EMAIL_TIMEOUT", 10)
+DEFAULT_FROM_EMAIL = CONFIG.default_from_email
 
 LOGGING = {
     "version": 1,

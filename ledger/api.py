@@ -18,14 +18,22 @@ from typing import Any
 from django.db import transaction
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
-from rest_framework.exceptions import APIException, NotFound, PermissionDenied
+from rest_framework.exceptions import APIException, NotFound, PermissionDenied, Throttled
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from contracts.merkle import receipt_leaf
 from ledger import selectors
-from ledger.escrow import UNREACHABLE, ChainUnavailable, escrow_request, escrow_transactions
+from ledger.escrow import (
+    UNREACHABLE,
+    ChainUnavailable,
+    FaucetTooSoon,
+    escrow_request,
+    escrow_transactions,
+    faucet_available,
+    faucet_provider,
+)
 from ledger.models import BatchState, Cosign, SettleBatch, SettleItem
 from ledger.services import SettlementError, cosign_submit
 from market.api.idempotency import HEADER, idempotent
@@ -157,7 +165,8 @@ USER_PARAM = OpenApiParameter("user", int, description="Operators only: whose da
 class ChainView(APIView):
     """The settlement chain, for provider agents and wallets: chain id, a JSON-RPC URL to
     use (null when the market publishes none: bring your own node), the market and token
-    contracts, and the minimum provider stake. `chain` is null when the market settles
+    contracts, the minimum provider stake, and whether the test-token faucet runs here
+    (`faucet`: dev chain only, POST /api/v1/ledger/faucet/). `chain` is null when the market settles
     nothing on chain."""
 
     permission_classes = [ScopedAccess]
@@ -176,7 +185,8 @@ class ChainView(APIView):
             min_stake = market_min_stake(ctx) if ctx is not None else None
         except UNREACHABLE as exc:  # the agent reads it from the chain itself then
             log.warning("chain info: min_stake unavailable: %s", exc)
-        return Response({"chain": {**info, "rpc_url": selectors.chain_public_rpc_url(), "min_stake": min_stake, "token_decimals": 6}})
+        return Response({"chain": {**info, "rpc_url": selectors.chain_public_rpc_url(), "min_stake": min_stake, "token_decimals": 6,
+                                   "faucet": faucet_available()}})
 
 
 class EscrowView(APIView):
@@ -192,12 +202,21 @@ class EscrowView(APIView):
 
 
 class EarningsView(APIView):
-    """A provider's earnings: paid in total, free to withdraw, held in disputes, and stake."""
+    """A provider's money from confirmed chain events only, in token base units: `settled`
+    (what settlements paid for the GPU-time used; the rest of each lock went back to the
+    buyer), `paid` (settled less disputes lost; a dispute won counts once), `held` (the part
+    of paid open disputes hold), `disputes` (open, won, lost, with amounts), `free` (to
+    withdraw), `withdrawn`, `stake`, `slashed`, `payments` per trade and `series`
+    ([unix time, paid less held] after each event that moved it)."""
 
     permission_classes = [ScopedAccess]
     scopes = {"get": Scope.READ}
 
-    @extend_schema(parameters=[OpenApiParameter("provider", int, description="Operators only: which provider")], responses=inline_serializer("Earnings", {"address": serializers.CharField(allow_null=True), "paid": serializers.IntegerField(), "free": serializers.IntegerField(), "held": serializers.IntegerField(), "stake": serializers.IntegerField(), "payments": serializers.ListField(child=serializers.DictField())}))
+    @extend_schema(parameters=[OpenApiParameter("provider", int, description="Operators only: which provider")], responses=inline_serializer("Earnings", {
+        "provider": serializers.IntegerField(), "address": serializers.CharField(allow_null=True), "settled": serializers.IntegerField(),
+        "paid": serializers.IntegerField(), "held": serializers.IntegerField(), "free": serializers.IntegerField(), "withdrawn": serializers.IntegerField(),
+        "stake": serializers.IntegerField(), "slashed": serializers.IntegerField(), "disputes": serializers.DictField(child=serializers.IntegerField()),
+        "payments": serializers.ListField(child=serializers.DictField()), "series": serializers.ListField(child=serializers.ListField())}))
     def get(self, request: Request) -> Response:
         wanted = request.query_params.get("provider")
         if wanted is not None and is_operator(request):
@@ -274,6 +293,34 @@ class WithdrawView(_EscrowMove):
     @idempotent
     def post(self, request: Request) -> Response:
         return self._handle(request)
+
+
+FAUCET_RESPONSE = inline_serializer("FaucetGrant", {
+    "action": serializers.CharField(), "address": serializers.CharField(), "amount": serializers.IntegerField(),
+    "gas_wei": serializers.IntegerField(), "state": serializers.CharField(), "transactions": serializers.ListField(child=serializers.DictField()),
+})
+
+
+class FaucetView(APIView):
+    """Dev chain only: test tokens (the market's minimum stake, at least 1,000) and ETH for gas
+    to your provider's proven agent address, so `gridbid-agent register` can stake. Once an
+    hour per address (429 with Retry-After before that). On any other chain: 403
+    `faucet_unavailable`. `gridbid-agent faucet` proves the address and calls this."""
+
+    permission_classes = [ScopedAccess]
+    scopes = {"post": Scope.PROVIDE}
+
+    @extend_schema(request=None, responses={202: FAUCET_RESPONSE})
+    def post(self, request: Request) -> Response:
+        provider = _provider_of(request.user)
+        try:
+            body = faucet_provider(provider=provider, key=uuid.uuid4().hex[:8])
+        except FaucetTooSoon as exc:
+            raise Throttled(wait=exc.wait_s, detail=exc.message) from exc
+        except ChainUnavailable as exc:
+            raise ChainUnavailableError(str(exc)) from exc
+        body["transactions"] = escrow_transactions(keys=body["transactions"])
+        return Response(body, status=status.HTTP_202_ACCEPTED)
 
 
 # --- disputes ------------------------------------------------------------------------------------

@@ -24,9 +24,10 @@ from ledger.models import ChainTx, CustodialKey
 from ledger.outbox import tx_submit
 from ledger.wallet import is_wallet_buyer
 from market.audit import AuditAction, audit_record
-from market.errors import Conflict, DomainError
+from market.errors import Conflict, DomainError, NotAllowed
 from market.models import User
 from market.money import usdc
+from providers.models import Provider
 
 log = logging.getLogger("gridbid.ledger.escrow")
 
@@ -111,13 +112,83 @@ FAUCET_GAS_WEI = 10**18
 
 
 def faucet_available() -> bool:
-    """The embedded dev chain with our own test token: a faucet makes sense there only."""
+    """Whether the test-token faucet runs here: only on the dev chain (31337) with the market's
+    own test token (no TOKEN_ADDRESS), and there only when CHAIN_FAUCET says so (unset: on for
+    the embedded dev chain, `gridbid up` without CHAIN_RPC_URL)."""
     from django.conf import settings
 
     from ledger.context import DEV_CHAIN_ID, deployment_current
 
+    cfg = settings.CONFIG
+    if cfg.chain_faucet is False or cfg.token_address:
+        return False
     d = deployment_current()
-    return d is not None and d.chain_id == DEV_CHAIN_ID and not settings.CONFIG.token_address
+    if d is None or d.chain_id != DEV_CHAIN_ID:
+        return False
+    return cfg.chain_faucet is True or not cfg.chain_rpc_url
+
+
+class FaucetUnavailable(NotAllowed):
+    code = "faucet_unavailable"
+
+
+class FaucetTooSoon(Exception):
+    """The address had its grant this hour (the API answers 429 with Retry-After)."""
+
+    def __init__(self, message: str, *, wait_s: int) -> None:
+        super().__init__(message)
+        self.message, self.wait_s = message, wait_s
+
+
+PROVIDER_FAUCET_INTERVAL_S = 3600  # one grant per address per hour
+FAUCET_NOT_HERE = ("The test-token faucet runs only on a dev chain: the embedded one of `gridbid up` (without CHAIN_RPC_URL), "
+                   "or chain 31337 with the market's own test token and CHAIN_FAUCET=true. On this market, send the token "
+                   "({token}) and some ETH for gas to {address} yourself.")
+
+
+def faucet_provider(*, provider: Provider, key: str) -> dict[str, Any]:
+    """Dev chain only: test tokens (the market's minimum stake, at least 1,000) and gas to the
+    provider's proven agent address, so a new agent can stake and register. One grant per
+    address per PROVIDER_FAUCET_INTERVAL_S; sent after commit."""
+    import time
+
+    from django.core.cache import cache
+
+    from ledger.context import deployment_current, market_min_stake
+
+    address = provider.chain_address
+    if not faucet_available():
+        d = deployment_current()
+        raise FaucetUnavailable(FAUCET_NOT_HERE.format(token=d.token_address if d else "none: no chain", address=address or "your agent's address"))
+    if not address:
+        raise Conflict("No agent address proven for this provider yet: `gridbid-agent faucet` (or `register`) proves it by a signed "
+                       "challenge (POST /api/v1/agent/challenge/ then /verify/) before asking the faucet.")
+    ctx = chain_for_writes()
+    try:
+        amount = max(FAUCET_TOKENS, market_min_stake(ctx))
+    except UNREACHABLE as exc:
+        raise ChainUnavailable(f"The chain node does not answer ({exc}).") from exc
+    slot = f"gridbid:faucet:provider:{address.lower()}"
+    now = time.time()
+    if not cache.add(slot, now + PROVIDER_FAUCET_INTERVAL_S, PROVIDER_FAUCET_INTERVAL_S):
+        until = cache.get(slot)
+        wait = max(1, int((until if isinstance(until, int | float) else now + PROVIDER_FAUCET_INTERVAL_S) - now))
+        raise FaucetTooSoon(f"The faucet sent test tokens to {address} less than an hour ago; ask again in {wait} s "
+                            f"(it gives each address {amount} base units and gas once an hour).", wait_s=wait)
+    tx_key = f"faucet:provider:{address.lower()}:{int(now)}:{key}"
+
+    def send() -> None:
+        try:
+            ctx = chain_for_writes()
+            if int(ctx.client.rpc("eth_getBalance", [address, "latest"]), 16) < FAUCET_GAS_WEI:
+                ctx.client.rpc("anvil_setBalance", [address, hex(FAUCET_GAS_WEI)])
+            tx_submit(client=ctx.client, signer=ctx.operator, key=tx_key, purpose="mint", call=ctx.token.functions.mint(address, amount))
+        except (*UNREACHABLE, ChainUnavailable) as exc:
+            cache.delete(slot)  # nothing was sent: the provider may ask again at once
+            log.warning("faucet for provider %s (%s) not sent: %s", provider.pk, address, exc)
+
+    transaction.on_commit(send)
+    return {"action": "faucet", "address": address, "amount": amount, "gas_wei": FAUCET_GAS_WEI, "state": "accepted", "transactions": [tx_key]}
 
 
 def faucet_request(*, user: User, key: str) -> dict[str, Any]:

@@ -100,7 +100,7 @@ def _undo(ctx: ChainContext, event: ChainEvent) -> None:
         Trade.objects.filter(pk=int(event.args["trade_id"]), state=TradeState.REFUNDED).update(state=TradeState.RECORDED)
 
 
-def _advance_trades(qs: Any, target: str) -> None:
+def _advance_trades(qs: Any, target: str, *, cause: str = "") -> None:
     from market.streams import events
 
     moved = []
@@ -110,7 +110,7 @@ def _advance_trades(qs: Any, target: str) -> None:
             trade.save(update_fields=["state"])
             moved.append(trade.pk)
     if moved:
-        trades_moved.send(sender=_advance_trades, trade_ids=moved, state=target)  # e.g. a refund gives back the trade's GPUs
+        trades_moved.send(sender=_advance_trades, trade_ids=moved, state=target, cause=cause)  # e.g. a refund gives back the trade's GPUs
     events.jobs_changed(trade_ids=moved)  # the buyer's page shows recorded / settled live
 
 
@@ -137,7 +137,7 @@ def _legs(ctx: ChainContext, event: ChainEvent) -> list[Leg]:
         if sum(i.lock for i in items) != int(a["locked"]) or len(items) != int(a["trades"]):
             log.error("TradesRecorded %s: the event does not match our batch %s", a["root"], batch.pk)
         RecordBatch.objects.filter(pk=batch.pk).update(number=int(a["batch"]), state=BatchState.CONFIRMED)
-        _advance_trades(Trade.objects.filter(record_item__batch=batch), TradeState.RECORDED)
+        _advance_trades(Trade.objects.filter(record_item__batch=batch), TradeState.RECORDED, cause=name)
         return [Leg("lock", f"locked:{i.buyer}", f"free:{i.buyer}", i.lock, i.trade_id) for i in items]
     if name == "BatchSettled":
         sbatch = SettleBatch.objects.filter(deployment=ctx.deployment, root=a["root"]).first()
@@ -145,7 +145,7 @@ def _legs(ctx: ChainContext, event: ChainEvent) -> list[Leg]:
             log.error("BatchSettled %s: no settle batch of ours has this root", a["root"])
             return []
         SettleBatch.objects.filter(pk=sbatch.pk).update(state=BatchState.CONFIRMED)
-        _advance_trades(Trade.objects.filter(settle_item__batch=sbatch), TradeState.SETTLED)
+        _advance_trades(Trade.objects.filter(settle_item__batch=sbatch), TradeState.SETTLED, cause=name)
         legs = []
         for s in sbatch.items.select_related("record_item").order_by("index"):
             ri = s.record_item
@@ -153,12 +153,12 @@ def _legs(ctx: ChainContext, event: ChainEvent) -> list[Leg]:
             legs.append(Leg("refund", f"free:{ri.buyer}", f"locked:{ri.buyer}", s.refund, ri.trade_id))
         return legs
     if name == "TradeRefunded":
-        _advance_trades(Trade.objects.filter(pk=int(a["trade_id"])), TradeState.REFUNDED)
+        _advance_trades(Trade.objects.filter(pk=int(a["trade_id"])), TradeState.REFUNDED, cause=name)
         return [Leg("refund", f"free:{a['buyer']}", f"locked:{a['buyer']}", int(a["amount"]), int(a["trade_id"]))]
     if name == "DisputeOpened":
         provider, held, trade_id = a["provider"], int(a["held"]), int(a["trade_id"])
         from_stake = int(a["from_stake"])
-        _advance_trades(Trade.objects.filter(pk=trade_id), TradeState.DISPUTED)
+        _advance_trades(Trade.objects.filter(pk=trade_id), TradeState.DISPUTED, cause=name)
         return [Leg("hold", f"held:{trade_id}", f"free:{provider}", held - from_stake, trade_id),
                 Leg("hold", f"held:{trade_id}", f"stake:{provider}", from_stake, trade_id)]
     if name == "DisputeResolved":
@@ -169,11 +169,11 @@ def _legs(ctx: ChainContext, event: ChainEvent) -> list[Leg]:
             return []
         buyer, provider = opened.args["buyer"], opened.args["provider"]
         if a["provider_paid"]:
-            _advance_trades(Trade.objects.filter(pk=trade_id), TradeState.SETTLED)
+            _advance_trades(Trade.objects.filter(pk=trade_id), TradeState.SETTLED, cause=name)
             restaked = int(a["restaked"])
             return [Leg("release", f"free:{provider}", f"held:{trade_id}", int(a["amount"]) - restaked, trade_id),
                     Leg("release", f"stake:{provider}", f"held:{trade_id}", restaked, trade_id)]
-        _advance_trades(Trade.objects.filter(pk=trade_id), TradeState.REFUNDED)
+        _advance_trades(Trade.objects.filter(pk=trade_id), TradeState.REFUNDED, cause=name)
         return [Leg("refund", f"free:{buyer}", f"held:{trade_id}", int(a["amount"]), trade_id),
                 Leg("slash", f"free:{buyer}", f"stake:{provider}", int(a["slashed"]), trade_id)]
     return []  # ExitRequested, PausedSet, OperatorChanged, ArbiterChanged move no money

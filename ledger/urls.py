@@ -13,4 +13,5 @@ urlpatterns = [
     path("trades/<int:trade_id>/ruling/", api.RulingView.as_view(), name="ledger-ruling"),
     path("deposit/", api.DepositView.as_view(), name="ledger-deposit"),
     path("withdraw/", api.WithdrawView.as_view(), name="ledger-withdraw"),
+    path("faucet/", api.FaucetView.as_view(), name="ledger-faucet"),
 ]

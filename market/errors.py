@@ -30,3 +30,15 @@ class PaymentRequired(DomainError):
 
     code = "payment_required"
 
+
+
+class TooLarge(DomainError):
+    """More bytes than the limit allows (HTTP 413)."""
+
+    code = "too_large"
+
+
+class Gone(DomainError):
+    """It was there and has been deleted for good, e.g. expired job outputs (HTTP 410)."""
+
+    code = "gone"

@@ -19,7 +19,8 @@ from django.utils import timezone
 
 from ledger.custody import buyer_address
 from ledger.wallet import is_wallet_buyer
-from market import bookings, states
+from market import bookings, notify, states
+from market.audit import AuditAction, audit_record
 from market.bookings import ACTIVE_JOB_STATES
 from market.errors import Conflict, DomainError, NotFound
 from market.funding import EscrowShort, funds_of, usdc
@@ -143,6 +144,7 @@ def job_stop(*, user: User, job_id: int) -> Job:
         meta["reason"] = "Stopped by the buyer before it started; nothing ran, nothing is billed."
         job.save()
         bookings.on_job_ended(trade_id=job.trade_id, state=job.state, stopped=True)
+        notify.job_changed(job=job)
     else:
         job.save(update_fields=["checkpoint", "updated_at"])
     machine_wake(job.trade.offer.machine_id, reason="preempt", job_id=job.pk)
@@ -222,6 +224,23 @@ def job_extend(*, user: User, job_id: int, duration_s: int, max_price: int | Non
     return trade
 
 
+@transaction.atomic
+def job_stop_recorded(*, user: User, job_id: int, request: Any = None) -> Job:
+    """`job_stop` and its audit record, one transaction (the API and the job page)."""
+    job = job_stop(user=user, job_id=job_id)
+    audit_record(actor=user, action=AuditAction.JOB_STOP, request=request, obj=job, details={"trade": job.trade_id})
+    return job
+
+
+@transaction.atomic
+def job_extend_recorded(*, user: User, job_id: int, duration_s: int, max_price: int | None = None, request: Any = None) -> Trade:
+    """`job_extend` and its audit record, one transaction (the API and the job page)."""
+    trade = job_extend(user=user, job_id=job_id, duration_s=duration_s, max_price=max_price)
+    audit_record(actor=user, action=AuditAction.JOB_EXTEND, request=request, obj=trade,
+                 details={"job": job_id, "extends": trade.extends_id, "duration_s": trade.duration_s, "price": trade.price, "amount": trade.amount})
+    return trade
+
+
 # --- job events -----------------------------------------------------------------------------
 @transaction.atomic
 def job_event(*, user: User, job_id: int, event: str, at: int | None = None, progress: float | None = None, exit_code: int | None = None, gpu_seconds: int | None = None, checkpoint: dict[str, Any] | None = None, reason: str = "", log_tail: str = "") -> Job:
@@ -245,6 +264,7 @@ def job_event(*, user: User, job_id: int, event: str, at: int | None = None, pro
             job.checkpoint = meta
             job.save(update_fields=["checkpoint", "updated_at"])
         return job  # duplicate delivery of a report already applied
+    resumed = job.state == JobState.CHECKPOINTED and target == JobState.RUNNING
     states.advance("job", job, target)
     job.checkpoint = meta
     if event == "started":
@@ -273,6 +293,8 @@ def job_event(*, user: User, job_id: int, event: str, at: int | None = None, pro
         if follow is not None:
             job.checkpoint = {**meta, "continued_by_bid": follow.pk}
             job.save(update_fields=["checkpoint", "updated_at"])
+    if not resumed:  # running after a checkpoint is not news: its parties heard it start
+        notify.job_changed(job=job)  # running, completed, failed, preempted: webhooks and emails
     events.jobs_changed(job_ids=[job.pk])
     events.operator_changed()  # jobs by state
     return job

@@ -25,6 +25,8 @@ class Role(models.TextChoices):
 class User(AbstractUser):
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.BUYER)
     chain_address = models.CharField(max_length=42, blank=True, default="", help_text="The user's settlement address, 0x...")
+    # notification emails (market.notify) go out only when the user also has an email address
+    email_notifications = models.BooleanField(default=True, help_text="Email me when my bids match, my jobs run or end, and my payments settle")
 
     class Meta:
         constraints = [models.CheckConstraint(condition=Q(role__in=Role.values), name="user_role_valid")]
@@ -291,6 +293,32 @@ class Booking(models.Model):
         return f"booking {self.pk}: trade {self.trade_id}, GPUs {self.gpu_indexes} ({self.state})"
 
 
+OUTPUT_PATH_MAX = 512
+
+
+class JobOutput(models.Model):
+    """One output file of a job, uploaded by its machine's agent after the job ended and
+    checked against the file's SHA-256 in the job's signed receipt. Kept in the "outputs"
+    storage until `expires_at` (OUTPUTS_TTL_S after upload); then the file and this row
+    are deleted (market.outputs.outputs_expire) and a download answers 410."""
+
+    job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="outputs")
+    path = models.CharField(max_length=OUTPUT_PATH_MAX, help_text="Relative, '/'-separated, as the receipt lists it")
+    size = models.PositiveBigIntegerField()
+    sha256 = models.CharField(max_length=64)
+    storage_name = models.CharField(max_length=1024, help_text="The file's name in the outputs storage")
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["job", "path"]
+        indexes = [models.Index(fields=["expires_at"])]
+        constraints = [models.UniqueConstraint(fields=["job", "path"], name="joboutput_unique_path_per_job")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id}: {self.path} ({self.size} bytes)"
+
+
 class IdempotencyRecord(models.Model):
     """The first response to a POST carrying an Idempotency-Key, kept 24 hours."""
 
@@ -319,6 +347,9 @@ class AuditAction(models.TextChoices):
     SIGNUP = "account.signup", "signed up"
     TOKEN_CREATE = "token.create", "API token created"
     TOKEN_REVOKE = "token.revoke", "API token revoked"
+    WEBHOOK_CREATE = "webhook.create", "webhook added"
+    WEBHOOK_UPDATE = "webhook.update", "webhook changed"
+    WEBHOOK_DELETE = "webhook.delete", "webhook deleted"
     BID_PLACE = "bid.place", "bid placed"
     BID_CANCEL = "bid.cancel", "bid cancelled"
     OFFER_PUBLISH = "offer.publish", "offer published"
@@ -384,3 +415,7 @@ class AuditEvent(models.Model):
 
     def delete(self, *args: object, **kwargs: object) -> tuple[int, dict[str, int]]:
         raise AuditImmutable("Audit records are append-only: they cannot be deleted.")
+
+
+# webhooks live beside their delivery code; imported here so Django sees them with the app's models
+from market.webhooks import Webhook, WebhookDelivery  # noqa: E402,F401

@@ -22,7 +22,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from market import bookings, engine, funding, repository
+from market import bookings, engine, funding, notify, repository
 from market.engine import serialize
 from market.models import AuctionRound, Bid, Job, Offer, Trade
 from market.states import BidState, OfferState, RoundState
@@ -184,6 +184,7 @@ def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundRes
     )
     for job in jobs:
         machine_wake(job.trade.offer.machine_id, reason="assigned", job_id=job.pk)
+    notify.trades_matched(trade_ids=[t.pk for t in made])  # webhook deliveries commit with the trades
     bookings.capacity_refresh(offer_ids=offer_ids)
     matched = [b for b in bids.values() if b.state == BidState.MATCHED]
     Bid.objects.bulk_update(matched, ["state", "explanation"])

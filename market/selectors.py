@@ -235,40 +235,47 @@ def provider_sales(provider_id: int, *, trade_ids: list[int] | None = None, limi
     qs = Trade.objects.filter(provider_id=provider_id).select_related("round", "job").order_by("-id")
     if trade_ids is not None:
         qs = qs.filter(pk__in=trade_ids)
+    from ledger.models import JournalEntry
+
+    rows = list(qs[:limit])
+    # what the chain paid for each (confirmed settlement legs), beside the lock it sold
+    paid = dict(JournalEntry.objects.filter(kind="pay", trade_id__in=[t.pk for t in rows]).values_list("trade_id").annotate(n=Sum("amount")))
     out = []
-    for t in qs[:limit]:
+    for t in rows:
         job = getattr(t, "job", None)
         out.append({
             "id": t.pk, "round": t.round.number if t.round else None, "gpu_model": t.gpu_model_id, "region": t.region_id, "price": t.price,
-            "gpus": t.gpus, "amount": t.amount, "state": t.state, "created_at": t.created_at,
+            "gpus": t.gpus, "amount": t.amount, "paid": paid.get(t.pk), "state": t.state, "created_at": t.created_at,
             "job": {"id": job.pk, "state": job.state, "progress": job.progress} if job else None,
         })
     return out
 
 
 def provider_totals(provider_id: int) -> dict[str, int]:
+    """What the provider sold (trades, their full locks) beside its money, which comes only
+    from confirmed chain events (`ledger.selectors.earnings_of`): paid, held in disputes,
+    free to withdraw, stake."""
+    from ledger.selectors import earnings_of
     from market.states import TradeState
+    from providers.models import Provider
 
     agg = Trade.objects.filter(provider_id=provider_id).aggregate(
         sold=Sum("amount"),
-        settled=Sum("amount", filter=Q(state=TradeState.SETTLED)),
         pending=Sum("amount", filter=Q(state__in=[TradeState.PENDING, TradeState.RECORDED])),
         trades=Count("id"),
     )
-    return {k: v or 0 for k, v in agg.items()}
+    totals = {k: v or 0 for k, v in agg.items()}
+    money = earnings_of(provider=Provider.objects.get(pk=provider_id), series_limit=0)
+    return {**totals, **{k: money[k] for k in ("settled", "paid", "held", "free", "withdrawn", "stake")}}
 
 
 def provider_earnings_series(provider_id: int, limit: int = 500) -> list[tuple[float, int]]:
-    """(unix time, cumulative amount sold) after each round with sales, oldest first."""
-    rows = list(
-        Trade.objects.filter(provider_id=provider_id).values("round_id").annotate(at=Min("created_at"), amount=Sum("amount")).order_by("-round_id")[:limit]
-    )[::-1]
-    total = (Trade.objects.filter(provider_id=provider_id).aggregate(n=Sum("amount"))["n"] or 0) - sum(r["amount"] for r in rows)
-    out = []
-    for r in rows:
-        total += r["amount"]
-        out.append((round(r["at"].timestamp(), 3), total))
-    return out
+    """(unix time, cumulative paid less held) after each confirmed chain event that moved the
+    provider's earnings, oldest first (`ledger.selectors.earnings_of`)."""
+    from ledger.selectors import earnings_of
+    from providers.models import Provider
+
+    return list(earnings_of(provider=Provider.objects.get(pk=provider_id), series_limit=limit)["series"])
 
 
 def operator_overview() -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 from django.utils import timezone
 
+import gridbid.celery  # noqa: F401 - binds the tasks to the configured app (eager in tests), wherever .delay() is called
 from market.models import Bid
 from market.states import BidState
 
@@ -35,6 +36,14 @@ def idempotency_prune() -> int:
     return prune()
 
 
+@shared_task(name="market.tasks.outputs_expire")
+def outputs_expire() -> int:
+    """Delete job outputs kept past OUTPUTS_TTL_S, files and rows."""
+    from market.outputs import outputs_expire as expire
+
+    return expire()
+
+
 @shared_task(name="market.tasks.round_run", ignore_result=True)
 def round_run() -> int | None:
     """Clear the round of the current schedule slot; a duplicate delivery is a no-op."""
@@ -49,3 +58,35 @@ def demo_tick() -> dict[str, int]:
     from market.demo import demo_tick as tick
 
     return tick()
+
+
+# --- notifications (queue `notify`): slow receivers never hold up rounds or settlement ----------
+@shared_task(name="market.tasks.webhook_deliver", ignore_result=True)
+def webhook_deliver(delivery_id: int) -> None:
+    """Send one webhook delivery if it is still due; a failure schedules its next attempt
+    (exponential backoff, bounded attempts: market.webhooks), recorded on its row."""
+    from market.webhooks import delivery_attempt
+
+    retry_in = delivery_attempt(delivery_id=delivery_id)
+    if retry_in is not None:
+        webhook_deliver.apply_async((delivery_id,), countdown=retry_in)
+
+
+@shared_task(name="market.tasks.webhooks_retry", ignore_result=True)
+def webhooks_retry() -> int:
+    """Send again the deliveries whose retry message was lost (a restarted worker or broker)."""
+    from market.webhooks import deliveries_due
+
+    due = deliveries_due()
+    for delivery_id in due:
+        webhook_deliver.delay(delivery_id)
+    return len(due)
+
+
+# an SMTP server that is down or refuses for a while: tried again with backoff, then dropped
+@shared_task(name="market.tasks.email_notify", ignore_result=True, autoretry_for=(OSError,), retry_backoff=30,
+             retry_backoff_max=3600, retry_jitter=True, max_retries=6)
+def email_notify(user_id: int, event_type: str, data: dict[str, object]) -> bool:
+    from market.notify import email_send
+
+    return email_send(user_id=user_id, event_type=event_type, data=data)

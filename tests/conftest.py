@@ -172,8 +172,9 @@ CHAIN_FIXTURES = {"anvil", "ctx", "deployment", "chain_ctx"}
 TEST_ESCROW = 10**12  # a million USDC: more than any test's bids may cost
 
 
-def escrow_credit(user: Any, amount: int) -> None:
-    """Journal a confirmed deposit of `amount` to the user's custodial address: the rows the
+def escrow_credit(user: Any, amount: int, address: str | None = None) -> None:
+    """Journal a confirmed deposit of `amount` to `address` (by default the user's custodial
+    address; a linked wallet's for a wallet user): the rows the
     listener writes for a `Deposited` event. For the many tests about orders, not money,
     that run without a chain; the tests of money deposit on a real chain instead."""
     import secrets
@@ -181,7 +182,7 @@ def escrow_credit(user: Any, amount: int) -> None:
     from ledger.custody import custodial_key_get_or_create
     from ledger.journal import Leg, journal_append
 
-    address = custodial_key_get_or_create(user=user).address
+    address = address or custodial_key_get_or_create(user=user).address
     journal_append(legs=[Leg("deposit", f"free:{address}", f"wallet:{address}", amount)], tx_hash="0x" + secrets.token_hex(32),
                    log_index=0, block_number=1, block_hash="0x" + "ab" * 32)
 

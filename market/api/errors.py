@@ -18,7 +18,15 @@ from rest_framework.views import exception_handler as drf_handler
 
 from market.api.parsers import body_too_large_message
 from market.engine import EngineInputError
-from market.errors import Conflict, DomainError, NotAllowed, NotFound, PaymentRequired
+from market.errors import (
+    Conflict,
+    DomainError,
+    Gone,
+    NotAllowed,
+    NotFound,
+    PaymentRequired,
+    TooLarge,
+)
 from market.states import InvalidTransition
 
 DOMAIN_STATUS: dict[type[Exception], int] = {
@@ -27,6 +35,8 @@ DOMAIN_STATUS: dict[type[Exception], int] = {
     Conflict: status.HTTP_409_CONFLICT,
     PaymentRequired: status.HTTP_402_PAYMENT_REQUIRED,
     InvalidTransition: status.HTTP_409_CONFLICT,
+    TooLarge: status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+    Gone: status.HTTP_410_GONE,
     DomainError: status.HTTP_400_BAD_REQUEST,
 }
 

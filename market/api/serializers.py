@@ -18,6 +18,7 @@ from market.models import (
     Bid,
     BidClass,
     Job,
+    JobOutput,
     Offer,
     Scope,
     Trade,
@@ -407,6 +408,36 @@ class JobSerializer(serializers.ModelSerializer):
         from market.jobs import job_log_tail
 
         return job_log_tail(job)
+
+
+def output_download_url(job_id: int, path: str) -> str:
+    from urllib.parse import quote
+
+    return f"/api/v1/jobs/{job_id}/outputs/{quote(path, safe='/')}"
+
+
+class JobOutputSerializer(serializers.ModelSerializer):
+    download_url = serializers.SerializerMethodField(help_text="Where its buyer downloads it (GET, the buyer's token or session)")
+
+    class Meta:
+        model = JobOutput
+        fields = ["path", "size", "sha256", "created_at", "expires_at", "download_url"]
+
+    def get_download_url(self, output: JobOutput) -> str:
+        return output_download_url(output.job_id, output.path)
+
+
+class OutputWaitingSerializer(serializers.Serializer):
+    path = serializers.CharField()
+    size = serializers.IntegerField()
+    sha256 = serializers.CharField()
+
+
+class JobOutputsSerializer(serializers.Serializer):
+    job = serializers.IntegerField(source="job.pk")
+    files = JobOutputSerializer(many=True, help_text="Output files kept by the market, each checked against the job's signed receipt")
+    waiting = OutputWaitingSerializer(many=True, help_text="Files the receipt lists that the provider's agent has not uploaded yet")
+    expired_at = serializers.DateTimeField(allow_null=True, help_text="When the outputs were deleted (OUTPUTS_TTL_S after upload); null while kept")
 
 
 class AuditEventSerializer(serializers.ModelSerializer):

@@ -1,7 +1,8 @@
-from django.urls import include, path
+from django.urls import include, path, re_path
 from rest_framework.routers import DefaultRouter
 
 from market.api import views
+from market.api import webhooks as webhooks_api
 
 router = DefaultRouter(trailing_slash="/?")
 router.register("regions", views.RegionViewSet, basename="region")
@@ -14,6 +15,7 @@ router.register("trades", views.TradeViewSet, basename="trade")
 router.register("jobs", views.JobViewSet, basename="job")
 router.register("rounds", views.RoundViewSet, basename="round")
 router.register("audit", views.AuditViewSet, basename="audit")
+router.register("webhooks", webhooks_api.WebhookViewSet, basename="webhook")
 
 urlpatterns = [
     path("markets/", views.MarketsView.as_view(), name="markets"),
@@ -23,5 +25,7 @@ urlpatterns = [
     path("me/wallet/", views.WalletLinkView.as_view(), name="wallet-link"),
     path("quote/", views.QuoteView.as_view(), name="quote"),
     path("providers/me/", views.ProviderMeView.as_view(), name="provider-me"),
+    # before the router: a file's name may end like a format suffix (result.json)
+    re_path(r"^jobs/(?P<pk>\d+)/outputs/(?P<path>.+)$", views.JobOutputDownloadView.as_view(), name="job-output"),
     path("", include(router.urls)),
 ]

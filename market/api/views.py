@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
+from asgiref.sync import sync_to_async
+from django.core.handlers.asgi import ASGIRequest
 from django.db import transaction
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from django.http import FileResponse, StreamingHttpResponse
+from django.utils.http import content_disposition_header
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.generics import get_object_or_404
@@ -17,7 +23,8 @@ from market import rounds, selectors, services
 from market.api import serializers as s
 from market.api.filters import AuditFilter, BidFilter, OfferFilter, TradeFilter
 from market.api.idempotency import idempotent
-from market.api.permissions import granted_scopes
+from market.api.permissions import granted_scopes, is_operator
+from market.api.schema import ErrorSerializer
 from market.audit import AuditAction, audit_record
 from market.models import ApiToken, AuctionRound, AuditEvent, Bid, Job, Offer, Scope, Trade
 from providers.models import GpuModel, Machine, Region
@@ -337,7 +344,19 @@ class QuoteView(APIView):
 class JobViewSet(viewsets.ReadOnlyModelViewSet):
     """Jobs running your trades, with progress from the provider's heartbeats."""
 
-    scopes = {"list": Scope.READ, "retrieve": Scope.READ, "preempt": Scope.OPERATE, "stop": Scope.TRADE, "extend": Scope.TRADE}
+    scopes = {"list": Scope.READ, "retrieve": Scope.READ, "preempt": Scope.OPERATE, "stop": Scope.TRADE, "extend": Scope.TRADE,
+              "outputs": Scope.READ}
+
+    @extend_schema(responses=s.JobOutputsSerializer)
+    @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
+    def outputs(self, request: Request, pk: str) -> Response:
+        """Buyers: the output files the provider's agent uploaded after the job ended, each
+        checked against the job's signed receipt, with download links (kept OUTPUTS_TTL_S)."""
+        from market.outputs import outputs_of
+
+        view = outputs_of(user=request.user, job_id=int(pk), operator=is_operator(request))
+        return Response(s.JobOutputsSerializer(view).data)
+
 
     @extend_schema(request=s.JobExtendSerializer, responses={201: s.TradeSerializer})
     @action(detail=True, methods=["post"])
@@ -345,14 +364,11 @@ class JobViewSet(viewsets.ReadOnlyModelViewSet):
         """Buyers: buy more time on the GPUs your job holds, at the offer's ask now (give
         max_price to refuse a dearer ask). The extension is a trade of its own, recorded on
         chain and settled against its own receipt; 402 if your escrow does not cover it."""
-        from market.jobs import job_extend
+        from market.jobs import job_extend_recorded
 
         data = s.JobExtendSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        with transaction.atomic():
-            trade = job_extend(user=request.user, job_id=int(pk), **data.validated_data)
-            audit_record(actor=request.user, action=AuditAction.JOB_EXTEND, request=request, obj=trade,
-                         details={"job": int(pk), "extends": trade.extends_id, "duration_s": trade.duration_s, "price": trade.price, "amount": trade.amount})
+        trade = job_extend_recorded(user=request.user, job_id=int(pk), request=request, **data.validated_data)
         return Response(s.TradeSerializer(trade).data, status=201)
 
     @extend_schema(request=None, responses=s.JobSerializer)
@@ -361,11 +377,9 @@ class JobViewSet(viewsets.ReadOnlyModelViewSet):
         """Buyers: stop your job now. It is billed for the GPU-seconds it ran (its agent's signed
         receipt) and the rest of its lock is refunded at settlement; its GPUs go back to the
         market when its agent reports it stopped (at once if it had not started)."""
-        from market.jobs import job_stop
+        from market.jobs import job_stop_recorded
 
-        with transaction.atomic():
-            job = job_stop(user=request.user, job_id=int(pk))
-            audit_record(actor=request.user, action=AuditAction.JOB_STOP, request=request, obj=job, details={"trade": job.trade_id})
+        job = job_stop_recorded(user=request.user, job_id=int(pk), request=request)
         return Response(s.JobSerializer(job).data)
 
     @extend_schema(request=None, responses=s.JobSerializer)
@@ -390,6 +404,45 @@ class JobViewSet(viewsets.ReadOnlyModelViewSet):
         if getattr(self, "swagger_fake_view", False):
             return Job.objects.none()
         return selectors.jobs_visible(self.request.user)
+
+
+async def _chunks_async(fh: Any, size: int = 1 << 20) -> AsyncIterator[bytes]:
+    read = sync_to_async(fh.read, thread_sensitive=False)
+    try:
+        while chunk := await read(size):
+            yield chunk
+    finally:
+        await sync_to_async(fh.close, thread_sensitive=False)()
+
+
+class JobOutputDownloadView(APIView):
+    """Buyers: download one output file of your job (its SHA-256 is in the ETag and the receipt).
+    Operators may too; anyone else gets 404, and everyone 410 once it expired."""
+
+    scopes = {"get": Scope.READ}
+
+    @extend_schema(
+        operation_id="jobs_output_download",
+        responses={(200, "application/octet-stream"): OpenApiTypes.BINARY,
+                   410: OpenApiResponse(ErrorSerializer, description="The outputs were kept OUTPUTS_TTL_S after upload and are deleted now.")},
+    )
+    def get(self, request: Request, pk: str, path: str) -> StreamingHttpResponse:
+        from market.outputs import output_open
+
+        output, fh = output_open(user=request.user, job_id=int(pk), path=path, operator=is_operator(request))
+        name = output.path.rsplit("/", 1)[-1]
+        # an attachment of no particular type: a provider's file must never render as a page of ours
+        response: StreamingHttpResponse
+        if isinstance(request._request, ASGIRequest):
+            # under ASGI a sync iterator is read whole into memory before the first byte goes out
+            response = StreamingHttpResponse(_chunks_async(fh), content_type="application/octet-stream")
+            response["Content-Disposition"] = content_disposition_header(True, name) or "attachment"
+        else:
+            response = FileResponse(fh, as_attachment=True, filename=name, content_type="application/octet-stream")
+        response["Content-Length"] = str(output.size)
+        response["ETag"] = f'"{output.sha256}"'
+        response["Cache-Control"] = "private, no-store"
+        return response
 
 
 class AuditViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):

@@ -129,7 +129,7 @@ def machines(user: User) -> dict[str, Any]:
 def sales(user: User) -> dict[str, Any]:
     provider_id = _provider_id(user)
     if provider_id is None:
-        return {"totals": {"sold": 0, "settled": 0, "pending": 0, "trades": 0}, "sales": []}
+        return {"totals": {"sold": 0, "pending": 0, "trades": 0, "settled": 0, "paid": 0, "held": 0, "free": 0, "withdrawn": 0, "stake": 0}, "sales": []}
     return {"totals": provider_totals(provider_id), "sales": sales_rows(provider_id)}
 
 

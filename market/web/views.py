@@ -6,6 +6,7 @@ import functools
 import hashlib
 import math
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any
 
 from django import forms
@@ -196,8 +197,86 @@ def job_page(request: HttpRequest, job_id: int) -> HttpResponse:
         raise Http404("No such job of yours")
     meta = job.checkpoint or {}
     return render(request, "market/job.html", {"job": job, "log_tail": job_log_tail(job), "receipt": (meta.get("receipt") or {}).get("body"),
-                                               "outputs": (meta.get("receipt") or {}).get("outputs") or [], "archive": meta.get("outputs_archive"),
-                                               "continued_by": meta.get("continued_by_bid"), "resume_from": meta.get("resume_from")})
+                                               "outputs": _output_rows(request, job), "archive": meta.get("outputs_archive"),
+                                               "outputs_expired_at": meta.get("outputs_expired_at"),
+                                               "continued_by": meta.get("continued_by_bid"), "resume_from": meta.get("resume_from"),
+                                               "rental": _rental(request.user, job), "extend_form": ExtendForm()})
+
+
+def _rental(user: Any, job: Any) -> dict[str, Any] | None:
+    """What the buyer of a job can do with its booking: until when it holds the GPUs, what
+    it was extended by, the offer's ask for more, whether it can still stop or extend."""
+    from market.bookings import ACTIVE_JOB_STATES
+    from market.models import Booking
+
+    trade = job.trade
+    if trade.buyer_id != user.pk or trade.extends_id:
+        return None
+    booking = Booking.objects.filter(trade=trade).first()
+    extensions = list(Trade.objects.filter(extends=trade).order_by("id"))
+    active = job.state in ACTIVE_JOB_STATES and not (job.checkpoint or {}).get("stop_requested")
+    offer = trade.offer
+    return {"booking": booking, "extensions": extensions, "ask": offer.price, "offer_open": offer.state == "open",
+            "booked_s": trade.duration_s + sum(t.duration_s for t in extensions), "max_duration_s": offer.max_duration_s,
+            "can_stop": active, "can_extend": active and booking is not None and booking.state == "held" and offer.state == "open",
+            "stopping": bool((job.checkpoint or {}).get("stop_requested")) and job.state in ACTIVE_JOB_STATES}
+
+
+class ExtendForm(forms.Form):
+    hours = forms.DecimalField(min_value=Decimal("0.02"), max_value=Decimal(24 * 30), decimal_places=2, initial=Decimal("1"), label="More hours")
+    ask = forms.IntegerField(min_value=1, widget=forms.HiddenInput)  # the ask the buyer saw: a dearer one is refused, not paid
+
+
+@login_required
+def job_stop(request: HttpRequest, job_id: int) -> HttpResponse:
+    from market.jobs import job_stop_recorded
+
+    if request.method == "POST":
+        try:
+            job = job_stop_recorded(user=request.user, job_id=job_id, request=request)
+            messages.success(request, f"Job #{job_id} stopped before it started: nothing is billed." if job.state == "preempted" else
+                             f"Job #{job_id} is stopping: its agent checkpoints and ends it; you pay for the GPU-seconds it ran and the rest is refunded.")
+        except DomainError as exc:
+            messages.error(request, exc.message)
+    return redirect("web:job", job_id)
+
+
+@login_required
+def job_extend(request: HttpRequest, job_id: int) -> HttpResponse:
+    from market.jobs import job_extend_recorded
+
+    if request.method == "POST":
+        form = ExtendForm(request.POST)
+        if not form.is_valid():
+            messages.error(request, "Extension not bought: " + "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items()))
+            return redirect("web:job", job_id)
+        try:
+            trade = job_extend_recorded(user=request.user, job_id=job_id, duration_s=int(form.cleaned_data["hours"] * 3600),
+                                        max_price=form.cleaned_data["ask"], request=request)
+            messages.success(request, f"Extended by {trade.duration_s // 60} min at {trade.price / USD:.2f} USDC/GPU-h "
+                                      f"({trade.amount / USD:.2f} USDC, trade #{trade.pk}).")
+        except DomainError as exc:
+            messages.error(request, exc.message)
+    return redirect("web:job", job_id)
+
+
+def _output_rows(request: HttpRequest, job: Any) -> list[dict[str, Any]]:
+    """The receipt's output files, each with the market's copy when it keeps one; a download
+    link only for the buyer and operators (the download refuses anyone else)."""
+    from django.utils import timezone
+
+    from market.api.serializers import output_download_url
+
+    listed = ((job.checkpoint or {}).get("receipt") or {}).get("outputs") or []
+    kept = {o.path: o for o in job.outputs.filter(expires_at__gt=timezone.now())}
+    may_download = job.trade.buyer_id == request.user.pk or request.user.is_superuser or getattr(request.user, "role", "") == "operator"
+    rows = []
+    for f in listed:
+        if not isinstance(f, dict):
+            continue
+        output = kept.get(f.get("path"))
+        rows.append({**f, "kept": output, "url": output_download_url(job.pk, output.path) if output and may_download else None})
+    return rows
 
 
 class TokenForm(forms.Form):
@@ -205,25 +284,80 @@ class TokenForm(forms.Form):
     scopes = forms.MultipleChoiceField(choices=[(s.value, s.label) for s in Scope], widget=forms.CheckboxSelectMultiple, initial=["read", "trade"])
 
 
+class WebhookForm(forms.Form):
+    url = forms.CharField(max_length=500, label="URL", widget=forms.URLInput(attrs={"placeholder": "https://example.com/hooks/gridbid"}))
+    events = forms.MultipleChoiceField(widget=forms.CheckboxSelectMultiple, initial=["bid.matched", "job.completed", "job.failed"])
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        from market.webhooks import EVENT_TYPES
+
+        super().__init__(*args, **kwargs)
+        self.fields["events"].choices = [(name, name) for name in EVENT_TYPES]
+
+
+class NotificationsForm(forms.Form):
+    email = forms.EmailField(required=False, max_length=254)
+    email_notifications = forms.BooleanField(required=False, label="Email me the same events")
+
+
+WEBHOOK_LOG = 20  # account page; each webhook's whole log is at /api/v1/webhooks/{id}/deliveries/
+
+
+def _account_notifications(request: HttpRequest, action: str, hook_form: WebhookForm, notify_form: NotificationsForm) -> str | None:
+    """The account page's webhook and email forms; returns a new webhook's secret (shown once)."""
+    from market import webhooks
+
+    if action == "webhook_create" and hook_form.is_valid():
+        secret: str = webhooks.webhook_create(user=request.user, url=hook_form.cleaned_data["url"], events=hook_form.cleaned_data["events"])[1]
+        return secret
+    if action in ("webhook_delete", "webhook_toggle") and request.POST.get("webhook", "").isdigit():
+        hook_id = int(request.POST["webhook"])
+        if action == "webhook_delete":
+            webhooks.webhook_delete(user=request.user, webhook_id=hook_id)
+        else:
+            webhooks.webhook_update(user=request.user, webhook_id=hook_id, active=request.POST.get("active") == "1")
+    elif action == "notifications" and notify_form.is_valid():
+        user = request.user
+        user.email = notify_form.cleaned_data["email"]
+        user.email_notifications = notify_form.cleaned_data["email_notifications"]
+        user.save(update_fields=["email", "email_notifications"])
+    return None
+
+
 @login_required
 def account(request: HttpRequest) -> HttpResponse:
-    """API tokens: create (the token is shown once), list, revoke; the account's recent activity."""
+    """API tokens: create (the token is shown once), list, revoke; webhooks (the secret is
+    shown once) and their delivery log; notification emails; the account's recent activity."""
     from market.models import ApiToken
+    from market.webhooks import WebhookDelivery
 
-    form = TokenForm(request.POST or None) if request.POST.get("action") == "create" else TokenForm()
-    created = None
+    action = request.POST.get("action", "")
+    form = TokenForm(request.POST or None) if action == "create" else TokenForm()
+    hook_form = WebhookForm(request.POST) if action == "webhook_create" else WebhookForm()
+    user = request.user
+    notify_form = NotificationsForm(request.POST) if action == "notifications" else NotificationsForm(
+        initial={"email": user.email, "email_notifications": user.email_notifications})
+    created = created_secret = None
     if request.method == "POST":
         try:
-            if request.POST.get("action") == "create" and form.is_valid():
+            if action == "create" and form.is_valid():
                 _, created = services.token_create(user=request.user, name=form.cleaned_data["name"], scopes=form.cleaned_data["scopes"])
-            elif request.POST.get("action") == "revoke" and request.POST.get("token", "").isdigit():
+            elif action == "revoke" and request.POST.get("token", "").isdigit():
                 services.token_revoke(user=request.user, token_id=int(request.POST["token"]))
                 return redirect("web:account")
+            elif action.startswith("webhook_") or action == "notifications":
+                created_secret = _account_notifications(request, action, hook_form, notify_form)
+                if action in ("webhook_delete", "webhook_toggle") or (action == "notifications" and not notify_form.errors):
+                    return redirect("web:account")
         except DomainError as exc:
-            form.add_error(None, exc.message)
+            (hook_form if action.startswith("webhook_") else form).add_error(None, exc.message)
     tokens = ApiToken.objects.filter(user=request.user)
     recent = selectors.audit_events_own(request.user).order_by("-id")[:AUDIT_RECENT]
-    return render(request, "market/account.html", {"form": form, "tokens": tokens, "created": created, "recent": recent})
+    hooks = user.webhooks.order_by("id")
+    deliveries = WebhookDelivery.objects.filter(webhook__owner=user).select_related("webhook").order_by("-id")[:WEBHOOK_LOG]
+    return render(request, "market/account.html", {"form": form, "tokens": tokens, "created": created, "recent": recent,
+                                                   "hook_form": hook_form, "hooks": hooks, "created_secret": created_secret,
+                                                   "deliveries": deliveries, "notify_form": notify_form})
 
 
 AUDIT_RECENT = 20  # account page; the whole log is at /api/v1/audit/
@@ -234,13 +368,30 @@ USD = 1_000_000
 class BidForm(forms.Form):
     gpu_model = forms.ChoiceField(label="GPU model")
     gpus = forms.IntegerField(min_value=1, max_value=64, initial=1, label="GPUs")
-    max_price_usd = forms.DecimalField(min_value=0.01, max_value=1000, decimal_places=2, initial=2.50, label="Max price (USDC/GPU-h)")
-    hours = forms.DecimalField(min_value=0.1, max_value=720, decimal_places=1, initial=1, label="Duration (hours)")
+    # Decimal bounds: a float 0.1 is 0.1000000000000000055..., and the form refused "0.1"
+    max_price_usd = forms.DecimalField(min_value=Decimal("0.01"), max_value=Decimal(1000), decimal_places=2, initial=Decimal("2.50"), label="Max price (USDC/GPU-h)")
+    hours = forms.DecimalField(min_value=Decimal("0.1"), max_value=Decimal(720), decimal_places=1, initial=Decimal(1), label="Duration (hours)")
     location_region = forms.ChoiceField(required=False, label="Your location")
     max_latency_ms = forms.IntegerField(required=False, min_value=1, max_value=10000, label="Max latency (ms)")
     klass = forms.ChoiceField(choices=[("on_demand", "on-demand"), ("reserved", "reserved"), ("spot", "spot (cheapest, may be preempted)")], initial="on_demand", label="Class")
-    image = forms.CharField(max_length=255, initial="ghcr.io/acme/train:latest", label="Container image")
-    command = forms.CharField(max_length=1000, required=False, initial="python train.py", label="Command")
+    image = forms.CharField(max_length=255, required=False, initial="ghcr.io/acme/train:latest", label="Container image",
+                            help_text="Empty: the command runs as a process on the provider's machine (providers whose agent runs jobs as processes).")
+    command = forms.CharField(max_length=1000, required=False, initial="python train.py", label="Command",
+                              help_text="Split as a shell would (quotes group words); nothing is run through a shell.")
+
+    def clean_command(self) -> list[str]:
+        import shlex
+
+        try:
+            return shlex.split(self.cleaned_data.get("command") or "")
+        except ValueError as exc:
+            raise forms.ValidationError(f"Cannot split the command: {exc} (close every quote).") from exc
+
+    def clean(self) -> dict[str, Any]:
+        d = super().clean() or {}
+        if not d.get("image") and not d.get("command") and "command" not in self.errors:
+            raise forms.ValidationError("Give a container image, a command, or both.")
+        return d
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
@@ -250,7 +401,7 @@ class BidForm(forms.Form):
     def api_body(self) -> dict[str, object]:
         d = self.cleaned_data
         body: dict[str, object] = {
-            "job_spec": {"image": d["image"], **({"command": d["command"].split()} if d.get("command") else {})},
+            "job_spec": {**({"image": d["image"]} if d.get("image") else {}), **({"command": d["command"]} if d.get("command") else {})},
             "gpus": d["gpus"],
             "gpu_models": [d["gpu_model"]],
             "max_price": int(d["max_price_usd"] * USD),

@@ -148,6 +148,7 @@ class ChainInfo:
     token: str
     rpc_url: str | None
     min_stake: int | None
+    faucet: bool = False  # the market's dev chain gives test tokens and gas (`gridbid-agent faucet`)
 
     @classmethod
     def from_api(cls, body: Any) -> ChainInfo | None:
@@ -162,7 +163,8 @@ class ChainInfo:
                 raise ValueError("bad address")
             min_stake = chain.get("min_stake")
             return cls(chain_id=int(chain["chain_id"]), market=to_checksum_address(market), token=to_checksum_address(token),
-                       rpc_url=chain.get("rpc_url") or None, min_stake=int(min_stake) if min_stake is not None else None)
+                       rpc_url=chain.get("rpc_url") or None, min_stake=int(min_stake) if min_stake is not None else None,
+                       faucet=chain.get("faucet") is True)
         except (KeyError, TypeError, ValueError) as exc:
             raise ChainError(f"the market's chain description is malformed ({exc}); is the market up to date?") from None
 
@@ -228,7 +230,9 @@ class Market:
             tx["gasPrice"] = price = int(self.rpc.call("eth_gasPrice"), 16)
         have = self.eth_balance(sender)
         if have < gas * price:
-            raise ChainError(f"{sender} has {have / 1e18:.6f} ETH but the {what} may cost up to {gas * price / 1e18:.6f} ETH in gas; send some ETH to {sender}")
+            raise ChainError(f"{sender} has {have / 1e18:.6f} ETH but the {what} may cost up to {gas * price / 1e18:.6f} ETH in gas; "
+                             + (f"run `gridbid-agent faucet` (this market's dev chain gives test tokens and gas), or send some ETH to {sender}"
+                                if self.info.faucet else f"send some ETH to {sender}"))
         signed = account.sign_transaction(tx)
         tx_hash = self.rpc.call("eth_sendRawTransaction", ["0x" + bytes(signed.raw_transaction).hex()])
         return self.wait(str(tx_hash), what=what, timeout_s=timeout_s)

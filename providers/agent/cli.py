@@ -16,6 +16,7 @@ COMMANDS = {
     "init": "Create keys and the config; check the market and token.",
     "detect": "Show the GPUs this machine has, matched to the catalogue.",
     "benchmark": "Measure achieved TFLOPS with a short matrix multiply.",
+    "faucet": "Dev chain only: get test tokens and gas for the stake.",
     "register": "Register this machine and the provider's keys with the market.",
     "price": "Set pricing per GPU model and publish offers.",
     "run": "Run the daemon: heartbeats, assignments, jobs, receipts.",

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -123,12 +125,22 @@ class MarketClient:
     def job_receipt(self, job_id: int, body: dict[str, Any]) -> dict[str, Any]:
         return self.request("POST", f"/api/v1/agent/jobs/{job_id}/receipt/", json=body)
 
+    def job_output_upload(self, job_id: int, machine_id: int, path: str, file: Path, *, timeout: float = 600.0) -> dict[str, Any]:
+        """PUT one output file to the market's storage, streamed from disk; the market checks
+        it against the job's receipt. `path` is relative to the job's output folder."""
+        with open(file, "rb") as body:
+            return self.request("PUT", f"/api/v1/agent/jobs/{job_id}/outputs/{quote(path, safe='/')}", params={"machine": machine_id},
+                                content=body, headers={"Content-Type": "application/octet-stream"}, timeout=timeout)
+
     # --- settlement chain and money ---
     def chain_info(self) -> dict[str, Any]:
         return self.request("GET", "/api/v1/ledger/chain/")
 
     def earnings(self) -> dict[str, Any]:
         return self.request("GET", "/api/v1/ledger/earnings/")
+
+    def faucet(self) -> dict[str, Any]:
+        return self.request("POST", "/api/v1/ledger/faucet/", json={})
 
     # --- settlement co-signatures ---
     def cosigns(self) -> list[dict[str, Any]]:

@@ -54,6 +54,10 @@ class AgentConfig:
     websocket: bool = True  # assignment push; REST polling always runs as well
     grace_s: float = 30.0
     max_output_bytes: int = 10 * 1024**3
+    # outputs of a job without an upload_url go to the market's storage after it ends: each
+    # file is tried this many times, waiting upload_retry_s, doubling, between tries
+    upload_attempts: int = 6
+    upload_retry_s: float = 5.0
     accept_trade_states: list[str] = field(default_factory=lambda: ["recorded"])
     require_buyer_signature: bool = True  # the market signs custodial buyers' specs; wallet buyers sign their own
     measured_tflops: float | None = None

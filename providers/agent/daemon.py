@@ -2,7 +2,8 @@
 
 Everything happens on one thread, in `Agent.tick()`, which never blocks for
 long: jobs run as supervised process groups that the tick polls; only the
-download of a job's inputs runs on a worker thread. Reports go through the
+download of a job's inputs and the upload of its outputs to the market run on a
+worker thread. Reports go through the
 SQLite outbox, so a report the market has not acknowledged is sent again after
 a crash. Transport errors and 5xx back off with jitter and retry forever; bad
 credentials stop the daemon with one message; a 4xx on one job's report is
@@ -86,6 +87,7 @@ class Agent:
     next_poll: float = 0.0
     next_offer_sync: float = 0.0
     cosigns_answered: set[int] = field(default_factory=set)
+    uploading: tuple[dict[str, Any], Future[Any]] | None = None  # (its row in the uploads queue, the PUT running)
     poll_now: threading.Event = field(default_factory=threading.Event)
     pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(max_workers=2, thread_name_prefix="inputs"))
 
@@ -162,6 +164,7 @@ class Agent:
 
     def tick(self, now: float | None = None) -> None:
         now = time.time() if now is None else now
+        self.uploads_step(now)
         self.supervise(now)
         self.flush()
         if now >= self.next_heartbeat:
@@ -408,6 +411,11 @@ class Agent:
             report["outputs_archive"] = archive
         self.state.report(trade_id=trade, job_id=job["job_id"], kind="receipt", body=report)
         self._extension_receipts(job, receipt, used_total - gpu_seconds, own_cap, files)
+        if files and not store:
+            # no store of the buyer's: the files go to the market's, once it has the receipt
+            queued = self.state.uploads_queue(trade_id=trade, job_id=job["job_id"], files=[f.__dict__ for f in files])
+            if queued:
+                log(f"trade {trade}: {queued} output file(s), {sum(f.size for f in files)} bytes, queued for upload to the market")
         log(f"trade {trade}: {result} ({outcome.reason}, exit {outcome.exit_code}, {gpu_seconds} GPU-s); receipt signed")
         return receipt
 
@@ -428,6 +436,53 @@ class Agent:
             self.state.report(trade_id=ext_trade, job_id=ext_job, kind="receipt", body={"receipt": r.body(), "signature": signature, "outputs": [f.__dict__ for f in files]})
             start += int(ext["duration_s"])
             log(f"trade {ext_trade}: extension of trade {job['trade_id']}: {part} GPU-s; receipt signed")
+
+    # --- outputs to the market's storage ---------------------------------------------------
+    def uploads_step(self, now: float) -> None:
+        """One output file at a time, on a worker thread: take the result of the last PUT,
+        then start the next that is due. The queue lives in the state database, so a restart
+        picks up where this left off; each file is tried `upload_attempts` times."""
+        if self.uploading is not None:
+            sent, fut = self.uploading
+            if not fut.done():
+                return
+            self.uploading = None
+            exc = fut.exception()
+            if exc is None:
+                self.state.upload_update(sent["id"], state="done", attempts=sent["attempts"] + 1, error=None)
+                every = self.state.uploads(sent["trade_id"])
+                done = sum(1 for u in every if u["state"] == "done")
+                log(f"trade {sent['trade_id']}: output {sent['path']} uploaded ({sent['size']} bytes); {done}/{len(every)} of the job's files at the market")
+            else:
+                self._upload_failed(sent, exc, now)
+        if not hasattr(self.client, "job_output_upload"):  # a market client without output storage
+            return
+        up = self.state.upload_due(now)
+        if up is None:
+            return
+        refused = self.state.receipt_refused(up["trade_id"])
+        if refused:
+            for pending in self.state.uploads_pending(up["trade_id"]):
+                self.state.upload_update(pending["id"], state="failed", error=f"the market refused the job's receipt: {refused}")
+            log(f"trade {up['trade_id']}: outputs not uploaded: the market refused the job's receipt ({refused})")
+            return
+        job = self.state.job(up["trade_id"])
+        file = self.job_paths(up["trade_id"]).output((job or {}).get("spec", {}).get("output_dir") or "outputs") / up["path"]
+        self.uploading = (up, self.pool.submit(self.client.job_output_upload, up["job_id"], self.machine_id, up["path"], file))
+
+    def _upload_failed(self, up: dict[str, Any], exc: BaseException, now: float) -> None:
+        attempts = up["attempts"] + 1
+        message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+        # the market away (5xx, transport), or not ready for it (409: no receipt yet): try again;
+        # a file refused for itself (its hash, its size, its path) or gone from disk: never
+        again = isinstance(exc, Transient | AuthFailed) or (isinstance(exc, Rejected) and exc.status == 409)
+        if again and attempts < self.config.upload_attempts:
+            delay = min(600.0, self.config.upload_retry_s * 2 ** (attempts - 1))
+            self.state.upload_update(up["id"], attempts=attempts, next_at=now + delay, error=message)
+            log(f"trade {up['trade_id']}: upload of output {up['path']} failed ({message}); try {attempts + 1}/{self.config.upload_attempts} in {delay:.3g}s")
+        else:
+            self.state.upload_update(up["id"], state="failed", attempts=attempts, error=message)
+            log(f"trade {up['trade_id']}: output {up['path']} not uploaded, giving up after {attempts} tries: {message}")
 
     # --- settlement -------------------------------------------------------------------------
     def cosign_request(self, req: dict[str, Any]) -> str:

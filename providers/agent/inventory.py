@@ -250,34 +250,48 @@ def load_declared(path: str | Path) -> Inventory:
     return declared_inventory(raw, source=str(p))
 
 
-def declared_inventory(raw: dict[str, Any], *, source: str = "inventory") -> Inventory:
+def declared_inventory(raw: Any, *, source: str = "inventory") -> Inventory:
+    """An inventory from a declared file's contents (docs/agent.md, "The inventory file")."""
+    if not isinstance(raw, dict):
+        raise InventoryError(f"{source}: the inventory must be a TOML table or a JSON object with a 'gpus' list")
     rows = raw.get("gpus")
     if not isinstance(rows, list) or not rows:
         raise InventoryError(f"{source}: 'gpus' must be a non-empty list")
     host = str(raw.get("host") or socket.gethostname())
     gpus: list[GpuInfo] = []
     for n, row in enumerate(rows):
-        if not isinstance(row, dict) or not isinstance(row.get("name"), str):
+        if not isinstance(row, dict) or not isinstance(row.get("name"), str) or not row["name"].strip():
             raise InventoryError(f"{source}: gpus[{n}] needs a 'name'")
         index = row.get("index", n)
         mem = row.get("memory_mib")
-        if not isinstance(index, int) or index < 0 or (mem is not None and (not isinstance(mem, int) or mem <= 0)):
+        if not _whole(index) or index < 0 or (mem is not None and (not _whole(mem) or mem <= 0)):
             raise InventoryError(f"{source}: gpus[{n}] has a bad index or memory_mib")
         model = row.get("model")
         if mem is None and model in catalogue.gpu_models():
             mem = catalogue.gpu_models()[model].memory_gib * 1024
         if mem is None:
             raise InventoryError(f"{source}: gpus[{n}] needs memory_mib (or a catalogue model)")
+        raw_simulate = row.get("simulate") or {}
+        if not isinstance(raw_simulate, dict) or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in raw_simulate.values()):
+            raise InventoryError(f"{source}: gpus[{n}].simulate must map names to numbers")
         uuid = row.get("uuid") or "GPU-" + hashlib.sha256(f"{host}/{index}".encode()).hexdigest()[:32]
-        simulate = {k: float(v) for k, v in (row.get("simulate") or {}).items()}
-        gpus.append(_match(GpuInfo(index=index, name=row["name"], memory_mib=mem, uuid=uuid, vendor=row.get("vendor", "nvidia"), mig=row.get("mig"), simulate=simulate), model))
+        simulate = {str(k): float(v) for k, v in raw_simulate.items()}
+        gpus.append(_match(GpuInfo(index=index, name=row["name"], memory_mib=mem, uuid=str(uuid), vendor=str(row.get("vendor", "nvidia")), mig=row.get("mig"), simulate=simulate), model))
     if len({g.index for g in gpus}) != len(gpus) or len({g.uuid for g in gpus}) != len(gpus):
         raise InventoryError(f"{source}: GPU indexes and uuids must be unique")
     links = {}
-    for link in raw.get("links", []):
+    indexes = {g.index for g in gpus}
+    raw_links = raw.get("links", [])
+    for n, link in enumerate(raw_links if isinstance(raw_links, list) else [None]):
+        if not isinstance(link, dict) or not _whole(link.get("a")) or not _whole(link.get("b")) or not {link["a"], link["b"]} <= indexes:
+            raise InventoryError(f"{source}: links[{n}] needs 'a' and 'b', the indexes of two declared GPUs")
         a, b = sorted((int(link["a"]), int(link["b"])))
         links[f"{a}-{b}"] = str(link.get("kind", "pcie-host"))
     return Inventory("declared", gpus, str(raw.get("driver_version", "")), str(raw.get("cuda_version", "")), links)
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def simulated_telemetry(inv: Inventory, busy: Iterable[int] = ()) -> list[GpuTelemetry]:

@@ -2,7 +2,8 @@
 
 One row per job, keyed by trade id, so a duplicate assignment starts nothing
 new; an outbox of reports (events, receipts) sent in order and kept until the
-market acknowledges them, so a crash loses none. On restart the daemon reads
+market acknowledges them, so a crash loses none; a queue of output files to
+upload to the market once their job's receipt is taken, so a restart resumes it. On restart the daemon reads
 the jobs that were running and re-attaches to them or reports them failed.
 """
 
@@ -52,6 +53,21 @@ CREATE TABLE IF NOT EXISTS outbox (
     created_at REAL NOT NULL,
     sent_at   REAL,
     error     TEXT
+);
+CREATE TABLE IF NOT EXISTS uploads (
+    id         INTEGER PRIMARY KEY AUTOINCREMENT,
+    trade_id   INTEGER NOT NULL,
+    job_id     INTEGER NOT NULL,
+    path       TEXT NOT NULL,            -- relative to the job's output folder, as the receipt lists it
+    size       INTEGER NOT NULL,
+    sha256     TEXT NOT NULL,
+    state      TEXT NOT NULL DEFAULT 'pending',  -- pending, done, failed
+    attempts   INTEGER NOT NULL DEFAULT 0,
+    next_at    REAL NOT NULL DEFAULT 0,
+    error      TEXT,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    UNIQUE (trade_id, path)
 );
 CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
@@ -138,6 +154,49 @@ class State:
 
     def report_done(self, report_id: int, error: str | None = None) -> None:
         self.db.execute("UPDATE outbox SET sent_at=?, error=? WHERE id=?", (time.time(), error, report_id))
+
+    # --- output uploads (to the market's storage, after the job's receipt) ---
+    def uploads_queue(self, *, trade_id: int, job_id: int, files: list[dict[str, Any]]) -> int:
+        """Queue the job's output files; a file queued already stays as it is. Returns how many were new."""
+        now = time.time()
+        added = 0
+        with self.tx() as db:
+            for f in files:
+                cur = db.execute(
+                    "INSERT OR IGNORE INTO uploads (trade_id, job_id, path, size, sha256, created_at, updated_at) VALUES (?,?,?,?,?,?,?)",
+                    (trade_id, job_id, f["path"], int(f["size"]), f["sha256"], now, now),
+                )
+                added += cur.rowcount
+        return added
+
+    def uploads_pending(self, trade_id: int | None = None) -> list[dict[str, Any]]:
+        q, args = "SELECT * FROM uploads WHERE state='pending'", []
+        if trade_id is not None:
+            q, args = q + " AND trade_id=?", [trade_id]
+        return [dict(r) for r in self.db.execute(q + " ORDER BY id", args).fetchall()]
+
+    def uploads(self, trade_id: int) -> list[dict[str, Any]]:
+        return [dict(r) for r in self.db.execute("SELECT * FROM uploads WHERE trade_id=? ORDER BY id", (trade_id,)).fetchall()]
+
+    def upload_due(self, now: float) -> dict[str, Any] | None:
+        """The oldest pending upload whose wait is over and whose job's receipt the market has
+        taken (the market checks each file against it)."""
+        row = self.db.execute(
+            "SELECT u.* FROM uploads u WHERE u.state='pending' AND u.next_at<=? AND NOT EXISTS ("
+            " SELECT 1 FROM outbox o WHERE o.trade_id=u.trade_id AND o.kind='receipt' AND o.sent_at IS NULL) ORDER BY u.id LIMIT 1",
+            (now,),
+        ).fetchone()
+        return dict(row) if row else None
+
+    def upload_update(self, upload_id: int, **values: Any) -> None:
+        values["updated_at"] = time.time()
+        cols = ", ".join(f"{k}=?" for k in values)
+        self.db.execute(f"UPDATE uploads SET {cols} WHERE id=?", (*values.values(), upload_id))
+
+    def receipt_refused(self, trade_id: int) -> str | None:
+        """Why the market refused this trade's receipt, if it did."""
+        row = self.db.execute("SELECT error FROM outbox WHERE trade_id=? AND kind='receipt' AND error IS NOT NULL ORDER BY id DESC LIMIT 1", (trade_id,)).fetchone()
+        return row[0] if row else None
 
     # --- key/value ---
     def get(self, key: str, default: Any = None) -> Any:

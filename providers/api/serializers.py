@@ -97,3 +97,7 @@ class ChallengeVerifySerializer(serializers.Serializer):
     challenge = serializers.CharField(max_length=500)
     signature = serializers.RegexField(r"^(0x)?[0-9a-fA-F]{130}$", error_messages={"invalid": "A 65-byte signature as hex."})
     address = serializers.RegexField(r"^0x[0-9a-fA-F]{40}$", error_messages={"invalid": "0x followed by 40 hex digits."})
+
+
+class OutputUploadQuerySerializer(serializers.Serializer):
+    machine = serializers.IntegerField(min_value=1, max_value=2**53, help_text="The id of the machine whose agent ran the job.")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema, inline_serializer
+import io
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -10,7 +13,8 @@ from rest_framework.views import APIView
 
 from market import jobs as job_services
 from market.api.permissions import ScopedAccess
-from market.api.serializers import JobSerializer
+from market.api.serializers import JobOutputSerializer, JobSerializer
+from market.errors import DomainError
 from market.models import Scope
 from providers import jobs
 from providers.api import serializers as s
@@ -59,6 +63,35 @@ class JobReceiptView(AgentView):
         data.is_valid(raise_exception=True)
         job = job_services.job_receipt_submit(user=request.user, job_id=job_id, **data.validated_data)
         return Response(JobSerializer(job).data)
+
+
+class JobOutputUploadView(AgentView):
+    """One output file of an ended job, from the agent of the machine that ran it (`?machine=`).
+    Its size and SHA-256 must be those the job's receipt lists for this path; at most
+    OUTPUTS_MAX_BYTES. Sending a kept file again answers 200 with it."""
+
+    scopes = {"put": Scope.PROVIDE}
+
+    @extend_schema(
+        request={"application/octet-stream": OpenApiTypes.BINARY},
+        parameters=[OpenApiParameter("machine", int, OpenApiParameter.QUERY, required=True, description="The id of the machine whose agent ran the job.")],
+        responses={200: JobOutputSerializer, 201: JobOutputSerializer},
+    )
+    def put(self, request: Request, job_id: int, path: str) -> Response:
+        from market.outputs import output_store
+
+        machine = s.OutputUploadQuerySerializer(data=request.query_params)
+        machine.is_valid(raise_exception=True)
+        raw_length = str(request.META.get("CONTENT_LENGTH") or "")
+        if not raw_length and "chunked" not in str(request.META.get("HTTP_TRANSFER_ENCODING", "")).lower():
+            raw_length = "0"  # no body at all: an empty file
+        if not raw_length.isdigit():
+            raise DomainError("Send the file with a Content-Length header (its size in bytes); chunked uploads are not taken.",
+                              fields={"Content-Length": ["Required: the file's size in bytes."]})
+        length = int(raw_length)
+        stored = output_store(user=request.user, job_id=job_id, machine_id=machine.validated_data["machine"], path=path,
+                              body=request.stream or io.BytesIO(b""), length=length)
+        return Response(JobOutputSerializer(stored.output, context={"request": request}).data, status=201 if stored.created else 200)
 
 
 class ChallengeView(AgentView):

@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tests.e2e.conftest import stop_server  # noqa: E402 - needs ROOT on the path
+from tests.e2e.funds import escrow_deposit_many  # noqa: E402
 from tests.workers import free_port  # noqa: E402
 
 PG_ADMIN_URL = os.environ.get("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
@@ -59,6 +60,7 @@ REDIS_DB = int(os.environ.get("BENCH_REDIS_DB", "11"))
 TARGET_ENDPOINT, TARGET_CONCURRENCY, TARGET_RPS, TARGET_P99_MS = "GET /api/v1/markets/", 16, 300.0, 100.0
 START_TIMEOUT_S = 240
 BUYER = "bench-buyer"
+BENCH_ESCROW = 10**13  # ten million USDC: more than any run's bids may promise
 last_database = ""  # the name of the PostgreSQL database the last production run made
 
 
@@ -171,6 +173,9 @@ def server(mode: str, data: Path, n_bids: int, seed_value: int, n_rounds: int) -
             base = f"http://127.0.0.1:{port}"
             wait_healthy(base, procs[0], data / "up.log")
             print(f"  {mode}: server up in {time.perf_counter() - started:.1f} s since seeding began", flush=True)
+            # bids need escrow behind them: the buyer deposits on the server's dev chain (the
+            # seeded rounds, cleared before, set the unfunded seeded bids aside)
+            escrow_deposit_many(env, [BUYER], BENCH_ESCROW)
             yield base, seeded["token"], procs[0].pid
         finally:
             for proc in reversed(procs):

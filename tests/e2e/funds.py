@@ -105,3 +105,39 @@ def funded_buyer(server: str, env: Mapping[str, str], name: str, amount: int = 5
     auth = {"Authorization": f"Bearer {token}"}
     escrow_deposit(server, env, name, auth, amount)
     return auth
+
+
+DEPOSIT_SCRIPT = """
+import json
+from ledger.context import chain_context
+from ledger.custody import custodial_key_get_or_create
+from ledger.listener import events_sync
+from ledger.outbox import tx_submit
+from ledger.services import escrow_deposit
+from market.models import User
+
+ctx = chain_context()
+assert ctx is not None, "the server has no chain"
+names, amount = json.loads({args!r})
+for user in User.objects.filter(username__in=names):
+    address = custodial_key_get_or_create(user=user).address
+    ctx.client.rpc("anvil_setBalance", [address, hex(10**20)])
+    mint = tx_submit(client=ctx.client, signer=ctx.operator, key=f"e2e-mint:{{address}}:{{amount}}", purpose="mint",
+                     call=ctx.token.functions.mint(address, amount))
+    assert ctx.client.wait(mint.tx_hash).succeeded
+    tx = escrow_deposit(ctx=ctx, user=user, amount=amount, key=f"e2e-deposit:{{address}}:{{amount}}")
+    assert ctx.client.wait(tx.tx_hash).succeeded
+events_sync(ctx=ctx, confirmations=0)
+print("DEPOSITED", len(names))
+"""
+
+
+def escrow_deposit_many(env: Mapping[str, str], usernames: list[str], amount: int) -> None:
+    """Each user's custodial address gets `amount` test tokens, deposited into escrow on the
+    server's dev chain by the ledger's own deposit code, and the listener journals them: the
+    real path, in one process (for load tests with many buyers, where a deposit each through
+    the API would take minutes)."""
+    import json
+
+    out = manage_shell(env, DEPOSIT_SCRIPT.format(args=json.dumps([usernames, amount])))
+    assert f"DEPOSITED {len(usernames)}" in out, out

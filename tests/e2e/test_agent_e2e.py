@@ -98,6 +98,7 @@ def test_an_agent_joins_the_market_and_its_offers_appear(server, tmp_path):
     assert r.returncode == 1, r.stderr + r.stdout
     machine_id = int(r.stdout.split("as #")[1].split()[0])
     assert "Not enough tokens for the stake" in flat(r.stderr) and "holds 0 of token" in flat(r.stderr) and "Traceback" not in r.stderr
+    assert "run `gridbid-agent faucet` for test tokens and gas" in flat(r.stderr), "the dev chain's faucet is named"
 
     r = agent(home, "price", "set", "H100-SXM-80GB", "--floor", "2.00", "--premium", "1.00")
     assert r.returncode == 0, r.stderr + r.stdout
@@ -114,6 +115,24 @@ def test_an_agent_joins_the_market_and_its_offers_appear(server, tmp_path):
     assert "connected to" in r.stdout
     machine = httpx.get(f"{server}/api/v1/machines/{machine_id}/", headers=auth).json()
     assert machine["state"] == "online" and machine["last_heartbeat"]
+
+
+def test_a_fresh_agent_gets_test_tokens_from_the_faucet_then_registers_on_chain(server, tmp_path):
+    token = make_tokens(SERVER_ENV, newcomer=("provider", ("read", "provide")))["newcomer"]
+    said: dict[str, str] = {}
+
+    def faucet(home: Path) -> None:
+        r = agent(home, "faucet")
+        assert r.returncode == 0, r.stderr + r.stdout
+        said["faucet"] = flat(r.stdout)
+
+    home, _ = join_market(server, tmp_path, "newcomer", token, region="eu-west", price="2.00", chain=True, fund=faucet)
+    assert "sending 1000 test tokens and gas" in said["faucet"] and "holds 1000 tokens" in said["faucet"], said["faucet"]
+    assert "Now run `gridbid-agent register`" in said["faucet"]
+    r = agent(home, "faucet")
+    assert r.returncode == 1 and "less than an hour ago" in flat(r.stderr) and "Traceback" not in r.stderr, r.stderr + r.stdout
+    r = agent(home, "earnings")
+    assert r.returncode == 0 and "stake 100 " in flat(r.stdout), r.stderr + r.stdout
 
 
 def test_a_bad_token_stops_the_agent_with_one_clear_message(server, tmp_path):
@@ -229,7 +248,7 @@ def test_two_agents_stake_on_chain_run_a_job_cosign_its_settlement_and_withdraw_
         assert r.returncode == 0, r.stderr
         from providers.agent.chain import tokens as fmt
 
-        assert f"free to withdraw {fmt(paid)}" in flat(r.stdout) and "settled" in r.stdout
+        assert f"paid {fmt(paid)} (settled {fmt(paid)}" in flat(r.stdout) and f"free to withdraw {fmt(paid)}" in flat(r.stdout), r.stdout
 
         r = agent(north, "withdraw", "--amount", "1000")
         assert r.returncode == 2 and "more than the free balance" in flat(r.stderr), r.stderr
@@ -389,3 +408,44 @@ def test_an_operator_preempts_a_running_job_which_checkpoints_and_resumes_on_ano
         assert int(marker.read_text()) == state["step"], "it carried on from the step it was stopped at"
     finally:
         stop_daemons(daemons)
+
+
+def test_a_jobs_output_file_is_uploaded_by_its_agent_and_downloaded_by_its_buyer_alone(server, tmp_path):
+    import hashlib
+
+    tokens = make_tokens(SERVER_ENV, lab=("provider", ("read", "provide")), owner=("buyer", ("read", "trade")), nosy=("buyer", ("read", "trade")))
+    # L4 machines, so no bid of the other tests can land here
+    home, _ = join_market(server, tmp_path, "lab", tokens["lab"], region="us-west", price="0.50", gpu=("NVIDIA L4", 23034, "L4-24GB"))
+    daemon = start_daemon(home, seconds=90)
+    server_log = Path(SERVER_ENV["GRIDBID_DATA_DIR"]) / "server.log"
+    logs = lambda: (home / "daemon.log").read_text()[-3000:] + "\n" + server_log.read_text()[-3000:]  # noqa: E731
+    try:
+        buyer = {"Authorization": f"Bearer {tokens['owner']}"}
+        escrow_deposit(server, SERVER_ENV, "owner", buyer, 1 * TOKENS)
+        # 3 MiB: over the 2.5 MiB any other request body may be
+        spec = {"command": [sys.executable, "-c", "import os, random; random.seed(7); "
+                            "open(os.environ['GRIDBID_OUTPUT_DIR'] + '/model.bin', 'wb').write(random.randbytes(3 * 1024 * 1024))"]}
+        r = httpx.post(f"{server}/api/v1/bids/", headers=buyer, json={"job_spec": spec, "gpus": 1, "gpu_models": ["L4-24GB"], "max_price": 1_000_000, "duration_s": 60})
+        assert r.status_code == 201, r.text
+
+        def uploaded() -> Any:
+            jobs = httpx.get(f"{server}/api/v1/jobs/", headers=buyer).json()["results"]
+            if not jobs:
+                return None
+            listed = httpx.get(f"{server}/api/v1/jobs/{jobs[0]['id']}/outputs/", headers=buyer).json()
+            return (jobs[0], listed) if listed["files"] else None
+
+        job, listed = wait_for("the agent uploads the job's output", uploaded, seconds=60, logs=logs)
+        receipt = httpx.get(f"{server}/api/v1/jobs/{job['id']}/", headers=buyer).json()["checkpoint"]["receipt"]
+        (signed,) = receipt["outputs"]
+        (kept,) = listed["files"]
+        assert kept["path"] == signed["path"] == "model.bin" and kept["size"] == 3 * 1024 * 1024 and listed["waiting"] == []
+        got = httpx.get(f"{server}{kept['download_url']}", headers=buyer, timeout=30)
+        assert got.status_code == 200, got.text
+        assert hashlib.sha256(got.content).hexdigest() == signed["sha256"] == kept["sha256"], "the buyer gets the bytes the provider signed for"
+        assert got.headers["content-type"] == "application/octet-stream" and got.headers["content-disposition"] == 'attachment; filename="model.bin"'
+        nosy = httpx.get(f"{server}{kept['download_url']}", headers={"Authorization": f"Bearer {tokens['nosy']}"})
+        assert nosy.status_code == 404
+        assert "output model.bin uploaded" in (home / "daemon.log").read_text()
+    finally:
+        stop_daemons([daemon])

@@ -19,6 +19,7 @@ import pytest
 
 from tests.conftest import service_missing
 from tests.e2e.conftest import ROOT, start_server, stop_server
+from tests.e2e.funds import TOKENS, escrow_deposit_many
 
 PG_ADMIN_URL = os.environ.get("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 REDIS_HOST_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15").rsplit("/", 1)[0]
@@ -90,7 +91,9 @@ def _tokens(env: dict[str, str], count: int) -> list[str]:
         "    u = services.user_signup(username=f'load{i}', password='correct-horse-battery-staple', role='buyer')\n"
         "    print('TOKEN', services.token_create(user=u, name='load', scopes=['read', 'trade'])[1])\n"
     )
-    return [line.split()[1] for line in _manage_shell(env, code).splitlines() if line.startswith("TOKEN ")]
+    tokens = [line.split()[1] for line in _manage_shell(env, code).splitlines() if line.startswith("TOKEN ")]
+    escrow_deposit_many(_gridbid_env(env), [f"load{i}" for i in range(count)], 100 * TOKENS)  # bids need escrow behind them
+    return tokens
 
 
 class ConnectionSampler(threading.Thread):

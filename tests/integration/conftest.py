@@ -12,8 +12,8 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from market.bookings import booking_hold, capacity_refresh
 from market.api.serializers import BidCreateSerializer
+from market.bookings import booking_hold, capacity_refresh
 from market.models import AuctionRound, Bid, Job, Offer, Trade
 from tests.conftest import bid_body, service_missing
 from tests.integration.helpers import OPERATOR_KEY, DjangoTransport

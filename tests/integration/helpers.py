@@ -34,7 +34,9 @@ def mint(ctx: Any, to: str, amount: int) -> None:
     assert ctx.client.wait(tx.tx_hash).succeeded
 
 
-def fund_buyer(ctx: Any, user: Any, amount: int) -> str:
+def fund_buyer(ctx: Any, user: Any, amount: int, *, journal: bool = True) -> str:
+    """Mint `amount` to the user's custodial address and deposit it into escrow on chain; with
+    `journal`, the listener then journals it (a bid is covered by what the journal shows free)."""
     from ledger.custody import custodial_key_get_or_create
     from ledger.services import escrow_deposit
 
@@ -43,6 +45,8 @@ def fund_buyer(ctx: Any, user: Any, amount: int) -> str:
     mint(ctx, key.address, amount)
     tx = escrow_deposit(ctx=ctx, user=user, amount=amount, key=f"{user.pk}:1")
     assert ctx.client.wait(tx.tx_hash).succeeded
+    if journal:
+        sync_chain(ctx)
     return key.address
 
 
@@ -112,6 +116,7 @@ class DjangoTransport:
     def handle_request(self, request):  # type: ignore[no-untyped-def]
         import httpx
 
+        request.read()  # a streamed body (an uploaded file) is read here
         resp = self.client.generic(
             request.method, request.url.raw_path.decode(), data=request.content,
             content_type=request.headers.get("content-type", "application/json"),

@@ -104,12 +104,15 @@ def test_anonymous_agent_is_refused(anon):
 
 # --- assignments -----------------------------------------------------------------------------
 def test_assignments_name_the_trade_spec_and_stable_distinct_gpus(provider_user, other_provider_user, client_for, make_job, make_offer):
+    from market.jobs import job_event
+
     offer = make_offer(provider_user, count=4)
+    done = make_job(provider_user, offer=offer, gpus=1)
+    job_event(user=provider_user, job_id=done.pk, event="started")
+    job_event(user=provider_user, job_id=done.pk, event="completed", exit_code=0)  # its GPU comes back
     a = make_job(provider_user, offer=offer, gpus=2)
     b = make_job(provider_user, offer=offer, gpus=2)
     make_job(other_provider_user)  # someone else's
-    done = make_job(provider_user, offer=offer, gpus=1)
-    Job.objects.filter(pk=done.pk).update(state="completed")
     client = client_for(provider_user)
     first = client.get(f"/api/v1/agent/machines/{offer.machine_id}/assignments/").json()["assignments"]
     assert [x["job"] for x in first] == [a.id, b.id]
@@ -377,6 +380,7 @@ def test_assignments_carry_the_buyers_signature_over_the_spec_which_agents_check
     assert again["spec_signature"] == a["spec_signature"], "signed once, kept on the bid"
 
 
+@pytest.mark.unfunded  # the wallet's own address gets the escrow, once linked
 def test_a_wallet_buyer_signs_its_spec_in_its_wallet_and_a_wrong_signature_is_refused(buyer, client_for, make_offer, provider_user):
     from eth_account import Account
     from eth_account.messages import encode_defunct
@@ -384,7 +388,7 @@ def test_a_wallet_buyer_signs_its_spec_in_its_wallet_and_a_wrong_signature_is_re
     from ledger.models import Deployment
     from market.rounds import round_clear
     from providers.agent import receipts
-    from tests.conftest import bid_body
+    from tests.conftest import TEST_ESCROW, bid_body, escrow_credit
 
     Deployment.objects.create(chain_id=31337, rpc_url="http://127.0.0.1:9", market_address="0x5FbDB2315678afecb367f053371D33aA2a4B0c5A",
                               token_address="0xe7f1725E7734CE288F8367e1Bb143E90bb3F0512", deployed_block=1)
@@ -393,6 +397,7 @@ def test_a_wallet_buyer_signs_its_spec_in_its_wallet_and_a_wrong_signature_is_re
     message = client.post("/api/v1/me/wallet/challenge/", format="json").json()["message"]
     assert client.post("/api/v1/me/wallet/", {"address": wallet.address, "message": message,
                                               "signature": wallet.sign_message(encode_defunct(text=message)).signature.hex()}, format="json").status_code == 200
+    escrow_credit(buyer, TEST_ESCROW, address=wallet.address)
     bid = client.post("/api/v1/bids/", bid_body(gpus=2), format="json").json()
     order = client.get(f"/api/v1/bids/{bid['id']}/order/").json()
     assert order["spec_message"] == receipts.spec_message(receipts.spec_hash(bid["job_spec"])) and order["spec_signed"] is False

@@ -237,10 +237,12 @@ def test_deleting_a_user_keeps_their_records(stranger, client_for):
     pk = stranger.pk
     kept = AuditEvent.objects.filter(actor_id=pk).count()
     assert kept >= 2
+    from ledger.models import CustodialKey
     from market.models import ApiToken, Bid
 
     Bid.objects.filter(buyer=stranger).delete()
     ApiToken.objects.filter(user=stranger).delete()
+    CustodialKey.objects.filter(user=stranger).delete()  # a key with money on it is never deleted with its user (PROTECT)
     stranger.delete()
     assert AuditEvent.objects.filter(actor_id=pk).count() == kept
     assert only("bid.place").actor_username == "stranger"

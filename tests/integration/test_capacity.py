@@ -73,6 +73,12 @@ def test_a_real_agents_sold_gpus_come_back_when_its_jobs_end_and_sell_again(prov
     (row,) = provider_machines(provider_user.provider.pk)
     assert (row["offered"], row["busy"], row["booked_pct"]) == (2, 0, 0)
 
+    # the agent's utilisation pricing reads the offers the market returns: back to its floor
+    from providers.agent.pricing import PricingRule, plan_offers
+
+    rule = PricingRule("H100-SXM-80GB", kind="utilisation", price=2_000_000, premium=1_000_000)
+    assert plan_offers([rule], {"H100-SXM-80GB": 2}, agent.client.offers(machine.pk)) == [], "no premium for bookings that ended"
+
     # and they sell again: a 2-GPU bid matches the freed machine in the next round
     again = make_bid(buyer, gpus=2, duration_s=600, job_spec=quick_spec())
     clear()

@@ -17,7 +17,7 @@ import pytest
 
 from tests.integration.helpers import TOKENS, drive, mint
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.unfunded]  # the tests here count escrow to the unit
 
 MARKET = "0x5FbDB2315678afecb367f053371D33aA2a4B0c5A"
 TOKEN = "0xe7f1725E7734CE288F8367e1Bb143E90bb3F0512"
@@ -195,6 +195,60 @@ def test_earnings_are_for_providers_and_count_pay_held_and_stake(buyer, provider
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
 
 
+def test_earnings_count_a_won_dispute_once_subtract_a_lost_one_and_never_the_buyers_refund(buyer, provider_user, make_job, client_for):
+    """A settlement pays the provider what was used and refunds the rest to the buyer; a
+    dispute holds the payment, then gives it back (won) or to the buyer (lost)."""
+    from ledger.journal import Leg
+
+    won, lost, open_, plain = (make_job(provider_user, count=8).trade_id for _ in range(4))
+    p = provider_user.provider
+    p.chain_address = "0x70997970C51812dc3A010C7d01b50e0d17dc79C8"
+    p.save()
+    a, b = p.chain_address, "0x3C44CdDdB6a900fa2b585dd299e03d12FA4293BC"
+    _journal(Leg("stake", f"stake:{a}", f"wallet:{a}", 500), tx="0x" + "10" * 32)
+    for n, trade in enumerate((won, lost, open_, plain)):  # each lock 1000: 14 used, 986 back to the buyer
+        _journal(Leg("pay", f"free:{a}", f"locked:{b}", 14 * (n + 1), trade), Leg("refund", f"free:{b}", f"locked:{b}", 1000 - 14 * (n + 1), trade),
+                 tx="0x" + f"{0x20 + n:02x}" * 32)
+    _journal(Leg("hold", f"held:{won}", f"free:{a}", 14, won), tx="0x" + "30" * 32)
+    _journal(Leg("release", f"free:{a}", f"held:{won}", 14, won), tx="0x" + "31" * 32)
+    _journal(Leg("hold", f"held:{lost}", f"free:{a}", 20, lost), Leg("hold", f"held:{lost}", f"stake:{a}", 8, lost), tx="0x" + "32" * 32)
+    _journal(Leg("refund", f"free:{b}", f"held:{lost}", 28, lost), Leg("slash", f"free:{b}", f"stake:{a}", 5, lost), tx="0x" + "33" * 32)
+    _journal(Leg("hold", f"held:{open_}", f"free:{a}", 42, open_), tx="0x" + "34" * 32)
+    _journal(Leg("withdraw", f"wallet:{a}", f"free:{a}", 10), tx="0x" + "35" * 32)
+    body = client_for(provider_user).get("/api/v1/ledger/earnings/").json()
+    settled = 14 + 28 + 42 + 56
+    assert body["paid"] == settled - 28, "won counted once, lost taken off"
+    assert body["settled"] == settled, "the buyer's refunded share is not the provider's"
+    assert body["held"] == 42 and body["disputes"] == {"open": 1, "held": 42, "won": 1, "won_amount": 14, "lost": 1, "lost_amount": 28}
+    assert body["free"] == settled - 20 - 42 - 10 and body["withdrawn"] == 10
+    assert (body["stake"], body["slashed"]) == (500 - 8 - 5, 5)
+    assert {t["trade"]: (t["paid"], t["dispute"]) for t in body["payments"]} == {won: (14, "won"), lost: (28, "lost"), open_: (42, "open"), plain: (56, None)}
+    assert body["series"][-1][1] == body["paid"] - body["held"]
+
+
+def test_the_provider_page_shows_what_the_chain_paid_not_what_was_sold(buyer, provider_user, make_job):
+    from django.test import Client
+
+    from ledger.journal import Leg
+    from market.models import Trade
+
+    trade = Trade.objects.get(pk=make_job(provider_user, count=8).trade_id)
+    Trade.objects.filter(pk=trade.pk).update(state="settled")
+    p = provider_user.provider
+    p.chain_address = "0x70997970C51812dc3A010C7d01b50e0d17dc79C8"
+    p.save()
+    a, b = p.chain_address, "0x3C44CdDdB6a900fa2b585dd299e03d12FA4293BC"
+    _journal(Leg("pay", f"free:{a}", f"locked:{b}", 1400, trade.pk), Leg("refund", f"free:{b}", f"locked:{b}", trade.amount - 1400, trade.pk))
+    _journal(Leg("hold", f"held:{trade.pk}", f"free:{a}", 400, trade.pk), tx="0x" + "ab" * 32)
+    c = Client()
+    c.force_login(provider_user)
+    html = c.get("/provider/").content.decode()
+    assert '<dd class="bid" data-kpi="paid">0.0014</dd>' in html, html[html.find("kpis"):html.find("kpis") + 900]
+    assert '<dd data-kpi="held">0.0004</dd>' in html
+    assert '<td class="num" data-field="paid">0.0014</td>' in html, "the sale shows what the chain paid beside its lock"
+    assert f"{trade.amount / 1e6:.2f}" not in html[html.find('data-kpi="paid"'):html.find("</dl>")]
+
+
 def test_a_trade_shows_its_transactions_root_and_a_receipt_proof_that_folds_to_the_root(provider_user, stranger, operator, make_job, agent_for, deployment, client_for):
     from contracts.merkle import receipt_leaf, verify_proof
     from ledger.models import ChainTx, RecordBatch
@@ -247,9 +301,10 @@ def test_the_chain_endpoint_names_the_contracts_and_never_the_servers_private_no
     Deployment = type(deployment)
     Deployment.objects.filter(pk=deployment.pk).update(rpc_url="http://127.0.0.1:1")  # nothing listens: min_stake unknown
     chain = client.get("/api/v1/ledger/chain/").json()["chain"]
-    assert chain == {"chain_id": 31337, "market": MARKET, "token": TOKEN, "rpc_url": "http://127.0.0.1:1", "min_stake": None, "token_decimals": 6}
+    assert chain == {"chain_id": 31337, "market": MARKET, "token": TOKEN, "rpc_url": "http://127.0.0.1:1", "min_stake": None, "token_decimals": 6, "faucet": True}
     settings.CONFIG = dataclasses.replace(settings.CONFIG, chain_rpc_url="https://node.example/v3/secret-key")
     assert client.get("/api/v1/ledger/chain/").json()["chain"]["rpc_url"] is None
+    assert client.get("/api/v1/ledger/chain/").json()["chain"]["faucet"] is False, "a chain of its own by URL: no faucet unless CHAIN_FAUCET=true"
     settings.CONFIG = dataclasses.replace(settings.CONFIG, chain_public_rpc_url="https://rpc.example")
     assert client.get("/api/v1/ledger/chain/").json()["chain"]["rpc_url"] == "https://rpc.example"
 

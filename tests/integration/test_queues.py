@@ -35,6 +35,8 @@ def test_every_registered_task_has_a_route():
         ("market.tasks.demo_tick", Queue.DEMO),
         ("ledger.tasks.demo_agents_tick", Queue.DEMO),
         ("market.tasks.bids_expire", Queue.DEFAULT),
+        ("market.tasks.webhook_deliver", Queue.NOTIFY),
+        ("market.tasks.email_notify", Queue.NOTIFY),
     ],
 )
 def test_a_task_sent_with_delay_lands_on_its_queue(task, queue):

@@ -142,10 +142,11 @@ def test_an_extension_the_offer_cannot_sell_is_refused_with_the_reason(provider_
 
 
 def test_an_extension_needs_escrow_to_cover_it(provider_user, make_user, client_for, make_job, make_offer, make_bid):
-    from market.bookings import booking_hold, capacity_refresh
-    from market.models import AuctionRound
     from django.db import transaction
     from django.utils import timezone
+
+    from market.bookings import booking_hold, capacity_refresh
+    from market.models import AuctionRound
 
     poor = make_user("poor")
     offer = make_offer(provider_user, count=1, price=2 * USDC)
@@ -161,3 +162,38 @@ def test_an_extension_needs_escrow_to_cover_it(provider_user, make_user, client_
     r = client_for(poor).post(f"/api/v1/jobs/{job.pk}/extend/", {"duration_s": 3600}, format="json")
     assert r.status_code == 402 and r.json()["error"]["details"]["cost"] == 2 * USDC
     assert "Deposit at least" in r.json()["error"]["message"]
+
+
+def test_the_job_page_extends_at_the_ask_shown_and_stops_behind_a_confirmation(provider_user, buyer, stranger, client_for, make_job, make_offer):
+    from django.test import Client
+
+    offer = make_offer(provider_user, count=2, price=2 * USDC)
+    job = make_job(provider_user, offer=offer, gpus=1)
+    web = Client()
+    web.force_login(buyer)
+    page = web.get(f"/jobs/{job.pk}/").content.decode()
+    assert 'id="rental"' in page and "Extend at 2.00 USDC/GPU-h" in page
+    assert 'id="stop-zone"' in page and "Yes, stop job" in page, "stopping is a second step, in red"
+    other = Client()
+    other.force_login(stranger)
+    assert other.get(f"/jobs/{job.pk}/").status_code == 404
+
+    offer.price = 3 * USDC
+    offer.save(update_fields=["price"])
+    r = web.post(f"/jobs/{job.pk}/extend/", {"hours": "0.5", "ask": 2 * USDC}, follow=True)
+    assert "above your max_price" in r.content.decode(), "a dearer ask than the one shown is refused, not paid"
+    assert not Trade.objects.filter(extends=job.trade).exists()
+    r = web.post(f"/jobs/{job.pk}/extend/", {"hours": "abc", "ask": 3 * USDC}, follow=True)
+    assert r.status_code == 200 and "Extension not bought: hours" in r.content.decode()
+    r = web.post(f"/jobs/{job.pk}/extend/", {"hours": "0.5", "ask": 3 * USDC}, follow=True)
+    ext = Trade.objects.get(extends=job.trade)
+    assert (ext.duration_s, ext.price, ext.amount) == (1800, 3 * USDC, 3 * USDC // 2)
+    page = r.content.decode()
+    assert "Extended by 30 min at 3.00 USDC/GPU-h (1.50 USDC" in page and f"trade #{ext.pk}" in page
+
+    r = web.post(f"/jobs/{job.pk}/stop/", follow=True)
+    assert "stopped before it started: nothing is billed" in r.content.decode()
+    job.refresh_from_db()
+    offer.refresh_from_db()
+    assert job.state == "preempted" and offer.gpus_free == 2
+    assert 'id="stop-zone"' not in r.content.decode() and 'id="extend-form"' not in r.content.decode()

@@ -338,7 +338,7 @@ async def test_a_sale_its_jobs_progress_and_the_new_totals_reach_the_provider(bu
 
     offer = await sync_to_async(make_offer)(provider_user, price=2_000_000)
     seller, snaps = await subscribed(await sync_to_async(token_of)(provider_user), "sales", "machines")
-    assert snaps["sales"] == {"totals": {"sold": 0, "settled": 0, "pending": 0, "trades": 0}, "sales": []}
+    assert snaps["sales"] == {"totals": {"sold": 0, "pending": 0, "trades": 0, "settled": 0, "paid": 0, "held": 0, "free": 0, "withdrawn": 0, "stake": 0}, "sales": []}
     rival, _ = await subscribed(await sync_to_async(token_of)(other_provider_user), "sales")
     await sync_to_async(make_bid)(buyer, gpus=2, duration_s=3600)
     await sync_to_async(round_clear)()

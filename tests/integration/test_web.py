@@ -142,6 +142,12 @@ def test_place_bid_page_places_a_bid_and_reports_errors(buyer):
     assert (bid.max_price, bid.duration_s, bid.job_spec["command"]) == (2_750_000, 10_800, ["python", "x.py"])
     bad = c.post("/bids/new/", {**body, "max_latency_ms": 40}).content.decode()
     assert "latency limit needs your location" in bad
+    assert c.post("/bids/new/", {**body, "hours": "0.1", "max_price_usd": "0.01", "client_order_id": ""}).status_code == 302, "the least the form says it takes"
+    assert "close every quote" in c.post("/bids/new/", {**body, "command": "python -c 'print(1)"}).content.decode()
+    assert "Give a container image, a command, or both" in c.post("/bids/new/", {**body, "image": "", "command": ""}).content.decode()
+    assert c.post("/bids/new/", {**body, "image": "", "command": "python -c 'print(\"a b\")'", "client_order_id": ""}).status_code == 302
+    spec = Bid.objects.latest("id").job_spec
+    assert "image" not in spec and spec["command"] == ["python", "-c", 'print("a b")'], "a command alone, split as a shell would"
 
 
 def test_provider_dashboard_shows_machines_utilisation_and_sales(buyer, provider_user, make_offer, make_bid):

@@ -44,12 +44,18 @@ def test_defaults_are_embedded_sqlite_and_a_generated_secret(tmp_path):
         ("PRICE_POINT", "1.5", "PRICE_POINT"),
         ("CHAIN_RPC_URL", "ws://x", "CHAIN_RPC_URL"),
         ("CHAIN_CONFIRMATIONS", "-1", "CHAIN_CONFIRMATIONS"),
+        ("CHAIN_FAUCET", "sometimes", "CHAIN_FAUCET"),
         ("MARKET_ADDRESS", "0x123", "MARKET_ADDRESS"),
         ("OPERATOR_KEY", "not-a-key", "OPERATOR_KEY"),
         ("SECRET_KEY", "short", "SECRET_KEY"),
         ("LOG_LEVEL", "LOUD", "LOG_LEVEL"),
         ("LOG_FORMAT", "xml", "LOG_FORMAT"),
         ("METRICS_TOKEN", "guessable", "METRICS_TOKEN"),
+        ("WEBHOOK_ALLOW_PRIVATE_URLS", "sometimes", "WEBHOOK_ALLOW_PRIVATE_URLS"),
+        ("EMAIL_URL", "sendmail://x", "EMAIL_URL"),
+        ("EMAIL_URL", "smtp://", "EMAIL_URL"),
+        ("EMAIL_URL", "smtp://mail:port", "EMAIL_URL"),
+        ("DEFAULT_FROM_EMAIL", "nobody", "DEFAULT_FROM_EMAIL"),
     ],
 )
 def test_a_bad_value_names_the_variable(tmp_path, name, value, expected):
@@ -62,6 +68,20 @@ def test_a_bad_value_names_the_variable(tmp_path, name, value, expected):
 def test_metrics_token_is_read_and_unset_means_operators_only(tmp_path):
     assert load(env(tmp_path)).metrics_token is None
     assert load(env(tmp_path, METRICS_TOKEN=" " + "s" * 32 + " ")).metrics_token == "s" * 32
+
+
+def test_notification_email_goes_to_the_console_by_default_and_to_smtp_by_url(tmp_path):
+    from gridbid.config import email_settings
+
+    cfg = load(env(tmp_path))
+    assert (cfg.email_url, cfg.webhook_allow_private_urls) == ("console://", False)
+    assert email_settings(cfg.email_url)["EMAIL_BACKEND"] == "django.core.mail.backends.console.EmailBackend"
+    smtp = email_settings(load(env(tmp_path, EMAIL_URL="smtp+tls://alerts%40acme.io:s3cr%2Ft@mail.acme.io:587")).email_url)
+    assert smtp == {"EMAIL_BACKEND": "django.core.mail.backends.smtp.EmailBackend", "EMAIL_HOST": "mail.acme.io", "EMAIL_PORT": 587,
+                    "EMAIL_HOST_USER": "alerts@acme.io", "EMAIL_HOST_PASSWORD": "s3cr/t", "EMAIL_USE_TLS": True, "EMAIL_USE_SSL": False,
+                    "EMAIL_TIMEOUT": 10}
+    assert email_settings("smtps://mail.acme.io")["EMAIL_PORT"] == 465
+    assert load(env(tmp_path, DEFAULT_FROM_EMAIL="GridBid <market@acme.io>")).default_from_email == "GridBid <market@acme.io>"
 
 
 def test_production_values_are_read(tmp_path):
@@ -110,3 +130,10 @@ def test_readme_documents_every_variable():
     readme = (ROOT / "README.md").read_text()
     missing = [v.name for v in VARIABLES if f"`{v.name}`" not in readme]
     assert not missing, f"README configuration table lacks {missing}"
+
+
+def test_the_faucet_is_automatic_unless_switched_on_or_off(tmp_path):
+    assert load(env(tmp_path)).chain_faucet is None, "unset: on for the embedded dev chain only"
+    assert load(env(tmp_path, CHAIN_FAUCET="auto")).chain_faucet is None
+    assert load(env(tmp_path, CHAIN_FAUCET="true")).chain_faucet is True
+    assert load(env(tmp_path, CHAIN_FAUCET="off")).chain_faucet is False

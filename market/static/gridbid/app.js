@@ -45,6 +45,8 @@
     const confirmed = button.form && button.form.querySelector("input[name=confirmed]");
     if (confirmed) confirmed.value = "yes";
   }, true);
+  // token base units exactly (the `tokens` template filter): money a provider checks against the chain
+  const tokens = (v) => none(v) ? "—" : figure(v);
   const flash = (el) => { if (!el) return; el.classList.remove("flash"); void el.offsetWidth; el.classList.add("flash"); };
   const setText = (el, text) => { if (el && el.textContent !== text) { el.textContent = text; flash(el); } };
   const esc = (v) => String(v === null || v === undefined ? "" : v).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", "\"": "&quot;", "'": "&#39;" }[c]));
@@ -104,7 +106,7 @@
         // or one round, still get a readable axis
         scales: { x: { time: !rounds, range: (u) => { const xs = u.data[0], lo = xs[0], hi = xs[xs.length - 1]; return hi - lo < minSpan ? [hi - minSpan, hi + minSpan / 20] : [lo, hi]; } }, y: yRange ? { range: yRange } : {} },
         axes: [x, { ...axis(), size: 64, values: (u, vals) => vals.map(yFmt) }],
-        series: [{ label: rounds ? "round" : "time", value: (u, v) => (v === null ? "—" : rounds ? "#" + v : new Date(v * 1000).toLocaleString()) },
+        series: [{ label: rounds ? "round" : "time", value: (u, v) => (v === null ? "—" : rounds ? "#" + v : stamp(new Date(v * 1000))) },
           ...labels.map((label, i) => ({ label, stroke: cssVar(PALETTE[i % PALETTE.length]), width: 2, spanGaps: true, points: { size: 5 }, value: (u, v) => (v === null ? "—" : yFmt(v)) }))],
       }, data, el);
     }
@@ -236,7 +238,7 @@
     };
     const earnings = charts.earnings.slice();
     const earnChart = lineChart(document.getElementById("earnings-chart"), { yFmt: (v) => "$" + v.toLocaleString("en-US", { maximumFractionDigits: Math.abs(v) < 100 ? 2 : 0 }) });
-    const drawEarnings = () => earnChart && earnChart.set([earnings.map((p) => p[0]), earnings.map((p) => p[1] / 1e6)], ["sold, cumulative"]);
+    const drawEarnings = () => earnChart && earnChart.set([earnings.map((p) => p[0]), earnings.map((p) => p[1] / 1e6)], ["paid on chain, less held"]);
     drawUtil(); drawEarnings();
 
     const gpuCells = (m) => (m.telemetry || []).length
@@ -284,13 +286,14 @@
       if (fresh) {
         row = document.createElement("tr");
         row.dataset.sale = t.id;
-        row.innerHTML = `<td><a href="/trades/${t.id}/">#${t.id}</a></td><td>#${t.round}</td><td>${esc(t.gpu_model)} · ${esc(t.region)}</td><td class="num">${price(t.price)}</td><td class="num">${t.gpus}</td><td class="num">${money(t.amount)}</td><td><span class="pill" data-field="state"></span></td><td data-field="job">—</td>`;
+        row.innerHTML = `<td><a href="/trades/${t.id}/">#${t.id}</a></td><td>#${t.round}</td><td>${esc(t.gpu_model)} · ${esc(t.region)}</td><td class="num">${price(t.price)}</td><td class="num">${t.gpus}</td><td class="num">${money(t.amount)}</td><td class="num" data-field="paid">—</td><td><span class="pill" data-field="state"></span></td><td data-field="job">—</td>`;
         document.querySelector("#sales tbody").prepend(row);
         document.querySelector("#sales").closest(".table-wrap").hidden = false;
         const empty = document.getElementById("sales-empty"); if (empty) empty.remove();
         flash(row);
       }
       pill(row.querySelector("[data-field=state]"), t.state);
+      setText(row.querySelector("[data-field=paid]"), t.paid === null || t.paid === undefined ? "—" : tokens(t.paid));
       if (t.job) {
         const cell = row.querySelector("[data-field=job]");
         if (!cell.querySelector("progress")) cell.innerHTML = '<span class="job-state"></span> <progress max="1" aria-label="job progress"></progress>';
@@ -301,15 +304,23 @@
     }
     watch("sales", (d, isSnapshot) => {
       const totals = d.totals || {};
-      ["sold", "settled", "pending"].forEach((k) => setText(document.querySelector(`[data-kpi=${k}]`), money(totals[k] || 0)));
-      (isSnapshot ? d.sales.slice().reverse() : [d.sale]).forEach((t) => {
-        if (renderSale(t) && !isSnapshot) {
-          // one point per round: the sales of one round share its moment
-          const at = Date.parse(t.created_at) / 1000, lastPoint = earnings[earnings.length - 1];
-          if (lastPoint && at - lastPoint[0] < 1) lastPoint[1] = totals.sold; else earnings.push([at, totals.sold]);
-          drawEarnings();
-        }
-      });
+      ["sold", "pending"].forEach((k) => setText(document.querySelector(`[data-kpi=${k}]`), money(totals[k] || 0)));
+      ["paid", "held", "free", "stake"].forEach((k) => setText(document.querySelector(`[data-kpi=${k}]`), tokens(totals[k] || 0)));
+      (isSnapshot ? d.sales.slice().reverse() : [d.sale]).forEach((t) => renderSale(t));
+      // the chart follows the chain: a point when a confirmed settlement or ruling moved the earnings
+      const value = (totals.paid || 0) - (totals.held || 0), lastPoint = earnings[earnings.length - 1];
+      if (!isSnapshot && totals.paid !== undefined && (lastPoint ? lastPoint[1] !== value : value !== 0)) {
+        const at = Date.now() / 1000;
+        if (lastPoint && at - lastPoint[0] < 1) lastPoint[1] = value; else earnings.push([at, value]);
+        drawEarnings();
+      }
+    });
+    // a withdrawal or a stake top-up moves no sale: the balances channel carries them
+    watch("balances", (d) => {
+      const b = d.balances;
+      if (!b || !b.provider_address) return;
+      setText(document.querySelector("[data-kpi=free]"), tokens(b.earnings_free || 0));
+      setText(document.querySelector("[data-kpi=stake]"), tokens(b.stake || 0));
     });
   }
 

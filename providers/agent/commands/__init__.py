@@ -137,3 +137,10 @@ def provider_on_chain(ctx: click.Context, config: Any, rpc_url: str | None, noth
     if market is None:
         fail(f"{nothing}: {why_not}.", 2)
     return account, market
+
+
+def faucet_hint(market: Any, otherwise: str) -> str:
+    """What to do about missing tokens or gas: the faucet where the market's dev chain has one."""
+    if market.info.faucet:
+        return "This market runs a dev chain with a faucet: run `gridbid-agent faucet` for test tokens and gas"
+    return f"{otherwise} (the faucet, `gridbid-agent faucet`, runs only on a market's dev chain, not on this one)"

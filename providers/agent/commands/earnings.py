@@ -6,30 +6,28 @@ import click
 @click.command("earnings")
 @click.pass_context
 def command(ctx: click.Context) -> None:
-    """Trades sold by this provider, by state, with their amounts."""
-    from collections import defaultdict
+    """What this provider was paid on chain, what disputes hold, and its trades by state.
 
-    from rich.table import Table
+    The money comes from the market's journal of confirmed chain events
+    (GET /api/v1/ledger/earnings/), the same figures as the provider page, and matches
+    the market contract to the unit: `paid` is what settlements paid for the GPU-time
+    used (the unused part of each lock goes back to the buyer), less disputes lost.
+    """
+    from collections import Counter
 
+    from providers.agent.chain import tokens
+    from providers.agent.client import MarketError
     from providers.agent.commands import client_for, console, load, market_call
-    from providers.agent.pricing import format_amount
 
     config = load(ctx)
     client = client_for(config)
     me = market_call(client.provider)
-    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for tr in market_call(client.trades):
-        if tr["provider"] == me["id"]:
-            totals[tr["state"]][0] += 1
-            totals[tr["state"]][1] += int(tr["amount"])
-    t = Table("state", "trades", "amount", title="Earnings (token units; settled = paid)")
-    for state, (n, amount) in sorted(totals.items()):
-        t.add_row(state, str(n), format_amount(amount))
+    states = Counter(tr["state"] for tr in market_call(client.trades) if tr["provider"] == me["id"])
     out = console()
-    out.print(t)
-    from providers.agent.chain import tokens
-    from providers.agent.client import MarketError
-
+    if states:
+        out.print("Trades sold: " + ", ".join(f"{n} {state}" for state, n in sorted(states.items())))
+    else:
+        out.print("No trades sold yet.")
     try:
         money = client.earnings()
     except MarketError as exc:
@@ -38,6 +36,10 @@ def command(ctx: click.Context) -> None:
     if not money.get("address"):
         out.print("No chain address proven yet: run `gridbid-agent register`.")
         return
-    out.print(f"On chain ({money['address']}, from the market's journal): paid {tokens(int(money['paid']))}, "
-              f"free to withdraw {tokens(int(money['free']))}, held in disputes {tokens(int(money['held']))}, "
-              f"stake {tokens(int(money['stake']))} tokens. `gridbid-agent withdraw` pays the free balance out.")
+    d = money.get("disputes") or {}
+    out.print(f"On chain ({money['address']}, confirmed events only): paid {tokens(int(money['paid']))} "
+              f"(settled {tokens(int(money['settled']))} for the GPU-time used, less {tokens(int(d.get('lost_amount', 0)))} "
+              f"lost in {int(d.get('lost', 0))} dispute(s)), held in disputes {tokens(int(money['held']))} "
+              f"({int(d.get('open', 0))} open, {int(d.get('won', 0))} won), free to withdraw {tokens(int(money['free']))}, "
+              f"withdrawn {tokens(int(money['withdrawn']))}, stake {tokens(int(money['stake']))} "
+              f"(slashed {tokens(int(money['slashed']))}) tokens. `gridbid-agent withdraw` pays the free balance out.")

@@ -79,7 +79,7 @@ def register_on_chain(config: Any, client: Any, *, account: Any, bls_key: Any, s
     """Stake and register the BLS key in the market contract, unless already registered."""
     from contracts import bls
     from providers.agent.chain import tokens
-    from providers.agent.commands import chain_call, chain_for
+    from providers.agent.commands import chain_call, chain_for, faucet_hint
     from providers.agent.pricing import PricingError, parse_amount
 
     market, why_not = chain_for(config, client, rpc_url)
@@ -101,7 +101,11 @@ def register_on_chain(config: Any, client: Any, *, account: Any, bls_key: Any, s
     held = int(chain_call(lambda: market.token_view("balanceOf", address)))
     if held < amount:
         fail(f"Not enough tokens for the stake: {address} holds {tokens(held)} of token {market.info.token}, "
-             f"the stake is {tokens(amount)}. Send at least {tokens(amount - held)} more tokens to {address}, then run `gridbid-agent register` again.")
+             f"the stake is {tokens(amount)}. {faucet_hint(market, f'Send at least {tokens(amount - held)} more tokens to {address}')}, "
+             "then run `gridbid-agent register` again.")
+    if chain_call(lambda: market.eth_balance(address)) == 0:
+        fail(f"No ETH for gas: {address} holds none on chain {market.info.chain_id}, and staking takes two transactions. "
+             f"{faucet_hint(market, f'Send some ETH to {address}')}, then run `gridbid-agent register` again.")
     if int(chain_call(lambda: market.token_view("allowance", address, market.info.market))) < amount:
         receipt = chain_call(lambda: market.approve(account, amount))
         out.print(f"Approved the market to take the {tokens(amount)}-token stake (tx {receipt['transactionHash']}).")

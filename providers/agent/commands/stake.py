@@ -22,7 +22,14 @@ def command(ctx: click.Context, amount: str | None, rpc_url: str | None) -> None
     from rich.table import Table
 
     from providers.agent.chain import tokens
-    from providers.agent.commands import amount_option, chain_call, console, load, provider_on_chain
+    from providers.agent.commands import (
+        amount_option,
+        chain_call,
+        console,
+        faucet_hint,
+        load,
+        provider_on_chain,
+    )
 
     config = load(ctx)
     out = console()
@@ -43,7 +50,7 @@ def command(ctx: click.Context, amount: str | None, rpc_url: str | None) -> None
     held = int(chain_call(lambda: market.token_view("balanceOf", address)))
     if held < value:
         fail(f"Not enough tokens: {address} holds {tokens(held)} of token {market.info.token} and the top-up is {tokens(value)}. "
-             f"Send at least {tokens(value - held)} more tokens to {address}, then run `gridbid-agent stake` again.", 2)
+             f"{faucet_hint(market, f'Send at least {tokens(value - held)} more tokens to {address}')}, then run `gridbid-agent stake` again.", 2)
     if int(chain_call(lambda: market.token_view("allowance", address, market.info.market))) < value:
         chain_call(lambda: market.approve(account, value))
     receipt = chain_call(lambda: market.add_stake(account, value))

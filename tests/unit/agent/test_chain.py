@@ -298,7 +298,8 @@ def test_register_without_enough_tokens_says_how_many_more_to_send(agent):
 def test_register_without_gas_says_to_send_eth(agent):
     agent.node.tokens[agent.address] = 100 * T
     r = agent.run("register")
-    assert r.exit_code == 1 and "ETH in gas" in r.flat and "send some ETH to" in r.flat
+    assert r.exit_code == 1 and "No ETH for gas" in r.flat and f"send some eth to {agent.address.lower()}" in r.flat.lower()
+    assert "`gridbid-agent faucet`, runs only on a market's dev chain, not on this one" in r.flat and agent.node.sent == []
 
 
 @pytest.mark.parametrize("stake,msg", [("50", "below the market's minimum stake of 100 tokens"), ("lots", "not an amount")])

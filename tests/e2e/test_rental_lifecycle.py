@@ -1,0 +1,205 @@
+"""The whole life of a rental, as its people live it: a buyer in Chromium, two providers'
+real `gridbid-agent` daemons staked on the server's dev chain, one real `gridbid up`.
+
+The buyer's unfunded bid is refused with the shortfall; it gets test tokens, deposits them
+and bids again; a round matches it to the cheaper provider, whose agent runs it once the
+trade is recorded on chain. The buyer extends the booking at the offer's ask, then stops
+the job early. The provider's GPUs come back to the market, both trades settle on chain
+against the agent's signed receipts, and what the provider is shown as paid is what the
+chain pays it when it withdraws.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e import test_browser as ui
+from tests.e2e.conftest import start_server, stop_server, wait_for_js
+from tests.e2e.funds import TOKENS, chain_rpc, fund, make_tokens, token_balance, wait_for
+from tests.e2e.test_agent_e2e import agent, flat, join_market, start_daemon, stop_daemons
+from tests.receiver import Receiver, verify, wait_for_events
+
+browser, page, shot = ui.browser, ui.page, ui.shot  # the buyer's tour's Chromium fixtures and screenshots
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+PASSWORD = "correct-horse-battery-staple"  # what tests.e2e.funds.make_tokens gives its accounts
+A10 = ("NVIDIA A10", 23028, "A10-24GB")
+# writes its output, then works until its agent stops it; typed into the bid form's command
+JOB = f"{sys.executable} -c \"import os, time; open(os.environ['GRIDBID_OUTPUT_DIR'] + '/result.txt', 'w').write('42'); [time.sleep(0.5) for _ in range(1200)]\""
+
+
+@pytest.fixture(scope="module")
+def market(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
+    # the buyer's webhook receiver listens on 127.0.0.1: a private address, allowed here only
+    proc, base, env = start_server(tmp_path_factory.mktemp("rental"), demo=False, extra_env={"WEBHOOK_ALLOW_PRIVATE_URLS": "true"})
+    try:
+        yield base, env
+    finally:
+        stop_server(proc)
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    yield r
+    r.close()
+
+
+def log_in(page: Any, base: str, username: str) -> None:
+    page.goto(base + "/login/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", PASSWORD)
+    page.click("main button:has-text('Log in')")
+    page.wait_for_selector(f"text={username}")
+
+
+def place_bid(page: Any, base: str) -> None:
+    page.goto(base + "/bids/new/")
+    page.select_option("#id_gpu_model", A10[2])
+    page.fill("#id_gpus", "1")
+    page.fill("#id_max_price_usd", "3.00")
+    page.fill("#id_hours", "0.1")
+    page.fill("#id_image", "")
+    page.fill("#id_command", JOB)
+    page.click("#place")
+
+
+def test_a_rental_from_refused_bid_to_stop_early_settles_on_chain_and_frees_the_gpus(market, page, receiver, tmp_path):
+    base, env = market
+    rpc, chain = chain_rpc(base)
+    buyer = f"renter{uuid.uuid4().hex[:6]}"
+    tokens = make_tokens(env, cheap=("provider", ("read", "provide")), dear=("provider", ("read", "provide")), **{buyer: ("buyer", ("read", "trade"))})
+
+    def stake(home: Path) -> None:
+        fund(rpc, chain, json.loads((home / "keys" / "eth-keystore.json").read_text())["address"], 150 * TOKENS)
+
+    cheap, cheap_machine = join_market(base, tmp_path, "cheap", tokens["cheap"], region="eu-west", price="1.20", gpu=A10, states="recorded", chain=True, fund=stake)
+    dear, _ = join_market(base, tmp_path, "dear", tokens["dear"], region="us-east", price="2.40", gpu=A10, states="recorded", chain=True, fund=stake)
+    provider = {"Authorization": f"Bearer {tokens['cheap']}"}
+    auth = {"Authorization": f"Bearer {tokens[buyer]}"}
+    address = httpx.get(f"{base}/api/v1/providers/me/", headers=provider).json()["chain_address"]
+    daemons = [start_daemon(home, seconds=400) for home in (cheap, dear)]
+    server_log = Path(env["GRIDBID_DATA_DIR"]) / "server.log"
+    logs = lambda: "\n".join((h / "daemon.log").read_text()[-3000:] for h in (cheap, dear)) + "\n" + server_log.read_text()[-3000:]  # noqa: E731
+    try:
+        # 0. the buyer wants to be told: a webhook, added on the account page (its secret shown once)
+        log_in(page, base, buyer)
+        page.goto(base + "/account/")
+        page.fill("#webhooks input[name=url]", receiver.url)
+        for event in ("bid.matched", "job.running", "job.preempted"):
+            page.check(f"#webhooks input[name=events][value='{event}']")
+        page.click("#webhooks button:has-text('Add webhook')")
+        secret = page.inner_text("#new-webhook-secret").strip()
+
+        # 1. no escrow: the bid is refused, with what is missing and where to deposit it
+        place_bid(page, base)
+        refusal = page.inner_text("div.error[role=alert]")
+        assert "escrow has 0.00 USDC free" in refusal and "Deposit at least 0.30 USDC" in refusal, refusal
+        assert httpx.get(f"{base}/api/v1/bids/", headers=auth).json()["results"] == [], "a refused bid places nothing"
+
+        # 2. test tokens from the dev chain's faucet, deposited into escrow from the Wallet page
+        page.goto(base + "/wallet/")
+        page.click("#faucet")
+        page.wait_for_selector("text=1,000 test USDC are on their way")
+        wait_for("the faucet's tokens", lambda: token_balance(rpc, chain, httpx.get(f"{base}/api/v1/ledger/escrow/", headers=auth).json()["address"]) > 0, seconds=60)
+        page.fill("#deposit-form input[name=amount]", str(5 * TOKENS))
+        page.click("#deposit-form button")
+        wait_for("the deposit in escrow", lambda: httpx.get(f"{base}/api/v1/ledger/escrow/", headers=auth).json()["free"] == 5 * TOKENS, seconds=60, logs=logs)
+
+        # 3. funded: placed, matched to the cheaper machine, run once the trade is on chain
+        place_bid(page, base)
+        page.wait_for_selector("text=placed: it takes part in the next round")
+
+        def running() -> Any:
+            jobs = httpx.get(f"{base}/api/v1/jobs/", headers=auth).json()["results"]
+            return jobs[0] if jobs and jobs[0]["state"] == "running" else None
+
+        job = wait_for("the job running on the cheaper machine", running, seconds=90, logs=logs)
+        assert job["machine"] == cheap_machine
+        trade = httpx.get(f"{base}/api/v1/trades/{job['trade']}/", headers=auth).json()
+        assert trade["state"] == "recorded" and trade["price"] == 1_200_000 and trade["duration_s"] == 360
+        offer = httpx.get(f"{base}/api/v1/offers/{trade['offer']}/").json()
+        assert offer["gpus_free"] == 1, offer
+
+        # 4. more time at the offer's ask, from the job page
+        page.goto(f"{base}/jobs/{job['id']}/")
+        page.wait_for_selector("#rental")
+        assert "Extend at 1.20 USDC/GPU-h" in page.inner_text("#extend")
+        page.fill("#extend-form input[name=hours]", "0.05")
+        page.click("#extend")
+        page.wait_for_selector("text=Extended by 3 min at 1.20 USDC/GPU-h")
+        extension = next(t for t in httpx.get(f"{base}/api/v1/trades/", headers=auth).json()["results"] if t["extends"] == trade["id"])
+        assert extension["extends"] == trade["id"] and extension["duration_s"] == 180 and extension["amount"] == 60_000
+        assert page.locator("#extensions tbody tr").count() == 1
+        shot(page, "rental-extended")
+
+        # 5. stop early: a second, red step; then pending until the agent reports it stopped
+        page.click("#stop-zone summary")
+        page.click("#stop-confirm")
+        page.wait_for_selector("text=is stopping")
+
+        def stopped() -> Any:
+            j = httpx.get(f"{base}/api/v1/jobs/{job['id']}/", headers=auth).json()
+            return j if j["state"] == "preempted" and "receipt" in j["checkpoint"] else None
+
+        done = wait_for("the job stopped with a signed receipt", stopped, seconds=60, logs=logs)
+        used = done["checkpoint"]["receipt"]["body"]["gpu_seconds"]
+        assert 0 < used < 360
+        page.reload()
+        wait_for_js(page, "document.getElementById('booking-released') !== null")
+        assert page.locator("#stop-zone").count() == 0 and page.locator("#extend-form").count() == 0
+        shot(page, "rental-stopped")
+
+        # 6. its output, uploaded by the agent and checked against the receipt, for the buyer only
+        page.reload()
+        wait_for_js(page, "document.querySelector('#job-outputs a[download]') !== null", timeout_ms=60_000)
+        with page.expect_download() as download:
+            page.click("#job-outputs a[download]")
+        content = Path(download.value.path()).read_bytes()
+        (listed,) = done["checkpoint"]["receipt"]["outputs"]
+        assert content == b"42" and hashlib.sha256(content).hexdigest() == listed["sha256"] and listed["path"] == "result.txt"
+        stranger = {"Authorization": f"Bearer {tokens['dear']}"}
+        assert httpx.get(f"{base}/api/v1/jobs/{job['id']}/outputs/result.txt", headers=stranger).status_code == 404
+
+        # and the webhook heard it all, signed with the secret shown once
+        got = wait_for_events(receiver, ["bid.matched", "job.running", "job.preempted"], seconds=30)
+        assert got[:3] == ["bid.matched", "job.running", "job.preempted"], got
+        bodies = [verify(secret, request) for request in receiver.requests]
+        assert bodies[2]["data"]["job"]["id"] == job["id"], bodies[2]
+
+        # 7. the GPUs are back on the market, for the next buyer
+        wait_for("the offer's GPU free again", lambda: httpx.get(f"{base}/api/v1/offers/{trade['offer']}/").json()["gpus_free"] == 2, seconds=10)
+
+        # 8. both trades settle on chain against the agent's receipts; the provider is paid
+        # for what ran, the buyer refunded the rest
+        def settled() -> Any:
+            rows = [httpx.get(f"{base}/api/v1/trades/{t}/", headers=auth).json() for t in (trade["id"], extension["id"])]
+            # the extension's time never began: its receipt counts nothing and it is refunded whole
+            return rows if rows[0]["state"] == "settled" and rows[1]["state"] in ("settled", "refunded") else None
+
+        wait_for("both trades closed on chain", settled, seconds=180, logs=logs)
+        earnings = wait_for("the payment in the provider's earnings", lambda: (e := httpx.get(f"{base}/api/v1/ledger/earnings/", headers=provider).json())["free"] > 0 and e, seconds=30)
+        expected = trade["price"] * used // 3600  # the extension's receipt counts what ran past the first booking: nothing here
+        assert earnings["paid"] == earnings["free"] == expected, earnings
+
+        # 9. what the provider is shown is what the chain pays it
+        page.context.clear_cookies()  # the provider signs in on its own
+        log_in(page, base, "cheap")
+        page.goto(base + "/provider/")
+        offers_row = page.inner_text(f"text=#{trade['offer']} >> xpath=ancestor::tr")
+        assert re.search(r"\b2 / 2\b", offers_row), offers_row
+        before = token_balance(rpc, chain, address)
+        r = agent(cheap, "withdraw")
+        assert r.returncode == 0, r.stderr + r.stdout
+        assert token_balance(rpc, chain, address) - before == expected, flat(r.stdout)
+    finally:
+        stop_daemons(daemons)
