@@ -91,14 +91,11 @@ def when(value: object, default: str = "—") -> SafeString:
 
 
 @register.filter
-def tokens(base_units: int | None) -> str:
+def tokens(base_units: object) -> str:
     """Token base units exactly, at least two decimals: 1400 -> '0.0014', 2000000 -> '2.00'.
     For money a provider reconciles with the chain to the unit."""
-    if base_units is None:
-        return "—"
-    whole, frac = divmod(abs(int(base_units)), 10**TOKEN_DECIMALS)
-    digits = f"{frac:0{TOKEN_DECIMALS}d}".rstrip("0").ljust(2, "0")
-    return f"{'-' if base_units < 0 else ''}{whole:,}.{digits}"
+    v = _units(base_units)
+    return "—" if v is None else m.figure(v)
 
 
 @register.filter
