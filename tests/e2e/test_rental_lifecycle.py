@@ -160,8 +160,8 @@ def test_a_rental_from_refused_bid_to_stop_early_settles_on_chain_and_frees_the_
         shot(page, "rental-stopped")
 
         # 6. its output, uploaded by the agent and checked against the receipt, for the buyer only
+        wait_for("the output at the market", lambda: httpx.get(f"{base}/api/v1/jobs/{job['id']}/outputs/", headers=auth).json().get("files"), seconds=60, logs=logs)
         page.reload()
-        wait_for_js(page, "document.querySelector('#job-outputs a[download]') !== null", timeout_ms=60_000)
         with page.expect_download() as download:
             page.click("#job-outputs a[download]")
         content = Path(download.value.path()).read_bytes()
