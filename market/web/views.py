@@ -438,8 +438,7 @@ def bid_new(request: HttpRequest) -> HttpResponse:
         except EscrowShort as exc:
             # the money is missing, not the bid: say how much, and offer the deposit
             shortfall = {"amount": exc.shortfall, "usdc": money.figure(exc.shortfall).replace(",", ""), "cost": exc.cost, "available": max(exc.available, 0)}
-            form.add_error(None, f"Your escrow is {money.usdc(exc.shortfall)} short for this bid: it may cost up to {money.usdc(exc.cost)} "
-                                 f"(max price × GPUs × hours) and {money.usdc(max(exc.available, 0))} is free to commit.")
+            form.add_error(None, exc.message)
         except DomainError as exc:
             form.add_error(None, exc.message)
         else:
