@@ -4,6 +4,7 @@ order's state and payment are on screen without scrolling sideways."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -21,7 +22,7 @@ PASSWORD = "correct-horse-battery-staple"  # tests/e2e/funds.py make_tokens
 
 @pytest.fixture
 def phone(browser: Any) -> Iterator[Any]:  # noqa: F811
-    context = browser.new_context(viewport=PHONE, device_scale_factor=2, is_mobile=True, has_touch=True)
+    context = browser.new_context(viewport=PHONE, device_scale_factor=2, is_mobile=True, has_touch=True, timezone_id="Europe/Paris")
     pg = context.new_page()
     pg.set_default_timeout(20_000)
     blocked: list[str] = []
@@ -87,6 +88,12 @@ def test_a_buyer_on_a_phone_sees_each_orders_state_and_payment_without_scrolling
     page.goto(base + "/bids/new/")
     no_sideways_scroll(page)
     page.goto(base + "/wallet/")
+    no_sideways_scroll(page)
+    # moments read in the reader's own zone, one format everywhere (the server writes UTC)
+    page.goto(base + "/rounds/")
+    wait_for_js(page, "document.querySelector('time.ts[data-local]')")
+    stamp = page.inner_text("time.ts >> nth=0")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d (CET|GMT\+1)", stamp), stamp
     no_sideways_scroll(page)
 
     # market detail and offers: cards, no sideways scroll either
