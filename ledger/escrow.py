@@ -26,6 +26,7 @@ from ledger.wallet import is_wallet_buyer
 from market.audit import AuditAction, audit_record
 from market.errors import Conflict, DomainError, NotAllowed
 from market.models import User
+from market.money import usdc
 from providers.models import Provider
 
 log = logging.getLogger("gridbid.ledger.escrow")
@@ -70,7 +71,8 @@ def escrow_request(*, user: User, action: str, amount: Any, key: str) -> dict[st
         existing = CustodialKey.objects.filter(user=user).first()
         free = account_balances(prefix_filter=existing.address).get(f"free:{existing.address}", 0) if existing else 0
         if value > free:
-            raise DomainError(f"Invalid input. amount: more than your free balance ({free}).", fields={"amount": [f"More than your free balance ({free})."]})
+            raise DomainError(f"Invalid input. amount: more than your free balance ({free} base units, {usdc(free)}).",
+                              fields={"amount": [f"More than your free balance ({free} base units, {usdc(free)})."]})
     ctx = chain_for_writes()
     address = custodial_key_get_or_create(user=user).address
     if action == "deposit":
@@ -79,8 +81,8 @@ def escrow_request(*, user: User, action: str, amount: Any, key: str) -> dict[st
         except UNREACHABLE as exc:
             raise ChainUnavailable(f"The chain node does not answer ({exc}).") from exc
         if value > held:
-            raise DomainError(f"Invalid input. amount: more than the {held} tokens your custodial address {address} holds.",
-                              fields={"amount": [f"More than the tokens at your custodial address ({held})."]})
+            raise DomainError(f"Invalid input. amount: more than the {held} base units ({usdc(held)}) your custodial address {address} holds.",
+                              fields={"amount": [f"More than the tokens at your custodial address ({held} base units, {usdc(held)})."]})
     keys = [f"approve:{key}", f"deposit:{key}"] if action == "deposit" else [f"withdraw:{key}"]
     transaction.on_commit(lambda: _send(user_id=user.pk, action=action, amount=value, key=key))
     audit_record(actor=user, action=AuditAction.ESCROW_WITHDRAW if action == "withdraw" else AuditAction.ESCROW_DEPOSIT,

@@ -17,6 +17,7 @@ from ledger.context import deployment_current
 from ledger.journal import account_balances
 from ledger.models import (
     BatchState,
+    ChainEvent,
     ChainTx,
     ChainTxState,
     Cosign,
@@ -202,3 +203,50 @@ def trade_visible(*, user: User, trade: Trade) -> bool:
     if user.is_operator:
         return True
     return trade.buyer_id == user.pk or Provider.objects.filter(pk=trade.provider_id, user=user).exists()
+
+
+# --- a trade's dispute -------------------------------------------------------------------------
+REQUEST_UNSENT_AFTER_S = 600  # a request with no transaction by then was not sent (the log says why)
+
+
+def trade_dispute(*, trade: Trade) -> dict[str, Any]:
+    """A trade's dispute as its page shows it: the dispute or ruling asked for and not yet
+    applied from a confirmed event (``pending``: its transaction and that transaction's
+    state), the chain's DisputeOpened (transaction, amount held, how much from the stake)
+    and DisputeResolved, and when the dispute window closes(d), by the chain's clock as the
+    dispute request read it."""
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from market.models import AuditAction, AuditEvent
+    from market.states import TradeState
+
+    out: dict[str, Any] = {"opened": None, "resolved": None, "pending": None, "failed": None, "window_closes": None}
+    for e in ChainEvent.objects.filter(name__in=("DisputeOpened", "DisputeResolved"), args__trade_id=trade.pk).order_by("block_number", "log_index"):
+        row = {"tx_hash": e.tx_hash, "block": e.block_number, "confirmed": e.applied, **e.args}
+        out["opened" if e.name == "DisputeOpened" else "resolved"] = row
+    requests = list(AuditEvent.objects.filter(object_type="trade", object_id=str(trade.pk),
+                                              action__in=(AuditAction.TRADE_DISPUTE, AuditAction.TRADE_RULING)).order_by("-id")[:20])
+    for r in requests:
+        if r.action == AuditAction.TRADE_DISPUTE and isinstance(r.details.get("window_left_s"), int):
+            out["window_closes"] = r.at + dt.timedelta(seconds=r.details["window_left_s"])
+            break
+    # what is still to come: a request the trade's state does not show yet
+    waiting_for = {AuditAction.TRADE_DISPUTE: TradeState.SETTLED, AuditAction.TRADE_RULING: TradeState.DISPUTED}
+    unapplied = {k: v for k, v in (("dispute", out["opened"]), ("ruling", out["resolved"])) if v and not v["confirmed"]}
+    newest = requests[0] if requests else None
+    if newest is None or trade.state != waiting_for[AuditAction(newest.action)]:
+        return out
+    action = "dispute" if newest.action == AuditAction.TRADE_DISPUTE else "ruling"
+    keys = [k for k in newest.details.get("transactions") or [] if isinstance(k, str)]
+    tx = ChainTx.objects.filter(key__in=keys).order_by("-id").first() if keys else None
+    seen = unapplied.get(action)
+    if tx is not None and tx.state == ChainTxState.FAILED:
+        out["failed"] = {"action": action, "tx": _tx(tx), "error": tx.error}
+    elif tx is not None or seen is not None:
+        out["pending"] = {"action": action, "tx": _tx(tx) if tx else {"tx_hash": seen["tx_hash"], "state": "mined", "block": seen["block"], "block_hash": None},
+                          "at": newest.at, "details": newest.details}
+    elif keys and (timezone.now() - newest.at).total_seconds() < REQUEST_UNSENT_AFTER_S:
+        out["pending"] = {"action": action, "tx": None, "at": newest.at, "details": newest.details}
+    return out

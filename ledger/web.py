@@ -19,6 +19,7 @@ from ledger.escrow import (
     tokens_held,
 )
 from ledger.wallet import is_wallet_buyer
+from market import money
 from market.errors import DomainError
 from market.models import Trade
 from market.states import TradeState
@@ -43,16 +44,25 @@ def wallet(request: HttpRequest) -> HttpResponse:
                 messages.success(request, f"1,000 test USDC are on their way to {done['address']}; deposit them below.")
             return redirect("web:wallet")
         try:
-            done = escrow_request(user=request.user, action=action, amount=request.POST.get("amount", "").strip(), key=f"web:{request.user.pk}:{nonce}")
+            amount = money.parse_usdc(request.POST.get("amount", ""), what=f"{action} amount")
+            done = escrow_request(user=request.user, action=action, amount=amount, key=f"web:{request.user.pk}:{nonce}")
+        except ValueError as exc:
+            messages.error(request, str(exc))
         except (DomainError, ChainUnavailable) as exc:
             messages.error(request, str(getattr(exc, "message", exc)))
         else:
-            messages.success(request, f"{action.capitalize()} of {done['amount']} base units sent from {done['address']}; it shows here once the chain confirms it.")
+            messages.success(request, f"{action.capitalize()} of {money.usdc(done['amount'])} sent from {done['address']}; it shows here once the chain confirms it.")
         return redirect("web:wallet")
     escrow = selectors.escrow_of(user=request.user)
+    prefill = ""
+    try:  # ?deposit=12.50: the bid form's link when escrow fell short
+        if request.GET.get("deposit"):
+            prefill = money.figure(money.parse_usdc(request.GET["deposit"])).replace(",", "")
+    except ValueError:
+        prefill = ""
     return render(request, "ledger/wallet.html", {
         "escrow": escrow, "chain": selectors.chain_info(), "nonce": uuid.uuid4().hex,
-        "faucet": faucet_available(), "held": tokens_held(escrow.get("address")),
+        "faucet": faucet_available(), "held": tokens_held(escrow.get("address")), "deposit_prefill": prefill,
     })
 
 
@@ -63,21 +73,33 @@ def trade_page(request: HttpRequest, trade_id: int) -> HttpResponse:
     trade = Trade.objects.filter(pk=trade_id).select_related("provider", "buyer").first()
     if trade is None or not selectors.trade_visible(user=request.user, trade=trade):
         raise Http404("No such trade of yours")
+    confirm = None
     if request.method == "POST":
-        _trade_action(request, trade)
-        return redirect("web:trade", trade_id=trade.pk)
+        action = request.POST.get("action", "")
+        if action in DANGER and request.POST.get("confirmed") != "yes":
+            # without JavaScript's confirm dialog: this page again, asking once more
+            confirm = {"action": action, "label": DANGER[action], "slash": request.POST.get("slash", "0")}
+        else:
+            _trade_action(request, trade)
+            return redirect("web:trade", trade_id=trade.pk)
     ledger = selectors.trade_ledger(trade=trade)
+    dispute = selectors.trade_dispute(trade=trade)
     s = ledger["settlement"]
     proof_inputs = None
     if s is not None:
         proof_inputs = {"trade": trade.pk, "gpu_seconds": s["gpu_seconds"], "digest": s["digest"], "leaf": s["leaf"],
                         "proof": s["proof"], "index": s["index"], "root": s["root"]}
+    pending = dispute["pending"]
     return render(request, "ledger/trade.html", {
-        "trade": trade, "ledger": ledger, "proof_inputs": proof_inputs, "nonce": uuid.uuid4().hex,
-        "can_dispute": trade.state == TradeState.SETTLED and trade.buyer_id == request.user.pk,
-        "can_rule": trade.state == TradeState.DISPUTED and request.user.is_operator,
+        "trade": trade, "ledger": ledger, "proof_inputs": proof_inputs, "nonce": uuid.uuid4().hex, "dispute": dispute, "confirm": confirm,
+        "can_dispute": trade.state == TradeState.SETTLED and trade.buyer_id == request.user.pk and not pending,
+        "can_rule": trade.state == TradeState.DISPUTED and request.user.is_operator and not pending,
         "wallet_buyer": is_wallet_buyer(request.user),
     })
+
+
+# actions that move held money: each asks for confirmation first (app.js's dialog, or the page again)
+DANGER = {"dispute": "Dispute this trade", "pay-provider": "Pay the provider", "refund-buyer": "Refund the buyer"}
 
 
 def _trade_action(request: HttpRequest, trade: Trade) -> None:
@@ -93,16 +115,17 @@ def _trade_action(request: HttpRequest, trade: Trade) -> None:
                 messages.info(request, "Your escrow is your wallet's: send the dispute from it (the call is in the API's answer).")
             else:
                 messages.success(request, f"Dispute sent: what trade {trade.pk} paid is held for the arbiter once the chain confirms it "
-                                          f"({done['window_left_s'] // 3600} h of the window were left).")
+                                          f"(the window had {done['window_left_s'] // 3600} h {done['window_left_s'] % 3600 // 60} min left).")
         elif action in ("pay-provider", "refund-buyer") and request.user.is_operator:
-            slash = request.POST.get("slash", "0").strip() or "0"
-            done = ruling_request(trade=trade, pay_provider=action == "pay-provider",
-                                  slash=int(slash) if slash.isdigit() else slash, key=key, actor=request.user)
+            slash = money.parse_usdc(request.POST.get("slash", "").strip() or "0", what="slash")
+            done = ruling_request(trade=trade, pay_provider=action == "pay-provider", slash=slash, key=key, actor=request.user)
             if "call" in done:
                 messages.info(request, f"The arbiter is {done['call']['from']}, not this server's key: send the ruling from its wallet.")
             else:
                 messages.success(request, "Ruling sent; the money moves once the chain confirms it.")
         else:
             messages.error(request, "Choose dispute, or (operators) pay the provider or refund the buyer.")
+    except ValueError as exc:
+        messages.error(request, str(exc))
     except (DomainError, ChainUnavailable) as exc:
         messages.error(request, str(getattr(exc, "message", exc)))

@@ -20,16 +20,8 @@ from django.db.models import Q, Sum
 
 from market.errors import PaymentRequired
 from market.models import Bid, Trade, User
+from market.money import TOKEN, usdc  # noqa: F401 (messages here and in jobs and rounds use them)
 from market.states import BidState, TradeState
-
-TOKEN = 10**6  # the stablecoin's base units per USDC (6 decimals)
-
-
-def usdc(amount: int) -> str:
-    """Base units as USDC for a message: 2 to 6 decimals, as many as the amount needs."""
-    text = f"{amount / TOKEN:,.6f}".rstrip("0")
-    whole, _, frac = text.partition(".")
-    return f"{whole}.{frac.ljust(2, '0')} USDC"
 
 
 def bid_worst_case(*, max_price: int, gpus: int, duration_s: int) -> int:

@@ -31,7 +31,7 @@ from .types import (
 )
 from .validate import screen
 
-ENGINE_VERSION = "1.2.1"  # 1.2.1: rows written as columns need them, MILPs without presolve (other optimal vertices); 1.2: multi-machine bids as whole fills in the LP; 1.1: uniform price at the bottom of the interval
+ENGINE_VERSION = "1.2.2"  # 1.2.2: explanations write prices in USDC/GPU-h; 1.2.1: rows written as columns need them, MILPs without presolve (other optimal vertices); 1.2: multi-machine bids as whole fills in the LP; 1.1: uniform price at the bottom of the interval
 
 __all__ = [
     "CLASSES",

@@ -1,7 +1,9 @@
 """Words for buyers: why a bid got nothing, and why an offer won.
 
-Money is written as base units with thousands separators per GPU-hour
-("2,400,000/h"); models and regions by their catalogue ids.
+Prices are written as people read them, in USDC per GPU-hour ("2.40 USDC/GPU-h",
+the same text as market/money.py writes; the engine may import nothing of ours, so the
+few lines are repeated here and a test holds the two equal); models and regions by
+their catalogue ids.
 
 For an unmatched bid the engine looks at the offers of the GPU models it
 accepts and reports, for each hard constraint, the offers that fail *only*
@@ -16,9 +18,14 @@ import numpy as np
 
 from .market import CHUNK_CELLS, F64, I64, BoolA, Market
 
+TOKEN = 10**6  # the stablecoin's base units per USDC
+
 
 def money(v: int) -> str:
-    return f"{v:,}/h"
+    """A price in base units per GPU-hour as USDC per GPU-hour: 2_400_000 -> '2.40 USDC/GPU-h'."""
+    whole, frac = divmod(abs(int(v)), TOKEN)
+    digits = f"{frac:06d}".rstrip("0").ljust(2, "0")
+    return f"{'-' if v < 0 else ''}{whole:,}.{digits} USDC/GPU-h"
 
 
 def _hours(seconds: int) -> str:

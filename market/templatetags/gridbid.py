@@ -1,37 +1,101 @@
-"""Template filters for money, durations, sparklines and the round-time bar."""
+"""Template filters for money, timestamps, durations, sparklines and the round-time bar."""
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 
 from django import template
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
+from market import money as m
 from market.engine import STAGES
 
 register = template.Library()
 
-TOKEN_DECIMALS = 6
+
+def _units(value: object) -> int | None:
+    if value is None or value == "" or isinstance(value, bool):
+        return None
+    try:
+        return int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return None
 
 
 @register.filter
-def money(base_units: int | None) -> str:
-    """Token base units -> '2.35' (the stablecoin has 6 decimals)."""
-    if base_units is None:
-        return "—"
-    return f"{base_units / 10**TOKEN_DECIMALS:,.2f}"
+def money(base_units: object) -> str:
+    """An amount's figure, where the unit is written beside it: base units -> '12.50'."""
+    v = _units(base_units)
+    return "—" if v is None else m.figure(v)
 
 
 @register.filter
-def tokens(base_units: int | None) -> str:
+def usdc(base_units: object) -> str:
+    """An amount: token base units -> '12.50 USDC'."""
+    v = _units(base_units)
+    return "—" if v is None else m.usdc(v)
+
+
+@register.filter
+def price(base_units: object) -> str:
+    """A price: token base units per GPU-hour -> '2.26 USDC/GPU-h'."""
+    v = _units(base_units)
+    return "—" if v is None else m.price(v)
+
+
+@register.filter
+def usdc_input(base_units: object) -> str:
+    """Base units as a form field's value, in USDC without the unit ('12.5')."""
+    v = _units(base_units)
+    return "" if v is None else m.figure(v).replace(",", "")
+
+
+@register.filter
+def per_cu(price_: object, compute_units: float) -> str:
+    """Price per compute-unit-hour ('0.5707 USDC/CU-h'): compares GPUs of different speeds."""
+    v = _units(price_)
+    return (v is not None and m.price_per_cu(v, compute_units)) or "—"
+
+
+TS_FORMAT = "%Y-%m-%d %H:%M:%S UTC"  # app.js rewrites it in the reader's zone, same shape
+
+
+def _moment(value: object) -> dt.datetime | None:
+    if isinstance(value, dt.datetime):
+        return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) or isinstance(value, str) and value.isdigit():
+        try:
+            return dt.datetime.fromtimestamp(int(value), tz=dt.UTC)  # type: ignore[arg-type]
+        except (OverflowError, OSError, ValueError):
+            return None
+    if isinstance(value, str) and value:
+        try:
+            parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+    return None
+
+
+@register.filter
+def when(value: object, default: str = "—") -> SafeString:
+    """A moment (datetime, ISO text or Unix seconds) as one format everywhere:
+    '2026-12-04 13:25:07 UTC', which app.js shows in the reader's own zone."""
+    at = _moment(value)
+    if at is None:
+        return format_html("{}", default)
+    at = at.astimezone(dt.UTC).replace(microsecond=0)
+    return format_html('<time class="ts" datetime="{}">{}</time>', at.isoformat().replace("+00:00", "Z"), at.strftime(TS_FORMAT))
+
+
+@register.filter
+def tokens(base_units: object) -> str:
     """Token base units exactly, at least two decimals: 1400 -> '0.0014', 2000000 -> '2.00'.
     For money a provider reconciles with the chain to the unit."""
-    if base_units is None:
-        return "—"
-    whole, frac = divmod(abs(int(base_units)), 10**TOKEN_DECIMALS)
-    digits = f"{frac:0{TOKEN_DECIMALS}d}".rstrip("0").ljust(2, "0")
-    return f"{'-' if base_units < 0 else ''}{whole:,}.{digits}"
+    v = _units(base_units)
+    return "—" if v is None else m.figure(v)
 
 
 @register.filter
@@ -119,9 +183,3 @@ def stage_legend() -> SafeString:
         " ", '<span class="stagekey"><i style="background:{}"></i>{}</span>',
         ((c, _stage_name(k)) for k, c in STAGE_COLOURS.items()),
     )
-
-
-@register.filter
-def per_cu(price: int, compute_units: float) -> int | None:
-    """Price per compute-unit-hour, in base units: compares GPUs of different speeds."""
-    return round(price / compute_units) if compute_units else None

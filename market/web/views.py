@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
@@ -14,7 +16,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
-from market import selectors, services
+from market import money, selectors, services
 from market.errors import DomainError
 from market.models import AuctionRound, Scope, Trade
 from providers.models import GpuModel, Region
@@ -111,31 +113,66 @@ def offers(request: HttpRequest) -> HttpResponse:
         qs = qs.filter(gpu_model_id=q["gpu_model"])
     if q.get("region"):
         qs = qs.filter(machine__region_id=q["region"])
-    numeric = (
-        ("min_gpus", "gpus_free__gte", int), ("min_memory_gib", "gpu_model__memory_gib__gte", int),
-        ("min_compute_units", "gpu_model__compute_units__gte", float), ("max_price", "price__lte", int),
-        ("min_reliability", "machine__reliability__gte", float), ("max_carbon", "machine__region__carbon_g_per_kwh__lte", float),
-    )
-    for key, lookup, cast in numeric:
+    errors: dict[str, str] = {}
+    for key, (lookup, parse) in OFFER_FILTERS.items():
+        text = q.get(key, "").strip()
+        if not text:
+            continue
         try:
-            if q.get(key):
-                qs = qs.filter(**{lookup: cast(q[key])})
-        except ValueError:
-            pass  # a malformed filter is ignored and shown unapplied in the form
+            qs = qs.filter(**{lookup: parse(text, OFFER_FILTER_NAMES[key])})
+        except ValueError as exc:
+            errors[key] = str(exc)
     latency = catalogue.latency_matrix()
     mine = q.get("my_region") or ""
+    limit = float("inf")
+    if q.get("max_latency_ms", "").strip():
+        try:
+            limit = _number(q["max_latency_ms"].strip(), OFFER_FILTER_NAMES["max_latency_ms"])
+        except ValueError as exc:
+            errors["max_latency_ms"] = str(exc)
+    context = {"models": GpuModel.objects.all(), "regions": Region.objects.all(), "q": q, "mine": mine, "errors": list(errors.values()), "bad": errors}
+    if errors:  # a filter we cannot read is not dropped silently: say which, show nothing filtered wrongly
+        return render(request, "market/offers.html", {**context, "offers": []}, status=400)
     rows = list(qs.order_by(SORTS.get(q.get("sort", "price"), "price"), "id")[:1000])
     if mine:
         for o in rows:
             o.latency_ms = latency.get((mine, o.machine.region_id))
-        try:
-            limit = float(q.get("max_latency_ms") or "inf")
-        except ValueError:
-            limit = float("inf")
         rows = [o for o in rows if o.latency_ms is not None and o.latency_ms <= limit]
         if q.get("sort") == "latency":
             rows.sort(key=lambda o: (o.latency_ms, o.price, o.pk))
-    return render(request, "market/offers.html", {"offers": rows[:300], "models": GpuModel.objects.all(), "regions": Region.objects.all(), "q": q, "mine": mine})
+    return render(request, "market/offers.html", {**context, "offers": rows[:300]})
+
+
+def _whole(text: str, what: str) -> int:
+    if not text.isdigit():
+        raise ValueError(f"{what} {text!r} is not a whole number: type it like 4.")
+    return int(text)
+
+
+def _number(text: str, what: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{what} {text!r} is not a number: type it like 0.95.") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{what} {text!r} must be a number, 0 or more.")
+    return value
+
+
+def _max_price(text: str, what: str) -> int:
+    return money.parse_usdc(text, what=what)
+
+
+# the offers page's numeric filters: query key -> (ORM lookup, parser raising ValueError)
+OFFER_FILTERS: dict[str, tuple[str, Callable[[str, str], object]]] = {
+    "min_gpus": ("gpus_free__gte", _whole), "min_memory_gib": ("gpu_model__memory_gib__gte", _whole),
+    "min_compute_units": ("gpu_model__compute_units__gte", _number), "max_price": ("price__lte", _max_price),
+    "min_reliability": ("machine__reliability__gte", _number), "max_carbon": ("machine__region__carbon_g_per_kwh__lte", _number),
+}
+OFFER_FILTER_NAMES = {
+    "min_gpus": "Min GPUs", "min_memory_gib": "Min VRAM GiB", "min_compute_units": "Min compute units",
+    "max_price": "max price (USDC/GPU-h)", "min_reliability": "Min reliability", "max_carbon": "Max gCO₂/kWh", "max_latency_ms": "Max latency ms",
+}
 
 
 def rounds(request: HttpRequest) -> HttpResponse:
@@ -349,7 +386,7 @@ class BidForm(forms.Form):
     gpu_model = forms.ChoiceField(label="GPU model")
     gpus = forms.IntegerField(min_value=1, max_value=64, initial=1, label="GPUs")
     # Decimal bounds: a float 0.1 is 0.1000000000000000055..., and the form refused "0.1"
-    max_price_usd = forms.DecimalField(min_value=Decimal("0.01"), max_value=Decimal(1000), decimal_places=2, initial=Decimal("2.50"), label="Max price per GPU-hour (USD)")
+    max_price_usd = forms.DecimalField(min_value=Decimal("0.01"), max_value=Decimal(1000), decimal_places=2, initial=Decimal("2.50"), label="Max price (USDC/GPU-h)")
     hours = forms.DecimalField(min_value=Decimal("0.1"), max_value=Decimal(720), decimal_places=1, initial=Decimal(1), label="Duration (hours)")
     location_region = forms.ChoiceField(required=False, label="Your location")
     max_latency_ms = forms.IntegerField(required=False, min_value=1, max_value=10000, label="Max latency (ms)")
@@ -410,8 +447,10 @@ def bid_new(request: HttpRequest) -> HttpResponse:
     from rest_framework.exceptions import ValidationError
 
     from market.api.serializers import BidCreateSerializer
+    from market.funding import EscrowShort
 
     form = BidForm(request.POST or None, initial={"gpu_model": request.GET.get("gpu_model", "H100-SXM-80GB")})
+    shortfall: dict[str, object] | None = None
     if request.method == "POST" and form.is_valid():
         data = BidCreateSerializer(data=form.api_body())
         try:
@@ -422,12 +461,16 @@ def bid_new(request: HttpRequest) -> HttpResponse:
 
             for field, msgs in _flatten(exc.detail).items():
                 form.add_error(None, f"{field}: {msgs[0]}")
+        except EscrowShort as exc:
+            # the money is missing, not the bid: say how much, and offer the deposit
+            shortfall = {"amount": exc.shortfall, "usdc": money.figure(exc.shortfall).replace(",", ""), "cost": exc.cost, "available": max(exc.available, 0)}
+            form.add_error(None, exc.message)
         except DomainError as exc:
             form.add_error(None, exc.message)
         else:
             messages.success(request, f"Bid #{bid.id} placed: it takes part in the next round.")
             return redirect("web:orders")
-    return render(request, "market/bid_new.html", {"form": form})
+    return render(request, "market/bid_new.html", {"form": form, "shortfall": shortfall})
 
 
 @login_required

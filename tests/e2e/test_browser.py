@@ -79,17 +79,31 @@ def test_buyer_signs_up_quotes_places_a_bid_and_sees_it_match_live(page, embedde
     page.fill("#id_gpus", "1")
     page.fill("#id_max_price_usd", "9.00")
     page.fill("#id_hours", "1")
-    page.wait_for_selector("#quote.ok")
-    assert "Would match now" in page.inner_text("#quote")
+    # a new account has no escrow: the quote and the refused bid say how much is missing
+    # and offer the deposit, filled in
+    wait_for_js(page, "document.getElementById('quote-funds').textContent.includes('9.00 USDC short')")
+    assert "escrow does not cover" in page.inner_text("#quote")
+    shot(page, "place-bid-unfunded")
+    page.click("#place")
+    page.wait_for_selector("#shortfall")
+    assert "9.00 USDC" in page.inner_text("#shortfall")
+    shot(page, "place-bid-short")
+    page.click("#deposit-shortfall")
+    page.wait_for_url("**/wallet/?deposit=9.00*")
+    assert page.input_value("#deposit-form input[name=amount]") == "9.00"
+    page.click("#faucet")
+    reload_until(page, "#tokens-held", "1,000.00 USDC")
+    page.fill("#deposit-form input[name=amount]", "9.00")
+    page.click("#deposit-form button")
+    reload_until(page, "#escrow-free", "9.00 USDC")
+    page.goto(embedded_server + "/bids/new/")
+    page.select_option("#id_gpu_model", "A100-SXM-80GB")
+    page.fill("#id_gpus", "1")
     page.fill("#id_max_price_usd", "0.01")
     page.wait_for_selector("#quote.no")
     shot(page, "place-bid-no-match")
-    page.fill("#id_max_price_usd", "9.00")
-    page.wait_for_selector("#quote.ok")
-    shot(page, "place-bid")
-    page.click("#place")
-
-    page.wait_for_url("**/orders/")
+    place_a100_bid(page, embedded_server)
+    assert "USDC/GPU-h" in page.inner_text("tr[data-order]")
     page.wait_for_selector("#live-status[data-ok='1']")
     page.evaluate("window.__stillHere = true")
     page.wait_for_selector("tr[data-order] .pill.state-matched", timeout=40_000)
@@ -116,6 +130,8 @@ def place_a100_bid(page: Any, base: str) -> None:
     page.fill("#id_max_price_usd", "9.00")
     page.fill("#id_hours", "1")
     page.wait_for_selector("#quote.ok")
+    assert "USDC/GPU-h" in page.inner_text("#quote")
+    shot(page, "place-bid")
     page.click("#place")
     page.wait_for_url("**/orders/")
 
@@ -140,10 +156,10 @@ def test_a_new_buyer_funds_escrow_bids_and_watches_the_job_run_and_settle(page, 
     sign_up(page, embedded_server, "f")
     page.goto(embedded_server + "/wallet/")
     page.click("#faucet")
-    reload_until(page, "#tokens-held", "1,000.00")
-    page.fill("#deposit-form input[name=amount]", "500000000")
+    reload_until(page, "#tokens-held", "1,000.00 USDC")
+    page.fill("#deposit-form input[name=amount]", "500")
     page.click("#deposit-form button")
-    reload_until(page, "#escrow-free", "500.00")
+    reload_until(page, "#escrow-free", "500.00 USDC")
     shot(page, "wallet-deposited")
 
     place_a100_bid(page, embedded_server)
@@ -162,11 +178,22 @@ def test_a_new_buyer_funds_escrow_bids_and_watches_the_job_run_and_settle(page, 
     assert page.text_content("#settle-tx").startswith("0x")
     shot(page, "trade-settled")
 
-    # the job was not what was bought: the buyer disputes inside the window
+    # the job was not what was bought: the buyer disputes inside the window. The button
+    # asks first: declined, nothing is sent; accepted, the page shows the dispute pending
+    # (not the old state with the same button) until the chain confirms it
+    page.once("dialog", lambda d: d.dismiss())
+    page.click("button[value=dispute]")
+    page.wait_for_timeout(500)
+    assert page.query_selector(".msg.success") is None and page.query_selector("button[value=dispute]")
+    page.once("dialog", lambda d: d.accept())
     page.click("button[value=dispute]")
     page.wait_for_selector(".msg.success:has-text('Dispute sent')")
+    assert page.query_selector("button[value=dispute]") is None
+    assert page.query_selector("#pending") or page.inner_text("h1 .pill") == "disputed"
     reload_until(page, "h1 .pill", "disputed")
     assert page.query_selector("button[value=dispute]") is None
+    facts = page.inner_text("#dispute-facts")
+    assert "USDC" in facts and "closes" in facts and page.text_content("#dispute-tx").startswith("0x")
     shot(page, "trade-disputed")
 
 
@@ -213,10 +240,10 @@ def test_a_wallet_buyer_links_deposits_and_signs_its_order_in_the_browser_wallet
     mint = "0x" + function_signature_to_4byte_selector("mint(address,uint256)").hex() + WALLET[2:].lower().rjust(64, "0") + hex(1_000 * 10**6)[2:].rjust(64, "0")
     sent = httpx.post(rpc_url, json={"jsonrpc": "2.0", "id": 1, "method": "eth_sendTransaction", "params": [{"from": OPERATOR, "to": token, "data": mint}]}).json()
     assert "result" in sent, sent
-    page.fill("#wallet-deposit-form input[name=amount]", "500000000")
+    page.fill("#wallet-deposit-form input[name=amount]", "500")
     page.click("#wallet-deposit-form button")
     page.wait_for_selector("#wallet-message.ok:has-text('Deposit sent')", timeout=60_000)
-    reload_until(page, "#escrow-free", "500.00")
+    reload_until(page, "#escrow-free", "500.00 USDC")
     shot(page, "wallet-browser-wallet")
 
     place_a100_bid(page, base)
@@ -235,6 +262,7 @@ def test_a_wallet_buyer_links_deposits_and_signs_its_order_in_the_browser_wallet
     page.click("[data-trade-state]")
     page.wait_for_selector("[data-dispute-trade]")
     page.wait_for_selector("html[data-wallet-ready]", state="attached")
+    page.once("dialog", lambda d: d.accept())
     page.click("[data-dispute-trade]")
     # either outcome ends the wait; the assertion then shows what the page said
     page.wait_for_selector("#wallet-message.ok:has-text('mined'), #wallet-message.no", timeout=60_000)

@@ -276,6 +276,7 @@ def test_a_trade_shows_its_transactions_root_and_a_receipt_proof_that_folds_to_t
 
 
 # --- money: deposits and withdrawals -----------------------------------------------------------
+@pytest.mark.unfunded
 def test_without_a_chain_deposits_and_withdrawals_say_so_and_reads_still_work(buyer, client_for):
     c = client_for(buyer)
     for path in ("deposit", "withdraw"):
@@ -314,11 +315,13 @@ def test_amounts_must_be_positive_whole_base_units(buyer, client_for, amount):
     assert r.status_code == 400 and "amount" in r.json()["error"]["fields"]
 
 
+@pytest.mark.unfunded
 def test_withdrawing_more_than_the_free_balance_is_refused(buyer, client_for):
     r = client_for(buyer).post("/api/v1/ledger/withdraw/", {"amount": 1}, format="json")
-    assert r.status_code == 400 and "free balance (0)" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "free balance (0 base units, 0.00 USDC)" in r.json()["error"]["message"]
 
 
+@pytest.mark.unfunded
 def test_a_wallet_user_is_told_to_use_the_wallet(buyer, client_for):
     buyer.chain_address = "0x70997970C51812dc3A010C7d01b50e0d17dc79C8"
     buyer.save()
@@ -404,7 +407,7 @@ def test_the_wallet_page_shows_escrow_locks_and_custodial_forms(buyer, provider_
     _journal(Leg("deposit", f"free:{address}", f"wallet:{address}", 12_500_000), tx="0x" + "06" * 32)
     _journal(Leg("lock", f"locked:{address}", f"free:{address}", 2_500_000, job.trade_id), tx="0x" + "07" * 32)
     page = html.unescape(browser_for(buyer).get("/wallet/").content.decode())
-    assert 'id="escrow-free">10.00<' in page and 'id="escrow-locked">2.50<' in page and address in page
+    assert 'id="escrow-free">10.00 USDC<' in page and 'id="escrow-locked">2.50 USDC<' in page and address in page
     assert f'href="/trades/{job.trade_id}/"' in page, "each lock links to its trade"
     assert 'id="deposit-form"' in page and 'id="withdraw-form"' in page and "Custodial" in page
     assert 'id="browser-wallet"' in page and "ledger/wallet.js" in page
@@ -418,7 +421,7 @@ def test_the_wallet_page_without_a_chain_is_read_only_and_says_so(buyer, browser
     r = c.post("/wallet/", {"action": "deposit", "amount": "5", "nonce": "n1"}, follow=True)
     assert "No chain is configured" in r.content.decode()
     r = c.post("/wallet/", {"action": "withdraw", "amount": "-3", "nonce": "n2"}, follow=True)
-    assert "positive whole number" in r.content.decode()
+    assert "must be 0 or more USDC, like 2.50" in r.content.decode()  # amounts are typed in USDC
 
 
 def test_the_wallet_needs_a_login(client):

@@ -662,21 +662,30 @@ def test_the_trade_page_disputes_for_its_buyer_and_rules_for_an_operator(
     as_operator.force_login(operator)
     assert b'value="dispute"' in as_buyer.get(page).content
     assert b'value="dispute"' not in as_provider.get(page).content
+    # unconfirmed (no JavaScript dialog), the page only asks again
+    asked = as_buyer.post(page, {"action": "dispute", "nonce": "n1"}).content
+    assert b'id="confirm"' in asked and b"Dispute sent" not in asked
     with django_capture_on_commit_callbacks(execute=True):
-        r = as_buyer.post(page, {"action": "dispute", "nonce": "n1"}, follow=True)
+        r = as_buyer.post(page, {"action": "dispute", "nonce": "n1", "confirmed": "yes"}, follow=True)
     assert b"Dispute sent" in r.content
+    # sent, not yet confirmed: pending with its transaction, not the old state with the same button
+    assert b"dispute pending" in r.content and b'value="dispute"' not in r.content
+    sent = as_buyer.get(page).content  # its transaction signed and sent once the request committed
+    assert b"dispute pending" in sent and b'id="pending-tx">0x' in sent and b'value="dispute"' not in sent
     sync_chain(ctx)
     sync_chain(ctx)
     trade.refresh_from_db()
     assert trade.state == "disputed"
-    assert b'value="dispute"' not in as_buyer.get(page).content
+    disputed = as_buyer.get(page).content.decode()
+    assert 'value="dispute"' not in disputed and "dispute pending" not in disputed
+    assert 'id="dispute-tx">0x' in disputed and 'id="dispute-held">' in disputed and "USDC" in disputed and 'id="dispute-deadline">closes' in disputed
     assert f'href="{page}">rule'.encode() in as_operator.get("/operator/").content  # listed as open
     shown = as_operator.get(page).content
     assert b'value="pay-provider"' in shown and b'value="refund-buyer"' in shown
-    r = as_operator.post(page, {"action": "refund-buyer", "slash": "lots", "nonce": "n2"}, follow=True)
-    assert b"slash" in r.content and b"whole number" in r.content  # refused, nothing sent
+    r = as_operator.post(page, {"action": "refund-buyer", "slash": "lots", "nonce": "n2", "confirmed": "yes"}, follow=True)
+    assert b"slash" in r.content and b"not a number of USDC" in r.content  # refused, nothing sent
     with django_capture_on_commit_callbacks(execute=True):
-        r = as_operator.post(page, {"action": "refund-buyer", "slash": "0", "nonce": "n3"}, follow=True)
+        r = as_operator.post(page, {"action": "refund-buyer", "slash": "0", "nonce": "n3", "confirmed": "yes"}, follow=True)
     assert b"Ruling sent" in r.content
     sync_chain(ctx)
     sync_chain(ctx)

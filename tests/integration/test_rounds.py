@@ -42,7 +42,7 @@ def test_an_unmatched_bid_gets_its_reason_in_words(buyer, provider_user, make_of
     round_clear()
     explanation = Bid.objects.get(pk=bid.pk).explanation
     assert explanation["matched"] is False
-    assert "2,400,000" in " ".join(explanation["reasons"]) + (explanation["nearest"] or "")
+    assert "2.40 USDC/GPU-h" in " ".join(explanation["reasons"]) + (explanation["nearest"] or "")
 
 
 def test_the_same_slot_clears_once(buyer, provider_user, make_offer, make_bid):

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.django_db
 def test_markets_page_lists_buckets_with_best_ask(provider_user, make_offer):
     make_offer(provider_user, price=2_345_000)
     html = Client().get("/").content.decode()
-    assert "NVIDIA H100 SXM 80GB" in html and "2.35" in html
+    assert "NVIDIA H100 SXM 80GB" in html and "2.345 USDC/GPU-h" in html  # every digit the price has
     assert 'data-bucket="H100-SXM-80GB.us-east"' in html
 
 
@@ -30,13 +30,58 @@ def test_market_detail_shows_depth_and_offers(provider_user, make_offer):
     assert Client().get("/markets/NOPE/us-east/").status_code == 404
 
 
-def test_offers_page_filters_and_ignores_malformed_numbers(provider_user, make_offer):
+def test_offers_page_filters_by_model(provider_user, make_offer):
     make_offer(provider_user, price=2_000_000)
     make_offer(provider_user, model="L4-24GB", region="eu-west", price=300_000, count=1)
     c = Client()
     assert "/markets/L4-24GB/" not in c.get("/offers/?gpu_model=H100-SXM-80GB").content.decode()
     assert "/markets/L4-24GB/" in c.get("/offers/").content.decode()
-    assert c.get("/offers/?min_gpus=abc").status_code == 200
+
+
+def test_offers_max_price_is_typed_in_usdc_per_gpu_hour(provider_user, make_offer):
+    make_offer(provider_user, price=2_260_000)
+    make_offer(provider_user, model="L4-24GB", region="eu-west", price=2_750_000, count=1)
+    r = Client().get("/offers/?max_price=2.50")
+    html = r.content.decode()
+    assert r.status_code == 200
+    assert "2.26 USDC/GPU-h" in html and "/markets/H100-SXM-80GB/" in html
+    assert "/markets/L4-24GB/" not in html and "2.75 USDC/GPU-h" not in html
+    assert 'value="2.50"' in html  # the form keeps what was typed
+    assert "Max price (USDC/GPU-h)" in html
+
+
+@pytest.mark.parametrize("query,says", [
+    ("max_price=abc", "&#x27;abc&#x27; is not a number of USDC: type it like 2.50"),
+    ("min_gpus=two", "is not a whole number"),
+    ("min_reliability=high", "is not a number"),
+])
+def test_an_offers_filter_it_cannot_read_is_an_error_shown_to_the_user(provider_user, make_offer, query, says):
+    make_offer(provider_user, price=2_000_000)
+    r = Client().get(f"/offers/?{query}")
+    html = r.content.decode()
+    assert r.status_code == 400
+    assert 'id="filter-errors"' in html and says in html
+    assert "/markets/H100-SXM-80GB/" not in html  # nothing listed as if the filter applied
+
+
+def test_the_api_refuses_an_offers_max_price_it_cannot_read(provider_user, make_offer):
+    make_offer(provider_user, price=2_000_000)
+    r = Client().get("/api/v1/offers/?max_price=abc")
+    assert r.status_code == 400 and "max_price" in r.json()["error"]["fields"]
+    assert Client().get("/api/v1/offers/?max_price=2500000").status_code == 200
+
+
+def test_prices_on_the_pages_read_in_usdc_per_gpu_hour_with_the_per_cu_column_comparable(provider_user, make_offer):
+    make_offer(provider_user, price=2_260_000)
+    c = Client()
+    assert "2.26 USDC/GPU-h" in c.get("/").content.decode()
+    detail = c.get("/markets/H100-SXM-80GB/us-east/").content.decode()
+    assert "2.26 USDC/GPU-h" in detail
+    offers = c.get("/offers/").content.decode()
+    assert "USDC/CU-h" in offers
+    import re
+    per_cu = re.search(r"(\d+\.\d+) USDC/CU-h", offers)
+    assert per_cu and len(per_cu.group(1).split(".")[1]) == 4
 
 
 def test_signup_logs_the_user_in_and_shows_field_errors():

@@ -90,8 +90,10 @@
     form.addEventListener("submit", async (ev) => {
       ev.preventDefault();
       if (!window.ethereum) { say("No browser wallet here: open this page where your wallet is installed.", false); return; }
-      const amount = form.amount.value.trim();
-      if (!/^[1-9][0-9]*$/.test(amount)) { say("The amount is a positive whole number of base units (1 USDC = 1000000).", false); return; }
+      // typed in USDC ("12.50"); the chain counts base units (6 decimals)
+      const m = form.amount.value.trim().match(/^(\d+)(?:\.(\d{1,6}))?$/);
+      const amount = m ? (BigInt(m[1]) * 1000000n + BigInt((m[2] || "").padEnd(6, "0"))).toString() : "0";
+      if (amount === "0") { say("Type the amount in USDC, more than 0, like 12.50.", false); return; }
       const from = form.dataset.account, d = form.dataset;
       try {
         say("Approve the token in your wallet…", true);
@@ -164,9 +166,12 @@
           const answer = await api("POST", `/api/v1/ledger/trades/${button.dataset.disputeTrade}/dispute/`);
           const { from, to, data } = answer.call;
           const hash = await window.ethereum.request({ method: "eth_sendTransaction", params: [{ from, to, data }] });
-          say(`Dispute sent from your wallet (${hash.slice(0, 10)}…); waiting for the chain…`, true);
+          // sent: the page says pending, not the old state with the same button
+          button.hidden = true;
+          say(`Dispute pending: sent from your wallet (${hash.slice(0, 10)}…); waiting for the chain…`, true);
           await waitMined(hash);
-          say("Dispute sent and mined: what this trade paid is held for the arbiter.", true);
+          say("Dispute sent and mined: what this trade paid is held for the arbiter once the chain confirms it.", true);
+          setTimeout(() => location.reload(), 4000);
         } catch (e) {
           button.disabled = false;
           say("The dispute did not go through: " + walletError(e), false);

@@ -2,9 +2,51 @@
 // Pages work without this script; it only keeps them fresh (see docs/stream.md).
 (function () {
   "use strict";
-  const money = (v) => (v === null || v === undefined) ? "—" : (v / 1e6).toLocaleString("en-US", { minimumFractionDigits: 2, maximumFractionDigits: 2 });
+  // Money as market/money.py writes it: base units (6 decimals) as USDC, 2 to 6 decimals,
+  // prices with their unit ("2.26 USDC/GPU-h"). Exact for any amount a Number holds.
+  const figure = (v) => {
+    const n = Math.round(Number(v)), whole = Math.trunc(Math.abs(n) / 1e6), frac = Math.abs(n) % 1e6;
+    const digits = String(frac).padStart(6, "0").replace(/0+$/, "").padEnd(2, "0");
+    return (n < 0 ? "-" : "") + whole.toLocaleString("en-US") + "." + digits;
+  };
+  const none = (v) => v === null || v === undefined;
+  const money = (v) => none(v) ? "—" : figure(v);
+  const usdc = (v) => none(v) ? "—" : figure(v) + " USDC";
+  const price = (v) => none(v) ? "—" : figure(v) + " USDC/GPU-h";
+  window.GridBidMoney = { figure, money, usdc, price };
+
+  // Timestamps: the server writes <time class="ts" datetime="…Z">2026-12-04 13:25:07 UTC</time>;
+  // here they read in the reader's own zone, in the same shape ("2026-12-04 14:25:07 CET").
+  const stamp = (date) => {
+    const parts = Object.fromEntries(new Intl.DateTimeFormat("en-CA", { year: "numeric", month: "2-digit", day: "2-digit", hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23", timeZoneName: "short" })
+      .formatToParts(date).map((p) => [p.type, p.value]));
+    return `${parts.year}-${parts.month}-${parts.day} ${parts.hour}:${parts.minute}:${parts.second} ${parts.timeZoneName}`;
+  };
+  const localTimes = (root) => root.querySelectorAll("time.ts[datetime]:not([data-local])").forEach((el) => {
+    const d = new Date(el.getAttribute("datetime"));
+    if (!isNaN(d)) { el.textContent = stamp(d); el.dataset.local = "1"; el.title = el.getAttribute("datetime"); }
+  });
+  localTimes(document);
+  new MutationObserver(() => localTimes(document)).observe(document.body || document.documentElement, { childList: true, subtree: true });
+  window.GridBidTime = { stamp };
+
+  // The header menu on narrow screens: the links fold behind one button
+  const menu = document.getElementById("menu-toggle"), topbar = document.querySelector(".topbar");
+  if (menu && topbar) {
+    topbar.classList.add("has-menu");
+    menu.addEventListener("click", () => { const open = topbar.classList.toggle("menu-open"); menu.setAttribute("aria-expanded", open ? "true" : "false"); });
+  }
+
+  // Dangerous buttons (dispute, refund, ruling) ask first; the form then says it was confirmed
+  document.addEventListener("click", (ev) => {
+    const button = ev.target.closest && ev.target.closest("[data-confirm]");
+    if (!button) return;
+    if (!window.confirm(button.dataset.confirm)) { ev.preventDefault(); ev.stopImmediatePropagation(); return; }
+    const confirmed = button.form && button.form.querySelector("input[name=confirmed]");
+    if (confirmed) confirmed.value = "yes";
+  }, true);
   // token base units exactly (the `tokens` template filter): money a provider checks against the chain
-  const tokens = (v) => (v === null || v === undefined) ? "—" : (v / 1e6).toLocaleString("en-US", { minimumFractionDigits: 2, maximumFractionDigits: 6 });
+  const tokens = (v) => none(v) ? "—" : figure(v);
   const flash = (el) => { if (!el) return; el.classList.remove("flash"); void el.offsetWidth; el.classList.add("flash"); };
   const setText = (el, text) => { if (el && el.textContent !== text) { el.textContent = text; flash(el); } };
   const esc = (v) => String(v === null || v === undefined ? "" : v).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", "\"": "&quot;", "'": "&#39;" }[c]));
@@ -64,7 +106,7 @@
         // or one round, still get a readable axis
         scales: { x: { time: !rounds, range: (u) => { const xs = u.data[0], lo = xs[0], hi = xs[xs.length - 1]; return hi - lo < minSpan ? [hi - minSpan, hi + minSpan / 20] : [lo, hi]; } }, y: yRange ? { range: yRange } : {} },
         axes: [x, { ...axis(), size: 64, values: (u, vals) => vals.map(yFmt) }],
-        series: [{ label: rounds ? "round" : "time", value: (u, v) => (v === null ? "—" : rounds ? "#" + v : new Date(v * 1000).toLocaleString()) },
+        series: [{ label: rounds ? "round" : "time", value: (u, v) => (v === null ? "—" : rounds ? "#" + v : stamp(new Date(v * 1000))) },
           ...labels.map((label, i) => ({ label, stroke: cssVar(PALETTE[i % PALETTE.length]), width: 2, spanGaps: true, points: { size: 5 }, value: (u, v) => (v === null ? "—" : yFmt(v)) }))],
       }, data, el);
     }
@@ -81,10 +123,10 @@
   // Markets: one row per bucket
   document.querySelectorAll("tr[data-bucket]").forEach((row) => {
     watch("book." + row.dataset.bucket, (d) => {
-      setText(row.querySelector(".ask"), money(d.best_ask));
-      setText(row.querySelector(".bid"), money(d.best_bid));
+      setText(row.querySelector(".ask"), price(d.best_ask));
+      setText(row.querySelector(".bid"), price(d.best_bid));
       setText(row.querySelector("[data-field=free]"), String(d.gpus_free));
-      if (d.last_price !== null) setText(row.querySelector("[data-field=last]"), money(d.last_price));
+      if (d.last_price !== null) setText(row.querySelector("[data-field=last]"), price(d.last_price));
     });
   });
 
@@ -93,15 +135,15 @@
   if (detail) {
     const key = detail.dataset.market;
     watch("book." + key, (d) => {
-      setText(document.querySelector("[data-kpi=best_ask]"), money(d.best_ask));
-      setText(document.querySelector("[data-kpi=best_bid]"), money(d.best_bid));
+      setText(document.querySelector("[data-kpi=best_ask]"), price(d.best_ask));
+      setText(document.querySelector("[data-kpi=best_bid]"), price(d.best_bid));
       setText(document.querySelector("[data-kpi=gpus_free]"), String(d.gpus_free));
-      if (d.last_price !== null) setText(document.querySelector("[data-kpi=last_price]"), money(d.last_price));
+      if (d.last_price !== null) setText(document.querySelector("[data-kpi=last_price]"), price(d.last_price));
       const body = document.querySelector("#depth tbody");
       if (body) {
         const peak = Math.max(1, ...d.asks.map((a) => a[1]));
         let cum = 0;
-        body.innerHTML = d.asks.map(([p, g]) => { cum += g; return `<tr><td class="num ask">${money(p)}</td><td class="num">${g}</td><td class="num">${cum}</td><td class="barcell"><span class="bar" style="width:${Math.round(100 * g / peak)}%"></span></td></tr>`; }).join("");
+        body.innerHTML = d.asks.map(([p, g]) => { cum += g; return `<tr><td class="num ask">${price(p)}</td><td class="num">${g}</td><td class="num">${cum}</td><td class="barcell"><span class="bar" style="width:${Math.round(100 * g / peak)}%"></span></td></tr>`; }).join("");
       }
     });
     const [model, region] = [key.slice(0, key.lastIndexOf(".")), key.slice(key.lastIndexOf(".") + 1)];
@@ -110,13 +152,13 @@
       const body = document.querySelector("#recent-trades tbody");
       if (!body) return;
       const t = d.trade, tr = document.createElement("tr");
-      tr.innerHTML = `<td>#${t.round}</td><td class="num">${money(t.price)}</td><td class="num">${t.gpus}</td><td class="num">${(t.duration_s / 3600).toFixed(1)} h</td><td class="reason">live</td>`;
+      tr.innerHTML = `<td data-label="Round">#${t.round}</td><td class="num" data-label="Price">${price(t.price)}</td><td class="num" data-label="GPUs">${t.gpus}</td><td class="num" data-label="Hours">${(t.duration_s / 3600).toFixed(1)} h</td><td class="reason" data-label="Why">live</td>`;
       body.prepend(tr); flash(tr);
     });
     // clearing price per round: the server's history, then each new round's price for this market
     const history = readJSON("price-history") || [];
     const rounds = history.map((h) => h[0]), prices = history.map((h) => h[1] / 1e6);
-    const priceChart = lineChart(document.getElementById("price-chart"), { yFmt: (v) => "$" + v.toFixed(2), rounds: true });
+    const priceChart = lineChart(document.getElementById("price-chart"), { yFmt: (v) => v.toFixed(2), rounds: true });
     const drawPrices = () => priceChart && priceChart.set([rounds, prices], ["clearing price"]);
     drawPrices();
     watch("rounds", (d, isSnapshot) => {
@@ -136,7 +178,7 @@
     watch("rounds", (d, isSnapshot) => {
       const r = isSnapshot ? (d.rounds || [])[0] : d.round;
       if (!r) return;
-      const priced = (r.prices || []).filter((p) => p.price).slice(0, 4).map((p) => `${p.gpu_model} ${p.region} ${money(p.price)}`).join(" · ");
+      const priced = (r.prices || []).filter((p) => p.price).slice(0, 4).map((p) => `${p.gpu_model} ${p.region} ${price(p.price)}`).join(" · ");
       setText(ticker, `Round #${r.number}: ${r.trades} trades, ${r.matched_gpus} GPUs${priced ? " — " + priced : ""}`);
     });
   }
@@ -244,7 +286,7 @@
       if (fresh) {
         row = document.createElement("tr");
         row.dataset.sale = t.id;
-        row.innerHTML = `<td><a href="/trades/${t.id}/">#${t.id}</a></td><td>#${t.round}</td><td>${esc(t.gpu_model)} · ${esc(t.region)}</td><td class="num">${money(t.price)}</td><td class="num">${t.gpus}</td><td class="num">${money(t.amount)}</td><td class="num" data-field="paid">—</td><td><span class="pill" data-field="state"></span></td><td data-field="job">—</td>`;
+        row.innerHTML = `<td><a href="/trades/${t.id}/">#${t.id}</a></td><td>#${t.round}</td><td>${esc(t.gpu_model)} · ${esc(t.region)}</td><td class="num">${price(t.price)}</td><td class="num">${t.gpus}</td><td class="num">${money(t.amount)}</td><td class="num" data-field="paid">—</td><td><span class="pill" data-field="state"></span></td><td data-field="job">—</td>`;
         document.querySelector("#sales tbody").prepend(row);
         document.querySelector("#sales").closest(".table-wrap").hidden = false;
         const empty = document.getElementById("sales-empty"); if (empty) empty.remove();
@@ -296,7 +338,7 @@
       const rec = d.reconciliation, recEl = document.getElementById("op-reconciliation");
       if (rec && recEl) {
         const html = rec.ok
-          ? `<span class="pill state-settled">matches the chain</span> ${rec.entries} journal entries, hash chain intact, every balance equal to the contract's${rec.block ? " at block " + rec.block : ""} · checked ${esc(new Date(rec.at).toLocaleTimeString())}`
+          ? `<span class="pill state-settled">matches the chain</span> ${rec.entries} journal entries, hash chain intact, every balance equal to the contract's${rec.block ? " at block " + rec.block : ""} · checked ${esc(stamp(new Date(rec.at)))}`
           : `<span class="pill state-failed">differs from the chain</span> ${rec.problems.map((p) => "<br><code>" + esc(p) + "</code>").join("")}${rec.more ? "<br>and " + rec.more + " more" : ""}`;
         swap(recEl, html);
       }
@@ -317,11 +359,11 @@
       const b = d.balances;
       if (!b) return;
       const free = document.getElementById("escrow-free"), locked = document.getElementById("escrow-locked");
-      if (free && free.textContent !== money(b.free)) { free.textContent = money(b.free); flash(free); }
-      if (locked && locked.textContent !== money(b.locked)) { locked.textContent = money(b.locked); flash(locked); }
+      if (free && free.textContent !== usdc(b.free)) { free.textContent = usdc(b.free); flash(free); }
+      if (locked && locked.textContent !== usdc(b.locked)) { locked.textContent = usdc(b.locked); flash(locked); }
     });
   }
 
   if (Object.keys(handlers).length) connect();
-  window.GridBid = { money, watch };
+  window.GridBid = { money, usdc, price, watch };
 })();

@@ -70,7 +70,7 @@ def test_unmatched_bid_hears_price_and_latency_reasons_with_nearest_offer() -> N
     res = clear_round(round_of(offers, [b]))
     (u,) = res.unmatched
     text = " | ".join(u.reasons)
-    assert "cheapest ask 2,400,000/h" in text and "your max 2,100,000/h" in text
+    assert "cheapest ask 2.40 USDC/GPU-h" in text and "your max 2.10 USDC/GPU-h" in text
     assert "85 ms" in text and "40 ms" in text
     assert u.nearest is not None and "offer 1" in u.nearest
 
@@ -83,7 +83,7 @@ def test_outbid_bid_is_told_it_lost_to_higher_scoring_bids() -> None:
 
 def test_trade_says_why_its_offer_won() -> None:
     res = clear_round(round_of([offer(1)], [bid(1)]))
-    assert "ask 2,000,000/h within your max 3,000,000/h" in res.trades[0].reason
+    assert "ask 2.00 USDC/GPU-h within your max 3.00 USDC/GPU-h" in res.trades[0].reason
 
 
 def test_spot_job_is_suggested_for_preemption_by_a_waiting_reserved_bid() -> None:
