@@ -82,9 +82,9 @@ def wait_for_js(page: Any, expression: str, timeout_ms: int = 20_000) -> None:
 
 
 @contextlib.contextmanager
-def running_server(data: Path, *, demo: bool, speed: int = 60) -> Iterator[tuple[str, dict[str, str]]]:
+def running_server(data: Path, *, demo: bool, speed: int = 60, extra_env: dict[str, str] | None = None) -> Iterator[tuple[str, dict[str, str]]]:
     """`gridbid up` in `data`; yields (base URL, the environment it runs with)."""
-    proc, base, env = start_server(data, demo=demo, speed=speed)
+    proc, base, env = start_server(data, demo=demo, speed=speed, extra_env=extra_env)
     try:
         yield base, env
     finally:
@@ -104,3 +104,14 @@ def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, di
 @pytest.fixture(scope="session")
 def embedded_server(embedded: tuple[str, dict[str, str]]) -> str:
     return embedded[0]
+
+
+@pytest.fixture
+def receiver() -> Iterator[Any]:
+    """A webhook receiver on 127.0.0.1 (tests/receiver.py); a server must allow private URLs
+    (WEBHOOK_ALLOW_PRIVATE_URLS) to call it."""
+    from tests.receiver import Receiver
+
+    r = Receiver()
+    yield r
+    r.close()

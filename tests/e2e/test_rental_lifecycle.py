@@ -25,10 +25,10 @@ import httpx
 import pytest
 
 from tests.e2e import test_browser as ui
-from tests.e2e.conftest import start_server, stop_server, wait_for_js
+from tests.e2e.conftest import running_server, wait_for_js
 from tests.e2e.funds import TOKENS, chain_rpc, fund, make_tokens, token_balance, wait_for
 from tests.e2e.test_agent_e2e import agent, flat, join_market, start_daemon, stop_daemons
-from tests.receiver import Receiver, verify, wait_for_events
+from tests.receiver import verify, wait_for_events
 
 browser, page, shot = ui.browser, ui.page, ui.shot  # the buyer's tour's Chromium fixtures and screenshots
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
@@ -41,18 +41,9 @@ JOB = f"{sys.executable} -c \"import os, time; open(os.environ['GRIDBID_OUTPUT_D
 @pytest.fixture(scope="module")
 def market(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
     # the buyer's webhook receiver listens on 127.0.0.1: a private address, allowed here only
-    proc, base, env = start_server(tmp_path_factory.mktemp("rental"), demo=False, extra_env={"WEBHOOK_ALLOW_PRIVATE_URLS": "true"})
-    try:
+    with running_server(tmp_path_factory.mktemp("rental"), demo=False, extra_env={"WEBHOOK_ALLOW_PRIVATE_URLS": "true"}) as (base, env):
         yield base, env
-    finally:
-        stop_server(proc)
 
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver()
-    yield r
-    r.close()
 
 
 def log_in(page: Any, base: str, username: str) -> None:

@@ -16,26 +16,17 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.e2e.conftest import running_server
+from tests.e2e import test_agent_e2e as agents
 from tests.e2e.funds import TOKENS, escrow_deposit, make_tokens, wait_for
-from tests.e2e.test_agent_e2e import agent, join_market, start_daemon, stop_daemons
+from tests.e2e.test_agent_e2e import SERVER_ENV, agent, join_market, start_daemon, stop_daemons
 
+server = agents.server  # the agent tests' server fixture (a module's own instance)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
-SERVER_ENV: dict[str, str] = {}
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with running_server(tmp_path_factory.mktemp("market"), demo=False) as (base, env):
-        SERVER_ENV.clear()
-        SERVER_ENV.update(env)
-        yield base
 
 
 def keygen(tmp_path: Path) -> tuple[Path, str]:

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.e2e.conftest import start_server, stop_server
+from tests.e2e.conftest import running_server
 from tests.e2e.funds import TOKENS, escrow_deposit, make_tokens
 from tests.e2e.test_agent_e2e import join_market, start_daemon, stop_daemons
-from tests.receiver import Receiver, verify, wait_for_events
+from tests.receiver import verify, wait_for_events
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -21,18 +21,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 @pytest.fixture(scope="module")
 def hooked_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
     # the receiver listens on 127.0.0.1: a private address, allowed here only
-    proc, base, env = start_server(tmp_path_factory.mktemp("hooked"), demo=False, extra_env={"WEBHOOK_ALLOW_PRIVATE_URLS": "true"})
-    try:
+    with running_server(tmp_path_factory.mktemp("hooked"), demo=False, extra_env={"WEBHOOK_ALLOW_PRIVATE_URLS": "true"}) as (base, env):
         yield base, env
-    finally:
-        stop_server(proc)
 
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver()
-    yield r
-    r.close()
 
 
 def test_a_buyers_webhook_hears_its_bid_matched_and_its_job_run_and_complete(hooked_server, receiver, tmp_path):

@@ -98,6 +98,32 @@ def agents_cosign(batch: Any, keys: dict[str, Any], receipts_by_trade: dict[int,
         cosign_submit(cosign_id=cosign.pk, provider=cosign.provider, signature_hex=sig.hex())
 
 
+def settled_trade(ctx: Any, buyer: Any, provider_user: Any, make_offer: Any, make_bid: Any) -> tuple[Any, str, str]:
+    """A trade recorded and settled through the tasks, half its time used: (trade, buyer, provider)."""
+    from ledger import tasks
+    from ledger.models import SettleBatch
+    from market.models import Trade
+    from market.rounds import round_clear
+
+    bls_key = register_provider(ctx, provider_user)
+    buyer_address = fund_buyer(ctx, buyer, 1000 * TOKENS)
+    make_offer(provider_user, price=2 * TOKENS, count=8)
+    make_bid(buyer, gpus=4, max_price=3 * TOKENS, duration_s=3600)
+    round_clear()
+    trade = Trade.objects.get()
+    tasks.trades_record.delay()
+    sync_chain(ctx)
+    trade.refresh_from_db()
+    r = finish_with_receipt(trade, bls_key, trade.gpus * 1800)
+    tasks.batches_settle.delay()
+    agents_cosign(SettleBatch.objects.get(), {provider_user.provider.chain_address: bls_key}, {trade.pk: r})
+    tasks.batches_settle.delay()
+    sync_chain(ctx)
+    trade.refresh_from_db()
+    assert trade.state == "settled"
+    return trade, buyer_address, provider_user.provider.chain_address
+
+
 def sync_chain(ctx: Any) -> Any:
     from ledger import tasks
 

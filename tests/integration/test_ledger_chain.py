@@ -16,6 +16,7 @@ from tests.integration.helpers import (
     fund_buyer,
     mint,
     register_provider,
+    settled_trade,
     sync_chain,
 )
 
@@ -537,32 +538,6 @@ def test_a_provider_whose_stake_could_leave_before_disputes_close_is_not_settled
 
 
 # --- disputes ---------------------------------------------------------------------------------
-def _settled_trade(ctx: Any, buyer: Any, provider_user: Any, make_offer: Any, make_bid: Any) -> tuple[Any, str, str]:
-    """A trade recorded and settled through the tasks, half its time used: (trade, buyer, provider)."""
-    from ledger import tasks
-    from ledger.models import SettleBatch
-    from market.models import Trade
-    from market.rounds import round_clear
-
-    bls_key = register_provider(ctx, provider_user)
-    buyer_address = fund_buyer(ctx, buyer, 1000 * TOKENS)
-    make_offer(provider_user, price=2 * TOKENS, count=8)
-    make_bid(buyer, gpus=4, max_price=3 * TOKENS, duration_s=3600)
-    round_clear()
-    trade = Trade.objects.get()
-    tasks.trades_record.delay()
-    sync_chain(ctx)
-    trade.refresh_from_db()
-    r = finish_with_receipt(trade, bls_key, trade.gpus * 1800)
-    tasks.batches_settle.delay()
-    agents_cosign(SettleBatch.objects.get(), {provider_user.provider.chain_address: bls_key}, {trade.pk: r})
-    tasks.batches_settle.delay()
-    sync_chain(ctx)
-    trade.refresh_from_db()
-    assert trade.state == "settled"
-    return trade, buyer_address, provider_user.provider.chain_address
-
-
 @pytest.mark.anvil
 def test_a_buyer_disputes_through_the_api_and_the_arbiter_refunds_and_slashes(
     ctx: Any, buyer: Any, provider_user: Any, operator: Any, stranger: Any, make_offer: Any, make_bid: Any,
@@ -570,7 +545,7 @@ def test_a_buyer_disputes_through_the_api_and_the_arbiter_refunds_and_slashes(
 ) -> None:
     from ledger.journal import account_balances, journal_verify
 
-    trade, buyer_address, provider = _settled_trade(ctx, buyer, provider_user, make_offer, make_bid)
+    trade, buyer_address, provider = settled_trade(ctx, buyer, provider_user, make_offer, make_bid)
     paid = trade.price * trade.gpus * 1800 // 3600
     url = f"/api/v1/ledger/trades/{trade.pk}/dispute/"
     assert client_for(stranger).post(url).status_code == 404
@@ -624,7 +599,7 @@ def test_a_ruling_for_the_provider_puts_back_what_was_held_from_its_stake(
     from ledger.journal import account_balances, journal_verify
     from ledger.outbox import tx_submit
 
-    trade, _, provider = _settled_trade(ctx, buyer, provider_user, make_offer, make_bid)
+    trade, _, provider = settled_trade(ctx, buyer, provider_user, make_offer, make_bid)
     paid = trade.price * trade.gpus * 1800 // 3600
     account = signer_from_hex(PROVIDER_KEYS[0])
     tx = tx_submit(client=ctx.client, signer=account, key="take-earnings", purpose="withdraw", call=ctx.market.functions.withdraw(paid))
@@ -654,7 +629,7 @@ def test_the_trade_page_disputes_for_its_buyer_and_rules_for_an_operator(
 ) -> None:
     from django.test import Client
 
-    trade, _, _ = _settled_trade(ctx, buyer, provider_user, make_offer, make_bid)
+    trade, _, _ = settled_trade(ctx, buyer, provider_user, make_offer, make_bid)
     page = f"/trades/{trade.pk}/"
     as_buyer, as_provider, as_operator = Client(), Client(), Client()
     as_buyer.force_login(buyer)

@@ -7,45 +7,10 @@ from typing import Any
 
 import pytest
 
-from tests.integration.helpers import (
-    TOKENS,
-    agents_cosign,
-    finish_with_receipt,
-    fund_buyer,
-    register_provider,
-    sync_chain,
-)
+from tests.integration.helpers import TOKENS, settled_trade, sync_chain
 from tests.receiver import Receiver, verify
 
 pytestmark = pytest.mark.django_db
-
-
-def _settled_trade(ctx: Any, buyer: Any, provider_user: Any, make_offer: Any, make_bid: Any) -> Any:
-    """A trade recorded and settled through the tasks, half its time used. (The buyer's
-    deposit is synced before it bids: a bid needs free escrow.)"""
-    from ledger import tasks
-    from ledger.models import SettleBatch
-    from market.models import Trade
-    from market.rounds import round_clear
-
-    bls_key = register_provider(ctx, provider_user)
-    fund_buyer(ctx, buyer, 1000 * TOKENS)
-    sync_chain(ctx)
-    make_offer(provider_user, price=2 * TOKENS, count=8)
-    make_bid(buyer, gpus=4, max_price=3 * TOKENS, duration_s=3600)
-    round_clear()
-    trade = Trade.objects.get()
-    tasks.trades_record.delay()
-    sync_chain(ctx)
-    trade.refresh_from_db()
-    r = finish_with_receipt(trade, bls_key, trade.gpus * 1800)
-    tasks.batches_settle.delay()
-    agents_cosign(SettleBatch.objects.get(), {provider_user.provider.chain_address: bls_key}, {trade.pk: r})
-    tasks.batches_settle.delay()
-    sync_chain(ctx)
-    trade.refresh_from_db()
-    assert trade.state == "settled"
-    return trade
 
 
 @pytest.mark.anvil
@@ -60,7 +25,7 @@ def test_the_buyer_hears_its_trade_settle_and_the_arbiters_ruling_from_the_chain
         assert r.status_code == 201, r.content
         secret = r.json()["secret"]
         with django_capture_on_commit_callbacks(execute=True):
-            trade = _settled_trade(ctx, buyer, provider_user, make_offer, make_bid)
+            trade, _, _ = settled_trade(ctx, buyer, provider_user, make_offer, make_bid)
         assert receiver.events() == ["payment.settled"]
 
         with django_capture_on_commit_callbacks(execute=True):
