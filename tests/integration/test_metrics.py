@@ -195,7 +195,9 @@ def test_celery_queue_lengths_are_read_from_redis(operator: Any, settings: Any, 
 
     with own_redis(tmp_path) as (_, url):
         settings.CONFIG = dataclasses.replace(settings.CONFIG, redis_url=url)
-        sender = Celery("gridbid-metrics-test", broker=url)
+        # not the current app: a shared task sent by a later test on this worker would go to
+        # this broker, gone by then (seen as connection refused in webhook tests after it)
+        sender = Celery("gridbid-metrics-test", broker=url, set_as_current=False)
         for _ in range(3):
             sender.send_task("ledger.tasks.chain_txs_track", queue="chain")
         sender.send_task("ledger.tasks.chain_txs_track", queue="chain", priority=6)  # kept in another list
