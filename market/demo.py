@@ -1,5 +1,5 @@
 """A realistic demo market: a dozen providers over several regions and GPU models,
-their offers, and a few buyers with bids, some of which will match.
+their offers, and a few buyers who keep bidding, most of them within reach of an offer.
 
 Deterministic (seeded), loaded through the same services as real traffic, and
 only into an empty market so a restart never duplicates it.
@@ -8,9 +8,11 @@ only into an empty market so a restart never duplicates it.
 from __future__ import annotations
 
 import random
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from market import bookings, services
@@ -78,29 +80,11 @@ def demo_load(seed: int = 7) -> str:
                     spot_allowed=rng.random() < 0.8, reserved_only=False,
                 )
                 n_offers += 1
-    n_bids = 0
-    for name, location in BUYERS:
-        user = services.user_signup(username=name, password=DEMO_PASSWORD, role=Role.BUYER)
-        for _ in range(3):
-            model_id = rng.choice(["H100-SXM-80GB", "A100-SXM-80GB", "RTX-4090-24GB", "L40S-48GB"])
-            level = catalogue.gpu_models()[model_id].usd_per_hour
-            gpus = rng.choice([1, 2, 4, 8])
-            services.bid_place(
-                user=user,
-                data={
-                    "job_spec": {"image": "ghcr.io/gridbid/examples/train:latest", "command": ["python", "train.py", "--epochs", "3"], "env": {}, "inputs": [], "output_dir": "outputs"},
-                    "gpus": gpus,
-                    "gpu_models": [model_id],
-                    "location_region": regions[location],
-                    "max_latency_ms": rng.choice([None, 80.0, 150.0]),
-                    "max_price": int(level * rng.uniform(0.8, 1.3) * USD) // 1000 * 1000,
-                    "duration_s": rng.choice([1, 2, 6, 24]) * 3600,
-                    "deadline": now + timedelta(days=3),
-                    "klass": rng.choice(["on_demand", "on_demand", "spot", "reserved"]),
-                },
-            )
-            n_bids += 1
-    return f"{len(PROVIDERS)} providers, {n_offers} offers, {n_bids} bids; log in as operator / acme-llm / lambda-labs-east with password {DEMO_PASSWORD!r}"
+    # The buyers bid from the demo tick, once their escrow is funded (on the dev chain, after
+    # this load): a bid needs money behind it, and here they have none yet.
+    for name, _location in BUYERS:
+        services.user_signup(username=name, password=DEMO_PASSWORD, role=Role.BUYER)
+    return f"{len(PROVIDERS)} providers, {n_offers} offers, {len(BUYERS)} buyers (they bid once their escrow is funded); log in as operator / acme-llm / lambda-labs-east with password {DEMO_PASSWORD!r}"
 
 
 def _heartbeats(rng: random.Random, names: list[str]) -> None:
@@ -127,33 +111,25 @@ def _heartbeats(rng: random.Random, names: list[str]) -> None:
         machine_heartbeat(user=machine.provider.user, machine_id=machine.pk, gpus=gpus, jobs=[], agent_version="demo")
 
 
-def demo_tick(seed: int | None = None) -> dict[str, int]:
-    """Keep the demo market alive: its simulated providers send heartbeats, jobs
-    whose time is up finish and free their GPUs, and buyers keep placing bids.
+HEARTBEAT_EVERY_S = 5  # the simulated agents' heartbeat period (real agents: HEARTBEAT_INTERVAL_S)
+OPEN_BIDS_MAX = 40  # the demo buyers' open bids, all together: past it they wait for rounds to take some
+BROWSE_SHARE = 0.75  # of new bids, those placed on an offer the buyer saw in the market; the rest are wishes
+SPEC = {"image": "ghcr.io/gridbid/examples/infer:latest", "command": ["python", "serve.py"], "env": {}, "inputs": [], "output_dir": "outputs"}
+WISHED_MODELS = ["H100-SXM-80GB", "A100-SXM-80GB", "RTX-4090-24GB", "L40S-48GB", "H200-SXM-141GB", "L4-24GB"]
 
-    Runs from beat only under `gridbid up --demo`; it touches demo accounts only.
-    """
-    from django.conf import settings
 
-    from market.models import Bid, Job, Offer
-    from market.states import BidState, JobState, OfferState
-    from providers.models import Machine
+def _jobs_advance(*, names: list[str], now: datetime, speed: float, progress: bool) -> int:
+    """Demo jobs run `speed` times faster than booked: those whose time is up complete and give
+    their GPUs back (their booking is released); the others start, and, with `progress`, report it."""
+    from market.models import Job
+    from market.states import JobState
 
-    rng = random.Random(seed)
-    now = timezone.now()
-    speed = settings.CONFIG.demo_speed
-    names = [p[0] for p in PROVIDERS]
-    _heartbeats(rng, names)
-    machines = Machine.objects.filter(provider__user__username__in=names)
-    Offer.objects.filter(machine__in=machines, state=OfferState.PAUSED, paused_by="offline").update(state=OfferState.OPEN, paused_by="")
     finished = 0
     moved: list[int] = []
     with transaction.atomic():
         for job in Job.objects.select_for_update().select_related("trade").filter(trade__provider__user__username__in=names, state__in=[JobState.ASSIGNED, JobState.RUNNING]):
             t = job.trade
             elapsed = (now - t.created_at).total_seconds()
-            # demo jobs run GRIDBID_DEMO_SPEED times faster than booked (60 by default) so
-            # the market turns over while you watch
             if elapsed * speed >= t.duration_s:
                 job.state, job.progress, job.ended_at, job.exit_code = JobState.COMPLETED, 1.0, now, 0
                 job.gpu_seconds = t.gpus * t.duration_s
@@ -163,35 +139,115 @@ def demo_tick(seed: int | None = None) -> dict[str, int]:
             elif job.state == JobState.ASSIGNED:
                 job.state, job.started_at = JobState.RUNNING, now
                 job.save()
-            else:
+            elif progress:
                 job.progress = min(1.0, elapsed * speed / t.duration_s)
                 job.save(update_fields=["progress", "updated_at"])
+            else:
+                continue
             moved.append(job.pk)
         events.jobs_changed(job_ids=moved)
-    placed = 0
-    buyers = list(User.objects.filter(username__in=[b[0] for b in BUYERS]))
-    open_bids = Bid.objects.filter(buyer__in=buyers, state=BidState.OPEN).count()
+    return finished
+
+
+def _bid_browsed(rng: random.Random, offer: Any, *, location: Region, expires_at: datetime) -> dict[str, Any]:
+    """A bid a buyer places after looking at the market: on an offer with free GPUs, at or
+    above its ask, for what the offer takes. Another offer may still win it in the round."""
+    sizes = [g for g in (1, 1, 2, 2, 4, 8) if g <= offer.gpus_free]
+    hours = [h for h in (1, 2, 3, 4) if offer.min_duration_s <= h * 3600 <= offer.max_duration_s] or [max(1, offer.min_duration_s // 3600 + 1)]
+    return {
+        "job_spec": SPEC, "gpus": rng.choice(sizes), "gpu_models": [offer.gpu_model_id],
+        "location_region": location, "preferred_regions": [offer.machine.region_id],
+        "max_price": -(-int(offer.price * rng.uniform(1.05, 1.4)) // 1000) * 1000,
+        "duration_s": rng.choice(hours) * 3600, "expires_at": expires_at,
+        "klass": "spot" if offer.spot_allowed and rng.random() < 0.25 else "on_demand",
+    }
+
+
+def _bid_wished(rng: random.Random, *, location: Region, expires_at: datetime) -> dict[str, Any]:
+    """A bid on the buyer's own terms, placed without looking: it may wait for capacity, find
+    none at its price or latency, and expire, with the reasons on its owner's orders page."""
+    model_id = rng.choice(WISHED_MODELS)
+    level = catalogue.gpu_models()[model_id].usd_per_hour
+    return {
+        "job_spec": SPEC, "gpus": rng.choice([1, 1, 2, 4, 8]), "gpu_models": [model_id], "location_region": location,
+        "max_latency_ms": rng.choice([None, 100.0, 200.0]), "max_price": int(level * rng.uniform(0.85, 1.35) * USD) // 1000 * 1000,
+        "duration_s": rng.choice([1, 2, 4]) * 3600, "expires_at": expires_at,
+        "klass": rng.choice(["on_demand", "on_demand", "spot", "reserved"]),
+    }
+
+
+def _bids_place(rng: random.Random, *, now: datetime, names: list[str]) -> int:
+    """The demo buyers keep demand coming: each round finds at least one bid placed since the
+    round before, most of them on offers with free GPUs, each within its buyer's escrow and
+    expiring a few rounds on (BID_TTL_MAX_S at most), so the book keeps turning over."""
+    from django.conf import settings
+
+    from market.funding import EscrowShort, bid_worst_case, funds_of
+    from market.models import AuctionRound, Bid, Offer
+    from market.states import BidState, OfferState
+
+    buyers = {u.username: u for u in User.objects.filter(username__in=[b[0] for b in BUYERS])}
+    if not buyers:
+        return 0
+    mine = Bid.objects.filter(buyer__in=buyers.values())
+    open_bids = mine.filter(state=BidState.OPEN, expires_at__gt=now).count()
+    last = AuctionRound.objects.order_by("-number").values_list("started_at", flat=True).first()
+    fresh = mine.filter(created_at__gt=last).exists() if last else open_bids > 0
+    wanted = 0 if fresh else rng.choice([1, 1, 2])
+    wanted += rng.random() < 0.25  # now and then one more, so the book is never quite empty
+    wanted = min(wanted, OPEN_BIDS_MAX - open_bids)
+    if wanted <= 0:
+        return 0
+    round_s = float(settings.GRIDBID["ROUND_SECONDS"])
+    offers = list(Offer.objects.filter(machine__provider__user__username__in=names, state=OfferState.OPEN, gpus_free__gt=0).select_related("machine"))
     regions = {r.id: r for r in Region.objects.all()}
-    for user in buyers:
-        if open_bids + placed >= 12 or rng.random() > 0.6:
+    available = {name: funds_of(user).available for name, user in buyers.items()}
+    placed = 0
+    for _ in range(wanted):
+        name = rng.choice(sorted(buyers))
+        location = regions[dict(BUYERS)[name]]
+        # a few rounds to find a match, at least half a minute, never past BID_TTL_MAX_S
+        ttl = min(max(30.0, round_s * rng.uniform(6, 15)), float(settings.CONFIG.bid_ttl_max_s))
+        expires_at = now + timedelta(seconds=ttl)
+        if offers and rng.random() < BROWSE_SHARE:
+            data = _bid_browsed(rng, rng.choice(offers), location=location, expires_at=expires_at)
+        else:
+            data = _bid_wished(rng, location=location, expires_at=expires_at)
+        cost = bid_worst_case(max_price=data["max_price"], gpus=data["gpus"], duration_s=data["duration_s"])
+        if cost > available[name]:
+            continue  # not funded yet (the dev chain's deposit has not landed), or spent: wait
+        try:
+            services.bid_place(user=buyers[name], data=data)
+        except EscrowShort:
+            available[name] = 0  # a round's trades took the rest meanwhile
             continue
-        location = dict(BUYERS)[user.username]
-        model_id = rng.choice(["H100-SXM-80GB", "A100-SXM-80GB", "RTX-4090-24GB", "L40S-48GB", "H200-SXM-141GB", "L4-24GB"])
-        level = catalogue.gpu_models()[model_id].usd_per_hour
-        services.bid_place(
-            user=user,
-            data={
-                "job_spec": {"image": "ghcr.io/gridbid/examples/infer:latest", "command": ["python", "serve.py"], "env": {}, "inputs": [], "output_dir": "outputs"},
-                "gpus": rng.choice([1, 1, 2, 4, 8]),
-                "gpu_models": [model_id],
-                "location_region": regions[location],
-                "max_latency_ms": rng.choice([None, 100.0, 200.0]),
-                "max_price": int(level * rng.uniform(0.85, 1.35) * USD) // 1000 * 1000,
-                "duration_s": rng.choice([1, 2, 4, 8]) * 3600,
-                "klass": rng.choice(["on_demand", "on_demand", "spot", "reserved"]),
-            },
-        )
+        available[name] -= cost
         placed += 1
+    return placed
+
+
+def demo_tick(seed: int | None = None) -> dict[str, int]:
+    """Keep the demo market alive: its simulated providers send heartbeats, jobs whose time
+    is up finish and free their GPUs, and buyers with escrow keep placing bids that expire
+    unless matched.
+
+    Runs from beat (every half round, so that each round finds new bids) only under
+    `gridbid up --demo`; it touches demo accounts only.
+    """
+    from django.conf import settings
+
+    from market.models import Offer
+    from market.states import OfferState
+    from providers.models import Machine
+
+    rng = random.Random(seed)
+    now = timezone.now()
+    names = [p[0] for p in PROVIDERS]
+    machines = Machine.objects.filter(provider__user__username__in=names)
+    stale = machines.filter(Q(last_heartbeat__isnull=True) | Q(last_heartbeat__lt=now - timedelta(seconds=HEARTBEAT_EVERY_S))).exists()
+    if stale:
+        _heartbeats(rng, names)
+        Offer.objects.filter(machine__in=machines, state=OfferState.PAUSED, paused_by="offline").update(state=OfferState.OPEN, paused_by="")
+    finished = _jobs_advance(names=names, now=now, speed=settings.CONFIG.demo_speed, progress=stale)
+    placed = _bids_place(rng, now=now, names=names)
     return {"finished": finished, "placed": placed}
-
-
