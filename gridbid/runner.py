@@ -156,7 +156,7 @@ def serve(*, host: str, port: int, demo: bool, worker: bool) -> None:
         if worker and settings.CONFIG.embedded:
             celery = EmbeddedCelery()
             celery.start(demo=demo)
-            console.print(f"[green]✓[/] Celery workers (rounds, chain, default+demo) and beat running in-process (rounds every {settings.GRIDBID['ROUND_SECONDS']:g} s)")
+            console.print(f"[green]✓[/] Celery workers (rounds, chain, default+demo, demo-agents) and beat running in-process (rounds every {settings.GRIDBID['ROUND_SECONDS']:g} s)")
         elif settings.CONFIG.embedded:
             console.print("[yellow]![/] no worker: rounds will not clear (drop --no-worker, or set REDIS_URL and run `gridbid worker`)")
         # migrate and the demo set-up ran on this thread: hand its connection back to the

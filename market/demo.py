@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from market import bookings, services
@@ -87,18 +87,27 @@ def demo_load(seed: int = 7) -> str:
     return f"{len(PROVIDERS)} providers, {n_offers} offers, {len(BUYERS)} buyers (they bid once their escrow is funded); log in as operator / acme-llm / lambda-labs-east with password {DEMO_PASSWORD!r}"
 
 
-def _heartbeats(rng: random.Random, names: list[str]) -> None:
-    """What each demo machine's agent would send: one heartbeat through the same service
-    real agents use, with GPUs busy where jobs run (85-98%) and idle elsewhere."""
+def _heartbeats(rng: random.Random, names: list[str], *, now: datetime) -> set[int]:
+    """What the demo machines' agents would send: one heartbeat each through the same service
+    real agents use, with GPUs busy where jobs run (85-98%) and idle elsewhere. Each machine
+    beats every HEARTBEAT_EVERY_S or so: a tick sends the most overdue few (a heartbeat costs
+    tens of ms, and the tick runs twice a round), so no tick stalls on all of them at once.
+    Returns the machines that beat."""
     from market.models import Job
     from market.states import JobState
     from providers.jobs import machine_heartbeat
     from providers.models import Machine
 
+    machines = Machine.objects.filter(provider__user__username__in=names)
+    batch = max(HEARTBEAT_BATCH_MIN, -(-machines.count() // 4))
+    due = list(machines.filter(Q(last_heartbeat__isnull=True) | Q(last_heartbeat__lt=now - timedelta(seconds=HEARTBEAT_EVERY_S)))
+               .select_related("provider__user").prefetch_related("gpus__model").order_by(F("last_heartbeat").asc(nulls_first=True), "id")[:batch])
+    if not due:
+        return set()
     busy: dict[int, int] = {}
-    for machine_id, gpus in Job.objects.filter(trade__provider__user__username__in=names, state=JobState.RUNNING).values_list("trade__offer__machine_id", "trade__gpus"):
+    for machine_id, gpus in Job.objects.filter(trade__offer__machine__in=due, state=JobState.RUNNING).values_list("trade__offer__machine_id", "trade__gpus"):
         busy[machine_id] = busy.get(machine_id, 0) + gpus
-    for machine in Machine.objects.filter(provider__user__username__in=names).select_related("provider__user").prefetch_related("gpus__model").order_by("id"):
+    for machine in due:
         gpus = []
         for n, gpu in enumerate(sorted(machine.gpus.all(), key=lambda g: g.index)):
             load = rng.uniform(85, 98) if n < busy.get(machine.pk, 0) else rng.uniform(0, 3)
@@ -109,25 +118,28 @@ def _heartbeats(rng: random.Random, names: list[str]) -> None:
                 "power_w": round(gpu.model.tdp_watts * (0.12 + 0.85 * load / 100), 1),
             })
         machine_heartbeat(user=machine.provider.user, machine_id=machine.pk, gpus=gpus, jobs=[], agent_version="demo")
+    return {m.pk for m in due}
 
 
 HEARTBEAT_EVERY_S = 5  # the simulated agents' heartbeat period (real agents: HEARTBEAT_INTERVAL_S)
+HEARTBEAT_BATCH_MIN = 8  # most overdue machines a tick beats for, at least (a quarter of them, if more)
 OPEN_BIDS_MAX = 40  # the demo buyers' open bids, all together: past it they wait for rounds to take some
 BROWSE_SHARE = 0.75  # of new bids, those placed on an offer the buyer saw in the market; the rest are wishes
 SPEC = {"image": "ghcr.io/gridbid/examples/infer:latest", "command": ["python", "serve.py"], "env": {}, "inputs": [], "output_dir": "outputs"}
 WISHED_MODELS = ["H100-SXM-80GB", "A100-SXM-80GB", "RTX-4090-24GB", "L40S-48GB", "H200-SXM-141GB", "L4-24GB"]
 
 
-def _jobs_advance(*, names: list[str], now: datetime, speed: float, progress: bool) -> int:
+def _jobs_advance(*, names: list[str], now: datetime, speed: float, beat: set[int]) -> int:
     """Demo jobs run `speed` times faster than booked: those whose time is up complete and give
-    their GPUs back (their booking is released); the others start, and, with `progress`, report it."""
+    their GPUs back (their booking is released); the others start, and those on the machines
+    that just beat (`beat`) report their progress."""
     from market.models import Job
     from market.states import JobState
 
     finished = 0
     moved: list[int] = []
     with transaction.atomic():
-        for job in Job.objects.select_for_update().select_related("trade").filter(trade__provider__user__username__in=names, state__in=[JobState.ASSIGNED, JobState.RUNNING]):
+        for job in Job.objects.select_for_update().select_related("trade__offer").filter(trade__provider__user__username__in=names, state__in=[JobState.ASSIGNED, JobState.RUNNING]):
             t = job.trade
             elapsed = (now - t.created_at).total_seconds()
             if elapsed * speed >= t.duration_s:
@@ -139,7 +151,7 @@ def _jobs_advance(*, names: list[str], now: datetime, speed: float, progress: bo
             elif job.state == JobState.ASSIGNED:
                 job.state, job.started_at = JobState.RUNNING, now
                 job.save()
-            elif progress:
+            elif t.offer.machine_id in beat:
                 job.progress = min(1.0, elapsed * speed / t.duration_s)
                 job.save(update_fields=["progress", "updated_at"])
             else:
@@ -152,7 +164,7 @@ def _jobs_advance(*, names: list[str], now: datetime, speed: float, progress: bo
 def _bid_browsed(rng: random.Random, offer: Any, *, location: Region, expires_at: datetime) -> dict[str, Any]:
     """A bid a buyer places after looking at the market: on an offer with free GPUs, at or
     above its ask, for what the offer takes. Another offer may still win it in the round."""
-    sizes = [g for g in (1, 1, 2, 2, 4, 8) if g <= offer.gpus_free]
+    sizes = [g for g in (1, 1, 1, 2, 2, 4) if g <= offer.gpus_free]
     hours = [h for h in (1, 2, 3, 4) if offer.min_duration_s <= h * 3600 <= offer.max_duration_s] or [max(1, offer.min_duration_s // 3600 + 1)]
     return {
         "job_spec": SPEC, "gpus": rng.choice(sizes), "gpu_models": [offer.gpu_model_id],
@@ -238,16 +250,13 @@ def demo_tick(seed: int | None = None) -> dict[str, int]:
 
     from market.models import Offer
     from market.states import OfferState
-    from providers.models import Machine
 
     rng = random.Random(seed)
     now = timezone.now()
     names = [p[0] for p in PROVIDERS]
-    machines = Machine.objects.filter(provider__user__username__in=names)
-    stale = machines.filter(Q(last_heartbeat__isnull=True) | Q(last_heartbeat__lt=now - timedelta(seconds=HEARTBEAT_EVERY_S))).exists()
-    if stale:
-        _heartbeats(rng, names)
-        Offer.objects.filter(machine__in=machines, state=OfferState.PAUSED, paused_by="offline").update(state=OfferState.OPEN, paused_by="")
-    finished = _jobs_advance(names=names, now=now, speed=settings.CONFIG.demo_speed, progress=stale)
+    beat = _heartbeats(rng, names, now=now)
+    if beat:
+        Offer.objects.filter(machine_id__in=beat, state=OfferState.PAUSED, paused_by="offline").update(state=OfferState.OPEN, paused_by="")
+    finished = _jobs_advance(names=names, now=now, speed=settings.CONFIG.demo_speed, beat=beat)
     placed = _bids_place(rng, now=now, names=names)
     return {"finished": finished, "placed": placed}
