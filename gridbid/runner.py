@@ -80,9 +80,9 @@ class EmbeddedCelery:
 
         self.app.finalize()
         if demo:
-            # twice a round (at most every 3 s): each round then finds the demo buyers' new bids
-            # and the GPUs of demo jobs that ended since the last one
-            tick_s = min(3.0, max(0.5, settings.GRIDBID["ROUND_SECONDS"] / 2))
+            from market.demo import demo_tick_seconds
+
+            tick_s = demo_tick_seconds()  # twice a round: each round finds new bids and freed GPUs
             self.app.conf.beat_schedule["demo-tick"] = {"task": "market.tasks.demo_tick", "schedule": tick_s, "options": {"expires": tick_s * 2}}
             self.app.conf.beat_schedule["demo-agents"] = {"task": "ledger.tasks.demo_agents_tick", "schedule": 5.0}
         self.beat = EmbeddedService(self.app, thread=True, schedule_filename=self.app.conf.beat_schedule_filename)

@@ -7,6 +7,7 @@ only into an empty market so a restart never duplicates it.
 
 from __future__ import annotations
 
+import math
 import random
 from datetime import datetime, timedelta
 from typing import Any
@@ -87,11 +88,12 @@ def demo_load(seed: int = 7) -> str:
     return f"{len(PROVIDERS)} providers, {n_offers} offers, {len(BUYERS)} buyers (they bid once their escrow is funded); log in as operator / acme-llm / lambda-labs-east with password {DEMO_PASSWORD!r}"
 
 
-def _heartbeats(rng: random.Random, names: list[str], *, now: datetime) -> set[int]:
+def _heartbeats(rng: random.Random, names: list[str], *, now: datetime, tick_s: float) -> set[int]:
     """What the demo machines' agents would send: one heartbeat each through the same service
-    real agents use, with GPUs busy where jobs run (85-98%) and idle elsewhere. Each machine
-    beats every HEARTBEAT_EVERY_S or so: a tick sends the most overdue few (a heartbeat costs
-    tens of ms, and the tick runs twice a round), so no tick stalls on all of them at once.
+    real agents use, with GPUs busy where jobs run (85-98%) and idle elsewhere. A tick (every
+    `tick_s`) sends the most overdue few, so each machine beats every HEARTBEAT_SPREAD_S or so,
+    well inside the offline timeout: a heartbeat costs tens of ms, and one tick beating for
+    all fifty machines took longer than the round it has to keep up with.
     Returns the machines that beat."""
     from market.models import Job
     from market.states import JobState
@@ -99,7 +101,7 @@ def _heartbeats(rng: random.Random, names: list[str], *, now: datetime) -> set[i
     from providers.models import Machine
 
     machines = Machine.objects.filter(provider__user__username__in=names)
-    batch = max(HEARTBEAT_BATCH_MIN, -(-machines.count() // 4))
+    batch = max(HEARTBEAT_BATCH_MIN, math.ceil(machines.count() * tick_s / HEARTBEAT_SPREAD_S))
     due = list(machines.filter(Q(last_heartbeat__isnull=True) | Q(last_heartbeat__lt=now - timedelta(seconds=HEARTBEAT_EVERY_S)))
                .select_related("provider__user").prefetch_related("gpus__model").order_by(F("last_heartbeat").asc(nulls_first=True), "id")[:batch])
     if not due:
@@ -121,28 +123,27 @@ def _heartbeats(rng: random.Random, names: list[str], *, now: datetime) -> set[i
     return {m.pk for m in due}
 
 
-HEARTBEAT_EVERY_S = 5  # the simulated agents' heartbeat period (real agents: HEARTBEAT_INTERVAL_S)
-HEARTBEAT_BATCH_MIN = 8  # most overdue machines a tick beats for, at least (a quarter of them, if more)
+HEARTBEAT_EVERY_S = 5  # a machine that beat more recently is not due
+HEARTBEAT_SPREAD_S = 8  # each machine beats about this often (the offline timeout is 30 s)
+HEARTBEAT_BATCH_MIN = 4  # most overdue machines a tick beats for, at least
 OPEN_BIDS_MAX = 40  # the demo buyers' open bids, all together: past it they wait for rounds to take some
 BROWSE_SHARE = 0.75  # of new bids, those placed on an offer the buyer saw in the market; the rest are wishes
 SPEC = {"image": "ghcr.io/gridbid/examples/infer:latest", "command": ["python", "serve.py"], "env": {}, "inputs": [], "output_dir": "outputs"}
 WISHED_MODELS = ["H100-SXM-80GB", "A100-SXM-80GB", "RTX-4090-24GB", "L40S-48GB", "H200-SXM-141GB", "L4-24GB"]
 
 
-def _jobs_advance(*, names: list[str], now: datetime, speed: float, beat: set[int]) -> int:
+def _jobs_advance(*, names: list[str], now: datetime, speed: float) -> int:
     """Demo jobs run `speed` times faster than booked: those whose time is up complete and give
-    their GPUs back (their booking is released); the others start, and those on the machines
-    that just beat (`beat`) report their progress."""
+    their GPUs back (their booking is released); those assigned start."""
     from market.models import Job
     from market.states import JobState
 
     finished = 0
     moved: list[int] = []
     with transaction.atomic():
-        for job in Job.objects.select_for_update().select_related("trade__offer").filter(trade__provider__user__username__in=names, state__in=[JobState.ASSIGNED, JobState.RUNNING]):
+        for job in Job.objects.select_for_update().select_related("trade").filter(trade__provider__user__username__in=names, state__in=[JobState.ASSIGNED, JobState.RUNNING]):
             t = job.trade
-            elapsed = (now - t.created_at).total_seconds()
-            if elapsed * speed >= t.duration_s:
+            if (now - t.created_at).total_seconds() * speed >= t.duration_s:
                 job.state, job.progress, job.ended_at, job.exit_code = JobState.COMPLETED, 1.0, now, 0
                 job.gpu_seconds = t.gpus * t.duration_s
                 job.save()
@@ -151,14 +152,25 @@ def _jobs_advance(*, names: list[str], now: datetime, speed: float, beat: set[in
             elif job.state == JobState.ASSIGNED:
                 job.state, job.started_at = JobState.RUNNING, now
                 job.save()
-            elif t.offer.machine_id in beat:
-                job.progress = min(1.0, elapsed * speed / t.duration_s)
-                job.save(update_fields=["progress", "updated_at"])
             else:
                 continue
             moved.append(job.pk)
         events.jobs_changed(job_ids=moved)
     return finished
+
+
+def _progress_report(*, names: list[str], now: datetime, speed: float, machines: set[int]) -> None:
+    """The running jobs of the machines that just beat report their progress, as agents do."""
+    from market.models import Job
+    from market.states import JobState
+
+    moved: list[int] = []
+    with transaction.atomic():
+        for job in Job.objects.select_related("trade__offer").filter(trade__offer__machine_id__in=machines, state=JobState.RUNNING):
+            t = job.trade
+            Job.objects.filter(pk=job.pk, state=JobState.RUNNING).update(progress=min(1.0, (now - t.created_at).total_seconds() * speed / t.duration_s), updated_at=now)
+            moved.append(job.pk)
+        events.jobs_changed(job_ids=moved)
 
 
 def _bid_browsed(rng: random.Random, offer: Any, *, location: Region, expires_at: datetime) -> dict[str, Any]:
@@ -254,9 +266,19 @@ def demo_tick(seed: int | None = None) -> dict[str, int]:
     rng = random.Random(seed)
     now = timezone.now()
     names = [p[0] for p in PROVIDERS]
-    beat = _heartbeats(rng, names, now=now)
+    # what a round waits for first: GPUs freed by jobs that ended, then new bids; heartbeats last
+    finished = _jobs_advance(names=names, now=now, speed=settings.CONFIG.demo_speed)
+    placed = _bids_place(rng, now=now, names=names)
+    beat = _heartbeats(rng, names, now=now, tick_s=demo_tick_seconds())
     if beat:
         Offer.objects.filter(machine_id__in=beat, state=OfferState.PAUSED, paused_by="offline").update(state=OfferState.OPEN, paused_by="")
-    finished = _jobs_advance(names=names, now=now, speed=settings.CONFIG.demo_speed, beat=beat)
-    placed = _bids_place(rng, now=now, names=names)
+        _progress_report(names=names, now=now, speed=settings.CONFIG.demo_speed, machines=beat)
     return {"finished": finished, "placed": placed}
+
+
+def demo_tick_seconds() -> float:
+    """How often beat runs the demo tick: twice a round (at most every 3 s, at least every
+    0.5 s), so every round finds the bids and the freed GPUs of the tick before it."""
+    from django.conf import settings
+
+    return min(3.0, max(0.5, float(settings.GRIDBID["ROUND_SECONDS"]) / 2))
