@@ -7,9 +7,11 @@ only into an empty market so a restart never duplicates it.
 
 from __future__ import annotations
 
+import logging
 import math
 import random
-from datetime import datetime, timedelta
+import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import transaction
@@ -21,6 +23,8 @@ from market.models import Role, User
 from market.streams import events
 from providers import catalogue
 from providers.models import GpuModel, Provider, Region
+
+log = logging.getLogger("gridbid.demo")
 
 DEMO_PASSWORD = "gridbid-demo-password"  # noqa: S105 - demo accounts on a local dev server only
 USD = 1_000_000  # base units of the 6-decimal stablecoin
@@ -92,7 +96,7 @@ def _heartbeats(rng: random.Random, names: list[str], *, now: datetime, tick_s: 
     """What the demo machines' agents would send: one heartbeat each through the same service
     real agents use, with GPUs busy where jobs run (85-98%) and idle elsewhere. A tick (every
     `tick_s`) sends the most overdue few, so each machine beats every HEARTBEAT_SPREAD_S or so,
-    well inside the offline timeout: a heartbeat costs tens of ms, and one tick beating for
+    inside the offline timeout: a heartbeat costs tens of ms, and one tick beating for
     all fifty machines took longer than the round it has to keep up with.
     Returns the machines that beat."""
     from market.models import Job
@@ -124,7 +128,7 @@ def _heartbeats(rng: random.Random, names: list[str], *, now: datetime, tick_s: 
 
 
 HEARTBEAT_EVERY_S = 5  # a machine that beat more recently is not due
-HEARTBEAT_SPREAD_S = 8  # each machine beats about this often (the offline timeout is 30 s)
+HEARTBEAT_SPREAD_S = 12  # each machine beats about this often (the offline timeout is 30 s)
 HEARTBEAT_BATCH_MIN = 4  # most overdue machines a tick beats for, at least
 OPEN_BIDS_MAX = 40  # the demo buyers' open bids, all together: past it they wait for rounds to take some
 BROWSE_SHARE = 0.75  # of new bids, those placed on an offer the buyer saw in the market; the rest are wishes
@@ -168,26 +172,38 @@ def _progress_report(*, names: list[str], now: datetime, speed: float, machines:
     with transaction.atomic():
         for job in Job.objects.select_related("trade__offer").filter(trade__offer__machine_id__in=machines, state=JobState.RUNNING):
             t = job.trade
-            Job.objects.filter(pk=job.pk, state=JobState.RUNNING).update(progress=min(1.0, (now - t.created_at).total_seconds() * speed / t.duration_s), updated_at=now)
+            done = max(0.0, min(1.0, (now - t.created_at).total_seconds() * speed / t.duration_s))  # a trade made since `now`: 0
+            Job.objects.filter(pk=job.pk, state=JobState.RUNNING).update(progress=done, updated_at=now)
             moved.append(job.pk)
         events.jobs_changed(job_ids=moved)
 
 
-def _bid_browsed(rng: random.Random, offer: Any, *, location: Region, expires_at: datetime) -> dict[str, Any]:
+def _hours(busy: float) -> tuple[float, ...]:
+    """How long demo buyers book for, by how busy the demo's GPUs are: shorter jobs as the market
+    fills, so GPUs keep coming back and a round every few seconds keeps finding some free
+    (at 60x a 4-hour job holds its GPUs for 4 minutes; fifty trades a minute would fill the market)."""
+    if busy < 0.5:
+        return (1, 2, 3, 4)
+    if busy < 0.7:
+        return (0.5, 1, 2)
+    return (0.25, 0.5)
+
+
+def _bid_browsed(rng: random.Random, offer: Any, *, location: Region, expires_at: datetime, busy: float) -> dict[str, Any]:
     """A bid a buyer places after looking at the market: on an offer with free GPUs, at or
     above its ask, for what the offer takes. Another offer may still win it in the round."""
     sizes = [g for g in (1, 1, 1, 2, 2, 4) if g <= offer.gpus_free]
-    hours = [h for h in (1, 2, 3, 4) if offer.min_duration_s <= h * 3600 <= offer.max_duration_s] or [max(1, offer.min_duration_s // 3600 + 1)]
+    hours = [h for h in _hours(busy) if offer.min_duration_s <= h * 3600 <= offer.max_duration_s] or [offer.min_duration_s / 3600]
     return {
         "job_spec": SPEC, "gpus": rng.choice(sizes), "gpu_models": [offer.gpu_model_id],
         "location_region": location, "preferred_regions": [offer.machine.region_id],
         "max_price": -(-int(offer.price * rng.uniform(1.05, 1.4)) // 1000) * 1000,
-        "duration_s": rng.choice(hours) * 3600, "expires_at": expires_at,
+        "duration_s": int(rng.choice(hours) * 3600), "expires_at": expires_at,
         "klass": "spot" if offer.spot_allowed and rng.random() < 0.25 else "on_demand",
     }
 
 
-def _bid_wished(rng: random.Random, *, location: Region, expires_at: datetime) -> dict[str, Any]:
+def _bid_wished(rng: random.Random, *, location: Region, expires_at: datetime, busy: float) -> dict[str, Any]:
     """A bid on the buyer's own terms, placed without looking: it may wait for capacity, find
     none at its price or latency, and expire, with the reasons on its owner's orders page."""
     model_id = rng.choice(WISHED_MODELS)
@@ -195,7 +211,7 @@ def _bid_wished(rng: random.Random, *, location: Region, expires_at: datetime) -
     return {
         "job_spec": SPEC, "gpus": rng.choice([1, 1, 2, 4, 8]), "gpu_models": [model_id], "location_region": location,
         "max_latency_ms": rng.choice([None, 100.0, 200.0]), "max_price": int(level * rng.uniform(0.85, 1.35) * USD) // 1000 * 1000,
-        "duration_s": rng.choice([1, 2, 4]) * 3600, "expires_at": expires_at,
+        "duration_s": int(rng.choice(_hours(busy)) * 3600), "expires_at": expires_at,
         "klass": rng.choice(["on_demand", "on_demand", "spot", "reserved"]),
     }
 
@@ -215,15 +231,22 @@ def _bids_place(rng: random.Random, *, now: datetime, names: list[str]) -> int:
         return 0
     mine = Bid.objects.filter(buyer__in=buyers.values())
     open_bids = mine.filter(state=BidState.OPEN, expires_at__gt=now).count()
+    # New since the round before the next one: since the latest round began, or this schedule slot
+    # began if its round is not claimed yet (beat runs this tick and that round side by side).
+    round_s = float(settings.GRIDBID["ROUND_SECONDS"])
+    since = datetime.fromtimestamp(now.timestamp() // round_s * round_s, tz=UTC)
     last = AuctionRound.objects.order_by("-number").values_list("started_at", flat=True).first()
-    fresh = mine.filter(created_at__gt=last).exists() if last else open_bids > 0
+    if last is not None and last > since:
+        since = last
+    fresh = mine.filter(created_at__gte=since).exists()
     wanted = 0 if fresh else rng.choice([1, 1, 2])
     wanted += rng.random() < 0.25  # now and then one more, so the book is never quite empty
     wanted = min(wanted, OPEN_BIDS_MAX - open_bids)
     if wanted <= 0:
         return 0
-    round_s = float(settings.GRIDBID["ROUND_SECONDS"])
-    offers = list(Offer.objects.filter(machine__provider__user__username__in=names, state=OfferState.OPEN, gpus_free__gt=0).select_related("machine"))
+    selling = list(Offer.objects.filter(machine__provider__user__username__in=names, state=OfferState.OPEN).select_related("machine"))
+    offers = [o for o in selling if o.gpus_free > 0]
+    busy = 1 - sum(o.gpus_free for o in selling) / max(1, sum(o.gpus for o in selling))
     regions = {r.id: r for r in Region.objects.all()}
     available = {name: funds_of(user).available for name, user in buyers.items()}
     placed = 0
@@ -234,9 +257,10 @@ def _bids_place(rng: random.Random, *, now: datetime, names: list[str]) -> int:
         ttl = min(max(30.0, round_s * rng.uniform(6, 15)), float(settings.CONFIG.bid_ttl_max_s))
         expires_at = now + timedelta(seconds=ttl)
         if offers and rng.random() < BROWSE_SHARE:
-            data = _bid_browsed(rng, rng.choice(offers), location=location, expires_at=expires_at)
+            offer = rng.choices(offers, weights=[o.gpus_free for o in offers])[0]  # where GPUs are free, most likely
+            data = _bid_browsed(rng, offer, location=location, expires_at=expires_at, busy=busy)
         else:
-            data = _bid_wished(rng, location=location, expires_at=expires_at)
+            data = _bid_wished(rng, location=location, expires_at=expires_at, busy=busy)
         cost = bid_worst_case(max_price=data["max_price"], gpus=data["gpus"], duration_s=data["duration_s"])
         if cost > available[name]:
             continue  # not funded yet (the dev chain's deposit has not landed), or spent: wait
@@ -267,12 +291,14 @@ def demo_tick(seed: int | None = None) -> dict[str, int]:
     now = timezone.now()
     names = [p[0] for p in PROVIDERS]
     # what a round waits for first: GPUs freed by jobs that ended, then new bids; heartbeats last
+    started = time.perf_counter()
     finished = _jobs_advance(names=names, now=now, speed=settings.CONFIG.demo_speed)
-    placed = _bids_place(rng, now=now, names=names)
+    placed = _bids_place(rng, now=timezone.now(), names=names)  # after the jobs: the slot may have turned
     beat = _heartbeats(rng, names, now=now, tick_s=demo_tick_seconds())
     if beat:
         Offer.objects.filter(machine_id__in=beat, state=OfferState.PAUSED, paused_by="offline").update(state=OfferState.OPEN, paused_by="")
         _progress_report(names=names, now=now, speed=settings.CONFIG.demo_speed, machines=beat)
+    log.debug("demo tick: %d jobs finished, %d bids placed, %d machines beat in %.0f ms", finished, placed, len(beat), 1000 * (time.perf_counter() - started))
     return {"finished": finished, "placed": placed}
 
 

@@ -24,7 +24,6 @@ from django.utils import timezone
 
 from market import bookings, engine, funding, repository
 from market.engine import serialize
-from market.engine.limits import MAX_DURATION_S
 from market.models import AuctionRound, Bid, Job, Offer, Trade
 from market.states import BidState, OfferState, RoundState
 from market.stopwatch import StageTimes
@@ -88,10 +87,12 @@ def bids_expire(*, now: datetime | None = None) -> list[int]:
     from market import states
 
     now = now or timezone.now()
-    due = Q(expires_at__lte=now) | Q(deadline__lte=now + timedelta(seconds=MAX_DURATION_S))
+    # a deadline is due when it is closer than the bid's duration: read unlocked, lock only those
+    late = [pk for pk, deadline, duration_s in Bid.objects.filter(state=BidState.OPEN, deadline__isnull=False, expires_at__gt=now)
+            .values_list("id", "deadline", "duration_s") if deadline <= now + timedelta(seconds=duration_s)]
     expired: list[int] = []
     with transaction.atomic():
-        for bid in Bid.objects.select_for_update(skip_locked=True).filter(due, state=BidState.OPEN).order_by("id"):
+        for bid in Bid.objects.select_for_update(skip_locked=True).filter(Q(expires_at__lte=now) | Q(pk__in=late), state=BidState.OPEN).order_by("id"):
             reason = _expiry_reason(bid, now=now)
             if reason is None:
                 continue

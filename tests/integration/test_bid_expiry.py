@@ -116,6 +116,19 @@ def test_the_periodic_task_expires_bids_too(buyer, make_bid):
     assert bids_expire() == 0, "idempotent: an expired bid is expired once"
 
 
+def test_a_bid_whose_deadline_can_no_longer_be_met_expires_with_that_reason(buyer, make_bid):
+    from market.tasks import bids_expire
+
+    bid = make_bid(buyer, duration_s=3600, deadline=_iso(timezone.now() + timedelta(hours=2)))
+    keeps = make_bid(buyer, duration_s=3600, deadline=_iso(timezone.now() + timedelta(hours=3)))
+    Bid.objects.filter(pk=bid.pk).update(deadline=timezone.now() + timedelta(minutes=30))  # time passed: 30 min left for 60
+    assert bids_expire() == 1
+    bid.refresh_from_db()
+    keeps.refresh_from_db()
+    assert bid.state == "expired" and "deadline" in bid.explanation["reasons"][0]
+    assert keeps.state == "open"
+
+
 @pytest.mark.unfunded
 def test_an_expired_bid_stops_counting_against_the_escrow(make_user, client_for):
     poor = make_user("poor")
