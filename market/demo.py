@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import secrets
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -131,7 +132,8 @@ HEARTBEAT_EVERY_S = 5  # a machine that beat more recently is not due
 HEARTBEAT_SPREAD_S = 12  # each machine beats about this often (the offline timeout is 30 s)
 HEARTBEAT_BATCH_MIN = 4  # most overdue machines a tick beats for, at least
 OPEN_BIDS_MAX = 40  # the demo buyers' open bids, all together: past it they wait for rounds to take some
-BROWSE_SHARE = 0.75  # of new bids, those placed on an offer the buyer saw in the market; the rest are wishes
+EXTRA_SHARE = 0.2  # ticks that place a bid on an offer although the coming round has one already
+WISH_SHARE = 0.3  # ticks that also place a bid on the buyer's own terms: it may match, or wait and expire
 SPEC = {"image": "ghcr.io/gridbid/examples/infer:latest", "command": ["python", "serve.py"], "env": {}, "inputs": [], "output_dir": "outputs"}
 WISHED_MODELS = ["H100-SXM-80GB", "A100-SXM-80GB", "RTX-4090-24GB", "L40S-48GB", "H200-SXM-141GB", "L4-24GB"]
 
@@ -218,8 +220,9 @@ def _bid_wished(rng: random.Random, *, location: Region, expires_at: datetime, b
 
 def _bids_place(rng: random.Random, *, now: datetime, names: list[str]) -> int:
     """The demo buyers keep demand coming: each round finds at least one bid placed since the
-    round before, most of them on offers with free GPUs, each within its buyer's escrow and
-    expiring a few rounds on (BID_TTL_MAX_S at most), so the book keeps turning over."""
+    round before on an offer with free GPUs (client order id `demo-b-…`), and some wishes on
+    the buyers' own terms (`demo-w-…`); each within its buyer's escrow and expiring a few
+    rounds on (BID_TTL_MAX_S at most), so the book keeps turning over."""
     from django.conf import settings
 
     from market.funding import EscrowShort, bid_worst_case, funds_of
@@ -238,11 +241,12 @@ def _bids_place(rng: random.Random, *, now: datetime, names: list[str]) -> int:
     last = AuctionRound.objects.order_by("-number").values_list("started_at", flat=True).first()
     if last is not None and last > since:
         since = last
-    fresh = mine.filter(created_at__gte=since).exists()
-    wanted = 0 if fresh else rng.choice([1, 1, 2])
-    wanted += rng.random() < 0.25  # now and then one more, so the book is never quite empty
-    wanted = min(wanted, OPEN_BIDS_MAX - open_bids)
-    if wanted <= 0:
+    # one bid on an offer with free GPUs for each round (and now and then one more, in case a
+    # tick comes late), a wish on the buyer's own terms now and then
+    fresh = mine.filter(created_at__gte=since, client_order_id__startswith="demo-b-").exists()
+    kinds = (["browsed"] if not fresh or rng.random() < EXTRA_SHARE else []) + (["wished"] if rng.random() < WISH_SHARE else [])
+    kinds = kinds[:max(0, OPEN_BIDS_MAX - open_bids)]
+    if not kinds:
         return 0
     selling = list(Offer.objects.filter(machine__provider__user__username__in=names, state=OfferState.OPEN).select_related("machine"))
     offers = [o for o in selling if o.gpus_free > 0]
@@ -250,27 +254,31 @@ def _bids_place(rng: random.Random, *, now: datetime, names: list[str]) -> int:
     regions = {r.id: r for r in Region.objects.all()}
     available = {name: funds_of(user).available for name, user in buyers.items()}
     placed = 0
-    for _ in range(wanted):
-        name = rng.choice(sorted(buyers))
-        location = regions[dict(BUYERS)[name]]
+    for kind in kinds:
+        if kind == "browsed" and not offers:
+            continue  # every GPU is taken: the next tick's ended jobs give some back
         # a few rounds to find a match, at least half a minute, never past BID_TTL_MAX_S
         ttl = min(max(30.0, round_s * rng.uniform(6, 15)), float(settings.CONFIG.bid_ttl_max_s))
         expires_at = now + timedelta(seconds=ttl)
-        if offers and rng.random() < BROWSE_SHARE:
-            offer = rng.choices(offers, weights=[o.gpus_free for o in offers])[0]  # where GPUs are free, most likely
-            data = _bid_browsed(rng, offer, location=location, expires_at=expires_at, busy=busy)
-        else:
-            data = _bid_wished(rng, location=location, expires_at=expires_at, busy=busy)
-        cost = bid_worst_case(max_price=data["max_price"], gpus=data["gpus"], duration_s=data["duration_s"])
-        if cost > available[name]:
-            continue  # not funded yet (the dev chain's deposit has not landed), or spent: wait
-        try:
-            services.bid_place(user=buyers[name], data=data)
-        except EscrowShort:
-            available[name] = 0  # a round's trades took the rest meanwhile
-            continue
-        available[name] -= cost
-        placed += 1
+        for name in rng.sample(sorted(buyers), len(buyers)):  # the first buyer whose escrow covers it
+            location = regions[dict(BUYERS)[name]]
+            if kind == "browsed":
+                offer = rng.choices(offers, weights=[o.gpus_free for o in offers])[0]  # where GPUs are free, most likely
+                data = _bid_browsed(rng, offer, location=location, expires_at=expires_at, busy=busy)
+            else:
+                data = _bid_wished(rng, location=location, expires_at=expires_at, busy=busy)
+            data["client_order_id"] = f"demo-{kind[0]}-{secrets.token_hex(6)}"
+            cost = bid_worst_case(max_price=data["max_price"], gpus=data["gpus"], duration_s=data["duration_s"])
+            if cost > available[name]:
+                continue  # not funded yet (the dev chain's deposit has not landed), or spent
+            try:
+                services.bid_place(user=buyers[name], data=data)
+            except EscrowShort:
+                available[name] = 0  # a round's trades took the rest meanwhile
+                continue
+            available[name] -= cost
+            placed += 1
+            break
     return placed
 
 

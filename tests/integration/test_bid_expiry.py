@@ -181,8 +181,9 @@ def test_funded_demo_buyers_bid_within_their_escrow_and_their_bids_expire():
     placed = 0
     for i in range(6):
         placed += demo_tick(seed=i)["placed"]
-    assert placed >= 3
+    assert placed >= 1
     bids = list(Bid.objects.all())
+    assert any(b.client_order_id.startswith("demo-b-") for b in bids), "the coming round has a bid on an offer with free GPUs"
     assert all(b.expires_at - b.created_at <= timedelta(seconds=settings.CONFIG.bid_ttl_max_s) for b in bids)
     assert all(b.expires_at - b.created_at <= timedelta(minutes=10) for b in bids), "demo bids live minutes, not a day"
     for user in User.objects.filter(username__in=[b[0] for b in BUYERS]):
