@@ -9,6 +9,7 @@ path can write a negative price or a bid for zero GPUs.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.contrib.auth.models import AbstractUser
 from django.db import models
@@ -176,6 +177,11 @@ class Bid(models.Model):
 
     def __str__(self) -> str:
         return f"bid {self.pk}: {self.gpus} GPUs up to {self.max_price}/h ({self.state})"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.expires_at is None:  # asked for "no preference" (null): the default lifetime
+            self.expires_at = bid_expiry_default()
+        super().save(*args, **kwargs)
 
 
 class AuctionRound(models.Model):

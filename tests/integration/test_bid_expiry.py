@@ -35,6 +35,12 @@ def test_a_bid_without_expires_at_gets_the_default_ttl(buyer, client_for):
     assert r.json()["expires_at"]
 
 
+def test_a_null_expires_at_means_the_default_ttl(buyer, client_for):
+    r = client_for(buyer).post("/api/v1/bids/", bid_body(expires_at=None), format="json")
+    assert r.status_code == 201, r.content
+    assert Bid.objects.get(pk=r.json()["id"]).expires_at > timezone.now() + timedelta(seconds=settings.CONFIG.bid_ttl_default_s - 60)
+
+
 def test_a_bid_keeps_the_expiry_it_asks_for(buyer, client_for):
     when = (timezone.now() + timedelta(minutes=10)).replace(microsecond=0)
     r = client_for(buyer).post("/api/v1/bids/", bid_body(expires_at=_iso(when)), format="json")
