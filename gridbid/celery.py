@@ -17,8 +17,9 @@ class Queue(enum.StrEnum):
     DEFAULT = "default"
     ROUNDS = "rounds"
     CHAIN = "chain"
-    DEMO = "demo"
-    NOTIFY = "notify"
+    DEMO = "demo"  # the demo market's tick: heartbeats, jobs ending, buyers bidding
+    DEMO_AGENTS = "demo-agents"  # the demo providers' receipts and co-signatures: BLS, seconds a tick
+    NOTIFY = "notify"  # webhooks and notification emails
 
 
 # Every task by name, so a task lands on its queue however it is sent (beat, .delay,
@@ -41,13 +42,15 @@ TASK_QUEUES: dict[str, Queue] = {
     "ledger.tasks.chain_txs_track": Queue.CHAIN,
     "ledger.tasks.chain_events_sync": Queue.CHAIN,
     "ledger.tasks.ledger_reconcile": Queue.CHAIN,
-    "ledger.tasks.demo_agents_tick": Queue.DEMO,
+    "ledger.tasks.demo_agents_tick": Queue.DEMO_AGENTS,
 }
 
 # The queues one worker serves together: the embedded mode runs one worker thread per
 # group, and the README's production section one `gridbid worker -Q` per group. Notifications
 # have their own: a receiver that takes its full timeout to answer delays only other notices.
-WORKER_GROUPS: tuple[tuple[Queue, ...], ...] = ((Queue.ROUNDS,), (Queue.CHAIN,), (Queue.DEFAULT, Queue.DEMO), (Queue.NOTIFY,))
+# The demo's agents sign with py-ecc (~0.2 s a signature, dozens a tick once jobs finish):
+# on a thread of their own they never hold up the demo tick that rounds wait for.
+WORKER_GROUPS: tuple[tuple[Queue, ...], ...] = ((Queue.ROUNDS,), (Queue.CHAIN,), (Queue.DEFAULT, Queue.DEMO), (Queue.NOTIFY,), (Queue.DEMO_AGENTS,))
 
 app = Celery("gridbid")
 app.config_from_object("django.conf:settings", namespace="CELERY")

@@ -88,8 +88,8 @@ def up(host: str, port: int, demo: bool, no_worker: bool) -> None:
 
 @main.command()
 @click.option("--concurrency", "-c", default=2, show_default=True, type=click.IntRange(1, 64), envvar="GRIDBID_WORKER_CONCURRENCY")
-@click.option("--queues", "-Q", default="default,rounds,chain,demo,notify", show_default=True, envvar="GRIDBID_WORKER_QUEUES",
-              help="Comma-separated queues to serve: rounds, chain, default, demo, notify. Give rounds and chain workers of their own.")
+@click.option("--queues", "-Q", default="default,rounds,chain,demo,demo-agents,notify", show_default=True, envvar="GRIDBID_WORKER_QUEUES",
+              help="Comma-separated queues to serve: rounds, chain, default, demo, demo-agents, notify. Give rounds and chain workers of their own.")
 def worker(concurrency: int, queues: str) -> None:
     """Run a Celery worker (needs REDIS_URL)."""
     configure_or_exit()

@@ -41,6 +41,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("ROUND_SECONDS", "5", "Seconds between auction rounds (1-3600)."),
     Variable("ROUND_LEASE_SECONDS", "900", "How long a round may stay `clearing` (60-86400): past it, its worker is taken for dead and the round is failed. Above the slowest round you expect."),
     Variable("BOOKING_GRACE_S", "300", "Seconds past a trade's booked duration (60-86400) its job may take to start and to report its end; then its GPUs go back to the market without it."),
+    Variable("BID_TTL_DEFAULT_S", "86400", "Seconds a bid stays in the book when it names no `expires_at` (60-BID_TTL_MAX_S); unmatched by then, it expires."),
+    Variable("BID_TTL_MAX_S", "2592000", "Longest a bid may stay in the book, in seconds (60-31536000); a bid whose `expires_at` is further ahead is refused (400)."),
     Variable("PRICING_RULE", "uniform", "Auction price rule: uniform (clearing price per bucket) or pay_as_ask."),
     Variable("PRICE_POINT", "0", "Where the uniform price sits in each bucket's clearing interval: 0 = the lowest clearing price (buyer-friendly), 0.5 = midpoint, 1 = top."),
     Variable("FAIR_SHARE_CAP", "1.0", "Largest fraction (0-1] of a scarce bucket's GPUs one buyer may take in one round."),
@@ -155,6 +157,8 @@ class Config:
     round_seconds: float
     round_lease_seconds: float
     booking_grace_s: float
+    bid_ttl_default_s: int
+    bid_ttl_max_s: int
     pricing_rule: str
     fair_share_cap: float
     price_point: float
@@ -307,6 +311,10 @@ def load(env: Mapping[str, str] | None = None) -> Config:
     outputs_s3_bucket = env.get("OUTPUTS_S3_BUCKET", "").strip() or None
     if outputs_storage == "s3" and not outputs_s3_bucket:
         raise ConfigError("OUTPUTS_STORAGE=s3 needs OUTPUTS_S3_BUCKET: the bucket the job outputs go to")
+    bid_ttl_max_s = int(_number(env, "BID_TTL_MAX_S", 2_592_000, 60, 31_536_000, int))
+    bid_ttl_default_s = int(_number(env, "BID_TTL_DEFAULT_S", min(86_400, bid_ttl_max_s), 60, 31_536_000, int))
+    if bid_ttl_default_s > bid_ttl_max_s:
+        raise ConfigError(f"BID_TTL_DEFAULT_S={bid_ttl_default_s} is above BID_TTL_MAX_S={bid_ttl_max_s}: the default bid lifetime must be within the maximum")
     return Config(
         data_dir=data_dir,
         database_url=database_url,
@@ -322,6 +330,8 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         round_seconds=_number(env, "ROUND_SECONDS", 5.0, 1, 3600),
         round_lease_seconds=_number(env, "ROUND_LEASE_SECONDS", 900.0, 60, 86_400),
         booking_grace_s=_number(env, "BOOKING_GRACE_S", 300.0, 60, 86_400),
+        bid_ttl_default_s=bid_ttl_default_s,
+        bid_ttl_max_s=bid_ttl_max_s,
         pricing_rule=_choice(env, "PRICING_RULE", "uniform", ("uniform", "pay_as_ask")),
         fair_share_cap=_number(env, "FAIR_SHARE_CAP", 1.0, 0.01, 1.0),
         price_point=_number(env, "PRICE_POINT", 0.0, 0.0, 1.0),

@@ -80,7 +80,10 @@ class EmbeddedCelery:
 
         self.app.finalize()
         if demo:
-            self.app.conf.beat_schedule["demo-tick"] = {"task": "market.tasks.demo_tick", "schedule": 3.0}
+            from market.demo import demo_tick_seconds
+
+            tick_s = demo_tick_seconds()  # twice a round: each round finds new bids and freed GPUs
+            self.app.conf.beat_schedule["demo-tick"] = {"task": "market.tasks.demo_tick", "schedule": tick_s, "options": {"expires": tick_s * 2}}
             self.app.conf.beat_schedule["demo-agents"] = {"task": "ledger.tasks.demo_agents_tick", "schedule": 5.0}
         self.beat = EmbeddedService(self.app, thread=True, schedule_filename=self.app.conf.beat_schedule_filename)
         self.beat.start()
@@ -153,7 +156,7 @@ def serve(*, host: str, port: int, demo: bool, worker: bool) -> None:
         if worker and settings.CONFIG.embedded:
             celery = EmbeddedCelery()
             celery.start(demo=demo)
-            console.print(f"[green]✓[/] Celery workers (rounds, chain, default+demo, notify) and beat running in-process (rounds every {settings.GRIDBID['ROUND_SECONDS']:g} s)")
+            console.print(f"[green]✓[/] Celery workers (rounds, chain, default+demo, notify, demo-agents) and beat running in-process (rounds every {settings.GRIDBID['ROUND_SECONDS']:g} s)")
         elif settings.CONFIG.embedded:
             console.print("[yellow]![/] no worker: rounds will not clear (drop --no-worker, or set REDIS_URL and run `gridbid worker`)")
         # migrate and the demo set-up ran on this thread: hand its connection back to the

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 TOKEN = 10**6
 GAS_WEI = 10 * 10**18
-BUYER_DEPOSIT = 50_000 * TOKEN
+BUYER_DEPOSIT = 500_000 * TOKEN  # test tokens: enough for hours of demo trades at a round every 2 s
 PROVIDER_STAKE = 500 * TOKEN
 
 

@@ -1,5 +1,5 @@
 """A realistic demo market: a dozen providers over several regions and GPU models,
-their offers, and a few buyers with bids, some of which will match.
+their offers, and a few buyers who keep bidding, most of them within reach of an offer.
 
 Deterministic (seeded), loaded through the same services as real traffic, and
 only into an empty market so a restart never duplicates it.
@@ -7,10 +7,16 @@ only into an empty market so a restart never duplicates it.
 
 from __future__ import annotations
 
+import logging
+import math
 import random
-from datetime import timedelta
+import secrets
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.db import transaction
+from django.db.models import F, Q
 from django.utils import timezone
 
 from market import bookings, services
@@ -18,6 +24,8 @@ from market.models import Role, User
 from market.streams import events
 from providers import catalogue
 from providers.models import GpuModel, Provider, Region
+
+log = logging.getLogger("gridbid.demo")
 
 DEMO_PASSWORD = "gridbid-demo-password"  # noqa: S105 - demo accounts on a local dev server only
 USD = 1_000_000  # base units of the 6-decimal stablecoin
@@ -78,43 +86,35 @@ def demo_load(seed: int = 7) -> str:
                     spot_allowed=rng.random() < 0.8, reserved_only=False,
                 )
                 n_offers += 1
-    n_bids = 0
-    for name, location in BUYERS:
-        user = services.user_signup(username=name, password=DEMO_PASSWORD, role=Role.BUYER)
-        for _ in range(3):
-            model_id = rng.choice(["H100-SXM-80GB", "A100-SXM-80GB", "RTX-4090-24GB", "L40S-48GB"])
-            level = catalogue.gpu_models()[model_id].usd_per_hour
-            gpus = rng.choice([1, 2, 4, 8])
-            services.bid_place(
-                user=user,
-                data={
-                    "job_spec": {"image": "ghcr.io/gridbid/examples/train:latest", "command": ["python", "train.py", "--epochs", "3"], "env": {}, "inputs": [], "output_dir": "outputs"},
-                    "gpus": gpus,
-                    "gpu_models": [model_id],
-                    "location_region": regions[location],
-                    "max_latency_ms": rng.choice([None, 80.0, 150.0]),
-                    "max_price": int(level * rng.uniform(0.8, 1.3) * USD) // 1000 * 1000,
-                    "duration_s": rng.choice([1, 2, 6, 24]) * 3600,
-                    "deadline": now + timedelta(days=3),
-                    "klass": rng.choice(["on_demand", "on_demand", "spot", "reserved"]),
-                },
-            )
-            n_bids += 1
-    return f"{len(PROVIDERS)} providers, {n_offers} offers, {n_bids} bids; log in as operator / acme-llm / lambda-labs-east with password {DEMO_PASSWORD!r}"
+    # The buyers bid from the demo tick, once their escrow is funded (on the dev chain, after
+    # this load): a bid needs money behind it, and here they have none yet.
+    for name, _location in BUYERS:
+        services.user_signup(username=name, password=DEMO_PASSWORD, role=Role.BUYER)
+    return f"{len(PROVIDERS)} providers, {n_offers} offers, {len(BUYERS)} buyers (they bid once their escrow is funded); log in as operator / acme-llm / lambda-labs-east with password {DEMO_PASSWORD!r}"
 
 
-def _heartbeats(rng: random.Random, names: list[str]) -> None:
-    """What each demo machine's agent would send: one heartbeat through the same service
-    real agents use, with GPUs busy where jobs run (85-98%) and idle elsewhere."""
+def _heartbeats(rng: random.Random, names: list[str], *, now: datetime, tick_s: float) -> set[int]:
+    """What the demo machines' agents would send: one heartbeat each through the same service
+    real agents use, with GPUs busy where jobs run (85-98%) and idle elsewhere. A tick (every
+    `tick_s`) sends the most overdue few, so each machine beats every HEARTBEAT_SPREAD_S or so,
+    inside the offline timeout: a heartbeat costs tens of ms, and one tick beating for
+    all fifty machines took longer than the round it has to keep up with.
+    Returns the machines that beat."""
     from market.models import Job
     from market.states import JobState
     from providers.jobs import machine_heartbeat
     from providers.models import Machine
 
+    machines = Machine.objects.filter(provider__user__username__in=names)
+    batch = max(HEARTBEAT_BATCH_MIN, math.ceil(machines.count() * tick_s / HEARTBEAT_SPREAD_S))
+    due = list(machines.filter(Q(last_heartbeat__isnull=True) | Q(last_heartbeat__lt=now - timedelta(seconds=HEARTBEAT_EVERY_S)))
+               .select_related("provider__user").prefetch_related("gpus__model").order_by(F("last_heartbeat").asc(nulls_first=True), "id")[:batch])
+    if not due:
+        return set()
     busy: dict[int, int] = {}
-    for machine_id, gpus in Job.objects.filter(trade__provider__user__username__in=names, state=JobState.RUNNING).values_list("trade__offer__machine_id", "trade__gpus"):
+    for machine_id, gpus in Job.objects.filter(trade__offer__machine__in=due, state=JobState.RUNNING).values_list("trade__offer__machine_id", "trade__gpus"):
         busy[machine_id] = busy.get(machine_id, 0) + gpus
-    for machine in Machine.objects.filter(provider__user__username__in=names).select_related("provider__user").prefetch_related("gpus__model").order_by("id"):
+    for machine in due:
         gpus = []
         for n, gpu in enumerate(sorted(machine.gpus.all(), key=lambda g: g.index)):
             load = rng.uniform(85, 98) if n < busy.get(machine.pk, 0) else rng.uniform(0, 3)
@@ -125,36 +125,31 @@ def _heartbeats(rng: random.Random, names: list[str]) -> None:
                 "power_w": round(gpu.model.tdp_watts * (0.12 + 0.85 * load / 100), 1),
             })
         machine_heartbeat(user=machine.provider.user, machine_id=machine.pk, gpus=gpus, jobs=[], agent_version="demo")
+    return {m.pk for m in due}
 
 
-def demo_tick(seed: int | None = None) -> dict[str, int]:
-    """Keep the demo market alive: its simulated providers send heartbeats, jobs
-    whose time is up finish and free their GPUs, and buyers keep placing bids.
+HEARTBEAT_EVERY_S = 5  # a machine that beat more recently is not due
+HEARTBEAT_SPREAD_S = 12  # each machine beats about this often (the offline timeout is 30 s)
+HEARTBEAT_BATCH_MIN = 4  # most overdue machines a tick beats for, at least
+OPEN_BIDS_MAX = 40  # the demo buyers' open bids, all together: past it they wait for rounds to take some
+EXTRA_SHARE = 0.2  # ticks that place a bid on an offer although the coming round has one already
+WISH_SHARE = 0.3  # ticks that also place a bid on the buyer's own terms: it may match, or wait and expire
+SPEC = {"image": "ghcr.io/gridbid/examples/infer:latest", "command": ["python", "serve.py"], "env": {}, "inputs": [], "output_dir": "outputs"}
+WISHED_MODELS = ["H100-SXM-80GB", "A100-SXM-80GB", "RTX-4090-24GB", "L40S-48GB", "H200-SXM-141GB", "L4-24GB"]
 
-    Runs from beat only under `gridbid up --demo`; it touches demo accounts only.
-    """
-    from django.conf import settings
 
-    from market.models import Bid, Job, Offer
-    from market.states import BidState, JobState, OfferState
-    from providers.models import Machine
+def _jobs_advance(*, names: list[str], now: datetime, speed: float) -> int:
+    """Demo jobs run `speed` times faster than booked: those whose time is up complete and give
+    their GPUs back (their booking is released); those assigned start."""
+    from market.models import Job
+    from market.states import JobState
 
-    rng = random.Random(seed)
-    now = timezone.now()
-    speed = settings.CONFIG.demo_speed
-    names = [p[0] for p in PROVIDERS]
-    _heartbeats(rng, names)
-    machines = Machine.objects.filter(provider__user__username__in=names)
-    Offer.objects.filter(machine__in=machines, state=OfferState.PAUSED, paused_by="offline").update(state=OfferState.OPEN, paused_by="")
     finished = 0
     moved: list[int] = []
     with transaction.atomic():
         for job in Job.objects.select_for_update().select_related("trade").filter(trade__provider__user__username__in=names, state__in=[JobState.ASSIGNED, JobState.RUNNING]):
             t = job.trade
-            elapsed = (now - t.created_at).total_seconds()
-            # demo jobs run GRIDBID_DEMO_SPEED times faster than booked (60 by default) so
-            # the market turns over while you watch
-            if elapsed * speed >= t.duration_s:
+            if (now - t.created_at).total_seconds() * speed >= t.duration_s:
                 job.state, job.progress, job.ended_at, job.exit_code = JobState.COMPLETED, 1.0, now, 0
                 job.gpu_seconds = t.gpus * t.duration_s
                 job.save()
@@ -164,34 +159,160 @@ def demo_tick(seed: int | None = None) -> dict[str, int]:
                 job.state, job.started_at = JobState.RUNNING, now
                 job.save()
             else:
-                job.progress = min(1.0, elapsed * speed / t.duration_s)
-                job.save(update_fields=["progress", "updated_at"])
+                continue
             moved.append(job.pk)
         events.jobs_changed(job_ids=moved)
-    placed = 0
-    buyers = list(User.objects.filter(username__in=[b[0] for b in BUYERS]))
-    open_bids = Bid.objects.filter(buyer__in=buyers, state=BidState.OPEN).count()
+    return finished
+
+
+def _progress_report(*, names: list[str], now: datetime, speed: float, machines: set[int]) -> None:
+    """The running jobs of the machines that just beat report their progress, as agents do."""
+    from market.models import Job
+    from market.states import JobState
+
+    moved: list[int] = []
+    with transaction.atomic():
+        for job in Job.objects.select_related("trade__offer").filter(trade__offer__machine_id__in=machines, state=JobState.RUNNING):
+            t = job.trade
+            done = max(0.0, min(1.0, (now - t.created_at).total_seconds() * speed / t.duration_s))  # a trade made since `now`: 0
+            Job.objects.filter(pk=job.pk, state=JobState.RUNNING).update(progress=done, updated_at=now)
+            moved.append(job.pk)
+        events.jobs_changed(job_ids=moved)
+
+
+def _hours(busy: float) -> tuple[float, ...]:
+    """How long demo buyers book for, by how busy the demo's GPUs are: shorter jobs as the market
+    fills, so GPUs keep coming back and a round every few seconds keeps finding some free
+    (at 60x a 4-hour job holds its GPUs for 4 minutes; fifty trades a minute would fill the market)."""
+    if busy < 0.5:
+        return (1, 2, 3, 4)
+    if busy < 0.7:
+        return (0.5, 1, 2)
+    return (0.25, 0.5)
+
+
+def _bid_browsed(rng: random.Random, offer: Any, *, location: Region, expires_at: datetime, busy: float) -> dict[str, Any]:
+    """A bid a buyer places after looking at the market: on an offer with free GPUs, at or
+    above its ask, for what the offer takes. Another offer may still win it in the round."""
+    sizes = [g for g in (1, 1, 1, 2, 2, 4) if g <= offer.gpus_free]
+    hours = [h for h in _hours(busy) if offer.min_duration_s <= h * 3600 <= offer.max_duration_s] or [offer.min_duration_s / 3600]
+    return {
+        "job_spec": SPEC, "gpus": rng.choice(sizes), "gpu_models": [offer.gpu_model_id],
+        "location_region": location, "preferred_regions": [offer.machine.region_id],
+        "max_price": -(-int(offer.price * rng.uniform(1.05, 1.4)) // 1000) * 1000,
+        "duration_s": int(rng.choice(hours) * 3600), "expires_at": expires_at,
+        "klass": "spot" if offer.spot_allowed and rng.random() < 0.25 else "on_demand",
+    }
+
+
+def _bid_wished(rng: random.Random, *, location: Region, expires_at: datetime, busy: float) -> dict[str, Any]:
+    """A bid on the buyer's own terms, placed without looking: it may wait for capacity, find
+    none at its price or latency, and expire, with the reasons on its owner's orders page."""
+    model_id = rng.choice(WISHED_MODELS)
+    level = catalogue.gpu_models()[model_id].usd_per_hour
+    return {
+        "job_spec": SPEC, "gpus": rng.choice([1, 1, 2, 4, 8]), "gpu_models": [model_id], "location_region": location,
+        "max_latency_ms": rng.choice([None, 100.0, 200.0]), "max_price": int(level * rng.uniform(0.85, 1.35) * USD) // 1000 * 1000,
+        "duration_s": int(rng.choice(_hours(busy)) * 3600), "expires_at": expires_at,
+        "klass": rng.choice(["on_demand", "on_demand", "spot", "reserved"]),
+    }
+
+
+def _bids_place(rng: random.Random, *, now: datetime, names: list[str]) -> int:
+    """The demo buyers keep demand coming: each round finds at least one bid placed since the
+    round before on an offer with free GPUs (client order id `demo-b-…`), and some wishes on
+    the buyers' own terms (`demo-w-…`); each within its buyer's escrow and expiring a few
+    rounds on (BID_TTL_MAX_S at most), so the book keeps turning over."""
+    from django.conf import settings
+
+    from market.funding import EscrowShort, bid_worst_case, funds_of
+    from market.models import AuctionRound, Bid, Offer
+    from market.states import BidState, OfferState
+
+    buyers = {u.username: u for u in User.objects.filter(username__in=[b[0] for b in BUYERS])}
+    if not buyers:
+        return 0
+    mine = Bid.objects.filter(buyer__in=buyers.values())
+    open_bids = mine.filter(state=BidState.OPEN, expires_at__gt=now).count()
+    # New since the round before the next one: since the latest round began, or this schedule slot
+    # began if its round is not claimed yet (beat runs this tick and that round side by side).
+    round_s = float(settings.GRIDBID["ROUND_SECONDS"])
+    since = datetime.fromtimestamp(now.timestamp() // round_s * round_s, tz=UTC)
+    last = AuctionRound.objects.order_by("-number").values_list("started_at", flat=True).first()
+    if last is not None and last > since:
+        since = last
+    # one bid on an offer with free GPUs for each round (and now and then one more, in case a
+    # tick comes late), a wish on the buyer's own terms now and then
+    fresh = mine.filter(created_at__gte=since, client_order_id__startswith="demo-b-").exists()
+    kinds = (["browsed"] if not fresh or rng.random() < EXTRA_SHARE else []) + (["wished"] if rng.random() < WISH_SHARE else [])
+    kinds = kinds[:max(0, OPEN_BIDS_MAX - open_bids)]
+    if not kinds:
+        return 0
+    selling = list(Offer.objects.filter(machine__provider__user__username__in=names, state=OfferState.OPEN).select_related("machine"))
+    offers = [o for o in selling if o.gpus_free > 0]
+    busy = 1 - sum(o.gpus_free for o in selling) / max(1, sum(o.gpus for o in selling))
     regions = {r.id: r for r in Region.objects.all()}
-    for user in buyers:
-        if open_bids + placed >= 12 or rng.random() > 0.6:
-            continue
-        location = dict(BUYERS)[user.username]
-        model_id = rng.choice(["H100-SXM-80GB", "A100-SXM-80GB", "RTX-4090-24GB", "L40S-48GB", "H200-SXM-141GB", "L4-24GB"])
-        level = catalogue.gpu_models()[model_id].usd_per_hour
-        services.bid_place(
-            user=user,
-            data={
-                "job_spec": {"image": "ghcr.io/gridbid/examples/infer:latest", "command": ["python", "serve.py"], "env": {}, "inputs": [], "output_dir": "outputs"},
-                "gpus": rng.choice([1, 1, 2, 4, 8]),
-                "gpu_models": [model_id],
-                "location_region": regions[location],
-                "max_latency_ms": rng.choice([None, 100.0, 200.0]),
-                "max_price": int(level * rng.uniform(0.85, 1.35) * USD) // 1000 * 1000,
-                "duration_s": rng.choice([1, 2, 4, 8]) * 3600,
-                "klass": rng.choice(["on_demand", "on_demand", "spot", "reserved"]),
-            },
-        )
-        placed += 1
+    available = {name: funds_of(user).available for name, user in buyers.items()}
+    placed = 0
+    for kind in kinds:
+        if kind == "browsed" and not offers:
+            continue  # every GPU is taken: the next tick's ended jobs give some back
+        # a few rounds to find a match, at least half a minute, never past BID_TTL_MAX_S
+        ttl = min(max(30.0, round_s * rng.uniform(6, 15)), float(settings.CONFIG.bid_ttl_max_s))
+        expires_at = now + timedelta(seconds=ttl)
+        for name in rng.sample(sorted(buyers), len(buyers)):  # the first buyer whose escrow covers it
+            location = regions[dict(BUYERS)[name]]
+            if kind == "browsed":
+                offer = rng.choices(offers, weights=[o.gpus_free for o in offers])[0]  # where GPUs are free, most likely
+                data = _bid_browsed(rng, offer, location=location, expires_at=expires_at, busy=busy)
+            else:
+                data = _bid_wished(rng, location=location, expires_at=expires_at, busy=busy)
+            data["client_order_id"] = f"demo-{kind[0]}-{secrets.token_hex(6)}"
+            cost = bid_worst_case(max_price=data["max_price"], gpus=data["gpus"], duration_s=data["duration_s"])
+            if cost > available[name]:
+                continue  # not funded yet (the dev chain's deposit has not landed), or spent
+            try:
+                services.bid_place(user=buyers[name], data=data)
+            except EscrowShort:
+                available[name] = 0  # a round's trades took the rest meanwhile
+                continue
+            available[name] -= cost
+            placed += 1
+            break
+    return placed
+
+
+def demo_tick(seed: int | None = None) -> dict[str, int]:
+    """Keep the demo market alive: its simulated providers send heartbeats, jobs whose time
+    is up finish and free their GPUs, and buyers with escrow keep placing bids that expire
+    unless matched.
+
+    Runs from beat (every half round, so that each round finds new bids) only under
+    `gridbid up --demo`; it touches demo accounts only.
+    """
+    from django.conf import settings
+
+    from market.models import Offer
+    from market.states import OfferState
+
+    rng = random.Random(seed)
+    now = timezone.now()
+    names = [p[0] for p in PROVIDERS]
+    # what a round waits for first: GPUs freed by jobs that ended, then new bids; heartbeats last
+    started = time.perf_counter()
+    finished = _jobs_advance(names=names, now=now, speed=settings.CONFIG.demo_speed)
+    placed = _bids_place(rng, now=timezone.now(), names=names)  # after the jobs: the slot may have turned
+    beat = _heartbeats(rng, names, now=now, tick_s=demo_tick_seconds())
+    if beat:
+        Offer.objects.filter(machine_id__in=beat, state=OfferState.PAUSED, paused_by="offline").update(state=OfferState.OPEN, paused_by="")
+        _progress_report(names=names, now=now, speed=settings.CONFIG.demo_speed, machines=beat)
+    log.debug("demo tick: %d jobs finished, %d bids placed, %d machines beat in %.0f ms", finished, placed, len(beat), 1000 * (time.perf_counter() - started))
     return {"finished": finished, "placed": placed}
 
 
+def demo_tick_seconds() -> float:
+    """How often beat runs the demo tick: twice a round (at most every 3 s, at least every
+    0.5 s), so every round finds the bids and the freed GPUs of the tick before it."""
+    from django.conf import settings
+
+    return min(3.0, max(0.5, float(settings.GRIDBID["ROUND_SECONDS"]) / 2))

@@ -4,7 +4,7 @@ covers what it may cost.
 A bid's worst case is its max price x GPUs x hours (the engine's own formula, so a trade
 never costs more than the bid's worst case). The buyer's escrow is the journal's `free`
 balance of its address, which the listener writes from confirmed chain events; from it we
-take what is already promised: the worst case of its other open bids and the amount of its
+take what is already promised: the worst case of its other open bids (not yet expired) and the amount of its
 trades matched but not yet locked on chain (`pending`). Checked when the bid is placed
 (under the buyer's row lock, so two placements cannot both spend the same money) and
 again in each round's snapshot, since the buyer may withdraw in between.
@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from django.db.models import Q, Sum
+from django.utils import timezone
 
 from market.errors import PaymentRequired
 from market.models import Bid, Trade, User
@@ -85,7 +86,8 @@ def _pending_by_buyer(user_ids: Iterable[int]) -> dict[int, int]:
 def funds_of(user: User, *, except_bid: int | None = None) -> Funds:
     address = _addresses([user.pk]).get(user.pk)
     free = _free_by_address([address]).get(address, 0) if address else 0
-    bids = Bid.objects.filter(buyer=user, state=BidState.OPEN)
+    # a bid past its expiry promises nothing, also before a round (or the task) marks it expired
+    bids = Bid.objects.filter(buyer=user, state=BidState.OPEN, expires_at__gt=timezone.now())
     if except_bid is not None:
         bids = bids.exclude(pk=except_bid)
     promised = sum(bid_worst_case(max_price=p, gpus=g, duration_s=d) for p, g, d in bids.values_list("max_price", "gpus", "duration_s"))

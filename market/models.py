@@ -8,9 +8,13 @@ path can write a negative price or a bid for zero GPUs.
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+from typing import Any
+
 from django.contrib.auth.models import AbstractUser
 from django.db import models
 from django.db.models import F, Q
+from django.utils import timezone
 
 from market.states import BidState, BookingState, JobState, OfferState, RoundState, TradeState
 from providers.models import GpuModel, Machine, Provider, Region
@@ -140,6 +144,13 @@ class BidClass(models.TextChoices):
     SPOT = "spot"
 
 
+def bid_expiry_default() -> datetime:
+    """When a bid that names no expiry leaves the book: BID_TTL_DEFAULT_S from now."""
+    from django.conf import settings
+
+    return timezone.now() + timedelta(seconds=settings.CONFIG.bid_ttl_default_s)
+
+
 class Bid(models.Model):
     buyer = models.ForeignKey(User, on_delete=models.PROTECT, related_name="bids")
     # NULL, not "", so the per-buyer unique constraint ignores bids without one
@@ -163,6 +174,7 @@ class Bid(models.Model):
     weights = models.JSONField(default=dict, blank=True)
     state = models.CharField(max_length=16, choices=BidState.choices, default=BidState.OPEN)
     explanation = models.JSONField(default=dict, blank=True, help_text="Why the last round did not match it")
+    expires_at = models.DateTimeField(default=bid_expiry_default, help_text="Unmatched by then, the bid leaves the book as expired")
     # wallet buyers only: the EIP-712 order their wallet signed (0x r s v) and its deadline
     order_signature = models.CharField(max_length=132, blank=True, default="")
     order_deadline = models.BigIntegerField(null=True, blank=True, help_text="Unix seconds; fixed when the order is first shown for signing")
@@ -175,7 +187,7 @@ class Bid(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        indexes = [models.Index(fields=["state", "created_at"]), models.Index(fields=["buyer", "state"])]
+        indexes = [models.Index(fields=["state", "created_at"]), models.Index(fields=["buyer", "state"]), models.Index(fields=["state", "expires_at"])]
         constraints = [
             models.CheckConstraint(condition=Q(gpus__gte=1, gpus__lte=1024), name="bid_gpus_range"),
             models.CheckConstraint(condition=Q(max_price__gt=0), name="bid_max_price_positive"),
@@ -189,6 +201,11 @@ class Bid(models.Model):
 
     def __str__(self) -> str:
         return f"bid {self.pk}: {self.gpus} GPUs up to {self.max_price}/h ({self.state})"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.expires_at is None:  # asked for "no preference" (null): the default lifetime
+            self.expires_at = bid_expiry_default()
+        super().save(*args, **kwargs)
 
 
 class AuctionRound(models.Model):

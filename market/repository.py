@@ -92,7 +92,7 @@ def round_config() -> engine.RoundConfig:
 @transaction.atomic
 def snapshot(*, now: datetime, extra_bids: tuple[engine.Bid, ...] = ()) -> engine.RoundInput:
     """The open book at `now`, read in one transaction, as a pure engine input."""
-    bids = tuple(bid_to_domain(b) for b in Bid.objects.filter(state=BidState.OPEN).order_by("id"))
+    bids = tuple(bid_to_domain(b) for b in Bid.objects.filter(state=BidState.OPEN, expires_at__gt=now).order_by("id"))
     offers = tuple(
         offer_to_domain(o)
         for o in Offer.objects.filter(state=OfferState.OPEN, gpus_free__gt=0).select_related("machine").order_by("id")

@@ -19,7 +19,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Max
+from django.db.models import Max, Q
 from django.utils import timezone
 
 from market import bookings, engine, funding, notify, repository
@@ -68,6 +68,46 @@ def rounds_recover(*, now: datetime | None = None) -> int:
     return failed
 
 
+def _expiry_reason(bid: Bid, *, now: datetime) -> str | None:
+    """Why an open bid leaves the book now, or None while it may still trade."""
+    if bid.expires_at <= now:
+        return (f"This bid expired unmatched at {bid.expires_at:%Y-%m-%d %H:%M:%S} UTC and left the book; its escrow is no longer held for it. "
+                f"Place a new bid, with a later expires_at (at most BID_TTL_MAX_S ahead), if you still want the GPUs.")
+    if bid.deadline is not None and bid.deadline <= now + timedelta(seconds=bid.duration_s):
+        return (f"This bid's deadline ({bid.deadline:%Y-%m-%d %H:%M:%S} UTC) can no longer be met for its {bid.duration_s} s duration, so it left "
+                f"the book; its escrow is no longer held for it. Place a new bid with a later deadline if you still want the GPUs.")
+    return None
+
+
+def bids_expire(*, now: datetime | None = None) -> list[int]:
+    """Take out of the book, as `expired`, the open bids past their `expires_at` and those whose
+    deadline can no longer be met; each keeps the reason (and what its last round said) as its
+    explanation. Claimed under row locks, so a round and the periodic task expire a bid once
+    and never one a round matched meanwhile. Returns the ids expired."""
+    from market import states
+
+    now = now or timezone.now()
+    # a deadline is due when it is closer than the bid's duration: read unlocked, lock only those
+    late = [pk for pk, deadline, duration_s in Bid.objects.filter(state=BidState.OPEN, deadline__isnull=False, expires_at__gt=now)
+            .values_list("id", "deadline", "duration_s") if deadline <= now + timedelta(seconds=duration_s)]
+    expired: list[int] = []
+    with transaction.atomic():
+        for bid in Bid.objects.select_for_update(skip_locked=True).filter(Q(expires_at__lte=now) | Q(pk__in=late), state=BidState.OPEN).order_by("id"):
+            reason = _expiry_reason(bid, now=now)
+            if reason is None:
+                continue
+            before = bid.explanation or {}
+            states.advance("bid", bid, BidState.EXPIRED)
+            bid.explanation = {"round": before.get("round"), "matched": False, "expired": True, "reasons": [reason],
+                               "last_reasons": list(before.get("reasons") or []), "nearest": before.get("nearest")}
+            bid.save(update_fields=["state", "explanation", "updated_at"])
+            events.bid_changed(bid)
+            expired.append(bid.pk)
+    if expired:
+        log.info("bids expired: %s", expired)
+    return expired
+
+
 def _set_aside(*, rnd: AuctionRound, aside: tuple[engine.SetAside, ...]) -> dict[str, list[int]]:
     """Tell each owner why the engine could not take their order this round: a bid keeps its
     place in the book with the reason as its explanation; an offer is paused (`limits`), so
@@ -113,6 +153,7 @@ def round_clear(*, now: datetime | None = None, slot: int | None = None) -> Auct
     round clears the rest: one bad order never fails the round for everyone."""
     now = now or timezone.now()
     rounds_recover()
+    expired = bids_expire(now=now)  # out of the book before the round reads it
     if not Bid.objects.filter(state=BidState.OPEN).exists():
         return None
     rnd = _claim(slot=slot_for(now) if slot is None else slot, when=now)
@@ -121,7 +162,7 @@ def round_clear(*, now: datetime | None = None, slot: int | None = None) -> Auct
     try:
         inp, aside = engine.screen(repository.snapshot(now=now))
         inp, unfunded = _unfunded_left_out(rnd=rnd, inp=inp)
-        set_aside = {**_set_aside(rnd=rnd, aside=aside), "unfunded_bids": unfunded}
+        set_aside = {**_set_aside(rnd=rnd, aside=aside), "unfunded_bids": unfunded, "expired_bids": expired}
         started = time.perf_counter()
         stages = StageTimes()
         result = engine.clear_round(inp, stopwatch=stages)
@@ -196,8 +237,9 @@ def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundRes
     Bid.objects.bulk_update(stale, ["explanation"])
     result_dict = serialize.result_to_dict(result)
     inputs = serialize.input_to_dict(inp)
+    set_aside = dict(set_aside or {"bids": [], "offers": []})
     stats = {**result_dict["stats"], "clear_ms": elapsed_ms, "stage_ms": stage_ms, "dropped_bids": dropped,
-             "preemptions": result_dict["preemptions"], "set_aside": set_aside or {"bids": [], "offers": []}}
+             "preemptions": result_dict["preemptions"], "expired_bids": set_aside.pop("expired_bids", []), "set_aside": set_aside}
     AuctionRound.objects.filter(pk=rnd.pk).update(
         state=RoundState.CLEARED,
         cleared_at=timezone.now(),

@@ -202,6 +202,20 @@ def bid_validate(*, data: dict[str, Any]) -> None:
     deadline = data.get("deadline")
     if deadline is not None and deadline <= timezone.now() + timezone.timedelta(seconds=data["duration_s"]):
         raise DomainError("The deadline is too soon for the duration.", fields={"deadline": ["Must be later than now plus duration_s."]})
+    expires_at = data.get("expires_at")
+    if expires_at is not None:
+        from django.conf import settings
+
+        now = timezone.now()
+        longest = settings.CONFIG.bid_ttl_max_s
+        latest = now + timedelta(seconds=longest)
+        if not now < expires_at <= latest:
+            when = "is in the past" if expires_at <= now else f"is more than BID_TTL_MAX_S ({longest} s) from now"
+            raise DomainError(
+                f"expires_at {when}: a bid may stay in the book for at most BID_TTL_MAX_S ({longest} s).",
+                fields={"expires_at": [f"Give a time in the future and at most {longest} s ahead (now: {now:%Y-%m-%dT%H:%M:%SZ}, "
+                                       f"latest: {latest:%Y-%m-%dT%H:%M:%SZ}), or leave it out for {settings.CONFIG.bid_ttl_default_s} s (BID_TTL_DEFAULT_S)."]},
+            )
 
 
 def _client_order_taken(*, user: User, client_order_id: str) -> Conflict:
@@ -219,6 +233,8 @@ def bid_place(*, user: User, data: dict[str, Any]) -> Bid:
                           fields={"job_spec.ssh": ["Add your public key first: POST /api/v1/ssh-keys/ or your account page."]})
     User.objects.select_for_update().filter(pk=user.pk).values_list("pk", flat=True).first()  # one placement per buyer at a time
     funds_check(user=user, max_price=data["max_price"], gpus=data["gpus"], duration_s=data["duration_s"])
+    if data.get("expires_at") is None:
+        data = {k: v for k, v in data.items() if k != "expires_at"}  # the model's default: BID_TTL_DEFAULT_S from now
     client_order_id = data.get("client_order_id")
     if client_order_id and Bid.objects.filter(buyer=user, client_order_id=client_order_id).exists():
         raise _client_order_taken(user=user, client_order_id=client_order_id)

@@ -3,22 +3,17 @@
 from __future__ import annotations
 
 from celery import shared_task
-from django.utils import timezone
 
 import gridbid.celery  # noqa: F401 - binds the tasks to the configured app (eager in tests), wherever .delay() is called
-from market.models import Bid
-from market.states import BidState
 
 
 @shared_task(name="market.tasks.bids_expire")
 def bids_expire() -> int:
-    """Open bids whose deadline can no longer be met expire (a claim by conditional update)."""
-    now = timezone.now()
-    expired = 0
-    for bid_id, duration_s, deadline in Bid.objects.filter(state=BidState.OPEN, deadline__isnull=False).values_list("id", "duration_s", "deadline"):
-        if deadline <= now + timezone.timedelta(seconds=duration_s):
-            expired += Bid.objects.filter(id=bid_id, state=BidState.OPEN).update(state=BidState.EXPIRED, updated_at=now)
-    return expired
+    """Open bids past their expires_at, or whose deadline can no longer be met, leave the
+    book with the reason (rounds do the same first; this covers a market with no rounds)."""
+    from market.rounds import bids_expire as expire
+
+    return len(expire())
 
 
 @shared_task(name="market.tasks.bookings_expire")

@@ -358,6 +358,8 @@ class BidCreateSerializer(serializers.Serializer):
     max_price = serializers.IntegerField(min_value=1, max_value=MAX_PRICE, help_text="Most you pay, token base units per GPU-hour")
     duration_s = serializers.IntegerField(min_value=60, max_value=MAX_DURATION_S)
     deadline = serializers.DateTimeField(required=False, allow_null=True, default=None)
+    expires_at = serializers.DateTimeField(required=False, allow_null=True,
+                                           help_text="Unmatched by then, the bid leaves the book as expired. Omitted: BID_TTL_DEFAULT_S from now; at most BID_TTL_MAX_S ahead")
     klass = serializers.ChoiceField(choices=BidClass.choices, default=BidClass.ON_DEMAND, help_text="reserved, on_demand or spot")
     min_reliability = serializers.FloatField(min_value=0, max_value=1, default=0)
     weights = WeightsSerializer(required=False, default=dict)
@@ -366,7 +368,7 @@ class BidCreateSerializer(serializers.Serializer):
 class BidSerializer(serializers.ModelSerializer):
     class Meta:
         model = Bid
-        fields = ["id", "client_order_id", "buyer", "job_spec", "gpus", "gpu_models", "min_memory_gib", "min_compute_units", "vendor", "same_machine", "allowed_regions", "preferred_regions", "location_region", "max_latency_ms", "max_price", "duration_s", "deadline", "klass", "min_reliability", "weights", "state", "explanation", "resume_from", "spec_signature", "created_at", "updated_at"]
+        fields = ["id", "client_order_id", "buyer", "job_spec", "gpus", "gpu_models", "min_memory_gib", "min_compute_units", "vendor", "same_machine", "allowed_regions", "preferred_regions", "location_region", "max_latency_ms", "max_price", "duration_s", "deadline", "expires_at", "klass", "min_reliability", "weights", "state", "explanation", "resume_from", "spec_signature", "created_at", "updated_at"]
         read_only_fields = ["resume_from", "spec_signature"]
 
 

@@ -77,7 +77,8 @@ def trades() -> dict[str, Any]:
 
 
 def bid_private(b: Bid) -> dict[str, Any]:
-    return {"id": b.pk, "client_order_id": b.client_order_id, "state": b.state, "gpus": b.gpus, "gpu_models": b.gpu_models, "max_price": b.max_price, "explanation": b.explanation}
+    return {"id": b.pk, "client_order_id": b.client_order_id, "state": b.state, "gpus": b.gpus, "gpu_models": b.gpu_models, "max_price": b.max_price, "explanation": b.explanation,
+            "expires_at": _iso(b.expires_at)}
 
 
 def orders(user: User) -> dict[str, Any]:

@@ -33,7 +33,7 @@ def test_every_registered_task_has_a_route():
         ("ledger.tasks.batches_settle", Queue.CHAIN),
         ("ledger.tasks.chain_txs_track", Queue.CHAIN),
         ("market.tasks.demo_tick", Queue.DEMO),
-        ("ledger.tasks.demo_agents_tick", Queue.DEMO),
+        ("ledger.tasks.demo_agents_tick", Queue.DEMO_AGENTS),
         ("market.tasks.bids_expire", Queue.DEFAULT),
         ("market.tasks.webhook_deliver", Queue.NOTIFY),
         ("market.tasks.email_notify", Queue.NOTIFY),

@@ -56,6 +56,9 @@ def test_defaults_are_embedded_sqlite_and_a_generated_secret(tmp_path):
         ("EMAIL_URL", "smtp://", "EMAIL_URL"),
         ("EMAIL_URL", "smtp://mail:port", "EMAIL_URL"),
         ("DEFAULT_FROM_EMAIL", "nobody", "DEFAULT_FROM_EMAIL"),
+        ("BID_TTL_MAX_S", "10", "BID_TTL_MAX_S"),
+        ("BID_TTL_DEFAULT_S", "soon", "BID_TTL_DEFAULT_S"),
+        ("BID_TTL_DEFAULT_S", "2592001", "BID_TTL_DEFAULT_S"),
     ],
 )
 def test_a_bad_value_names_the_variable(tmp_path, name, value, expected):
@@ -63,6 +66,14 @@ def test_a_bad_value_names_the_variable(tmp_path, name, value, expected):
         load(env(tmp_path, **{name: value}))
     assert str(err.value).startswith(expected)
     assert "\n" not in str(err.value)
+
+
+def test_bid_lifetimes_default_to_a_day_and_thirty_days_and_the_default_keeps_within_the_maximum(tmp_path):
+    cfg = load(env(tmp_path))
+    assert (cfg.bid_ttl_default_s, cfg.bid_ttl_max_s) == (86_400, 2_592_000)
+    assert load(env(tmp_path, BID_TTL_MAX_S="3600")).bid_ttl_default_s == 3600, "an unset default follows a lower maximum"
+    with pytest.raises(ConfigError, match="BID_TTL_DEFAULT_S=7200 is above BID_TTL_MAX_S=3600"):
+        load(env(tmp_path, BID_TTL_MAX_S="3600", BID_TTL_DEFAULT_S="7200"))
 
 
 def test_metrics_token_is_read_and_unset_means_operators_only(tmp_path):

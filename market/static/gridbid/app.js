@@ -209,7 +209,9 @@
         const pill = row.querySelector(".pill");
         if (pill && pill.textContent !== o.state) { pill.textContent = o.state; pill.className = "pill state-" + o.state; flash(row); }
         const why = row.querySelector("[data-field=why]");
-        if (why && o.state === "open" && o.explanation && o.explanation.reasons) setText(why, o.explanation.reasons.join("; "));
+        if (why && (o.state === "open" || o.state === "expired") && o.explanation && o.explanation.reasons) setText(why, o.explanation.reasons.join("; "));
+        const expiry = row.querySelector("[data-field=expires]");
+        if (expiry && o.state !== "open") expiry.remove();
         if (o.state === "matched" && why && !row.dataset.matched) { row.dataset.matched = "1"; setText(why, "matched: " + ((o.explanation && o.explanation.reasons) || []).join("; ")); }
         if (o.state === "matched" && !row.querySelector("progress[data-job]")) refreshRow(row, o.id);
       });
