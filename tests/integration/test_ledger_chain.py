@@ -225,7 +225,7 @@ def test_the_demo_market_records_and_settles_its_trades_on_the_dev_chain(ctx: An
     from ledger.demo import demo_agents_act, demo_chain_setup
     from ledger.journal import journal_verify
     from market.demo import BUYERS, PROVIDERS, demo_load, demo_tick
-    from market.models import Trade
+    from market.models import Bid, Trade
     from market.rounds import round_clear
     from providers.models import Provider
 
@@ -234,6 +234,9 @@ def test_the_demo_market_records_and_settles_its_trades_on_the_dev_chain(ctx: An
     assert demo_chain_setup(ctx).startswith("0 demo buyers funded, 0 demo providers"), "a second start changes nothing"
     assert not Provider.objects.filter(chain_address="").exists()
 
+    sync_chain(ctx)  # the buyers' deposits in the journal: the demo's buyers bid from escrow, like anyone
+    assert Bid.objects.count() == 0, "no bid before its buyer has escrow"
+    demo_tick(seed=1)
     round_clear()
     assert Trade.objects.exists(), "the demo's bids match some of its offers"
     tasks.trades_record.delay()
