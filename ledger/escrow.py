@@ -19,7 +19,6 @@ from django.db import transaction
 from ledger.chain import ChainError
 from ledger.context import ChainContext, chain_context
 from ledger.custody import custodial_key_get_or_create, custodial_signer
-from ledger.journal import account_balances
 from ledger.models import ChainTx, CustodialKey
 from ledger.outbox import tx_submit
 from ledger.wallet import is_wallet_buyer
@@ -58,6 +57,7 @@ def _amount(value: Any) -> int:
     return amount
 
 
+@transaction.atomic  # the withdrawal's money check holds the buyer's row lock until it is sent
 def escrow_request(*, user: User, action: str, amount: Any, key: str) -> dict[str, Any]:
     """Check a deposit or withdrawal of `amount` from the user's custodial key and send it
     once the current database transaction commits. `key` names the request (one per
@@ -68,11 +68,18 @@ def escrow_request(*, user: User, action: str, amount: Any, key: str) -> dict[st
     if is_wallet_buyer(user):
         raise Conflict(f"Your escrow belongs to your own wallet ({user.chain_address}): {action} from the wallet, not through the server.")
     if action == "withdraw":
-        existing = CustodialKey.objects.filter(user=user).first()
-        free = account_balances(prefix_filter=existing.address).get(f"free:{existing.address}", 0) if existing else 0
-        if value > free:
-            raise DomainError(f"Invalid input. amount: more than your free balance ({free} base units, {usdc(free)}).",
-                              fields={"amount": [f"More than your free balance ({free} base units, {usdc(free)})."]})
+        from market.funding import funds_of
+
+        # what open bids and matched, unrecorded trades still need stays: the same money
+        # check as a bid's, under the same row lock, so a bid and a withdrawal cannot both spend it
+        User.objects.select_for_update().filter(pk=user.pk).values_list("pk", flat=True).first()
+        funds = funds_of(user)
+        if value > funds.available:
+            available = max(funds.available, 0)
+            promised = f"; {usdc(funds.committed)} of it is promised to your open bids and unrecorded trades" if funds.committed else ""
+            raise DomainError(f"Invalid input. amount: more than your free balance ({available} base units, {usdc(available)}): "
+                              f"{usdc(funds.free)} deposited and unlocked{promised}. Cancel bids to free more.",
+                              fields={"amount": [f"More than your free balance ({available} base units, {usdc(available)})."]})
     ctx = chain_for_writes()
     address = custodial_key_get_or_create(user=user).address
     if action == "deposit":

@@ -452,3 +452,16 @@ def test_the_trade_page_of_an_unrecorded_trade_says_what_it_waits_for(provider_u
     job = make_job(provider_user, trade_state="pending")
     page = browser_for(job.trade.buyer).get(f"/trades/{job.trade_id}/").content.decode()
     assert "Not recorded yet" in page and "Not in a settlement batch yet" in page and "proof-data" not in page
+
+
+def test_escrow_promised_to_open_bids_and_unrecorded_trades_cannot_be_withdrawn(buyer, client_for, make_bid):
+    """A withdrawal takes only what no bid or matched trade still needs: else the recording
+    batch would skip the trade forever while its booking held a provider's GPUs."""
+    from tests.conftest import escrow_credit
+
+    escrow_credit(buyer, 10 * 10**6)
+    make_bid(buyer, gpus=2, max_price=3 * 10**6, duration_s=3600, fund=False)  # may cost 6 USDC
+    r = client_for(buyer).post("/api/v1/ledger/withdraw/", {"amount": 5 * 10**6}, format="json")
+    assert r.status_code == 400, r.content
+    message = r.json()["error"]["message"]
+    assert "4.00 USDC" in message and "6.00 USDC" in message and "open bids" in message, message
