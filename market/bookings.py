@@ -99,18 +99,24 @@ def booking_started(*, trade_id: int, started_at: datetime) -> None:
     booking = Booking.objects.select_for_update().filter(trade_id=trade_id, state=BookingState.HELD).select_related("trade").first()
     if booking is None:
         return
-    until = started_at + timedelta(seconds=booking.trade.duration_s) + grace()
+    booked = booking.trade.duration_s + (Trade.objects.filter(extends_id=trade_id).aggregate(n=Sum("duration_s"))["n"] or 0)  # extensions bought before it started count too
+    until = started_at + timedelta(seconds=booked) + grace()
     if until > booking.ends_at:
         Booking.objects.filter(pk=booking.pk).update(ends_at=until)
 
 
-def bookings_release(*, trade_ids: Iterable[int], reason: str, now: datetime | None = None) -> list[int]:
+def bookings_release(*, trade_ids: Iterable[int], reason: str, now: datetime | None = None, due_only: bool = False) -> list[int]:
     """Give back the GPUs of these trades' held bookings, once: a booking already released
     is left as it is. Returns the trades whose bookings this call released. Runs in the
-    caller's transaction, so the GPUs come back with the change that freed them."""
+    caller's transaction, so the GPUs come back with the change that freed them. With
+    `due_only`, only bookings still over by `now` once locked (an extension or a start
+    committed since they were listed moved their end)."""
     now = now or timezone.now()
     with transaction.atomic():
-        bookings = list(Booking.objects.select_for_update().filter(trade_id__in=list(trade_ids), state=BookingState.HELD).select_related("offer__machine").order_by("id"))
+        held = Booking.objects.select_for_update().filter(trade_id__in=list(trade_ids), state=BookingState.HELD)
+        if due_only:
+            held = held.filter(ends_at__lte=now)
+        bookings = list(held.select_related("offer__machine").order_by("id"))
         if not bookings:
             return []
         offer_ids = sorted({b.offer_id for b in bookings})
@@ -134,18 +140,33 @@ def bookings_expire(*, now: datetime | None = None) -> int:
     if not due:
         return 0
     with transaction.atomic():
-        released = bookings_release(trade_ids=due, reason=ReleaseReason.EXPIRED, now=now)
-        never_started = list(Job.objects.select_for_update().filter(trade_id__in=released, state=JobState.ASSIGNED))
+        # jobs first, then bookings, then offers: the order a job's stop or end takes
+        jobs = {j.trade_id: j for j in Job.objects.select_for_update().filter(trade_id__in=due).order_by("id")}
+        released = bookings_release(trade_ids=due, reason=ReleaseReason.EXPIRED, now=now, due_only=True)
+        never_started = [jobs[t] for t in released if t in jobs and jobs[t].state == JobState.ASSIGNED]
         for job in never_started:
             states.advance("job", job, JobState.FAILED)
             job.ended_at = now
             job.checkpoint = {**(job.checkpoint or {}), "reason": "The provider's agent never started the job before its booking ran out."}
             job.save(update_fields=["state", "ended_at", "checkpoint", "updated_at"])
+            extensions_follow(job)
         if never_started:
             events.jobs_changed(job_ids=[j.pk for j in never_started])
     if released:
         log.info("bookings expired: trades %s", released)
     return len(released)
+
+
+def extensions_follow(job: Job) -> None:
+    """An extension's job is its trade's job running on: it starts and ends with it. (Its
+    GPU-seconds come with its own receipt, signed by the agent.)"""
+    for ext in Job.objects.select_for_update().filter(trade__extends=job.trade_id).exclude(state=job.state):
+        if not states.can_advance("job", ext.state, job.state):
+            continue
+        states.advance("job", ext, job.state)
+        ext.started_at, ext.ended_at, ext.exit_code = job.started_at, job.ended_at, job.exit_code
+        ext.checkpoint = {**(ext.checkpoint or {}), "reason": f"the job of trade {job.trade_id}, which this extends, is {job.state}"}
+        ext.save()
 
 
 def on_job_ended(*, trade_id: int, state: str, stopped: bool = False) -> None:

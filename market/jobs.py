@@ -103,9 +103,11 @@ def machine_assignments(*, user: User, machine_id: int) -> list[dict[str, Any]]:
         .select_related("trade", "trade__bid", "trade__buyer", "trade__booking")
         .order_by("id")
     )
-    extensions: dict[int, list[dict[str, int]]] = {}
-    for ext_trade, root, ext_job, seconds in Job.objects.filter(trade__extends__in=[j.trade_id for j in jobs]).order_by("trade_id").values_list("trade_id", "trade__extends_id", "id", "trade__duration_s"):
-        extensions.setdefault(root, []).append({"trade": ext_trade, "job": ext_job, "duration_s": seconds})
+    extensions: dict[int, list[dict[str, Any]]] = {}
+    rows = Job.objects.filter(trade__extends__in=[j.trade_id for j in jobs]).order_by("trade_id").values_list("trade_id", "trade__extends_id", "id", "trade__duration_s", "trade__state")
+    for ext_trade, root, ext_job, seconds, ext_state in rows:
+        # with its trade's state: an agent runs only time whose money is on chain (its accepted states)
+        extensions.setdefault(root, []).append({"trade": ext_trade, "job": ext_job, "duration_s": seconds, "trade_state": ext_state})
     out = []
     for job in jobs:
         trade = job.trade
@@ -159,6 +161,8 @@ def job_stop(*, user: User, job_id: int) -> Job:
     job = Job.objects.select_for_update(of=("self",)).select_related("trade", "trade__offer").filter(pk=job_id, trade__buyer=user).first()
     if job is None:
         raise NotFound(f"No job {job_id} of yours.")
+    if job.trade.extends_id:  # an extension runs as its trade's job: stopping it stops that one
+        job = Job.objects.select_for_update(of=("self",)).select_related("trade", "trade__offer").get(trade_id=job.trade.extends_id)
     meta = dict(job.checkpoint or {})
     if meta.get("stop_requested") and job.state in ACTIVE_JOB_STATES:
         return job
@@ -171,6 +175,7 @@ def job_stop(*, user: User, job_id: int) -> Job:
         job.ended_at = timezone.now()
         meta["reason"] = "Stopped by the buyer before it started; nothing ran, nothing is billed."
         job.save()
+        bookings.extensions_follow(job)
         bookings.on_job_ended(trade_id=job.trade_id, state=job.state, stopped=True)
         notify.job_changed(job=job)
     else:
@@ -178,18 +183,6 @@ def job_stop(*, user: User, job_id: int) -> Job:
     machine_wake(job.trade.offer.machine_id, reason="preempt", job_id=job.pk)
     events.jobs_changed(job_ids=[job.pk])
     return job
-
-
-def _extensions_follow(job: Job) -> None:
-    """An extension's job is its trade's job running on: it starts and ends with it. (Its
-    GPU-seconds come with its own receipt, signed by the agent.)"""
-    for ext in Job.objects.select_for_update().filter(trade__extends=job.trade_id).exclude(state=job.state):
-        if not states.can_advance("job", ext.state, job.state):
-            continue
-        states.advance("job", ext, job.state)
-        ext.started_at, ext.ended_at, ext.exit_code = job.started_at, job.ended_at, job.exit_code
-        ext.checkpoint = {**(ext.checkpoint or {}), "reason": f"the job of trade {job.trade_id}, which this extends, is {job.state}"}
-        ext.save()
 
 
 MIN_EXTENSION_S = 60
@@ -317,7 +310,7 @@ def job_event(*, user: User, job_id: int, event: str, at: int | None = None, pro
             job.progress = 1.0
     job.checkpoint = meta
     job.save()
-    _extensions_follow(job)
+    bookings.extensions_follow(job)
     if job.state in bookings.JOB_END_REASON:
         bookings.on_job_ended(trade_id=trade.pk, state=job.state, stopped=bool(meta.get("stop_requested")))
     if event == "preempted" and meta.get("latest_checkpoint") and not meta.get("stop_requested"):

@@ -283,8 +283,10 @@ def bid_continue(*, job: Job, checkpoint: dict[str, Any]) -> Bid | None:
     url, sha = checkpoint.get("url"), str(checkpoint.get("sha256") or "").removeprefix("0x")
     if not isinstance(url, str) or len(sha) != 64:
         return None
-    used_s = -(-int(job.gpu_seconds or 0) // max(1, trade.gpus))
-    left = trade.duration_s - used_s
+    # the time it bought (its extensions too) less what ran (their receipts count their part)
+    extensions = Job.objects.filter(trade__extends=trade.pk).values_list("trade__duration_s", "gpu_seconds")
+    used_s = -(-(int(job.gpu_seconds or 0) + sum(int(g or 0) for _, g in extensions)) // max(1, trade.gpus))
+    left = trade.duration_s + sum(int(d) for d, _ in extensions) - used_s
     bid = trade.bid
     if left < MIN_CONTINUATION_S or (bid.deadline is not None and bid.deadline <= timezone.now() + timedelta(seconds=left)):
         return None

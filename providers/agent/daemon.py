@@ -215,9 +215,10 @@ class Agent:
         """Take one assignment; returns what was done (for logs and tests)."""
         trade = int(a["trade"])
         known = self.state.job(trade)
+        booked_s, extensions = self._booked(a)
         if known is not None:
-            if a.get("extensions") and a["extensions"] != (known.get("extensions") or []) and known["state"] in ("accepted", "running"):
-                self._extend(known, a)
+            if extensions and extensions != (known.get("extensions") or []) and known["state"] in ("accepted", "running"):
+                self._extend(known, booked_s, extensions)
             if a.get("preempt") and trade in self.running and not self.running[trade].stopping:
                 self.running[trade].terminate("preempted", time.time(), self.config.grace_s)
                 log(f"trade {trade}: preempt order; SIGTERM sent, {self.config.grace_s:.0f}s to checkpoint")
@@ -227,7 +228,7 @@ class Agent:
             return "waiting"  # not recorded on chain yet: neither run nor refuse
         reason = self.refusal(a)
         spec = a.get("job_spec") or {}
-        base = dict(trade_id=trade, job_id=int(a["job"]), spec=spec, spec_hash=receipts.spec_hash(spec), gpus=list(a.get("gpus") or []), duration_s=int(a.get("duration_s") or 60), runtime=self.config.runtime, resume=a.get("resume_from"))
+        base = dict(trade_id=trade, job_id=int(a["job"]), spec=spec, spec_hash=receipts.spec_hash(spec), gpus=list(a.get("gpus") or []), duration_s=booked_s, runtime=self.config.runtime, resume=a.get("resume_from"))
         if reason:
             if self.state.job_accept(**base, state="refused", reason=reason):
                 self.state.report(trade_id=trade, job_id=base["job_id"], kind="event", body={"event": "failed", "reason": f"refused by the provider's agent: {reason}"})
@@ -237,8 +238,8 @@ class Agent:
             return "duplicate"
         if spec.get("ssh"):
             self._keys_write(trade, a.get("ssh_keys") or [])
-        if a.get("extensions"):
-            self.state.job_update(trade, extensions=list(a["extensions"]))
+        if extensions:
+            self.state.job_update(trade, extensions=extensions)
         if a.get("preempt"):
             # preempted before it started: nothing ran, nothing to checkpoint
             self._finish(self.state.job(trade), Outcome(None, "preempted", time.time()))
@@ -247,14 +248,23 @@ class Agent:
         log(f"trade {trade}: accepted job {base['job_id']} on GPUs {base['gpus']}")
         return "accepted"
 
-    def _extend(self, job: dict[str, Any], a: dict[str, Any]) -> None:
+    def _booked(self, a: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
+        """The time this job may run and its extensions this agent runs: those whose trade is
+        in a state it accepts (recorded on chain, by default), like the job's own trade. An
+        extension still pending is paid for by nobody yet, so its time is not run."""
+        every = list(a.get("extensions") or [])
+        taken = [e for e in every if e.get("trade_state", a.get("trade_state")) in self.config.accept_trade_states]
+        own = int(a.get("duration_s") or 60) - sum(int(e["duration_s"]) for e in every)
+        return max(1, own) + sum(int(e["duration_s"]) for e in taken), taken
+
+    def _extend(self, job: dict[str, Any], total: int, extensions: list[dict[str, Any]]) -> None:
         """The buyer bought more time on these GPUs: the job may run to the new total."""
-        trade, total = job["trade_id"], int(a["duration_s"])
-        self.state.job_update(trade, duration_s=total, extensions=list(a["extensions"]))
+        trade = job["trade_id"]
+        self.state.job_update(trade, duration_s=total, extensions=extensions)
         sup = self.running.get(trade)
         if sup is not None and not job["spec"].get("time_limit_s"):
             sup.limits = dataclasses.replace(sup.limits, time_limit_s=float(total))
-        log(f"trade {trade}: extended to {total} s in all ({len(a['extensions'])} extension(s))")
+        log(f"trade {trade}: extended to {total} s in all ({len(extensions)} extension(s))")
 
     def refusal(self, a: dict[str, Any]) -> str | None:
         """Why this assignment must not run here, or None."""

@@ -98,10 +98,19 @@ def test_a_buyer_extends_a_running_job_as_a_trade_of_its_own_and_each_trade_gets
     ext_job = Job.objects.get(trade=ext)
     assert ext_job.state == "running"
 
+    # not run before its money is on chain: the agent runs recorded trades only, extensions too
+    agent.poll()
+    assert agent.running[job.trade_id].limits.time_limit_s == 600
+    from django.db import transaction
+
+    from ledger.listener import _advance_trades
+
+    with transaction.atomic():
+        _advance_trades(Trade.objects.filter(pk=ext.pk), "recorded")  # the listener applying TradesRecorded
     # the agent learns it on its next poll: the job may now run 600 + 1800 s
     drive(agent, lambda: agent.running[job.trade_id].limits.time_limit_s == 2400)
     (assignment,) = client_for(provider_user, ["provide"]).get(f"/api/v1/agent/machines/{offer.machine_id}/assignments/").json()["assignments"]
-    assert assignment["duration_s"] == 2400 and assignment["extensions"] == [{"trade": ext.pk, "job": ext_job.pk, "duration_s": 1800}]
+    assert assignment["duration_s"] == 2400 and assignment["extensions"] == [{"trade": ext.pk, "job": ext_job.pk, "duration_s": 1800, "trade_state": "recorded"}]
 
     go(agent, job.trade_id)
 
@@ -197,3 +206,47 @@ def test_the_job_page_extends_at_the_ask_shown_and_stops_behind_a_confirmation(p
     offer.refresh_from_db()
     assert job.state == "preempted" and offer.gpus_free == 2
     assert 'id="stop-zone"' not in r.content.decode() and 'id="extend-form"' not in r.content.decode()
+
+
+def test_an_extension_bought_before_a_late_start_keeps_its_time_and_follows_the_job(provider_user, buyer, client_for, make_job):
+    """Extended before its agent started it, then started late: the booking runs the whole
+    bought time from the start (it ended an hour early and its GPUs were sold under the
+    job); stopped before the start, the extension's job ends with it."""
+    from datetime import timedelta
+
+    from django.db import transaction
+    from django.utils import timezone
+
+    from market.bookings import booking_started, bookings_expire, grace
+
+    job = make_job(provider_user, gpus=1, duration_s=600)
+    r = client_for(buyer).post(f"/api/v1/jobs/{job.pk}/extend/", {"duration_s": 3600}, format="json")
+    assert r.status_code == 201, r.content
+    ext_job = Job.objects.get(trade_id=r.json()["id"])
+    late = timezone.now() + timedelta(minutes=10)
+    with transaction.atomic():  # as in the agent's "started" report
+        booking_started(trade_id=job.trade_id, started_at=late)
+    booking = Booking.objects.get(trade=job.trade)
+    assert booking.ends_at == late + timedelta(seconds=600 + 3600) + grace()
+    assert bookings_expire(now=late + timedelta(seconds=700) + grace()) == 0, "still inside the extension's time"
+
+    # stopping the extension's job stops the job it extends; both end, nothing ran
+    r = client_for(buyer).post(f"/api/v1/jobs/{ext_job.pk}/stop/")
+    assert r.status_code == 200 and r.json()["id"] == job.pk
+    assert set(Job.objects.filter(pk__in=[job.pk, ext_job.pk]).values_list("state", flat=True)) == {"preempted"}
+
+
+def test_an_expiry_listed_before_an_extension_committed_does_not_release_the_extended_booking(provider_user, buyer, client_for, make_job):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from market.bookings import bookings_release
+
+    job = make_job(provider_user, gpus=1, duration_s=600)
+    booking = Booking.objects.get(trade=job.trade)
+    listed_at = booking.ends_at + timedelta(seconds=1)  # the expiry task saw it due ...
+    assert client_for(buyer).post(f"/api/v1/jobs/{job.pk}/extend/", {"duration_s": 3600}, format="json").status_code == 201  # ... then this committed
+    assert bookings_release(trade_ids=[job.trade_id], reason="expired", now=listed_at, due_only=True) == []
+    booking.refresh_from_db()
+    assert booking.state == "held" and booking.ends_at > timezone.now() + timedelta(seconds=3600)
