@@ -244,17 +244,27 @@ def _metrics_token(env: Mapping[str, str]) -> str | None:
 EMAIL_SCHEMES = ("console", "smtp", "smtp+tls", "smtps", "dummy")
 
 
+def _without_password(url: str) -> str:
+    """`url` with the password of its user part replaced by ***."""
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, hostpart = rest.rpartition("@")
+    if not sep or not at or ":" not in userinfo:
+        return url
+    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{hostpart}"
+
+
 def _email_url(env: Mapping[str, str]) -> str:
     raw = (env.get("EMAIL_URL") or "").strip() or "console://"
+    shown = _without_password(raw)  # errors are printed and logged: never the SMTP password
     try:
         parts = urlsplit(raw)
         parts.port  # noqa: B018 - raises ValueError on a bad port
     except ValueError as exc:
-        raise ConfigError(f"EMAIL_URL={raw!r} is not a valid URL ({exc})") from None
+        raise ConfigError(f"EMAIL_URL={shown!r} is not a valid URL ({exc})") from None
     if parts.scheme not in EMAIL_SCHEMES:
-        raise ConfigError(f"EMAIL_URL={raw!r} has scheme {parts.scheme or '(none)'!r}; expected one of: {', '.join(s + '://' for s in EMAIL_SCHEMES)}")
+        raise ConfigError(f"EMAIL_URL={shown!r} has scheme {parts.scheme or '(none)'!r}; expected one of: {', '.join(s + '://' for s in EMAIL_SCHEMES)}")
     if parts.scheme.startswith("smtp") and not parts.hostname:
-        raise ConfigError(f"EMAIL_URL={raw!r} has no host: expected smtp://user:password@host:587")
+        raise ConfigError(f"EMAIL_URL={shown!r} has no host: expected smtp://user:password@host:587")
     return raw
 
 

@@ -204,7 +204,10 @@ def webhook_update(*, user: Any, webhook_id: int, url: str | None = None, events
         raise NotFound(f"No webhook {webhook_id} of yours.")
     new_url = hook.url if url is None else url
     new_events = hook.events if events is None else sorted(set(events))
-    _checked(new_url, new_events)
+    if url is not None and url != hook.url:
+        _checked(new_url, new_events)  # a new address is checked; turning a hook off never is (its host may no longer resolve)
+    elif events is not None and (why := events_refusal(new_events)) is not None:
+        raise DomainError(why, fields={"events": [why]})
     hook.url, hook.events = new_url, new_events
     if active is not None:
         hook.active = active

@@ -402,3 +402,14 @@ def test_adding_changing_and_deleting_a_webhook_is_in_the_audit_log_without_its_
         ("webhook.create", {"type": "webhook", "id": str(hook["id"])}),
     ]
     assert mine[2]["details"]["url"] == receiver.url and hook["secret"] not in json.dumps(log)
+
+
+def test_a_webhook_whose_host_no_longer_resolves_can_still_be_turned_off(buyer, settings):
+    """Only a new URL is checked again: a PATCH that turns a webhook off (or changes its
+    events) must not be refused because its host stopped resolving."""
+    from market.models import Webhook
+    from market.webhooks import webhook_update
+
+    hook = Webhook.objects.create(owner=buyer, url="https://gone.invalid/hooks", secret="s" * 32, events=["bid.matched"], active=True)
+    assert webhook_update(user=buyer, webhook_id=hook.pk, active=False).active is False
+    assert webhook_update(user=buyer, webhook_id=hook.pk, events=["job.running"]).events == ["job.running"]

@@ -148,3 +148,9 @@ def test_the_faucet_is_automatic_unless_switched_on_or_off(tmp_path):
     assert load(env(tmp_path, CHAIN_FAUCET="auto")).chain_faucet is None
     assert load(env(tmp_path, CHAIN_FAUCET="true")).chain_faucet is True
     assert load(env(tmp_path, CHAIN_FAUCET="off")).chain_faucet is False
+
+
+def test_a_bad_email_url_is_refused_without_printing_its_password(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load(env(tmp_path, EMAIL_URL="smtp://alerts:hunter2-secret@mail.acme.io:notaport"))
+    assert "hunter2-secret" not in str(err.value) and "alerts:***@mail.acme.io" in str(err.value)
