@@ -126,6 +126,19 @@ def postgres_database() -> Iterator[str]:
 
 
 @contextlib.contextmanager
+def chain_node() -> Iterator[str]:
+    """A dev chain (anvil) of this run's own; its JSON-RPC URL."""
+    from ledger.chain.anvil import start_anvil, stop_anvil
+
+    port = free_port()
+    proc = start_anvil(port=port)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop_anvil(proc)
+
+
+@contextlib.contextmanager
 def redis_database() -> Iterator[str]:
     import redis
 
@@ -150,6 +163,8 @@ def server(mode: str, data: Path, n_bids: int, seed_value: int, n_rounds: int) -
         if mode == "production":
             env["DATABASE_URL"] = stack.enter_context(postgres_database())
             env["REDIS_URL"] = stack.enter_context(redis_database())
+            # production settles on a chain of its own (CHAIN_RPC_URL; anvil stands in for it)
+            env["CHAIN_RPC_URL"], env["CHAIN_CONFIRMATIONS"] = stack.enter_context(chain_node()), "0"
         started = time.perf_counter()
         out = subprocess.run([sys.executable, __file__, "seed", "--bids", str(n_bids), "--seed", str(seed_value),
                               "--rounds", str(n_rounds)],
@@ -157,6 +172,10 @@ def server(mode: str, data: Path, n_bids: int, seed_value: int, n_rounds: int) -
         if out.returncode:
             raise SystemExit(f"{mode}: seeding failed:\n{out.stdout}\n{out.stderr}")
         seeded = json.loads(out.stdout.strip().splitlines()[-1])
+        if mode == "production":  # the contracts, deployed as an operator does
+            out = subprocess.run([sys.executable, "-m", "gridbid.cli", "chain", "deploy"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False)
+            if out.returncode:
+                raise SystemExit(f"{mode}: gridbid chain deploy failed:\n{out.stdout}\n{out.stderr}")
         print(f"  {mode}: seeded {seeded['open_bids']:,} open bids and {n_rounds} cleared rounds in {time.perf_counter() - started:.1f} s", flush=True)
         port = free_port()
         commands = [["up", "--port", str(port)]]

@@ -22,9 +22,9 @@ OPERATOR = "0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266"  # anvil's account 0: th
 TOKENS = 10**6  # base units of one test USDC
 
 
-def manage_shell(env: Mapping[str, str], code: str) -> str:
+def manage_shell(env: Mapping[str, str], code: str, timeout: float = 60) -> str:
     """Run `code` in `gridbid manage shell` against the server's database; its stdout."""
-    out = subprocess.run([sys.executable, "-m", "gridbid.cli", "manage", "shell", "-c", code], cwd=ROOT, env=dict(env), capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-m", "gridbid.cli", "manage", "shell", "-c", code], cwd=ROOT, env=dict(env), capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -119,14 +119,16 @@ from market.models import User
 ctx = chain_context()
 assert ctx is not None, "the server has no chain"
 names, amount = json.loads({args!r})
-for user in User.objects.filter(username__in=names):
+users = list(User.objects.filter(username__in=names))
+mints = []
+for user in users:  # the dev chain mines each transaction as it comes: wait for the last only
     address = custodial_key_get_or_create(user=user).address
     ctx.client.rpc("anvil_setBalance", [address, hex(10**20)])
-    mint = tx_submit(client=ctx.client, signer=ctx.operator, key=f"e2e-mint:{{address}}:{{amount}}", purpose="mint",
-                     call=ctx.token.functions.mint(address, amount))
-    assert ctx.client.wait(mint.tx_hash).succeeded
-    tx = escrow_deposit(ctx=ctx, user=user, amount=amount, key=f"e2e-deposit:{{address}}:{{amount}}")
-    assert ctx.client.wait(tx.tx_hash).succeeded
+    mints.append(tx_submit(client=ctx.client, signer=ctx.operator, key=f"e2e-mint:{{address}}:{{amount}}", purpose="mint",
+                           call=ctx.token.functions.mint(address, amount)))
+assert ctx.client.wait(mints[-1].tx_hash).succeeded
+deposits = [escrow_deposit(ctx=ctx, user=user, amount=amount, key=f"e2e-deposit:{{user.pk}}:{{amount}}") for user in users]
+assert all(ctx.client.wait(tx.tx_hash).succeeded for tx in deposits)
 events_sync(ctx=ctx, confirmations=0)
 print("DEPOSITED", len(names))
 """
@@ -139,5 +141,5 @@ def escrow_deposit_many(env: Mapping[str, str], usernames: list[str], amount: in
     the API would take minutes)."""
     import json
 
-    out = manage_shell(env, DEPOSIT_SCRIPT.format(args=json.dumps([usernames, amount])))
+    out = manage_shell(env, DEPOSIT_SCRIPT.format(args=json.dumps([usernames, amount])), timeout=300)
     assert f"DEPOSITED {len(usernames)}" in out, out

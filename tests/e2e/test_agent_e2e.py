@@ -131,8 +131,9 @@ def test_a_fresh_agent_gets_test_tokens_from_the_faucet_then_registers_on_chain(
     assert "Now run `gridbid-agent register`" in said["faucet"]
     r = agent(home, "faucet")
     assert r.returncode == 1 and "less than an hour ago" in flat(r.stderr) and "Traceback" not in r.stderr, r.stderr + r.stdout
-    r = agent(home, "earnings")
-    assert r.returncode == 0 and "stake 100 " in flat(r.stdout), r.stderr + r.stdout
+    # the stake shows once the market's listener has confirmed the Registered event
+    r = wait_for("the stake in the agent's earnings", lambda: (out := agent(home, "earnings")).returncode == 0 and "stake 100 " in flat(out.stdout) and out, seconds=30)
+    assert "Traceback" not in r.stderr
 
 
 def test_a_bad_token_stops_the_agent_with_one_clear_message(server, tmp_path):
