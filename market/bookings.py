@@ -180,5 +180,27 @@ def on_trades_moved(sender: object, *, trade_ids: list[int], state: str, **_: ob
     from market.states import TradeState
 
     reason = {TradeState.REFUNDED: ReleaseReason.REFUNDED, TradeState.SETTLED: ReleaseReason.SETTLED}.get(TradeState(state))
-    if reason is not None and trade_ids:
-        bookings_release(trade_ids=trade_ids, reason=reason)
+    if reason is None or not trade_ids:
+        return
+    if reason == ReleaseReason.REFUNDED:
+        _refunded_jobs_end(trade_ids)
+    bookings_release(trade_ids=trade_ids, reason=reason)
+
+
+def _refunded_jobs_end(trade_ids: list[int]) -> None:
+    """A refunded trade's money went back to its buyer: its job must not run on GPUs given
+    back to the market. One its agent never started fails now; a running one is told to
+    stop (its agent's report ends it)."""
+    now = timezone.now()
+    why = "Its trade was refunded on chain (the buyer has its money back): the job does not run on."
+    for job in Job.objects.select_for_update().filter(trade_id__in=trade_ids, state__in=ACTIVE_JOB_STATES).order_by("id"):
+        meta = dict(job.checkpoint or {})
+        if job.state == JobState.ASSIGNED:
+            states.advance("job", job, JobState.FAILED)
+            job.ended_at, job.checkpoint = now, {**meta, "reason": why}
+            job.save(update_fields=["state", "ended_at", "checkpoint", "updated_at"])
+            extensions_follow(job)
+        elif not meta.get("stop_requested"):
+            job.checkpoint = {**meta, "stop_requested": True, "preempt_requested": True, "preempt_reason": why}
+            job.save(update_fields=["checkpoint", "updated_at"])
+        events.jobs_changed(job_ids=[job.pk])

@@ -176,3 +176,20 @@ def test_over_many_rounds_and_job_ends_no_gpu_is_booked_twice_and_the_free_count
             taken = Booking.objects.filter(offer=offer, state="held").aggregate(n=Sum("gpus"))["n"] or 0
             assert offer.gpus_free == offer.gpus - taken, f"step {step}: free {offer.gpus_free} but {taken} of {offer.gpus} held"
     assert Booking.objects.filter(state="released").exists() and Booking.objects.filter(state="held").exists()
+
+
+def test_a_refunded_trades_job_does_not_run_on_gpus_given_back(provider_user, make_job):
+    """A trade refunded on chain gives its GPUs back; its job must not start (or run on)
+    there: one not started fails with the reason, a running one is told to stop."""
+    from ledger.listener import _advance_trades
+    from market.jobs import job_event
+
+    waiting = make_job(provider_user, gpus=1, count=4)
+    running = make_job(provider_user, offer=waiting.trade.offer, gpus=1)
+    job_event(user=provider_user, job_id=running.pk, event="started")
+    with transaction.atomic():
+        _advance_trades(Trade.objects.filter(pk__in=[waiting.trade_id, running.trade_id]), "refunded")
+    waiting.refresh_from_db()
+    running.refresh_from_db()
+    assert waiting.state == "failed" and "refunded" in waiting.checkpoint["reason"]
+    assert running.state == "running" and running.checkpoint["preempt_requested"] and running.checkpoint["stop_requested"]
