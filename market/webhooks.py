@@ -153,6 +153,23 @@ def url_refusal(url: str, *, allow_private: bool | None = None) -> str | None:
     return None
 
 
+def _pinned(parts: Any) -> tuple[str, str] | None:
+    """The URL with its host replaced by one public address it resolves to now, and the Host
+    header naming the original; None when it resolves to none."""
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        public = [ip for ip in _addresses(parts.hostname, port) if _address_public(ip)]
+    except (OSError, UnicodeError):
+        return None
+    if not public:
+        return None
+    ip = public[0]
+    literal = f"[{ip}]" if ip.version == 6 else str(ip)
+    netloc = f"{literal}:{parts.port}" if parts.port else literal
+    host_header = parts.netloc.rsplit("@", 1)[-1]
+    return parts._replace(netloc=netloc).geturl(), host_header
+
+
 def events_refusal(events: list[str]) -> str | None:
     unknown = sorted(set(events) - EVENT_TYPES.keys())
     if unknown:
@@ -283,6 +300,7 @@ def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int | None, s
     import httpx
 
     parts = urlsplit(url)
+    target, extensions = url, {}
     if not settings.GRIDBID.get("WEBHOOK_ALLOW_PRIVATE_URLS", False):
         # checked again at each send: a name that resolved to a public address when the
         # webhook was made may point inside the network now
@@ -290,9 +308,18 @@ def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int | None, s
         if why is not None:
             # a private address is refused for good; a name that does not resolve may again
             return None, f"refused: {why}", "public address" in why
+        # and the request goes to an address this check saw, not to whatever a second lookup
+        # answers (a name with a zero TTL could answer public, then 169.254.169.254)
+        pinned = _pinned(parts)
+        if pinned is None:
+            return None, f"refused: {parts.hostname} no longer resolves to a public address", False
+        target, host_header = pinned
+        headers = {**headers, "Host": host_header}
+        if parts.scheme == "https":
+            extensions = {"sni_hostname": parts.hostname}  # TLS checks the certificate against the name
     try:
         with httpx.Client(timeout=TIMEOUT_S, follow_redirects=False, trust_env=False) as client, \
-                client.stream("POST", url, content=body, headers=headers) as answer:
+                client.stream("POST", target, content=body, headers=headers, extensions=extensions) as answer:
             text = b""
             for chunk in answer.iter_bytes():
                 text += chunk

@@ -413,3 +413,31 @@ def test_a_webhook_whose_host_no_longer_resolves_can_still_be_turned_off(buyer, 
     hook = Webhook.objects.create(owner=buyer, url="https://gone.invalid/hooks", secret="s" * 32, events=["bid.matched"], active=True)
     assert webhook_update(user=buyer, webhook_id=hook.pk, active=False).active is False
     assert webhook_update(user=buyer, webhook_id=hook.pk, events=["job.running"]).events == ["job.running"]
+
+
+def test_a_name_that_rebinds_to_loopback_after_the_check_is_never_called(settings, monkeypatch):
+    """DNS rebinding: the name answers a public address to the check, then 127.0.0.1. The
+    request goes only to an address the check allowed, so the loopback receiver hears nothing."""
+    import socket
+
+    from market.webhooks import _post
+    from tests.receiver import Receiver
+
+    settings.GRIDBID = {**settings.GRIDBID, "WEBHOOK_ALLOW_PRIVATE_URLS": False}
+    receiver = Receiver()
+    port = receiver.server.server_address[1]
+    real = socket.getaddrinfo
+    answers = iter(["93.184.216.34"])  # the first lookup: a public address; every later one: loopback
+
+    def rebinding(host, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if host != "rebind.example.com":
+            return real(host, *args, **kwargs)
+        return real(next(answers, "127.0.0.1"), *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+    try:
+        status, error, _ = _post(f"http://rebind.example.com:{port}/hooks", b"{}", {"Content-Type": "application/json"})
+    finally:
+        receiver.close()
+    assert status is None and "refused" in error, error
+    assert receiver.requests == [], "the loopback receiver was called"
