@@ -83,7 +83,11 @@ def main() -> int:
     share = demo_watch.traded_share(rounds)
     trades = sum(r[3] for r in rounds)
     opens = [s.open_bids for s in samples]
-    print(f"\n{args.minutes:g} min: {len(rounds)} rounds, {share:.1%} with trades (target {TARGET:.0%}), "
+    # a slot whose book was empty writes no round: counted against the demo here, as a slot
+    slots = max(len(rounds), int(args.minutes * 60 // args.round_seconds))
+    traded = sum(1 for r in rounds if r[3] > 0)
+    print(f"\n{args.minutes:g} min: {len(rounds)} rounds, {share:.1%} with trades (target {TARGET:.0%}); "
+          f"{traded / slots:.1%} of the {slots} round slots of {args.round_seconds:g} s; "
           f"{trades / args.minutes:.1f} trades/min, open bids min {min(opens)} / max {max(opens)}, {final.expired_bids} bids expired")
     if args.json:
         args.json.write_text(json.dumps({"minutes": args.minutes, "rounds": len(rounds), "traded_share": share, "trades_per_min": trades / args.minutes,
