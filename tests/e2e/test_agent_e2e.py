@@ -403,7 +403,8 @@ def test_an_operator_preempts_a_running_job_which_checkpoints_and_resumes_on_ano
             jobs = httpx.get(f"{server}/api/v1/jobs/", headers=buyer).json()["results"]
             return next((j for j in jobs if j["machine"] == machine2 and j["state"] in ("running", "completed")), None)
 
-        again = wait_for("the rest of the job running on the other machine", resumed, seconds=40, logs=logs2)
+        follow_now = lambda: httpx.get(f"{server}/api/v1/bids/{follow_id}/", headers=buyer).json()  # noqa: E731
+        again = wait_for("the rest of the job running on the other machine", resumed, seconds=90, logs=lambda: f"{logs2()}\ncontinuation: {follow_now()}")
         marker = home2 / "jobs" / str(again["trade"]) / "work" / "outputs" / "resumed_at_step.txt"
         wait_for("the job resuming from its checkpoint", marker.exists, seconds=20, logs=logs2)
         assert int(marker.read_text()) == state["step"], "it carried on from the step it was stopped at"
