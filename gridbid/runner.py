@@ -100,6 +100,11 @@ class EmbeddedCelery:
             thread.join(max(0.0, deadline - time.monotonic()))
         if not any(thread.is_alive() for thread in self.threads):
             state.should_terminate = None  # all gone: a later start in this process may run
+            # the workers left the app consuming from the last group's queues only (a
+            # selection on app.amqp.queues): a worker started later in this process would
+            # serve that group alone (in the suite: the request-id test's worker, deaf to
+            # `default` once the groups grew to five)
+            self.app.amqp.queues.select(list(self.app.amqp.queues))
 
 
 def prepare(*, demo: bool) -> None:

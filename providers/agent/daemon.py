@@ -253,9 +253,15 @@ class Agent:
         in a state it accepts (recorded on chain, by default), like the job's own trade. An
         extension still pending is paid for by nobody yet, so its time is not run."""
         every = list(a.get("extensions") or [])
-        taken = [e for e in every if e.get("trade_state", a.get("trade_state")) in self.config.accept_trade_states]
+        taken = [e for e in every if self._runs(e, a)]
         own = int(a.get("duration_s") or 60) - sum(int(e["duration_s"]) for e in every)
-        return max(1, own) + sum(int(e["duration_s"]) for e in taken), taken
+        return max(1, own) + sum(int(e["duration_s"]) for e in taken), every
+
+    def _runs(self, ext: dict[str, Any], a: dict[str, Any] | None = None) -> bool:
+        """Whether the job may run in this extension's time: its trade is in a state this
+        agent accepts. (One that is not still gets a receipt, for 0 GPU-seconds, when the
+        job ends, so its trade is refunded at settlement instead of waiting out its timeout.)"""
+        return ext.get("trade_state", (a or {}).get("trade_state")) in self.config.accept_trade_states
 
     def _extend(self, job: dict[str, Any], total: int, extensions: list[dict[str, Any]]) -> None:
         """The buyer bought more time on these GPUs: the job may run to the new total."""
@@ -421,7 +427,7 @@ class Agent:
         gpu_seconds = math.ceil((ended - started) * len(job["gpus"])) if job.get("started_at") else 0
         extensions = job.get("extensions") or []
         # the trade bought its own time; what ran past it is billed to its extensions, in order
-        own_cap = len(job["gpus"]) * (int(job["duration_s"]) - sum(int(e["duration_s"]) for e in extensions))
+        own_cap = len(job["gpus"]) * (int(job["duration_s"]) - sum(int(e["duration_s"]) for e in extensions if self._runs(e)))
         used_total, gpu_seconds = gpu_seconds, min(gpu_seconds, own_cap)
         files = receipts.output_manifest(paths.output(job["spec"].get("output_dir") or "outputs")) if paths.work.exists() else []
         checkpoint = None
@@ -482,7 +488,7 @@ class Agent:
         settlement root holding it can be co-signed like any other."""
         start = first.started_at + own_cap // max(1, len(job["gpus"]))
         for ext in job.get("extensions") or []:
-            cap = len(job["gpus"]) * int(ext["duration_s"])
+            cap = len(job["gpus"]) * int(ext["duration_s"]) if self._runs(ext) else 0
             part, rest = min(rest, cap), rest - min(rest, cap)
             r = dataclasses.replace(first, trade_id=int(ext["trade"]), started_at=min(start, first.ended_at), gpu_seconds=part, checkpoint=None)
             signature = receipts.receipt_sign(r, self.bls_key)

@@ -337,6 +337,14 @@ def test_an_operator_preempts_a_running_job_which_checkpoints_and_resumes_on_ano
     tokens = make_tokens(SERVER_ENV, spotty=("provider", ("read", "provide")), spotbuyer=("buyer", ("read", "trade")), watch=("operator", ("read", "operate")))
     # A10 machines, so no other test's bid lands here; the provider is not on chain, so the trade runs pending
     home, machine = join_market(server, tmp_path, "spotty", tokens["spotty"], region="eu-west", price="1.00", gpu=("NVIDIA A10", 23028, "A10-24GB"))
+    # this agent's offer is withdrawn before the preemption (below), so the GPUs it frees
+    # cannot take the rest of the job back; its pricing loop must not publish it again meanwhile
+    import tomllib
+
+    import tomli_w
+
+    config = tomllib.loads((home / "agent.toml").read_text())
+    (home / "agent.toml").write_text(tomli_w.dumps({**config, "offer_sync_s": 3600.0}))
     buyer = {"Authorization": f"Bearer {tokens['spotbuyer']}"}
     operator = {"Authorization": f"Bearer {tokens['watch']}"}
     escrow_deposit(server, SERVER_ENV, "spotbuyer", buyer, 2 * TOKENS)
@@ -357,6 +365,11 @@ def test_an_operator_preempts_a_running_job_which_checkpoints_and_resumes_on_ano
         work = home / "jobs" / str(job["trade"]) / "work"
         wait_for("the job making progress", lambda: (work / "outputs" / "progress.txt").exists(), seconds=15, logs=logs)
         time.sleep(1.5)
+        # this machine is leaving: its offer is withdrawn first (see above)
+        provider = {"Authorization": f"Bearer {tokens['spotty']}"}
+        for offer in httpx.get(f"{server}/api/v1/offers/", headers=provider, params={"machine": machine}).json()["results"]:
+            if offer["machine"] == machine and offer["state"] in ("open", "paused"):
+                assert httpx.post(f"{server}/api/v1/offers/{offer['id']}/withdraw/", headers=provider).status_code == 200
         assert httpx.post(f"{server}/api/v1/jobs/{job['id']}/preempt/", headers=buyer).status_code == 403  # operators only
         r = httpx.post(f"{server}/api/v1/jobs/{job['id']}/preempt/", headers=operator)
         assert r.status_code == 200, r.text
@@ -390,10 +403,6 @@ def test_an_operator_preempts_a_running_job_which_checkpoints_and_resumes_on_ano
         assert follow["resume_from"]["trade"] == job["trade"] and follow["duration_s"] == 600 - -(-done["gpu_seconds"] // 2)
         stop_daemons(daemons)
         daemons = []
-        provider = {"Authorization": f"Bearer {tokens['spotty']}"}
-        for offer in httpx.get(f"{server}/api/v1/offers/", headers=provider, params={"machine": machine}).json()["results"]:
-            if offer["machine"] == machine and offer["state"] in ("open", "paused"):
-                assert httpx.post(f"{server}/api/v1/offers/{offer['id']}/withdraw/", headers=provider).status_code == 200
         other_tokens = make_tokens(SERVER_ENV, spotty2=("provider", ("read", "provide")))
         home2, machine2 = join_market(server, tmp_path, "spotty2", other_tokens["spotty2"], region="eu-west", price="1.00", gpu=("NVIDIA A10", 23028, "A10-24GB"))
         daemons.append(start_daemon(home2, seconds=90))
