@@ -99,12 +99,15 @@ def test_preempted_job_saves_a_checkpoint_in_its_grace_period(tmp_path):
         "open('outputs/started', 'w').write('1')\n"
         "time.sleep(60)\n"
     )
-    job = run(tmp_path, code, limits=Limits(time_limit_s=30, grace_s=5))
-    deadline = time.monotonic() + 5
+    # generous bounds: on a loaded machine (CI, 3 xdist workers) the job's interpreter took
+    # seconds to start, and a SIGTERM sent before its handler is set is not a preemption test
+    job = run(tmp_path, code, limits=Limits(time_limit_s=60, grace_s=15))
+    deadline = time.monotonic() + 30
     while not (tmp_path / "job/work/outputs/started").exists() and time.monotonic() < deadline:
         time.sleep(0.02)
+    assert (tmp_path / "job/work/outputs/started").exists(), "the job did not start within 30 s"
     job.terminate("preempted", time.time())
-    out = job.wait(10)
+    out = job.wait(20)
     assert out.reason == "preempted" and out.exit_code == 0
     assert (tmp_path / "job/work/checkpoint/step.txt").read_text() == "41"
 
