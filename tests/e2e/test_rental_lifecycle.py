@@ -175,14 +175,16 @@ def test_a_rental_from_refused_bid_to_stop_early_settles_on_chain_and_frees_the_
         done = wait_for("the job stopped with a signed receipt", stopped, seconds=60, logs=logs)
         used = done["checkpoint"]["receipt"]["body"]["gpu_seconds"]
         assert 0 < used < 360
-        page.reload()
+        page.goto("about:blank")  # stops the job page's own refresh, which aborted a reload once
+        page.goto(f"{base}/jobs/{job['id']}/")
         wait_for_js(page, "document.getElementById('booking-released') !== null")
         assert page.locator("#stop-zone").count() == 0 and page.locator("#extend-form").count() == 0
         shot(page, "rental-stopped")
 
         # 7. its output, uploaded by the agent and checked against the receipt, for the buyer only
         wait_for("the output at the market", lambda: httpx.get(f"{base}/api/v1/jobs/{job['id']}/outputs/", headers=auth).json().get("files"), seconds=60, logs=logs)
-        page.reload()
+        page.goto("about:blank")  # stops the job page's own refresh, which aborted a reload once
+        page.goto(f"{base}/jobs/{job['id']}/")
         with page.expect_download() as download:
             page.click("#job-outputs a[download]")
         content = Path(download.value.path()).read_bytes()
