@@ -130,15 +130,16 @@ def _url(env: Mapping[str, str], name: str, schemes: tuple[str, ...]) -> str | N
     if raw is None or raw.strip() == "":
         return None
     raw = raw.strip()
+    shown = _without_password(raw)  # errors are printed and logged: never a password in the URL
     try:
         parts = urlsplit(raw)
         parts.port  # noqa: B018 - raises ValueError on a bad port
     except ValueError as exc:
-        raise ConfigError(f"{name}={raw!r} is not a valid URL ({exc})") from None
+        raise ConfigError(f"{name}={shown!r} is not a valid URL ({exc})") from None
     if parts.scheme not in schemes:
-        raise ConfigError(f"{name}={raw!r} has scheme {parts.scheme or '(none)'!r}; expected one of: {', '.join(schemes)}")
+        raise ConfigError(f"{name}={shown!r} has scheme {parts.scheme or '(none)'!r}; expected one of: {', '.join(schemes)}")
     if parts.scheme != "sqlite" and not parts.hostname:
-        raise ConfigError(f"{name}={raw!r} has no host: expected {schemes[0]}://host:port/...")
+        raise ConfigError(f"{name}={shown!r} has no host: expected {schemes[0]}://host:port/...")
     return raw
 
 
