@@ -129,6 +129,9 @@ def place_a100_bid(page: Any, base: str) -> None:
     page.fill("#id_gpus", "1")
     page.fill("#id_max_price_usd", "9.00")
     page.fill("#id_hours", "1")
+    # an answer to the earlier inputs is stale once a field changes: the page must not show it
+    # as the quote (a test read "asking the engine…" under #quote.ok, twice in a row)
+    assert page.get_attribute("#quote", "class") == "quote pending", page.inner_text("#quote")
     page.wait_for_selector("#quote.ok")
     assert "USDC/GPU-h" in page.inner_text("#quote")
     shot(page, "place-bid")
