@@ -72,14 +72,20 @@ def token_balance(rpc: Any, chain: dict[str, Any], address: str) -> int:
     return int(rpc.call("eth_call", [{"to": chain["token"], "data": "0x" + calldata("balanceOf(address)", address).hex()}, "latest"]), 16)
 
 
-def wait_for(what: str, check: Callable[[], Any], *, seconds: float, logs: Callable[[], str] = lambda: "") -> Any:
+def wait_for(what: str, check: Callable[[], Any], *, seconds: float, logs: Callable[[], str] = lambda: "",
+             seen: Callable[[], Any] | None = None) -> Any:
+    """Poll `check` until it returns something true, and return that. Past the deadline, fail
+    naming what was awaited and the last state seen (`seen()`, else `check`'s last answer),
+    so a failure says where things stood."""
     deadline = time.monotonic() + seconds
+    value: Any = None
     while time.monotonic() < deadline:
         value = check()
         if value:
             return value
         time.sleep(0.5)
-    pytest.fail(f"{what}: not within {seconds:.0f} s\n{logs()}")
+    last = seen() if seen is not None else value
+    pytest.fail(f"{what}: not within {seconds:.0f} s; last seen: {last!r}\n{logs()}")
 
 
 def custodial_address(env: Mapping[str, str], username: str) -> str:

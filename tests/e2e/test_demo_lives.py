@@ -1,4 +1,4 @@
-"""`gridbid up --demo` keeps trading: over two minutes of the real demo (its own worker,
+"""`gridbid up --demo` keeps trading: over a minute of the real demo (its own worker,
 beat, dev chain and simulated agents, at the default GRIDBID_DEMO_SPEED), at least 80% of
 its rounds make a trade, its unmatched bids expire, and it never runs out of bids. Counted
 from the server's database, not from the demo's own counters."""
@@ -16,10 +16,10 @@ from tests.e2e.conftest import running_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
-WINDOW_S = 120.0
+WINDOW_S = 60.0  # 30 rounds at ROUND_SECONDS=2, past the 30 s bid lifetime: long runs are bench_demo.py's
 
 
-def test_the_demo_trades_in_at_least_80_percent_of_its_rounds_for_two_minutes(tmp_path: Path) -> None:
+def test_the_demo_trades_in_at_least_80_percent_of_its_rounds_for_a_minute(tmp_path: Path) -> None:
     from ledger.chain.anvil import AnvilNotFound, find_anvil
 
     try:

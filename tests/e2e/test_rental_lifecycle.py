@@ -130,7 +130,8 @@ def test_a_rental_from_refused_bid_to_stop_early_settles_on_chain_and_frees_the_
             jobs = httpx.get(f"{base}/api/v1/jobs/", headers=auth).json()["results"]
             return jobs[0] if jobs and jobs[0]["state"] == "failed" else None
 
-        sshjob = wait_for("the SSH job refused by the process-runtime agent", refused, seconds=90, logs=logs)
+        jobs_seen = lambda: [(j["id"], j["state"]) for j in httpx.get(f"{base}/api/v1/jobs/", headers=auth).json()["results"]]  # noqa: E731
+        sshjob = wait_for("the SSH job refused by the process-runtime agent", refused, seconds=90, logs=logs, seen=jobs_seen)
         page.goto(f"{base}/jobs/{sshjob['id']}/")
         reason = page.inner_text("#job-reason")
         assert "container" in reason and "process" in reason, reason
@@ -144,7 +145,7 @@ def test_a_rental_from_refused_bid_to_stop_early_settles_on_chain_and_frees_the_
             jobs = [j for j in httpx.get(f"{base}/api/v1/jobs/", headers=auth).json()["results"] if j["id"] != sshjob["id"]]
             return jobs[0] if jobs and jobs[0]["state"] == "running" else None
 
-        job = wait_for("the job running on the cheaper machine", running, seconds=90, logs=logs)
+        job = wait_for("the job running on the cheaper machine", running, seconds=90, logs=logs, seen=jobs_seen)
         assert job["machine"] == cheap_machine
         trade = httpx.get(f"{base}/api/v1/trades/{job['trade']}/", headers=auth).json()
         assert trade["state"] == "recorded" and trade["price"] == 1_200_000 and trade["duration_s"] == 360
@@ -172,7 +173,7 @@ def test_a_rental_from_refused_bid_to_stop_early_settles_on_chain_and_frees_the_
             j = httpx.get(f"{base}/api/v1/jobs/{job['id']}/", headers=auth).json()
             return j if j["state"] == "preempted" and "receipt" in j["checkpoint"] else None
 
-        done = wait_for("the job stopped with a signed receipt", stopped, seconds=60, logs=logs)
+        done = wait_for("the job stopped with a signed receipt", stopped, seconds=60, logs=logs, seen=jobs_seen)
         used = done["checkpoint"]["receipt"]["body"]["gpu_seconds"]
         assert 0 < used < 360
         page.goto("about:blank")  # stops the job page's own refresh, which aborted a reload once
@@ -209,7 +210,8 @@ def test_a_rental_from_refused_bid_to_stop_early_settles_on_chain_and_frees_the_
             # the extension's time never began: its receipt counts nothing and it is refunded whole
             return rows if rows[0]["state"] == "settled" and rows[1]["state"] in ("settled", "refunded") else None
 
-        wait_for("both trades closed on chain", settled, seconds=180, logs=logs)
+        trades_seen = lambda: {t: httpx.get(f"{base}/api/v1/trades/{t}/", headers=auth).json()["state"] for t in (trade["id"], extension["id"])}  # noqa: E731
+        wait_for("both trades closed on chain", settled, seconds=180, logs=logs, seen=trades_seen)
         earnings = wait_for("the payment in the provider's earnings", lambda: (e := httpx.get(f"{base}/api/v1/ledger/earnings/", headers=provider).json())["free"] > 0 and e, seconds=30)
         expected = trade["price"] * used // 3600  # the extension's receipt counts what ran past the first booking: nothing here
         assert earnings["paid"] == earnings["free"] == expected, earnings
