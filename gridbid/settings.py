@@ -191,7 +191,7 @@ REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer", "rest_framework.renderers.BrowsableAPIRenderer"],
     "DEFAULT_PARSER_CLASSES": ["market.api.parsers.NulFreeJSONParser", "market.api.parsers.NulFreeFormParser", "market.api.parsers.NulFreeMultiPartParser"],
     "DEFAULT_THROTTLE_CLASSES": ["market.api.throttles.AnonRateThrottle", "market.api.throttles.UserRateThrottle"],
-    "DEFAULT_THROTTLE_RATES": {"anon": "600/minute", "user": "6000/minute"},
+    "DEFAULT_THROTTLE_RATES": {"anon": f"{CONFIG.api_rate_anon}/minute", "user": f"{CONFIG.api_rate_user}/minute"},
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
     "PAGE_SIZE": 50,
 }

@@ -14,26 +14,26 @@ from tests.e2e.conftest import running_server, wait_for_js
 
 browser, page = ui.browser, ui.page  # Chromium; the page fixture fails on any CSP console error
 
-ANON_PER_MINUTE = 600  # gridbid.settings DEFAULT_THROTTLE_RATES["anon"]
+ANON_PER_MINUTE = 40  # API_RATE_ANON for this server: a burst of 60 takes a second or two, not 50
 
 
 def test_a_forged_forwarded_address_per_request_still_hits_the_anonymous_limit(tmp_path: Path) -> None:
-    with running_server(tmp_path, demo=False) as (base, _env), httpx.Client(base_url=base, timeout=10) as http:
-        # the throttle's windows are the clock's minutes, and the previous one counts by its
-        # overlap (a sliding-window estimate that assumes its requests were spread evenly): a
-        # burst that began near a minute's end would be let a few more through as the old
-        # minute fades. So the burst starts early in a minute, with none before it.
-        if time.time() % 60 > 25:
-            time.sleep(60 - time.time() % 60 + 0.05)
+    with running_server(tmp_path, demo=False, extra_env={"API_RATE_ANON": str(ANON_PER_MINUTE)}) as (base, _env), \
+            httpx.Client(base_url=base, timeout=10) as http:
         statuses: list[int] = []
-        deadline = time.monotonic() + 50  # well inside the throttle's minute
+        started = time.time()
         for i in range(ANON_PER_MINUTE + 20):
-            if time.monotonic() > deadline:
-                break
             r = http.get("/api/v1/regions/", headers={"X-Forwarded-For": f"198.51.{i // 250}.{i % 250 + 1}"})
             statuses.append(r.status_code)
-        assert len(statuses) == ANON_PER_MINUTE + 20, f"only {len(statuses)} requests in 50 s"
-        assert statuses.count(200) == ANON_PER_MINUTE and statuses[-20:] == [429] * 20
+        ended = time.time()
+        # the throttle's windows are the clock's minutes, and the previous one counts by its
+        # overlap (a sliding-window estimate): a burst inside one minute gets exactly the limit;
+        # one that crosses into the next may get the share of the old minute that faded while it
+        # ran. Both are checked, so where the minute falls does not decide the outcome.
+        slack = 0 if int(started // 60) == int(ended // 60) else int(ANON_PER_MINUTE * (ended - started) / 60) + 1
+        allowed = statuses.count(200)
+        assert ANON_PER_MINUTE <= allowed <= ANON_PER_MINUTE + slack, f"{allowed} let through in {ended - started:.1f} s (slack {slack})"
+        assert statuses[:ANON_PER_MINUTE] == [200] * ANON_PER_MINUTE and statuses[-10:] == [429] * 10, statuses
         assert "Retry-After" in r.headers and r.json()["error"]["code"] == "throttled"
 
 

@@ -38,6 +38,8 @@ def test_defaults_are_embedded_sqlite_and_a_generated_secret(tmp_path):
         ("DATABASE_POOL_TIMEOUT", "0", "DATABASE_POOL_TIMEOUT"),
         ("DEBUG", "maybe", "DEBUG"),
         ("ROUND_SECONDS", "0", "ROUND_SECONDS"),
+        ("API_RATE_ANON", "0", "API_RATE_ANON"),
+        ("API_RATE_USER", "10/minute", "API_RATE_USER"),
         ("ROUND_SECONDS", "fast", "ROUND_SECONDS"),
         ("PRICING_RULE", "vickrey", "PRICING_RULE"),
         ("FAIR_SHARE_CAP", "2", "FAIR_SHARE_CAP"),
@@ -154,3 +156,10 @@ def test_a_bad_email_url_is_refused_without_printing_its_password(tmp_path):
     with pytest.raises(ConfigError) as err:
         load(env(tmp_path, EMAIL_URL="smtp://alerts:hunter2-secret@mail.acme.io:notaport"))
     assert "hunter2-secret" not in str(err.value) and "alerts:***@mail.acme.io" in str(err.value)
+
+
+def test_api_rate_limits_default_to_600_and_6000_a_minute_and_are_read(tmp_path):
+    cfg = load(env(tmp_path))
+    assert (cfg.api_rate_anon, cfg.api_rate_user) == (600, 6000)
+    cfg = load(env(tmp_path, API_RATE_ANON="40", API_RATE_USER="100"))
+    assert (cfg.api_rate_anon, cfg.api_rate_user) == (40, 100)
