@@ -117,11 +117,37 @@ def settled_trade(ctx: Any, buyer: Any, provider_user: Any, make_offer: Any, mak
     r = finish_with_receipt(trade, bls_key, trade.gpus * 1800)
     tasks.batches_settle.delay()
     agents_cosign(SettleBatch.objects.get(), {provider_user.provider.chain_address: bls_key}, {trade.pk: r})
-    tasks.batches_settle.delay()
-    sync_chain(ctx)
+    settle_as_beat_does(ctx, lambda: Trade.objects.filter(pk=trade.pk, state="settled").exists())
     trade.refresh_from_db()
-    assert trade.state == "settled"
     return trade, buyer_address, provider_user.provider.chain_address
+
+
+def settle_as_beat_does(ctx: Any, done: Any, *, passes: int = 5) -> None:
+    """Send co-signed batches, track their transactions and journal their events, as beat's
+    ledger ticks do, until `done()`; past `passes`, fail with where settlement stands. One
+    pass settles on a quiet box; a loaded CI run once found the trade still recorded after
+    one (tests/FLAKES.md), and this message says why next time."""
+    from ledger import tasks
+
+    for _ in range(passes):
+        tasks.batches_settle.delay()
+        sync_chain(ctx)
+        if done():
+            return
+    pytest.fail(f"not settled after {passes} passes of settle, track and sync: {settlement_state(ctx)}")
+
+
+def settlement_state(ctx: Any) -> str:
+    """Where settlement stands, for a failure message: trades, batches, transactions, listener."""
+    from ledger.models import ChainTx, ListenerCursor, RecordBatch, SettleBatch
+    from market.models import Trade
+
+    cursor = ListenerCursor.objects.filter(deployment=ctx.deployment).values("scanned_to", "applied_to").first()
+    return (f"trades {list(Trade.objects.values_list('pk', 'state'))}; "
+            f"record batches {list(RecordBatch.objects.values_list('pk', 'state', 'error'))}; "
+            f"settle batches {list(SettleBatch.objects.values_list('pk', 'state', 'error'))}; "
+            f"txs {list(ChainTx.objects.values_list('purpose', 'nonce', 'state', 'error', 'block_number'))}; "
+            f"chain head {ctx.client.block_number()}; listener {cursor}")
 
 
 def sync_chain(ctx: Any) -> Any:

@@ -16,6 +16,7 @@ from tests.integration.helpers import (
     finish_with_receipt,
     fund_buyer,
     register_provider,
+    settle_as_beat_does,
     sync_chain,
 )
 
@@ -116,12 +117,7 @@ def test_the_providers_figures_are_the_chains_to_the_unit_through_disputes_won_l
     receipts = {t.pk: finish_with_receipt(t, bls_key, used) for t, used in zip(trades, (7, 9, 11, 13), strict=True)}
     tasks.batches_settle.delay()
     agents_cosign(SettleBatch.objects.get(), {provider_user.provider.chain_address: bls_key}, receipts)
-    for _ in range(5):  # as beat does: the settle is sent, tracked, and its events journaled (a loaded CI box once needed a second pass)
-        tasks.batches_settle.delay()
-        sync_chain(ctx)
-        if set(Trade.objects.values_list("state", flat=True)) == {"settled"}:
-            break
-    assert set(Trade.objects.values_list("state", flat=True)) == {"settled"}
+    settle_as_beat_does(ctx, lambda: set(Trade.objects.values_list("state", flat=True)) == {"settled"})
     address = provider_user.provider.chain_address
 
     _dispute(client_for, capture, ctx, buyer, won)
