@@ -103,6 +103,10 @@ def _manage_shell(env: dict[str, str], code: str) -> str:
 def _tokens(env: dict[str, str], count: int) -> list[str]:
     """`count` buyers, each with an API token (one user each keeps us under the per-user throttle)."""
     code = (
+        # the load signs in with tokens, never a password: production's PBKDF2 (~0.5 s a
+        # user) made these 64 sign-ups a large part of the test
+        "from django.conf import settings\n"
+        "settings.PASSWORD_HASHERS = ['django.contrib.auth.hashers.MD5PasswordHasher']\n"
         "from market import services\n"
         f"for i in range({count}):\n"
         "    u = services.user_signup(username=f'load{i}', password='correct-horse-battery-staple', role='buyer')\n"
