@@ -457,6 +457,8 @@ def test_a_jobs_output_file_is_uploaded_by_its_agent_and_downloaded_by_its_buyer
         assert got.headers["content-type"] == "application/octet-stream" and got.headers["content-disposition"] == 'attachment; filename="model.bin"'
         nosy = httpx.get(f"{server}{kept['download_url']}", headers={"Authorization": f"Bearer {tokens['nosy']}"})
         assert nosy.status_code == 404
-        assert "output model.bin uploaded" in (home / "daemon.log").read_text()
+        # the market lists the file once the upload's PUT is stored; the agent logs it once the
+        # answer reaches it, a moment later (a clean-clone run read the log in between)
+        wait_for("the agent logging the upload", lambda: "output model.bin uploaded" in (home / "daemon.log").read_text(), seconds=30, logs=logs)
     finally:
         stop_daemons([daemon])
