@@ -40,6 +40,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TRUSTED_PROXIES", "(empty)", "Comma-separated IPs/CIDRs of your reverse proxies (10.0.0.0/8,127.0.0.1). Only their X-Forwarded-For is believed, for rate limits and log-in lock-outs; empty: the peer's address is the client's."),
     Variable("API_RATE_ANON", "600", "API requests per minute one anonymous client address may make (1-1000000); past it, 429 with Retry-After."),
     Variable("API_RATE_USER", "6000", "API requests per minute one account may make (1-1000000); past it, 429 with Retry-After."),
+    Variable("HTTP_KEEPALIVE_SECONDS", "75", "Seconds an idle HTTP connection stays open for its next request (1-3600). Keep it above your proxy's or load balancer's idle timeout (nginx and AWS ALB: 60 s), so the server never closes a connection just as it is reused."),
     Variable("ROUND_SECONDS", "5", "Seconds between auction rounds (1-3600)."),
     Variable("ROUND_LEASE_SECONDS", "900", "How long a round may stay `clearing` (60-86400): past it, its worker is taken for dead and the round is failed. Above the slowest round you expect."),
     Variable("BOOKING_GRACE_S", "300", "Seconds past a trade's booked duration (60-86400) its job may take to start and to report its end; then its GPUs go back to the market without it."),
@@ -188,6 +189,8 @@ class Config:
     # the API's throttles (market.api.throttles), requests per minute
     api_rate_anon: int = 600
     api_rate_user: int = 6000
+    # how long `gridbid up` keeps an idle HTTP/1.1 connection open (uvicorn's timeout_keep_alive)
+    http_keepalive_seconds: int = 75
     # job outputs uploaded by the agents (market.outputs): kept in Django's "outputs" storage
     outputs_storage: str = "filesystem"
     outputs_s3_bucket: str | None = None
@@ -345,6 +348,7 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         trusted_proxies=_proxies(env, "TRUSTED_PROXIES"),
         api_rate_anon=int(_number(env, "API_RATE_ANON", 600, 1, 1_000_000, int)),
         api_rate_user=int(_number(env, "API_RATE_USER", 6000, 1, 1_000_000, int)),
+        http_keepalive_seconds=int(_number(env, "HTTP_KEEPALIVE_SECONDS", 75, 1, 3600, int)),
         round_seconds=_number(env, "ROUND_SECONDS", 5.0, 1, 3600),
         round_lease_seconds=_number(env, "ROUND_LEASE_SECONDS", 900.0, 60, 86_400),
         booking_grace_s=_number(env, "BOOKING_GRACE_S", 300.0, 60, 86_400),

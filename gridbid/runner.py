@@ -15,10 +15,13 @@ import signal
 import threading
 import time
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from rich.console import Console
+
+if TYPE_CHECKING:
+    import uvicorn
 
 log = logging.getLogger("gridbid.runner")
 console = Console(stderr=True)
@@ -125,6 +128,24 @@ def _stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(0)
 
 
+def uvicorn_config(*, host: str, port: int) -> uvicorn.Config:
+    """How `gridbid up` serves HTTP and WebSockets."""
+    import uvicorn
+
+    from market.streams.consumers import MAX_MESSAGE_BYTES
+
+    return uvicorn.Config("gridbid.asgi:application", host=host, port=port, lifespan="off", log_level="warning", ws="websockets-sansio",
+                          # a frame over the consumers' limit is refused (1009) by the protocol layer
+                          # as it arrives, instead of being buffered whole (uvicorn's default: 16 MiB)
+                          ws_max_size=MAX_MESSAGE_BYTES,
+                          # uvicorn's own 5 s is httpx's pool expiry and under a proxy's 60 s: it closed
+                          # idle connections just as clients sent on them, and they read a reset
+                          timeout_keep_alive=settings.CONFIG.http_keepalive_seconds,
+                          # the client address comes from X-Forwarded-For only behind our own proxies
+                          proxy_headers=bool(settings.CONFIG.trusted_proxies),
+                          forwarded_allow_ips=list(settings.CONFIG.trusted_proxies) or None)
+
+
 def serve(*, host: str, port: int, demo: bool, worker: bool) -> None:
     import uvicorn
 
@@ -178,16 +199,7 @@ def serve(*, host: str, port: int, demo: bool, worker: bool) -> None:
         gc.collect()
         gc.freeze()
         console.print(f"[bold]GridBid[/] at [link]http://{host}:{port}/[/]  ·  API docs http://{host}:{port}/api/docs/  ·  Ctrl-C stops")
-        from market.streams.consumers import MAX_MESSAGE_BYTES
-
-        # ws_max_size: a frame over the consumers' limit is refused (1009) by the protocol
-        # layer as it arrives, instead of being buffered whole (uvicorn's default: 16 MiB)
-        config = uvicorn.Config("gridbid.asgi:application", host=host, port=port, lifespan="off", log_level="warning", ws="websockets-sansio",
-                                ws_max_size=MAX_MESSAGE_BYTES,
-                                # the client address comes from X-Forwarded-For only behind our own proxies
-                                proxy_headers=bool(settings.CONFIG.trusted_proxies),
-                                forwarded_allow_ips=list(settings.CONFIG.trusted_proxies) or None)
-        server = uvicorn.Server(config)
+        server = uvicorn.Server(uvicorn_config(host=host, port=port))
         server.run()
     finally:
         if celery is not None:

@@ -40,6 +40,8 @@ def test_defaults_are_embedded_sqlite_and_a_generated_secret(tmp_path):
         ("ROUND_SECONDS", "0", "ROUND_SECONDS"),
         ("API_RATE_ANON", "0", "API_RATE_ANON"),
         ("API_RATE_USER", "10/minute", "API_RATE_USER"),
+        ("HTTP_KEEPALIVE_SECONDS", "0", "HTTP_KEEPALIVE_SECONDS"),
+        ("HTTP_KEEPALIVE_SECONDS", "forever", "HTTP_KEEPALIVE_SECONDS"),
         ("ROUND_SECONDS", "fast", "ROUND_SECONDS"),
         ("PRICING_RULE", "vickrey", "PRICING_RULE"),
         ("FAIR_SHARE_CAP", "2", "FAIR_SHARE_CAP"),
@@ -163,3 +165,10 @@ def test_api_rate_limits_default_to_600_and_6000_a_minute_and_are_read(tmp_path)
     assert (cfg.api_rate_anon, cfg.api_rate_user) == (600, 6000)
     cfg = load(env(tmp_path, API_RATE_ANON="40", API_RATE_USER="100"))
     assert (cfg.api_rate_anon, cfg.api_rate_user) == (40, 100)
+
+
+def test_idle_http_connections_are_kept_75_s_by_default_longer_than_a_proxys_or_a_clients(tmp_path):
+    # uvicorn's own default (5 s) equals httpx's pool expiry and is under nginx's and an
+    # ALB's 60 s: the server closed idle connections just as clients reused them (ReadError)
+    assert load(env(tmp_path)).http_keepalive_seconds == 75
+    assert load(env(tmp_path, HTTP_KEEPALIVE_SECONDS="120")).http_keepalive_seconds == 120
