@@ -12,6 +12,7 @@ from tests.integration.helpers import (
     PROVIDER_KEYS,
     TOKENS,
     agents_cosign,
+    chain_mined,
     finish_with_receipt,
     fund_buyer,
     mint,
@@ -23,6 +24,17 @@ from tests.integration.helpers import (
 pytestmark = pytest.mark.django_db
 
 # --- nonces and the outbox ------------------------------------------------------------------
+def test_a_tick_after_chain_mined_sees_every_transaction_sent_just_before_it(ctx: Any) -> None:
+    # anvil answers a send as the transaction enters its pool and mines it on another task;
+    # a test's sync on the next line read a head without it (tests/FLAKES.md)
+    sender = ctx.client.w3.eth.accounts[0]
+    hashes = [ctx.client.rpc("eth_sendTransaction", [{"from": sender, "to": sender, "value": "0x1"}]) for _ in range(20)]
+    chain_mined(ctx)
+    receipts = [ctx.client.receipt(h) for h in hashes]
+    assert None not in receipts
+    assert ctx.client.block_number() >= max(r.block_number for r in receipts if r is not None)
+
+
 def test_the_nonce_manager_resumes_from_the_chain_when_its_cursor_is_behind(ctx: Any) -> None:
     from django.db import transaction
 
