@@ -100,6 +100,7 @@ def test_a_transaction_signed_but_never_broadcast_is_sent_by_the_tracker(ctx: An
     monkeypatch.undo()
     assert ctx.client.receipt(ChainTx.objects.get(key="mint:lost").tx_hash) is None
     txs_track(client=ctx.client, confirmations=1)  # broadcasts the stored bytes
+    chain_mined(ctx)
     txs_track(client=ctx.client, confirmations=1)  # sees the receipt
     assert ChainTx.objects.get(key="mint:lost").state == "confirmed"
 
@@ -178,8 +179,9 @@ def test_the_listener_rolls_back_a_reorged_deposit_and_applies_it_again_when_it_
     assert chain_check() == []
 
     # the outbox sends the same signed approve and deposit again; the new chain has them
-    txs_track(client=ctx.client, confirmations=1)
-    txs_track(client=ctx.client, confirmations=1)
+    txs_track(client=ctx.client, confirmations=1)  # broadcasts them again
+    chain_mined(ctx)
+    txs_track(client=ctx.client, confirmations=1)  # sees the receipts
     assert set(ChainTx.objects.filter(purpose__in=["approve", "deposit"]).values_list("state", flat=True)) == {"confirmed"}
     events_sync(ctx=ctx, confirmations=0)
     again = ChainEvent.objects.get(name="Deposited")
