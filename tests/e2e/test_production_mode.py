@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import service_missing
 from tests.e2e.conftest import ROOT, start_server, stop_server
-from tests.e2e.funds import TOKENS, escrow_deposit_many
+from tests.e2e.funds import TOKENS, escrow_deposit_many, wait_for
 from tests.workers import free_port
 
 PG_ADMIN_URL = os.environ.get("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
@@ -41,9 +41,11 @@ def _pg_admin():  # type: ignore[no-untyped-def]
         service_missing(f"PostgreSQL at {PG_ADMIN_URL} is unreachable ({exc})")
 
 
-@pytest.fixture
-def production_env(tmp_path: Path) -> Iterator[dict[str, str]]:
-    """A database of its own on the real PostgreSQL and a Redis database of its own."""
+@pytest.fixture(scope="module")
+def production_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A database of its own on the real PostgreSQL, a Redis database and a chain of its own,
+    migrated and deployed once for this file's tests (each names its own users)."""
+    tmp_path = tmp_path_factory.mktemp("production")
     import redis
 
     try:
@@ -100,8 +102,9 @@ def _manage_shell(env: dict[str, str], code: str) -> str:
     return proc.stdout
 
 
-def _tokens(env: dict[str, str], count: int) -> list[str]:
-    """`count` buyers, each with an API token (one user each keeps us under the per-user throttle)."""
+def _tokens(env: dict[str, str], count: int, prefix: str) -> list[str]:
+    """`count` buyers named `prefix`0..., each with an API token (one user each keeps us under
+    the per-user throttle)."""
     code = (
         # the load signs in with tokens, never a password: production's PBKDF2 (~0.5 s a
         # user) made these 64 sign-ups a large part of the test
@@ -109,30 +112,27 @@ def _tokens(env: dict[str, str], count: int) -> list[str]:
         "settings.PASSWORD_HASHERS = ['django.contrib.auth.hashers.MD5PasswordHasher']\n"
         "from market import services\n"
         f"for i in range({count}):\n"
-        "    u = services.user_signup(username=f'load{i}', password='correct-horse-battery-staple', role='buyer')\n"
+        f"    u = services.user_signup(username=f'{prefix}{{i}}', password='correct-horse-battery-staple', role='buyer')\n"
         "    print('TOKEN', services.token_create(user=u, name='load', scopes=['read', 'trade'])[1])\n"
     )
     tokens = [line.split()[1] for line in _manage_shell(env, code).splitlines() if line.startswith("TOKEN ")]
-    escrow_deposit_many(_gridbid_env(env), [f"load{i}" for i in range(count)], 100 * TOKENS)  # bids need escrow behind them
+    escrow_deposit_many(_gridbid_env(env), [f"{prefix}{i}" for i in range(count)], 100 * TOKENS)  # bids need escrow behind them
     return tokens
 
 
 def _rounds(env: dict[str, str]) -> tuple[int, int]:
-    """(rounds so far, rounds failed), from the server's database."""
-    out = _manage_shell(env, "from market.models import AuctionRound\n"
-                             "print('ROUNDS', AuctionRound.objects.count(), AuctionRound.objects.filter(state='failed').count())")
-    total, failed = (int(x) for x in out.split("ROUNDS", 1)[1].split())
-    return total, failed
+    """(rounds so far, rounds failed), read from the server's database."""
+    import psycopg
+
+    with psycopg.connect(env["DATABASE_URL"].replace("postgres://", "postgresql://", 1), connect_timeout=5) as conn:
+        row = conn.execute("SELECT count(*), count(*) FILTER (WHERE state = 'failed') FROM market_auctionround").fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
 
 
-def _rounds_wait(env: dict[str, str], *, at_least: int, seconds: float) -> tuple[int, int]:
-    deadline = time.monotonic() + seconds
+def _rounds_if(env: dict[str, str], *, at_least: int) -> tuple[int, int] | None:
     seen = _rounds(env)
-    while seen[0] < at_least:
-        assert time.monotonic() < deadline, f"{seen[0]} rounds ({seen[1]} failed) after {seconds:.0f} s: the worker is not clearing rounds"
-        time.sleep(0.5)
-        seen = _rounds(env)
-    return seen
+    return seen if seen[0] >= at_least else None
 
 
 class ConnectionSampler(threading.Thread):
@@ -220,7 +220,7 @@ def test_production_server_and_worker_stay_within_their_connection_pools_under_6
     data.mkdir(parents=True, exist_ok=True)  # the fixture's migrate and deploy made it
     proc, base, _ = start_server(data, demo=False, extra_env=env, up_args=("--no-worker",))
     try:
-        tokens = _tokens(env, CLIENTS)
+        tokens = _tokens(env, CLIENTS, "load")
         assert len(tokens) == CLIENTS
         sampler = ConnectionSampler(database)
         sampler.start()
@@ -230,7 +230,8 @@ def test_production_server_and_worker_stay_within_their_connection_pools_under_6
             done, failures = _load(base, tokens)
             elapsed = time.monotonic() - started
             # the worker keeps clearing rounds (every second) beside the load: wait for three
-            rounds = _rounds_wait(env, at_least=3, seconds=120)
+            rounds = wait_for("three rounds cleared by the worker beside the load", lambda: _rounds_if(env, at_least=3),
+                              seconds=120, seen=lambda: f"(rounds, failed) = {_rounds(env)}", logs=lambda: (tmp_path / "worker.log").read_text()[-3000:])
             assert worker.poll() is None and beat.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
         sampler.stop()
         print(f"{done} requests from {CLIENTS} clients in {elapsed:.1f} s; peak connections {sampler.peak} over {sampler.samples} samples")
@@ -284,7 +285,7 @@ def test_a_request_that_finds_the_pool_exhausted_gets_a_503_that_says_retry(prod
     data.mkdir(parents=True, exist_ok=True)  # the fixture's migrate and deploy made it
     proc, base, _ = start_server(data, demo=False, extra_env=env, up_args=("--no-worker",))
     try:
-        token = _tokens(env, 1)[0]
+        token = _tokens(env, 1, "pool")[0]
         headers = {"Authorization": f"Bearer {token}"}
         assert httpx.get(f"{base}/api/v1/me/", headers=headers, timeout=30).status_code == 200
         import psycopg
