@@ -74,7 +74,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 # use them run on one worker, so it starts once per run. Other session fixtures (the
 # in-process EVM of tests/contracts, ~13 s to deploy) start once per worker: splitting
 # their tests across workers saves more than the second start costs.
-SESSION_FIXTURES_ON_ONE_WORKER = {"embedded"}
+SESSION_FIXTURES_ON_ONE_WORKER = {"embedded_market"}
 
 
 def _shared_fixture_group(item: pytest.Item) -> str | None:

@@ -91,19 +91,65 @@ def running_server(data: Path, *, demo: bool, speed: int = 60, extra_env: dict[s
         stop_server(proc)
 
 
+class SharedMarket:
+    """The demo market shared by the browser and embedded-server tests: started by the first
+    test that asks for it, stopped as soon as the worker's next test does not use it.
+
+    A running demo burns most of a core (rounds, its simulated agents' BLS co-signatures at
+    1,800 times real speed): kept to the session's end, it ran through the ~350 tests its
+    worker ran after the group, about a fifth of a 2-core box. A test that asks for it after
+    it stopped (a run that interleaves files, e.g. `-p no:xdist`) starts a fresh one."""
+
+    def __init__(self, tmp: pytest.TempPathFactory) -> None:
+        self.tmp = tmp
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.base, self.env = "", {}
+
+    def running(self) -> tuple[str, dict[str, str]]:
+        if self.proc is None or self.proc.poll() is not None:
+            # its simulated jobs run 1,800 times faster than booked, so a 2-hour demo job
+            # ends in 4 s and its trade settles on the dev chain while the tests watch
+            self.proc, self.base, self.env = start_server(self.tmp.mktemp("embedded"), demo=True, speed=1800)
+        return self.base, self.env
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_server(self.proc)
+            self.proc = None
+
+
+_shared_markets: list[SharedMarket] = []
+
+
 @pytest.fixture(scope="session")
-def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
-    """The demo market, shared by the browser and embedded-server tests: (base URL, env).
+def embedded_market(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedMarket]:
+    market = SharedMarket(tmp_path_factory)
+    _shared_markets.append(market)
+    try:
+        yield market
+    finally:
+        market.stop()
+        _shared_markets.remove(market)
 
-    Its simulated jobs run 1,800 times faster than booked, so a 2-hour demo job ends in
-    4 s and its trade settles on the dev chain while the tests watch."""
-    with running_server(tmp_path_factory.mktemp("embedded"), demo=True, speed=1800) as (base, env):
-        yield base, env
+
+@pytest.fixture
+def embedded(embedded_market: SharedMarket) -> tuple[str, dict[str, str]]:
+    """The shared demo market, running: (base URL, env)."""
+    return embedded_market.running()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def embedded_server(embedded: tuple[str, dict[str, str]]) -> str:
     return embedded[0]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop the shared demo market once the next test on this worker does not use it (xdist
+    runs its group's tests one after another, and tells a worker its next test)."""
+    if "embedded_market" in getattr(item, "fixturenames", ()) and "embedded_market" not in getattr(nextitem, "fixturenames", ()):
+        for market in _shared_markets:
+            market.stop()
 
 
 @pytest.fixture
