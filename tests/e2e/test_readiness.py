@@ -66,10 +66,10 @@ def run_cli(tmp_path: Path, *args: str, **env_extra: str) -> subprocess.Complete
 @pytest.mark.parametrize("command", [["up", "--port", str(free_port())], ["worker"], ["beat"]])
 def test_cli_refuses_to_start_with_an_unreachable_redis_and_says_which(tmp_path: Path, dead_port: int, command: list[str]) -> None:
     port = dead_port
-    started = time.monotonic()
+    # how fast it gives up is timed in-process (tests/integration/test_health.py): a box's
+    # load stretched this process's start-up past a 30 s bound (a 4-worker run at load 18)
     result = run_cli(tmp_path, *command, REDIS_URL=f"redis://:hunter2secret@127.0.0.1:{port}/0")
     assert result.returncode == 2, result.stderr
-    assert time.monotonic() - started < 30
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith(f"gridbid: REDIS_URL (redis://***@127.0.0.1:{port}/0) is unreachable: ")

@@ -180,3 +180,20 @@ def test_a_hung_redis_and_a_hung_node_cannot_hang_readyz(settings: Any, silent_p
     # both probes run side by side, each under its 2 s socket timeout
     assert elapsed < 4.5, (elapsed, body)
     assert "Timeout" in body["checks"]["redis"]["detail"] or "timed out" in body["checks"]["redis"]["detail"]
+
+
+def test_a_redis_that_is_not_there_is_reported_within_the_probes_timeout_not_after_retries() -> None:
+    # what `gridbid up/worker/beat` run before they start (gridbid.cli.services_or_exit);
+    # timed here, in-process, where a box's load cannot stretch it: the e2e test of the
+    # refusal checks its message and exit code
+    import time
+
+    from gridbid.health import PROBE_TIMEOUT_S, probe_redis
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]  # bound, never listening: connections are refused
+        started = time.monotonic()
+        with pytest.raises(Exception, match="(?i)connect"):
+            probe_redis(f"redis://127.0.0.1:{dead}/0")
+        assert time.monotonic() - started < PROBE_TIMEOUT_S
