@@ -1,24 +1,23 @@
-"""Contract tests on the in-process EVM (eth-tester + py-evm, Prague: EIP-2537 present).
+"""Contract tests on anvil (Prague: EIP-2537's BLS precompiles are native there).
 
-The chain, the deployments and the BLS keys are built once per session; each
-test runs between a snapshot and a revert. py-evm's BLS precompiles are pure
-Python (seconds per pairing), so the tests that check signatures are few and
-deliberate.
+Each pytest-xdist worker starts one anvil for all the contract tests it runs (see
+tests/contracts/chain.py for how sends, reverts and block times behave on it) and deploys
+the market once; each test runs between a snapshot and a revert. Without anvil the tests
+skip, or fail under GRIDBID_REQUIRE_SERVICES=1.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
-import eth_abi as abi
 import pytest
-from eth_abi.exceptions import DecodingError
-from eth_tester import EthereumTester, PyEVMBackend
-from eth_tester.exceptions import TransactionFailed
+from eth_account import Account
 from web3 import Web3
-from web3.providers.eth_tester import EthereumTesterProvider
 
+from tests.conftest import service_missing
+from tests.contracts.chain import ACCOUNTS, Chain, dev_keys
 from tests.contracts.deployers import BlsKey, Market, bls_key, deploy_market_fixture
+from tests.workers import free_port
 
 ROLES = ("admin", "operator", "arbiter", "buyer", "buyer2", "provider", "provider2", "stranger")
 
@@ -30,61 +29,42 @@ MARKET_PARAMS = {
 }
 
 
-ESTIMATE = 8_000_000  # above any call these tests make, below the block's gas limit
+@pytest.fixture(scope="session")
+def chain() -> Iterator[Chain]:
+    from ledger.chain.anvil import AnvilNotFound, find_anvil, start_anvil, stop_anvil
 
-
-class OneRunBackend(PyEVMBackend):  # type: ignore[misc]
-    """py-evm that runs each transaction once. eth-tester's gas estimate is a binary search
-    that ran each transaction about a dozen times (a settle cost 18 s instead of 1), and
-    even one trial run doubled every BLS pairing, which is pure Python here. So the
-    "estimate" is a fixed limit, and a transaction that fails raises TransactionFailed with
-    its revert reason when it is sent, and is taken back out of the pending block, as if
-    the estimate of a real node had refused it before it was sent."""
-
-    def estimate_gas(self, transaction: dict, block_number: str = "latest") -> int:
-        return ESTIMATE
-
-    def send_transaction(self, transaction: dict) -> bytes:
-        signed = self._get_normalized_and_signed_evm_transaction(transaction)
-        pending = self.chain.header
-        _block, _receipt, computation = self.chain.apply_transaction(signed)
-        if computation.is_error:
-            self.chain.header = pending  # the block as it was: state, nonces and transactions
-            raise TransactionFailed(_revert_reason(self, computation._error))
-        return signed.hash
-
-
-def _revert_reason(backend: PyEVMBackend, error: Exception) -> str:
-    """The reason string of an Error(string) revert, else the error itself (as eth-tester's call)."""
-    if backend.is_eip838_error(error):
-        try:
-            return str(abi.decode(["string"], error.args[0][4:])[0])
-        except DecodingError:
-            pass
-    return str(error)
+    try:
+        find_anvil()
+    except AnvilNotFound as exc:
+        service_missing(str(exc))
+    port = free_port()
+    proc = start_anvil(port=port, extra_args=["--accounts", str(ACCOUNTS)])
+    try:
+        yield Chain(f"http://127.0.0.1:{port}", proc)
+    finally:
+        stop_anvil(proc)
 
 
 @pytest.fixture(scope="session")
-def tester() -> EthereumTester:
-    return EthereumTester(OneRunBackend())
+def w3(chain: Chain) -> Web3:
+    return chain.w3
 
 
 @pytest.fixture(scope="session")
-def w3(tester: EthereumTester) -> Web3:
-    return Web3(EthereumTesterProvider(tester))
+def account_keys(chain: Chain) -> list[bytes]:
+    """The keys of the node's unlocked accounts, in its order: the roles sign orders with them."""
+    keys = dev_keys()
+    assert [Account.from_key(k).address for k in keys] == chain.w3.eth.accounts
+    return keys
 
 
 @pytest.fixture(scope="session")
-def role_keys(tester: EthereumTester) -> dict[str, bytes]:
-    keys = tester.backend.account_keys
-    return {name: bytes(keys[i].to_bytes() if hasattr(keys[i], "to_bytes") else keys[i])
-            for i, name in enumerate(ROLES)}
+def role_keys(account_keys: list[bytes]) -> dict[str, bytes]:
+    return dict(zip(ROLES, account_keys, strict=False))
 
 
 @pytest.fixture(scope="session")
-def roles(w3: Web3, role_keys: dict[str, bytes]) -> dict[str, str]:
-    from eth_account import Account
-
+def roles(role_keys: dict[str, bytes]) -> dict[str, str]:
     return {name: Account.from_key(key).address for name, key in role_keys.items()}
 
 
@@ -94,30 +74,28 @@ def bls_keys() -> dict[str, BlsKey]:
 
 
 @pytest.fixture(scope="session")
-def session_market(w3, roles, role_keys, bls_keys, tester) -> Market:
-    market = deploy_market_fixture(w3, roles, role_keys, bls_keys, **MARKET_PARAMS)
-    # every test reverts to a snapshot of the latest block, and a revert re-imports that
-    # block: ending on the last registration re-ran its proof-of-possession pairing (pure
-    # Python, seconds) after every test. An empty block on top costs nothing to re-import.
-    tester.mine_blocks()
-    return market
+def session_market(chain: Chain, roles: dict[str, str], role_keys: dict[str, bytes],
+                   bls_keys: dict[str, BlsKey]) -> Market:
+    return deploy_market_fixture(chain.w3, roles, role_keys, bls_keys, **MARKET_PARAMS)
 
 
 @pytest.fixture
-def m(session_market: Market, tester: EthereumTester) -> Iterator[Market]:
-    snapshot = tester.take_snapshot()
+def m(session_market: Market, chain: Chain) -> Iterator[Market]:
+    snapshot = chain.snapshot()
     records, next_id = dict(session_market.records), session_market.next_id
     try:
         yield session_market
     finally:
-        tester.revert_to_snapshot(snapshot)
+        chain.revert(snapshot)
         session_market.records, session_market.next_id = records, next_id
 
 
 @pytest.fixture
-def travel(tester: EthereumTester, w3: Web3):
+def travel(chain: Chain) -> Callable[[int], None]:
+    """`seconds` past the latest block, in a block of its own."""
+
     def go(seconds: int) -> None:
-        tester.time_travel(w3.eth.get_block("latest")["timestamp"] + seconds)
-        tester.mine_blocks()
+        chain.time_travel(chain.w3.eth.get_block("latest")["timestamp"] + seconds)
+        chain.mine()
 
     return go

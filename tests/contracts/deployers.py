@@ -125,9 +125,7 @@ def deploy_market_fixture(w3: Web3, roles: dict[str, str], keys: dict[str, bytes
     for name in ("buyer", "buyer2"):
         market.functions.deposit(10**11).transact({"from": roles[name]})
     for name, key in bls_keys.items():
-        # a gas limit of our own: an estimate would run the proof-of-possession pairing (pure
-        # Python on py-evm) a second time
         market.functions.register(key.pk_eip, key.pop_eip, params.get("min_stake", 10**8)).transact(
-            {"from": roles[name], "gas": 2_000_000}
+            {"from": roles[name]}
         )
     return m

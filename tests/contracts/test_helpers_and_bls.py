@@ -1,4 +1,5 @@
-"""contracts/bls.py, merkle.py, orders.py, and the bls12_381 module against py-ecc."""
+"""contracts/bls.py, merkle.py, orders.py, and the bls12_381 module against py-ecc (the
+module on anvil, through tests/contracts/BlsHarness.vy)."""
 
 from __future__ import annotations
 
@@ -62,6 +63,7 @@ def harness(w3, roles, tmp_path_factory):
     return deploy_harness(w3, "BlsHarness", deployer=roles["admin"], build_dir=tmp_path_factory.mktemp("build"))
 
 
+@pytest.mark.anvil
 @pytest.mark.parametrize("msg", [b"", b"abc", b"q128_" + b"q" * 128])
 def test_expand_message_xmd_matches_rfc9380_reference(harness, msg):
     assert harness.functions.expand_message_xmd(msg, RFC9380_G2_DST).call() == expand_message_xmd(
@@ -69,6 +71,7 @@ def test_expand_message_xmd_matches_rfc9380_reference(harness, msg):
     )
 
 
+@pytest.mark.anvil
 def test_hash_to_g2_matches_py_ecc_on_rfc9380_suite(harness):
     # py-ecc's hash_to_G2 is itself checked against the RFC 9380 vectors upstream
     assert harness.functions.hash_to_g2(b"abc", RFC9380_G2_DST).call() == bls.hash_to_g2_eip2537(
@@ -76,6 +79,7 @@ def test_hash_to_g2_matches_py_ecc_on_rfc9380_suite(harness):
     )
 
 
+@pytest.mark.anvil
 def test_on_chain_verify_accepts_py_ecc_signatures_and_compresses_keys(harness):
     sk = bls.keygen(b"\x05" * 32)
     pk = bls.public_key(sk)

@@ -1,8 +1,13 @@
-"""GridBidMarket: buyers, providers, operator, anyone, arbiter, admin."""
+"""GridBidMarket: buyers, providers, operator, anyone, arbiter, admin.
+
+A call that must fail is refused by the node's gas estimate before it is sent: web3 raises
+``ContractLogicError`` ("execution reverted: <reason>") and nothing is mined.
+"""
 
 from __future__ import annotations
 
 import pytest
+from web3.exceptions import ContractLogicError
 
 from contracts.batches import Completion
 from contracts.merkle import MerkleTree, receipt_leaf
@@ -12,8 +17,11 @@ from tests.contracts.deployers import HOUR, PRICE, bls_key
 DIGEST = b"\x11" * 32
 
 
+pytestmark = pytest.mark.anvil
+
+
 def reverts(reason: str):
-    return pytest.raises(Exception, match=reason)
+    return pytest.raises(ContractLogicError, match=reason)
 
 
 def events(m, receipt, name):
@@ -164,7 +172,7 @@ def two_trades(m):
     return batch, recorded, completions
 
 
-def test_settle_pays_providers_refunds_buyers_once(m, two_trades):
+def test_settle_pays_providers_refunds_buyers_once(m, two_trades, travel):
     batch, recorded, completions = two_trades
     before = {r: bal(m, r) for r in ("buyer", "buyer2", "provider", "provider2")}
     s, r = m.settle(completions)
@@ -209,9 +217,7 @@ def test_settle_pays_providers_refunds_buyers_once(m, two_trades):
 
     # the other trade: dispute after the window is too late
     t2 = recorded[1]
-    tester_travel = m.w3.provider.ethereum_tester
-    tester_travel.time_travel(m.now() + 86400 + 10)
-    tester_travel.mine_blocks()
+    travel(86400 + 10)
     args2 = (t2.as_abi(), batch, 1, record_tree.proof(1), 3600, DIGEST, s.root, 1, s.tree.proof(1))
     with reverts("market: window closed"):
         send(m, m.market.functions.dispute(*args2), "buyer2")

@@ -25,12 +25,12 @@ be refunded, the last second of a dispute window and the first after it, the
 first second a provider can leave and the one before), so the model's
 ``<`` and ``<=`` are checked against the contract's.
 
-Speed: py-evm's BLS precompiles are pure Python and eth-tester's gas estimate
-is a binary search that runs a transaction a dozen times, so transactions the
-model expects to succeed carry a fixed gas limit (one pairing per
-settlement, about a second) and the ones it expects to revert go through the
-estimate, which stops at the first revert. The machine runs on its own
-deployment, reverted to one snapshot before each example.
+The chain is anvil (tests/contracts/chain.py): every transaction goes through
+the node's gas estimate, so one the model expects to revert is refused with
+its reason before it is sent (web3's ``ContractLogicError``), and one it
+expects to succeed returns once mined. The machine runs on its own
+deployment, reverted to one snapshot before each example; blocks are one
+second apart, and the time of the next one is tracked by the harness.
 """
 
 from __future__ import annotations
@@ -45,9 +45,7 @@ from typing import Any
 import pytest
 from eth_abi import decode
 from eth_account import Account
-from eth_tester import EthereumTester
-from eth_tester.exceptions import TransactionFailed
-from eth_utils import to_bytes, to_checksum_address
+from eth_utils import to_checksum_address
 from eth_utils.abi import get_abi_output_types
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
@@ -61,12 +59,16 @@ from hypothesis.stateful import (
 )
 from web3 import Web3
 from web3.contract import Contract
+from web3.exceptions import ContractLogicError
 from web3.logs import DISCARD
 
 from contracts.batches import Completion, RecordedTrade, record_args
 from contracts.merkle import MerkleTree
 from contracts.orders import SignedOrder
+from tests.contracts.chain import Chain
 from tests.contracts.deployers import HOUR, PRICE, BlsKey, Market, bls_key, deploy_market_fixture
+
+pytestmark = pytest.mark.anvil
 
 DAY = 24 * HOUR
 MIN_STAKE = 10**8
@@ -76,7 +78,6 @@ EXIT_DELAY = 7 * DAY
 # the last outlives a provider's exit delay: its trades can be left behind
 DEADLINES = st.sampled_from([HOUR, 3 * HOUR, 2 * DAY, EXIT_DELAY + DAY])
 BIG_PRICE = 10**10  # a few of these exhaust a buyer's escrow: records must then revert
-GAS = 8_000_000  # above any step here; a fixed limit skips eth-tester's binary-search estimate
 
 BUYERS = ("buyer", "buyer2", "buyer3")
 PROVIDERS = ("provider", "provider2", "provider3")
@@ -85,7 +86,7 @@ STAKES = {"provider": MIN_STAKE, "provider2": 3 * MIN_STAKE, "provider3": MIN_ST
 
 OPEN, SETTLED, CLOSED = 1, 2, 3
 MAX_OPEN = 4  # open trades at a time, so the other rules get their turn
-MAX_SETTLEMENTS = 2  # per example: each runs a pure-Python pairing
+MAX_SETTLEMENTS = 2  # per example
 NO_SIGNATURE = b"\x00" * 256  # for settlements that must revert before the pairing
 
 SETTINGS = settings(
@@ -95,8 +96,8 @@ SETTINGS = settings(
     # CI sees the same sequences on every run
     derandomize=True,
     database=None,
-    # a failing run prints its steps unshrunk: shrinking would replay
-    # pairings for many minutes
+    # a failing run prints its steps unshrunk: shrinking replays hundreds of
+    # transactions per try
     phases=[Phase.explicit, Phase.generate],
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
@@ -105,46 +106,40 @@ SETTINGS = settings(
 # ------------------------------------------------------------------ world
 @dataclass
 class World:
-    tester: EthereumTester
+    chain: Chain
     m: Market
-    base: int  # the snapshot every example starts from
+    base: str  # the snapshot every example starts from (anvil forgets it on revert: renewed each time)
     outputs: dict[tuple[str, str], list[str]]  # ABI output types of each view
 
 
 @pytest.fixture(scope="module")
-def world(tester: EthereumTester, w3: Web3, role_keys: dict[str, bytes],
+def world(chain: Chain, w3: Web3, role_keys: dict[str, bytes], account_keys: list[bytes],
           bls_keys: dict[str, BlsKey]) -> Iterator[World]:
-    # an empty block on top keeps reverts cheap: a revert re-imports the
-    # snapshot's block, and a block with a registration re-runs its pairing
-    tester.mine_blocks()
-    before = tester.take_snapshot()
+    before = chain.snapshot()
     try:
-        extra = tester.backend.account_keys[len(role_keys):len(role_keys) + 2]
-        keys = {**role_keys, "buyer3": bytes(extra[0].to_bytes()), "provider3": bytes(extra[1].to_bytes())}
+        extra = account_keys[len(role_keys):len(role_keys) + 2]
+        keys = {**role_keys, "buyer3": extra[0], "provider3": extra[1]}
         roles = {name: Account.from_key(key).address for name, key in keys.items()}
-        # no BLS keys here: the fixture would register them through gas estimates
+        # no BLS keys here: the providers register below, with their own stakes
         m = deploy_market_fixture(
             w3, roles, keys, {}, min_stake=MIN_STAKE, grace_period=GRACE,
             dispute_window=WINDOW, exit_delay=EXIT_DELAY,
         )
         m.bls_keys = {**bls_keys, "provider3": bls_key("provider3")}
         for name in ("buyer3", "provider3"):
-            m.token.functions.mint(roles[name], 10**12).transact({"from": roles["admin"], "gas": GAS})
-            m.token.functions.approve(m.market.address, 2**256 - 1).transact({"from": roles[name], "gas": GAS})
+            m.token.functions.mint(roles[name], 10**12).transact({"from": roles["admin"]})
+            m.token.functions.approve(m.market.address, 2**256 - 1).transact({"from": roles[name]})
         # a small escrow, so buyer3 runs short
-        m.market.functions.deposit(10 * PRICE).transact({"from": roles["buyer3"], "gas": GAS})
+        m.market.functions.deposit(10 * PRICE).transact({"from": roles["buyer3"]})
         for name in PROVIDERS:
             key = m.bls_keys[name]
-            m.market.functions.register(key.pk_eip, key.pop_eip, STAKES[name]).transact(
-                {"from": roles[name], "gas": GAS}
-            )
+            m.market.functions.register(key.pk_eip, key.pop_eip, STAKES[name]).transact({"from": roles[name]})
             assert tuple(m.market.functions.providers(roles[name]).call())[:2] == (1, STAKES[name])
         outputs = {(c.address, f["name"]): get_abi_output_types(f)
                    for c in (m.market, m.token) for f in c.abi if f["type"] == "function"}
-        tester.mine_blocks()
-        yield World(tester, m, tester.take_snapshot(), outputs)
+        yield World(chain, m, chain.snapshot(), outputs)
     finally:
-        tester.revert_to_snapshot(before)
+        chain.revert(before)
 
 
 # ------------------------------------------------------------------ model
@@ -180,11 +175,11 @@ class Hold:
 class MarketMachine(RuleBasedStateMachine):
     def __init__(self, world: World) -> None:
         super().__init__()
-        self.world, self.tester, self.m = world, world.tester, world.m
-        self.tester.revert_to_snapshot(world.base)
-        # an hour ahead of the wall clock, blocks are one second apart: the
-        # same draws replay the same times, however fast the machine runs
-        self.tester.time_travel(int(self.m.w3.eth.get_block("pending")["timestamp"]) + HOUR)
+        self.world, self.chain, self.m = world, world.chain, world.m
+        world.base = self.chain.rewind(world.base)
+        # an hour on, blocks are one second apart: the same draws replay the
+        # same times, however fast the machine runs
+        self.chain.time_travel(self.chain.next_timestamp + HOUR)
         self.m.records = {}
         self.name_of = {self.m.roles[n]: n for n in ACCOUNTS}
         self.free = {n: self.view("balance_of", self.m.roles[n]) for n in ACCOUNTS}
@@ -203,16 +198,16 @@ class MarketMachine(RuleBasedStateMachine):
 
     # ---------------------------------------------------------- plumbing
     def view(self, name: str, *args: Any, contract: Contract | None = None) -> Any:
-        """A view read through eth-tester itself: the invariants read a score
-        of views after every step, and web3's request pipeline costs twice
-        what the EVM call does."""
+        """A view read with a bare eth_call: the invariants read a score of
+        views after every step, and web3's contract call pipeline (ABI lookup,
+        formatters) costs more than anvil's answer."""
         contract = contract or self.m.market
-        raw = self.tester.call(
+        raw = self.m.w3.eth.call(
             {"from": self.m.roles["stranger"], "to": contract.address,
              "data": contract.encode_abi(name, args=list(args))},
             "latest",
         )
-        values = decode(self.world.outputs[contract.address, name], to_bytes(hexstr=raw))
+        values = decode(self.world.outputs[contract.address, name], raw)
         return values[0] if len(values) == 1 else tuple(values)
 
     def token_balance(self, name: str) -> int:
@@ -220,16 +215,20 @@ class MarketMachine(RuleBasedStateMachine):
 
     def now(self) -> int:
         """The timestamp of the block the next transaction lands in."""
-        return int(self.m.w3.eth.get_block("pending")["timestamp"])
+        return self.chain.next_timestamp
 
     def send(self, fn: Any, who: str) -> Any:
-        receipt = self.m.w3.eth.wait_for_transaction_receipt(fn.transact({"from": self.m.roles[who], "gas": GAS}))
+        try:
+            tx = fn.transact({"from": self.m.roles[who]})
+        except ContractLogicError as exc:
+            raise AssertionError(f"{fn.fn_name} by {who} reverted ({exc}); the model expected success") from exc
+        receipt = self.m.w3.eth.wait_for_transaction_receipt(tx)
         assert receipt["status"] == 1, f"{fn.fn_name} by {who} reverted; the model expected success"
         return receipt
 
     def refuse(self, fn: Any, who: str, reason: str) -> None:
         block = self.m.w3.eth.block_number
-        with pytest.raises(TransactionFailed, match=re.escape(reason)):
+        with pytest.raises(ContractLogicError, match=re.escape(reason)):
             fn.transact({"from": self.m.roles[who]})
         # the estimate reverted, so nothing was mined and nothing changed
         assert self.m.w3.eth.block_number == block
@@ -641,7 +640,7 @@ class MarketMachine(RuleBasedStateMachine):
                 edges |= {t.settled.at + WINDOW, t.settled.at + WINDOW + 1}
         edges |= {e for p in PROVIDERS if self.state[p] > 1 for e in (self.state[p] - 1, self.state[p])}
         target = data.draw(st.sampled_from(sorted(e for e in edges if e > before)), label="to")
-        self.tester.time_travel(target)
+        self.chain.time_travel(target)
         assert self.now() == target
         # a dispute window that closed on the way stays closed
         for t in self.trades.values():

@@ -12,16 +12,20 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from web3.exceptions import ContractLogicError
 
 from contracts.deploy import deploy_market
+from tests.contracts.chain import Chain
 from tests.contracts.deployers import deploy_harness
+
+pytestmark = pytest.mark.anvil
 
 WITHDRAW, DEPOSIT = 1, 2
 
 
 @pytest.fixture
-def evil(w3: Any, roles: dict[str, Any], tester: Any, tmp_path: Any) -> Iterator[tuple[Any, Any]]:
-    snapshot = tester.take_snapshot()
+def evil(w3: Any, roles: dict[str, Any], chain: Chain, tmp_path: Any) -> Iterator[tuple[Any, Any]]:
+    snapshot = chain.snapshot()
     try:
         token = deploy_harness(w3, "ReentrantToken", deployer=roles["admin"], build_dir=tmp_path)
         market = deploy_market(w3, admin=roles["admin"], token=token.address, operator=roles["operator"], arbiter=roles["arbiter"])
@@ -30,7 +34,7 @@ def evil(w3: Any, roles: dict[str, Any], tester: Any, tmp_path: Any) -> Iterator
         token.functions.approve(market.address, 10**9).transact({"from": roles["buyer"]})
         yield token, market
     finally:
-        tester.revert_to_snapshot(snapshot)
+        chain.revert(snapshot)
 
 
 def _state(token: Any, market: Any, buyer: str) -> tuple[int, int, int]:
@@ -45,7 +49,7 @@ def test_a_deposit_that_re_enters_the_market_is_rejected(evil: tuple[Any, Any], 
     market.functions.deposit(1000).transact({"from": buyer})  # control: an honest transfer works
     assert _state(token, market, buyer) == (1000, 10**9 - 1000, 1000)
     token.functions.arm(mode).transact({"from": roles["admin"]})
-    with pytest.raises(Exception, match="revert|reentran|nonreentrant"):
+    with pytest.raises(ContractLogicError, match="revert|reentran|nonreentrant"):
         market.functions.deposit(1000).transact({"from": buyer})
     assert _state(token, market, buyer) == (1000, 10**9 - 1000, 1000), "nothing moved"
 
@@ -58,6 +62,6 @@ def test_a_withdrawal_that_re_enters_the_market_pays_once_or_not_at_all(evil: tu
     market.functions.withdraw(1000).transact({"from": buyer})  # control
     assert _state(token, market, buyer) == (4000, 10**9 - 4000, 4000)
     token.functions.arm(mode).transact({"from": roles["admin"]})
-    with pytest.raises(Exception, match="revert|reentran|nonreentrant"):
+    with pytest.raises(ContractLogicError, match="revert|reentran|nonreentrant"):
         market.functions.withdraw(1000).transact({"from": buyer})
     assert _state(token, market, buyer) == (4000, 10**9 - 4000, 4000), "no second payout, no lost balance"
