@@ -49,8 +49,9 @@ def test_a_deposit_that_re_enters_the_market_is_rejected(evil: tuple[Any, Any], 
     market.functions.deposit(1000).transact({"from": buyer})  # control: an honest transfer works
     assert _state(token, market, buyer) == (1000, 10**9 - 1000, 1000)
     token.functions.arm(mode).transact({"from": roles["admin"]})
-    with pytest.raises(ContractLogicError, match="revert|reentran|nonreentrant"):
+    with pytest.raises(ContractLogicError, match="revert|reentran|nonreentrant") as refused:
         market.functions.deposit(1000).transact({"from": buyer})
+    assert refused.value.data == "0x", "the lock's bare revert, not another check's reason"
     assert _state(token, market, buyer) == (1000, 10**9 - 1000, 1000), "nothing moved"
 
 
@@ -62,6 +63,7 @@ def test_a_withdrawal_that_re_enters_the_market_pays_once_or_not_at_all(evil: tu
     market.functions.withdraw(1000).transact({"from": buyer})  # control
     assert _state(token, market, buyer) == (4000, 10**9 - 4000, 4000)
     token.functions.arm(mode).transact({"from": roles["admin"]})
-    with pytest.raises(ContractLogicError, match="revert|reentran|nonreentrant"):
+    with pytest.raises(ContractLogicError, match="revert|reentran|nonreentrant") as refused:
         market.functions.withdraw(1000).transact({"from": buyer})
+    assert refused.value.data == "0x", "the lock's bare revert, not another check's reason"
     assert _state(token, market, buyer) == (4000, 10**9 - 4000, 4000), "no second payout, no lost balance"
