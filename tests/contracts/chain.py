@@ -48,7 +48,11 @@ class Chain:
 
     def __init__(self, url: str, proc: subprocess.Popen[bytes] | None = None) -> None:
         self.url, self.proc = url, proc
-        self.w3 = Web3(Web3.HTTPProvider(url))
+        # the chain id cached: web3 asks for it before every call and estimate (its
+        # validation middleware), a round trip each. Nothing else: a block number means
+        # another block after a revert.
+        self.w3 = Web3(Web3.HTTPProvider(url, cache_allowed_requests=True,
+                                         cacheable_requests={RPCEndpoint("eth_chainId")}))
         self.w3.middleware_onion.inject(_mined_on_return(self), layer=0, name="mined_on_return")
         self._next: int | None = None
         self.rpc("anvil_setBlockTimestampInterval", [1])
