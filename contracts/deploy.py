@@ -1,6 +1,6 @@
 """Deploy GridBid's contracts: used by the tests, the dev chain and ``gridbid chain deploy``.
 
-``deployer`` is either an address the node unlocks (eth-tester, anvil) or a
+``deployer`` is either an address the node unlocks (anvil) or a
 local account (``eth_account.Account.from_key``) whose transactions are signed
 here and sent raw, as on a production chain.
 """

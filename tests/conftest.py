@@ -72,8 +72,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 # Session fixtures that start a server (the demo market, its dev chain): the tests that
 # use them run on one worker, so it starts once per run. Other session fixtures (the
-# in-process EVM of tests/contracts, ~13 s to deploy) start once per worker: splitting
-# their tests across workers saves more than the second start costs.
+# anvil of tests/contracts and its market, a second or two to start and deploy) start
+# once per worker, so their tests spread across workers (one anvil per module instead cost
+# about the same CPU with -n 3 and grouped each file onto one worker).
 SESSION_FIXTURES_ON_ONE_WORKER = {"embedded_market"}
 
 
