@@ -22,7 +22,7 @@ from ledger.custody import custodial_signer
 from ledger.escrow import UNREACHABLE, ChainUnavailable, chain_for_writes
 from ledger.models import BatchState, CustodialKey, RecordItem
 from ledger.outbox import tx_submit
-from ledger.selectors import trade_ledger
+from ledger.selectors import REQUEST_UNSENT_AFTER_S, trade_dispute, trade_ledger
 from ledger.services import recorded_trade
 from ledger.wallet import is_wallet_buyer
 from market.audit import AuditAction, audit_record
@@ -69,13 +69,45 @@ def _calldata(ctx: Any, name: str, args: tuple[Any, ...], sender: str) -> dict[s
     return {"to": ctx.deployment.market_address, "from": sender, "data": data, "chain_id": ctx.chain_id}
 
 
+def _refusal(trade: Trade, dispute: str | None, message: str) -> Conflict:
+    exc = Conflict(message)
+    exc.details = {"trade": trade.pk, "state": trade.state, "dispute": dispute}
+    return exc
+
+
+def _disputed_once(trade: Trade) -> None:
+    """Refuse a dispute of a trade that is not settled, or whose dispute is on its way, open
+    or ruled on (the trade is settled again after a ruling for the provider, and closed on
+    chain for good). Without this a second request was answered "accepted" while its
+    transaction, which would revert, was never sent."""
+    seen = trade_dispute(trade=trade)
+    resolved, pending = seen["resolved"], seen["pending"]
+    if trade.state != TradeState.SETTLED:
+        dispute = "open" if trade.state == TradeState.DISPUTED else "resolved" if resolved is not None else None
+        raise _refusal(trade, dispute, f"Trade {trade.pk} is {trade.state}: only a settled trade can be disputed, once, inside its dispute window.")
+    if resolved is not None:
+        outcome = "the provider was paid" if resolved.get("provider_paid") else "the buyer was refunded"
+        raise _refusal(trade, "resolved", f"Trade {trade.pk} is settled and its dispute was already ruled on ({outcome}, transaction "
+                                          f"{resolved['tx_hash']}): a trade is disputed once, and the ruling is final.")
+    if pending is not None and pending["action"] == "dispute":
+        tx = pending["tx"]
+        if tx is None:
+            raise _refusal(trade, "pending", f"Trade {trade.pk} is settled and its dispute, accepted at {pending['at']:%Y-%m-%d %H:%M:%S} UTC, "
+                                             f"is pending: its transaction is not sent yet. If none is sent within {REQUEST_UNSENT_AFTER_S // 60} "
+                                             f"minutes of that, dispute again (GET /api/v1/ledger/trades/{trade.pk}/ shows the trade).")
+        raise _refusal(trade, "pending", f"Trade {trade.pk} is settled and its dispute is pending: transaction {tx['tx_hash']} is {tx['state']}. "
+                                         f"Wait for the chain to confirm it; the trade is then disputed (GET /api/v1/ledger/trades/{trade.pk}/).")
+    if seen["opened"] is not None:  # sent from a wallet and seen on chain, not yet applied here
+        raise _refusal(trade, "pending", f"Trade {trade.pk} is settled and its dispute is pending: transaction {seen['opened']['tx_hash']} "
+                                         f"opened it on chain; the trade is disputed once that is confirmed.")
+
+
 def dispute_request(*, user: User, trade: Trade, key: str) -> dict[str, Any]:
     """Dispute a settled trade of ``user``'s. Custodial buyers: checked, then sent once the
     database transaction commits (once per ``key``). Wallet buyers: the call to send."""
     if trade.buyer_id != user.pk:
         raise Conflict("Only the buyer of a trade can dispute it.")
-    if trade.state != TradeState.SETTLED:
-        raise Conflict(f"Trade {trade.pk} is {trade.state}: only a settled trade can be disputed, inside its dispute window.")
+    _disputed_once(trade)
     ctx = chain_for_writes()
     args = dispute_args(trade)
     try:
