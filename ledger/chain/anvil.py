@@ -3,6 +3,11 @@
 The Prague hardfork is forced so the EIP-2537 BLS precompiles exist. With a
 ``state_file`` the chain's state is loaded at start and dumped at exit, so the
 embedded dev chain survives a restart.
+
+An anvil started on a port something else holds cannot bind it and exits, while the
+holder answers JSON-RPC there: ``start_anvil`` refuses a taken port before it spawns,
+and afterwards trusts only a listener that is its own child. Who holds a port, and what
+a process is, come from ``/proc`` (Linux); where it cannot be read they are unknown.
 """
 
 from __future__ import annotations
@@ -10,19 +15,166 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-__all__ = ["AnvilNotFound", "find_anvil", "start_anvil", "stop_anvil", "wait_for_rpc"]
+__all__ = [
+    "AnvilNotFound",
+    "AnvilPortTaken",
+    "anvil_state_file",
+    "find_anvil",
+    "port_listener",
+    "process_alive",
+    "process_cmdline",
+    "start_anvil",
+    "stop_anvil",
+    "stop_pid",
+    "wait_for_rpc",
+]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class AnvilNotFound(RuntimeError):
     pass
+
+
+class AnvilPortTaken(RuntimeError):
+    """Another process listens on the port an anvil was to serve (``pid``: None where
+    ``/proc`` does not tell)."""
+
+    def __init__(self, port: int, pid: int | None) -> None:
+        self.port, self.pid = port, pid
+        if pid is None:
+            who = "a process this user cannot see"
+        else:
+            cmdline = " ".join(process_cmdline(pid) or ["?"])
+            who = f"pid {pid}: {cmdline[:120]}{'...' if len(cmdline) > 120 else ''}"
+        super().__init__(f"port {port} is taken by another process ({who})")
+
+
+# --- processes and ports, from /proc ---------------------------------------------------------
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, parent pid) of a process; None once it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    state, ppid = text[text.rindex(")") + 2 :].split()[:2]
+    return state, int(ppid)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie has ended: only its parent has not reaped it yet)."""
+    stat = _stat(pid)
+    if stat is not None:
+        return stat[0] != "Z"
+    if Path("/proc/self").exists():
+        return False
+    try:  # no /proc: ask the kernel
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def process_cmdline(pid: int) -> list[str] | None:
+    """A live process's arguments; None when it is gone or they cannot be read."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return raw.rstrip(b"\0").decode(errors="replace").split("\0") if raw else None
+
+
+def anvil_state_file(pid: int) -> Path | None:
+    """The state file the anvil ``pid`` serves (``--state``), resolved; None when ``pid``
+    is not an anvil with one (or cannot be read)."""
+    args = process_cmdline(pid)
+    if not args or not any(Path(a).name == "anvil" for a in args[:2]) or "--state" not in args[:-1]:
+        return None
+    state = Path(args[args.index("--state") + 1])
+    if not state.is_absolute():
+        try:
+            state = Path(os.readlink(f"/proc/{pid}/cwd")) / state
+        except OSError:
+            return None
+    return state.resolve()
+
+
+def port_listener(port: int) -> int | None:
+    """The pid of the process listening on TCP ``port`` (any address); None when there is
+    none or it cannot be seen (another user's process, no /proc)."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                inodes.add(fields[9])
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    if not wanted:
+        return None
+    for fds in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            if any(os.readlink(fd) in wanted for fd in fds.iterdir()):
+                return int(fds.parent.name)
+        except OSError:  # another user's process, or one that just ended
+            continue
+    return None
+
+
+def _descends(pid: int, ancestor: int) -> bool:
+    """Whether ``pid`` is ``ancestor`` or runs under it (the npm shim runs the binary as a child)."""
+    for _ in range(8):
+        if pid == ancestor:
+            return True
+        stat = _stat(pid)
+        if stat is None or stat[1] <= 1:
+            return False
+        pid = stat[1]
+    return False
+
+
+def _wait_exit(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while process_alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def stop_pid(pid: int, *, timeout: float = 10.0) -> bool:
+    """Stop a process that is not this one's child: SIGTERM (an anvil dumps its state), then
+    SIGKILL past ``timeout``. True once it has ended."""
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return True
+        if _wait_exit(pid, wait):
+            return True
+    return False
+
+
+def _listening(host: str, port: int) -> bool:
+    address = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+    try:
+        socket.create_connection((address, port), timeout=2).close()
+    except OSError:
+        return False
+    return True
 
 
 def find_anvil(root: Path = REPO_ROOT) -> Path:
@@ -53,7 +205,8 @@ def wait_for_rpc(url: str, *, timeout: float = 30.0, proc: subprocess.Popen[byte
     deadline = time.monotonic() + timeout
     while True:
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"anvil exited with code {proc.returncode} before answering")
+            said = proc.stderr.read().decode(errors="replace").strip()[-500:] if proc.stderr is not None else ""
+            raise RuntimeError(f"anvil exited with code {proc.returncode} before answering{': ' + said if said else ''}")
         try:
             request = urllib.request.Request(url, payload, {"Content-Type": "application/json"})
             with urllib.request.urlopen(request, timeout=2) as response:
@@ -79,13 +232,17 @@ def start_anvil(
 ) -> subprocess.Popen[bytes]:
     """Start anvil with ``--hardfork prague`` and return once it answers JSON-RPC.
 
-    Without ``block_time`` anvil mines a block per transaction.
+    Without ``block_time`` anvil mines a block per transaction. Raises AnvilPortTaken when
+    another process listens on ``port``: the anvil spawned there would die at once, and
+    the other process's answers are not this chain's.
     """
+    if _listening(host, port):
+        raise AnvilPortTaken(port, port_listener(port))
     args = [str(find_anvil()), "--hardfork", "prague", "--host", host, "--port", str(port), "--silent"]
     if state_file is not None:
         state_file = Path(state_file)
         state_file.parent.mkdir(parents=True, exist_ok=True)
-        args += ["--state", str(state_file)]
+        args += ["--state", str(state_file.resolve())]  # absolute: it names the chain in `ps` and /proc
     if block_time is not None:
         args += ["--block-time", str(block_time)]
     if chain_id is not None:
@@ -96,6 +253,11 @@ def start_anvil(
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_for_rpc(f"http://{host}:{port}", timeout=timeout, proc=proc)
+        # the port answers: this anvil's, or a process that took the port since the check
+        # above while this one failed to bind it and is on its way out
+        holder = port_listener(port)
+        if proc.poll() is not None or (holder is not None and not _descends(holder, proc.pid)):
+            raise AnvilPortTaken(port, holder)
     except BaseException:
         stop_anvil(proc)
         raise
