@@ -82,8 +82,13 @@ def up(host: str, port: int, demo: bool, no_worker: bool) -> None:
     configure_or_exit()
     services_or_exit()
     from gridbid.runner import serve
+    from ledger.devchain import DevChainError
 
-    serve(host=host, port=port, demo=demo, worker=not no_worker)
+    try:
+        serve(host=host, port=port, demo=demo, worker=not no_worker)
+    except DevChainError as exc:
+        click.echo(f"gridbid: {exc}", err=True)
+        sys.exit(2)
 
 
 @main.command()

@@ -3,19 +3,39 @@ the contracts deployed once (recorded in Deployment), demo accounts funded.
 
 Used only when CHAIN_RPC_URL is unset. Without the anvil binary (`make run`
 installs it from npm) the server runs without settlement and says so in one line.
+
+A server killed with SIGKILL cannot stop its anvil, which lives on holding the port. So
+the chain's pid is kept in ``chain.pid`` beside its state file, and a start first stops
+an anvil serving this state file whose server is gone (SIGTERM: it dumps its state, which
+the new chain loads). Anything else on the port is refused with DevChainError.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 from django.conf import settings
 from eth_utils import to_checksum_address
 
 from ledger.chain import ChainClient, signer_from_hex
-from ledger.chain.anvil import AnvilNotFound, find_anvil, start_anvil, stop_anvil
+from ledger.chain.anvil import (
+    AnvilNotFound,
+    AnvilPortTaken,
+    anvil_state_file,
+    find_anvil,
+    port_free_wait,
+    port_listener,
+    process_cmdline,
+    process_parent,
+    start_anvil,
+    stop_anvil,
+    stop_pid,
+)
 from ledger.context import ANVIL_DEV_KEY, DEV_CHAIN_ID, chain_context_reset, operator_signer
 from ledger.models import Deployment
 
@@ -30,14 +50,70 @@ DEMO_ACCOUNTS = tuple(signer_from_hex(k).address for k in DEMO_KEYS)
 DEMO_TOKENS = 100_000 * 10**6
 
 
+class DevChainError(RuntimeError):
+    """The dev chain cannot start: its port is held by another process, a chain left
+    running would not stop, or anvil exited. The message says why and what to do."""
+
+
 @dataclass
 class DevChain:
     proc: subprocess.Popen[bytes]
     url: str
     deployment: Deployment
+    pid_file: Path | None = None
 
     def stop(self) -> None:
         stop_anvil(self.proc)  # SIGTERM: anvil dumps its state file
+        if self.pid_file is not None and _pid_file_read(self.pid_file) == self.proc.pid:
+            self.pid_file.unlink(missing_ok=True)
+
+
+def _pid_file_read(pid_file: Path) -> int | None:
+    try:
+        pid = json.loads(pid_file.read_text())["pid"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return pid if isinstance(pid, int) and pid > 0 else None
+
+
+def _pid_file_write(pid_file: Path, *, pid: int, port: int, state_file: Path) -> None:
+    part = pid_file.with_name(pid_file.name + ".part")
+    part.write_text(json.dumps({"pid": pid, "server": os.getpid(), "port": port, "state_file": str(state_file.resolve())}))
+    part.replace(pid_file)
+
+
+def _server_of(pid: int) -> int | None:
+    """The live `gridbid` process that runs anvil ``pid`` (its parent, or above it when the
+    npm shim runs the binary); None for a chain whose server is gone."""
+    for _ in range(3):
+        parent = process_parent(pid)
+        if parent is None or parent <= 1:
+            return None
+        args = process_cmdline(parent) or []
+        if any(a == "gridbid.cli" or Path(a).name == "gridbid" for a in args):
+            return parent
+        pid = parent
+    return None
+
+
+def _leftover_stop(*, port: int, state_file: Path, pid_file: Path) -> None:
+    """Stop an anvil an earlier server of this data directory left running: the one its pid
+    file names, or the one on the port, when it serves this state file and its server is
+    gone. Refuse (DevChainError) while another live server runs it."""
+    ours = state_file.resolve()
+    for pid in dict.fromkeys(p for p in (_pid_file_read(pid_file), port_listener(port)) if p is not None):
+        if pid == os.getpid() or anvil_state_file(pid) != ours:
+            continue  # a pid reused since, or not this data directory's chain
+        server = _server_of(pid)
+        if server is not None:
+            raise DevChainError(f"the dev chain of {ours.parent} already runs (anvil pid {pid}, port {port}) under another "
+                                f"`gridbid up` (pid {server}): stop that server first, or give this one its own GRIDBID_DATA_DIR")
+        print(f"gridbid: stopping the dev chain an earlier server left running (anvil pid {pid}); its state is kept", flush=True)
+        if not stop_pid(pid):
+            raise DevChainError(f"the dev chain an earlier server left running (anvil pid {pid}) did not stop: "
+                                f"end it (kill -9 {pid}) and start again")
+        port_free_wait(port)  # what still holds it then is refused by start_anvil, named
+    pid_file.unlink(missing_ok=True)
 
 
 def devchain_start(*, port: int | None = None) -> DevChain | None:
@@ -50,14 +126,26 @@ def devchain_start(*, port: int | None = None) -> DevChain | None:
         print("gridbid: anvil is not installed (run `make run` or `npm install`): running without settlement")
         return None
     port = port or settings.CONFIG.chain_port
-    proc = start_anvil(port=port, state_file=settings.CONFIG.data_dir / "chain-state.json")
+    state_file = settings.CONFIG.data_dir / "chain-state.json"
+    pid_file = state_file.with_name("chain.pid")
+    state_file.parent.mkdir(parents=True, exist_ok=True)
+    _leftover_stop(port=port, state_file=state_file, pid_file=pid_file)
+    try:
+        proc = start_anvil(port=port, state_file=state_file)
+    except AnvilPortTaken as exc:
+        raise DevChainError(f"the dev chain's {exc}: stop that process, or set GRIDBID_CHAIN_PORT to a free port "
+                            f"(or CHAIN_RPC_URL to use a chain of your own)") from exc
+    except RuntimeError as exc:  # anvil exited: its own words say why (a broken state file, ...)
+        raise DevChainError(f"the dev chain did not start on port {port} ({exc}); its state file is {state_file}") from exc
     url = f"http://127.0.0.1:{port}"
     try:
+        _pid_file_write(pid_file, pid=proc.pid, port=port, state_file=state_file)
         deployment = deployment_ensure(ChainClient(url, expected_chain_id=DEV_CHAIN_ID), rpc_url=url, fund=DEMO_ACCOUNTS)
     except BaseException:
         stop_anvil(proc)
+        pid_file.unlink(missing_ok=True)
         raise
-    return DevChain(proc=proc, url=url, deployment=deployment)
+    return DevChain(proc=proc, url=url, deployment=deployment, pid_file=pid_file)
 
 
 def deployment_ensure(client: ChainClient, *, rpc_url: str = "", fund: tuple[str, ...] = ()) -> Deployment:
@@ -102,4 +190,4 @@ def deployment_ensure(client: ChainClient, *, rpc_url: str = "", fund: tuple[str
     return deployment
 
 
-__all__ = ["ANVIL_DEV_KEY", "DevChain", "deployment_ensure", "devchain_start"]
+__all__ = ["ANVIL_DEV_KEY", "DevChain", "DevChainError", "deployment_ensure", "devchain_start"]

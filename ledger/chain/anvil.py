@@ -28,9 +28,11 @@ __all__ = [
     "AnvilPortTaken",
     "anvil_state_file",
     "find_anvil",
+    "port_free_wait",
     "port_listener",
     "process_alive",
     "process_cmdline",
+    "process_parent",
     "start_anvil",
     "stop_anvil",
     "stop_pid",
@@ -73,7 +75,8 @@ def process_alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie has ended: only its parent has not reaped it yet)."""
     stat = _stat(pid)
     if stat is not None:
-        return stat[0] != "Z"
+        # a leader thread that ended before the others shows Z while the process runs on
+        return stat[0] != "Z" or any(_task_runs(task) for task in Path(f"/proc/{pid}/task").glob("*/stat"))
     if Path("/proc/self").exists():
         return False
     try:  # no /proc: ask the kernel
@@ -83,6 +86,19 @@ def process_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _task_runs(stat: Path) -> bool:
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def process_parent(pid: int) -> int | None:
+    """The parent of a live process; None when it is gone or cannot be read."""
+    stat = _stat(pid)
+    return stat[1] if stat is not None and stat[0] != "Z" else None
 
 
 def process_cmdline(pid: int) -> list[str] | None:
@@ -168,6 +184,17 @@ def stop_pid(pid: int, *, timeout: float = 10.0) -> bool:
     return False
 
 
+def port_free_wait(port: int, *, host: str = "127.0.0.1", timeout: float = 10.0) -> bool:
+    """Wait until nothing listens on ``port`` (a stopped process's socket may outlive it by
+    a moment); True once free."""
+    deadline = time.monotonic() + timeout
+    while _listening(host, port):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def _listening(host: str, port: int) -> bool:
     address = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
     try:
@@ -199,14 +226,19 @@ def find_anvil(root: Path = REPO_ROOT) -> Path:
     )
 
 
+def _exited(proc: subprocess.Popen[bytes], when: str) -> str:
+    """What an anvil that exited said (its stderr's end), for the error."""
+    said = proc.stderr.read().decode(errors="replace").strip()[-500:] if proc.stderr is not None else ""
+    return f"anvil exited with code {proc.returncode} {when}{': ' + said if said else ''}"
+
+
 def wait_for_rpc(url: str, *, timeout: float = 30.0, proc: subprocess.Popen[bytes] | None = None) -> None:
     """Block until ``url`` answers ``eth_chainId``."""
     payload = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}).encode()
     deadline = time.monotonic() + timeout
     while True:
         if proc is not None and proc.poll() is not None:
-            said = proc.stderr.read().decode(errors="replace").strip()[-500:] if proc.stderr is not None else ""
-            raise RuntimeError(f"anvil exited with code {proc.returncode} before answering{': ' + said if said else ''}")
+            raise RuntimeError(_exited(proc, "before answering"))
         try:
             request = urllib.request.Request(url, payload, {"Content-Type": "application/json"})
             with urllib.request.urlopen(request, timeout=2) as response:
@@ -256,8 +288,10 @@ def start_anvil(
         # the port answers: this anvil's, or a process that took the port since the check
         # above while this one failed to bind it and is on its way out
         holder = port_listener(port)
-        if proc.poll() is not None or (holder is not None and not _descends(holder, proc.pid)):
+        if holder is not None and not _descends(holder, proc.pid):
             raise AnvilPortTaken(port, holder)
+        if proc.poll() is not None:
+            raise RuntimeError(_exited(proc, f"although port {port} answered"))
     except BaseException:
         stop_anvil(proc)
         raise
