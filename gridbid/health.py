@@ -180,7 +180,7 @@ _pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gridbid-health")
 _cache: tuple[float, Readiness] | None = None
 _cache_lock = threading.Lock()
 _run_lock = threading.Lock()
-MAX_SENDERS = 10  # nonce gaps are looked for among this many senders with open transactions
+MAX_SENDERS = 10  # nonce gaps are looked for among this many senders (ledger.outbox.outbox_senders)
 
 
 def _cached() -> Readiness | None:
@@ -242,21 +242,25 @@ def _readiness(deadline_s: float) -> Readiness:
         return out
     out.parts["database"] = Part("ok", "answers queries", ms)
 
-    # what the chain probe must look up: the senders of open transactions (for nonce gaps)
+    # what the chain probe must look up: the senders of open transactions, and of the latest
+    # confirmed ones (a block the chain lost takes those with it: a nonce gap)
+    from ledger.context import deployment_current
     from ledger.models import ChainTx
-    from ledger.outbox import OPEN_STATES
+    from ledger.outbox import OPEN_STATES, outbox_senders
 
     open_txs = list(ChainTx.objects.filter(state__in=OPEN_STATES).values("sender", "nonce", "state", "signed_at", "created_at"))
+    deployment = deployment_current()
+    chain_id = deployment.chain_id if deployment is not None else None
     url = chain_url()
     chain_future: Future[Any] | None = None
     if url:
-        senders = tuple(sorted({row["sender"] for row in open_txs if row["state"] != "mined"}))[:MAX_SENDERS]
+        senders = tuple(outbox_senders(chain_id=chain_id, limit=MAX_SENDERS))
         chain_future = _pool.submit(_timed, lambda: probe_chain(url, senders=senders))
 
     _rounds_part(out)
     probe = _chain_part(out, chain_future, start, deadline_s)
     _listener_part(out, probe)
-    _outbox_part(out, open_txs, probe)
+    _outbox_part(out, open_txs, probe, chain_id)
     _redis_part(out, redis_future, start, deadline_s)
     return out
 
@@ -343,7 +347,7 @@ def _listener_part(out: Readiness, probe: ChainProbe | None) -> None:
         out.parts["listener"] = Part("ok", f"{out.listener_lag_blocks} blocks behind the head")
 
 
-def _outbox_part(out: Readiness, open_txs: list[dict[str, Any]], probe: ChainProbe | None) -> None:
+def _outbox_part(out: Readiness, open_txs: list[dict[str, Any]], probe: ChainProbe | None, chain_id: int | None) -> None:
     now = timezone.now()
     out.outbox_depth = len(open_txs)
     ages = [_age_s(row["signed_at"] or row["created_at"], now) or 0.0 for row in open_txs]
@@ -353,7 +357,9 @@ def _outbox_part(out: Readiness, open_txs: list[dict[str, Any]], probe: ChainPro
         stuck = sum(1 for a in ages if a > OUTBOX_STUCK_S)
         problems.append(f"{stuck} transaction(s) unconfirmed for over {OUTBOX_STUCK_S:g} s (oldest {out.outbox_oldest_age_s:.0f} s)")
     if probe is not None:
-        problems.extend(_nonce_gaps(open_txs, probe))
+        from ledger.outbox import nonce_gaps
+
+        problems.extend(nonce_gaps(mined=probe.mined_nonces, chain_id=chain_id))
     if problems:
         out.parts["outbox"] = Part("failing", "; ".join(problems))
     elif not open_txs:
@@ -361,21 +367,3 @@ def _outbox_part(out: Readiness, open_txs: list[dict[str, Any]], probe: ChainPro
     else:
         out.parts["outbox"] = Part("ok", f"{len(open_txs)} open, oldest {out.outbox_oldest_age_s:.0f} s")
 
-
-def _nonce_gaps(open_txs: list[dict[str, Any]], probe: ChainProbe) -> list[str]:
-    """A sender whose lowest unmined nonce is above its next nonce on chain, with no stored
-    transaction for the nonces between: nothing will ever fill them, so none of its
-    transactions can be mined."""
-    from ledger.models import ChainTx
-
-    gaps = []
-    for sender, mined in probe.mined_nonces.items():
-        waiting = sorted(row["nonce"] for row in open_txs if row["sender"] == sender and row["state"] != "mined")
-        if not waiting or waiting[0] <= mined:
-            continue
-        known = set(ChainTx.objects.filter(sender=sender, nonce__gte=mined, nonce__lt=waiting[0]).values_list("nonce", flat=True))
-        missing = [n for n in range(mined, waiting[0]) if n not in known]
-        if missing:
-            gaps.append(f"nonce gap for {sender}: the chain expects nonce {mined}, the outbox waits at {waiting[0]} "
-                        f"(nonces {missing[0]}..{missing[-1]} were never sent)")
-    return gaps

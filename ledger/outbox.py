@@ -8,6 +8,13 @@ between signing and broadcast, resends the *same* transaction after a restart,
 never a second one. The nonce cursor's row lock serialises signers across workers;
 a restarted server resumes from max(its cursor, the node's pending nonce).
 No chain call happens while a database transaction is open.
+
+Lost blocks: a confirmed transaction is final only as long as its block stays on the
+chain. A reorg deeper than CHAIN_CONFIRMATIONS, or a dev chain restarted from an older
+state file, takes it away; its nonce is free again and every later transaction of its
+sender queues behind the gap. `txs_reopen` (each tracking pass) puts such transactions
+back to sent, and the tracker sends their stored bytes again, same nonce. `outbox_problems`
+names what cannot move on by itself (for `ledger verify` and `/readyz`).
 """
 
 from __future__ import annotations
@@ -27,6 +34,11 @@ from ledger.models import ChainTx, ChainTxState, NonceCursor
 log = logging.getLogger("gridbid.ledger.outbox")
 
 OPEN_STATES = (ChainTxState.SIGNED, ChainTxState.SENT, ChainTxState.MINED)
+FINAL_STATES = (ChainTxState.CONFIRMED, ChainTxState.FAILED)
+REORG_HORIZON = 128  # blocks: a final transaction this close to the head is checked to be still there...
+RECHECK_LIMIT = 500  # ...among this many of the newest final ones (a bounded index scan, not the whole history)
+STUCK_AFTER_S = 900.0  # open this long after signing: stuck (fees are raised after 90 s, 8 times)
+WATCH_SENDERS = 10  # nonce gaps are looked for among at most this many senders
 FEE_BUMP_AFTER_S = 90.0  # unmined this long after signing: re-sign with higher fees
 FEE_BUMP_MAX = 8  # at most this many replacements (1.125 ** 8 = 2.6x the first fees, or the node's)
 SignerFor = Callable[[str], Signer | None]
@@ -160,12 +172,139 @@ def tx_track(*, client: ChainClient, tx: ChainTx, confirmations: int, signer_for
 
 
 def txs_track(*, client: ChainClient, confirmations: int, limit: int = 200, signer_for: SignerFor | None = None,
-              bump_after_s: float = FEE_BUMP_AFTER_S) -> int:
-    """Track every open transaction of this chain, oldest first (nonce order). Returns how many."""
+              bump_after_s: float = FEE_BUMP_AFTER_S, horizon: int = REORG_HORIZON) -> int:
+    """Re-open final transactions the chain has lost (`txs_reopen`), then track every open
+    transaction of this chain, oldest first (nonce order). Returns how many were tracked."""
+    txs_reopen(client=client, horizon=horizon)
     rows = list(ChainTx.objects.filter(chain_id=client.chain_id, state__in=OPEN_STATES).order_by("id")[:limit])
     for row in rows:
         tx_track(client=client, tx=row, confirmations=confirmations, signer_for=signer_for, bump_after_s=bump_after_s)
     return len(rows)
+
+
+def _mined_nonce(client: ChainClient, address: str) -> int:
+    """How many transactions of `address` the chain's head holds: its next nonce on chain."""
+    return int(client.rpc("eth_getTransactionCount", [address, "latest"]), 16)
+
+
+def txs_reopen(*, client: ChainClient, horizon: int = REORG_HORIZON) -> list[ChainTx]:
+    """Put confirmed (or reverted) transactions whose block the chain no longer holds back to
+    sent, so that the tracker sends their stored bytes again with the same nonce.
+
+    Two checks, both bounded, neither proportional to the outbox's history:
+
+    * Block hashes, newest first, of the blocks that hold final transactions (the newest
+      RECHECK_LIMIT) and lie within `horizon` blocks of today's head, or above it (a chain
+      restarted from an older state file has no such block at all, however deep the loss).
+      Like the listener, the walk stops at the first block still canonical: its ancestors
+      are canonical too. One call per tick when nothing happened.
+    * The chain's nonce for each sender with open transactions: a transaction at or above it
+      cannot be on chain, however old (one call per such sender; those senders are being
+      tracked anyway). This is the stall the issue saw: later transactions queued behind a
+      lost one.
+
+    Re-opening only moves the row; `tx_track` then reads the receipt (the transaction may
+    sit in another block now) or broadcasts. Trades and batches are left alone: they move
+    on events, which the listener rolls back and applies again once the transaction is
+    mined again. The signing time restarts, so the same bytes are sent first and fees are
+    raised only if they stay unmined (FEE_BUMP_AFTER_S).
+    """
+    head = client.block_number()
+    final = ChainTx.objects.filter(chain_id=client.chain_id, state__in=FINAL_STATES, block_number__isnull=False).defer("raw", "replaced")
+    lost: dict[int, ChainTx] = {}
+    by_block: dict[int, list[ChainTx]] = {}
+    recent = [row for row in final.order_by("-id")[:RECHECK_LIMIT] if int(row.block_number or 0) > head - horizon]
+    for row in sorted(recent, key=lambda r: -int(r.block_number or 0)):
+        by_block.setdefault(int(row.block_number or 0), []).append(row)
+    for number, rows in by_block.items():  # newest first
+        canonical = client.block_hash(number) if number <= head else None
+        if all(row.block_hash == canonical for row in rows):
+            break
+        lost.update((row.pk, row) for row in rows if row.block_hash != canonical)
+    senders = ChainTx.objects.filter(chain_id=client.chain_id, state__in=OPEN_STATES).values_list("sender", flat=True).distinct()
+    for sender in sorted(set(senders)):
+        mined = _mined_nonce(client, sender)
+        lost.update((row.pk, row) for row in final.filter(sender=sender, nonce__gte=mined))
+    reopened = []
+    for row in sorted(lost.values(), key=lambda r: (r.sender, r.nonce)):
+        moved = ChainTx.objects.filter(pk=row.pk, state=row.state, block_hash=row.block_hash).update(
+            state=ChainTxState.SENT, block_number=None, block_hash="", error="", signed_at=timezone.now(),
+        )
+        if not moved:
+            continue  # another tracker moved it meanwhile
+        log.warning("%s %s (nonce %d) was %s in block %s, which the chain no longer holds: sending it again",
+                    row.purpose, row.key, row.nonce, row.state, row.block_number)
+        if not row.raw:
+            log.error("%s %s (nonce %d): its signed bytes are not stored; it cannot be sent again", row.purpose, row.key, row.nonce)
+        reopened.append(row)
+    return reopened
+
+
+def outbox_senders(*, chain_id: int | None = None, limit: int = WATCH_SENDERS) -> list[str]:
+    """The senders whose nonces are worth checking: those with open transactions, then those
+    of the latest final ones (a lost transaction with nothing queued behind it yet)."""
+    rows = ChainTx.objects.all() if chain_id is None else ChainTx.objects.filter(chain_id=chain_id)
+    out = list(dict.fromkeys(rows.filter(state__in=OPEN_STATES).order_by("id").values_list("sender", flat=True)))
+    for sender in rows.filter(state__in=FINAL_STATES, block_number__isnull=False).order_by("-id").values_list("sender", flat=True)[:50]:
+        if sender not in out:
+            out.append(sender)
+    return out[:limit]
+
+
+def nonce_gaps(*, mined: dict[str, int], chain_id: int | None = None) -> list[str]:
+    """Senders whose chain nonce is below a nonce the outbox believes used, where no open
+    transaction would fill the nonces between: nothing the tracker does can mine them, or
+    any later transaction of the sender. `mined` is each sender's next nonce on chain.
+
+    A nonce the outbox believes used is one of an open transaction or of a final one with a
+    receipt (confirmed, or reverted); one failed because another transaction took its nonce
+    claims nothing."""
+    rows = ChainTx.objects.all() if chain_id is None else ChainTx.objects.filter(chain_id=chain_id)
+    gaps = []
+    for sender, next_on_chain in mined.items():
+        claims = list(rows.filter(sender=sender, nonce__gte=next_on_chain).exclude(state=ChainTxState.FAILED, block_number__isnull=True)
+                      .order_by("nonce").values("nonce", "key", "state", "raw", "block_number"))
+        if not claims:
+            continue
+        by_nonce = {c["nonce"]: c for c in claims}
+        top = claims[-1]["nonce"]
+        holes = []
+        for nonce in range(next_on_chain, top + 1):
+            claim = by_nonce.get(nonce)
+            if claim is not None and claim["state"] in OPEN_STATES:
+                continue
+            if claim is None:
+                holes.append(f"nonce {nonce}: no transaction stored; it cannot be sent again")
+            elif not claim["raw"]:
+                holes.append(f"nonce {nonce} ({claim['key']}): its signed bytes are not stored; it cannot be sent again")
+            else:
+                holes.append(f"nonce {nonce} ({claim['key']}): {claim['state']} in block {claim['block_number']}, "
+                             "which the chain no longer holds; the tracker sends it again")
+        if not holes:
+            continue
+        waiting = [c["nonce"] for c in claims if c["state"] in OPEN_STATES]
+        where = f"the outbox waits at {waiting[0]}" if waiting else f"the outbox holds nonces up to {top} as mined"
+        shown = holes[:5] + ([f"and {len(holes) - 5} more"] if len(holes) > 5 else [])
+        gaps.append(f"nonce gap for {sender}: the chain expects nonce {next_on_chain}, {where} ({'; '.join(shown)})")
+    return gaps
+
+
+def outbox_problems(*, client: ChainClient, senders: tuple[str, ...] = (), stuck_after_s: float = STUCK_AFTER_S) -> list[str]:
+    """What keeps the outbox of this chain from emptying by itself: transactions open longer
+    than `stuck_after_s`, and nonce gaps (`nonce_gaps`) of `senders` (the operator's, say)
+    and of `outbox_senders`. One chain call per sender."""
+    problems = []
+    now = timezone.now()
+    open_rows = ChainTx.objects.filter(chain_id=client.chain_id, state__in=OPEN_STATES)
+    stuck = [r for r in open_rows.order_by("id").values("key", "nonce", "state", "signed_at", "created_at")
+             if (now - (r["signed_at"] or r["created_at"])).total_seconds() > stuck_after_s]
+    if stuck:
+        oldest = max((now - (r["signed_at"] or r["created_at"])).total_seconds() for r in stuck)
+        names = ", ".join(f"{r['key']} (nonce {r['nonce']}, {r['state']})" for r in stuck[:5])
+        problems.append(f"stuck outbox: {len(stuck)} transaction(s) open for over {stuck_after_s:g} s (oldest {oldest:.0f} s): {names}")
+    watched = list(dict.fromkeys([*senders, *outbox_senders(chain_id=client.chain_id)]))
+    problems.extend(nonce_gaps(mined={s: _mined_nonce(client, s) for s in watched}, chain_id=client.chain_id))
+    return problems
 
 
 def signers_of(operator: Signer) -> SignerFor:

@@ -26,6 +26,10 @@ class Command(BaseCommand):
             if ctx is None and not offline:
                 self.stderr.write("ledger verify: no chain configured (no deployment); checking the hash chain only")
             problems = chain_check() if ctx is None else journal_verify(ctx=ctx, block=block)
+            if ctx is not None:  # the outbox too: a nonce gap or a stuck transaction stalls settlement
+                from ledger.outbox import outbox_problems
+
+                problems = [*problems, *outbox_problems(client=ctx.client, senders=(ctx.operator.address,))]
         except (ConnectionError, OSError) as exc:
             self.stderr.write(f"ledger verify: the chain is unreachable ({type(exc).__name__}); use --offline to check the hash chain only")
             sys.exit(2)
