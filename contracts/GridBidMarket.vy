@@ -50,12 +50,12 @@ interface BlsVerifier:
 # ---------------------------------------------------------------- limits
 # Vyper copies array arguments into memory at their maximum size and memory
 # is priced quadratically, so the bounds are as small as the batches allow.
-MAX_TRADES: constant(uint256) = 512
-MAX_ORDERS: constant(uint256) = 256
+MAX_TRADES: constant(uint256) = 128
+MAX_ORDERS: constant(uint256) = 128
 MAX_SIGNERS: constant(uint256) = 64
 MAX_BUYERS: constant(uint256) = 128
 MAX_SEGMENTS: constant(uint256) = 16
-MAX_FILLERS: constant(uint256) = 512
+MAX_FILLERS: constant(uint256) = 256
 MAX_DEPTH: constant(uint256) = 16
 
 # ---------------------------------------------------- provider states
@@ -80,6 +80,11 @@ TAG_SHIFT: constant(uint256) = 104
 U32: constant(uint256) = (1 << 32) - 1
 U16: constant(uint256) = (1 << 16) - 1
 S_MASK: constant(uint256) = (1 << 255) - 1
+ADDRESS_MASK: constant(uint256) = (1 << 160) - 1
+
+# an arbiter's slash takes at most this multiple of what the disputed trade paid
+# (a 3.6-token trade can cost its provider 7.2 tokens of stake, not all of it)
+MAX_SLASH_MULTIPLE: constant(uint256) = 2
 
 SECP256K1_N_HALF: constant(uint256) = 57896044618658097711785492504343953926418782139537452191302581570759080747168
 
@@ -152,6 +157,7 @@ struct Dispute:
     provider: address
     held: uint256
     from_stake: uint256
+    paid: uint256  # what settlement paid for the trade: the slash is bounded by a multiple of it
 
 # --------------------------------------------------------------- events
 event Deposited:
@@ -231,19 +237,21 @@ _CACHED_CHAIN_ID: immutable(uint256)
 _CACHED_DOMAIN: immutable(bytes32)
 
 admin: public(address)
-operator: public(address)
 arbiter: public(address)
-paused: public(bool)
+# the operator and the pause flag share a slot (paused << 160 | operator), and so
+# do the record batch count and the total locked (batches << 128 | locked): both
+# record_trades and settle_batch read the first, record_trades writes the second,
+# so each of them is one cold read (and one write) instead of two
+_control: uint256
+_batches_locked: uint256
 
 _balances: HashMap[address, uint256]
 _providers: HashMap[address, Provider]
 trade_status_words: HashMap[uint256, uint256]
 order_used_words: HashMap[uint256, uint256]
 record_roots: public(HashMap[uint256, bytes32])
-record_batches: public(uint256)
 settled_at: public(HashMap[bytes32, uint256])
 disputes: public(HashMap[uint256, Dispute])
-total_locked: public(uint256)
 total_staked: public(uint256)
 total_held: public(uint256)
 
@@ -273,13 +281,50 @@ def __init__(
     _CACHED_CHAIN_ID = chain.id
     _CACHED_DOMAIN = self._build_domain()
     self.admin = _admin
-    self.operator = _operator
+    self._control = convert(_operator, uint256)
     self.arbiter = _arbiter
     log OperatorChanged(operator=_operator)
     log ArbiterChanged(arbiter=_arbiter)
 
 
 # ---------------------------------------------------------------- views
+@external
+@view
+def operator() -> address:
+    """
+    @notice The account that records and settles batches.
+    """
+    return convert(self._control & ADDRESS_MASK, address)
+
+
+@external
+@view
+def paused() -> bool:
+    """
+    @notice Whether deposits, registration, staking, recording and settlement
+            are stopped (withdrawals, exits, refunds and disputes stay open).
+    """
+    return self._control >> 160 != 0
+
+
+@external
+@view
+def record_batches() -> uint256:
+    """
+    @notice How many record batches there are; the next one gets this number.
+    """
+    return self._batches_locked >> 128
+
+
+@external
+@view
+def total_locked() -> uint256:
+    """
+    @notice The sum of all open trades' locks.
+    """
+    return self._batches_locked & U128
+
+
 @external
 @view
 def balance_of(account: address) -> uint256:
@@ -343,13 +388,16 @@ def settlement_message(root: bytes32) -> bytes32:
 @nonreentrant
 def deposit(amount: uint256):
     """
-    @notice Pull `amount` tokens from the caller (after `approve`) into its free balance.
+    @notice Pull `amount` tokens from the caller (after `approve`) into its
+            free balance. What is credited (and logged) is what the market's
+            token balance grew by, so a token that takes a fee on transfer
+            credits what arrived, never what was asked for.
     """
-    assert not self.paused, "market: paused"
+    assert self._control >> 160 == 0, "market: paused"
     assert amount > 0, "market: zero amount"
-    self._credit(msg.sender, amount)
-    log Deposited(buyer=msg.sender, amount=amount)
-    assert extcall token.transferFrom(msg.sender, self, amount, default_return_value=True), "market: transfer failed"
+    received: uint256 = self._pull(amount)
+    self._credit(msg.sender, received)
+    log Deposited(buyer=msg.sender, amount=received)
 
 
 @external
@@ -379,23 +427,25 @@ def register(pubkey: Bytes[128], pop: Bytes[256], stake: uint256):
             BLS public key (EIP-2537 G1) with its proof of possession (EIP-2537
             G2), verified here so no rogue key can cancel others in an aggregate.
     """
-    assert not self.paused, "market: paused"
+    assert self._control >> 160 == 0, "market: paused"
     assert self._providers[msg.sender].ident == 0, "market: already registered"
     assert stake >= min_stake, "market: stake below minimum"
     assert len(pubkey) == 128 and len(pop) == 256, "market: bad key encoding"
     assert staticcall bls_verifier.pop_verify(pubkey, pop), "market: bad pop"
+    received: uint256 = 0
+    if stake > 0:
+        received = self._pull(stake)
+    assert received >= min_stake, "market: stake received below minimum"
     self._providers[msg.sender] = Provider(
         ident=self._key_hash(
             (convert(slice(pubkey, 0, 32), uint256) << 128) | convert(slice(pubkey, 64, 32), uint256),
             convert(slice(pubkey, 32, 32), uint256),
             convert(slice(pubkey, 96, 32), uint256),
         ) | 1 << 64,
-        stake=stake,
+        stake=received,
     )
-    self.total_staked += stake
-    log ProviderRegistered(provider=msg.sender, stake=stake, pubkey=pubkey)
-    if stake > 0:
-        assert extcall token.transferFrom(msg.sender, self, stake, default_return_value=True), "market: transfer failed"
+    self.total_staked += received
+    log ProviderRegistered(provider=msg.sender, stake=received, pubkey=pubkey)
 
 
 @external
@@ -406,16 +456,16 @@ def add_stake(amount: uint256):
             because disputes took its stake below `min_stake` is active again
             once the stake reaches it.
     """
-    assert not self.paused, "market: paused"
+    assert self._control >> 160 == 0, "market: paused"
     assert amount > 0, "market: zero amount"
     p: Provider = self._providers[msg.sender]
     assert p.ident != 0, "market: not provider"
     assert (p.ident >> 64) & U40 <= SUSPENDED, "market: exiting"
-    stake: uint256 = p.stake + amount
+    received: uint256 = self._pull(amount)
+    stake: uint256 = p.stake + received
     self._providers[msg.sender] = Provider(ident=self._standing(p.ident, stake), stake=stake)
-    self.total_staked += amount
-    log StakeAdded(provider=msg.sender, amount=amount, stake=stake)
-    assert extcall token.transferFrom(msg.sender, self, amount, default_return_value=True), "market: transfer failed"
+    self.total_staked += received
+    log StakeAdded(provider=msg.sender, amount=received, stake=stake)
 
 
 @external
@@ -472,8 +522,9 @@ def record_trades(
     @return The record batch number; its Merkle root (contracts/merkle.py,
             trade leaves in `trades` order) is `record_roots(batch)`.
     """
-    assert msg.sender == self.operator, "market: not operator"
-    assert not self.paused, "market: paused"
+    control: uint256 = self._control
+    assert msg.sender == convert(control & ADDRESS_MASK, address), "market: not operator"
+    assert control >> 160 == 0, "market: paused"
     assert len(trades) > 0, "market: empty batch"
     domain: bytes32 = self._domain()
 
@@ -578,10 +629,11 @@ def record_trades(
         n = half
     root: bytes32 = leaves[0]
 
-    batch: uint256 = self.record_batches
+    batches_locked: uint256 = self._batches_locked
+    batch: uint256 = batches_locked >> 128
     self.record_roots[batch] = root
-    self.record_batches = batch + 1
-    self.total_locked += total
+    assert (batches_locked & U128) + total <= U128, "market: locked overflow"
+    self._batches_locked = batches_locked + (1 << 128) + total
     log TradesRecorded(batch=batch, root=root, trades=len(trades), locked=total)
     return batch
 
@@ -614,8 +666,9 @@ def settle_batch(
             leaves of that batch's trades not settled here are `fillers`, in
             position order. The contract rebuilds each record root.
     """
-    assert msg.sender == self.operator, "market: not operator"
-    assert not self.paused, "market: paused"
+    control: uint256 = self._control
+    assert msg.sender == convert(control & ADDRESS_MASK, address), "market: not operator"
+    assert control >> 160 == 0, "market: paused"
     n: uint256 = len(receipts)
     assert n > 0, "market: empty batch"
     assert len(signers) > 0, "market: no signers"
@@ -643,7 +696,7 @@ def settle_batch(
         if ci == 0:
             for i: uint256 in range(n, bound=MAX_TRADES):
                 place: uint256 = receipts[i].place
-                leaves.append(keccak256(concat(b"\x00", abi_encode((place >> 128) & U64, place >> 192, receipts[i].digest))))
+                leaves.append(keccak256(concat(b"\x00", convert((place >> 128) & U64, bytes32), convert(place >> 192, bytes32), receipts[i].digest)))
         else:
             seg: Coverage = coverage[unsafe_sub(ci, 1)]
             expected = self.record_roots[seg.batch]
@@ -744,7 +797,7 @@ def settle_batch(
     assert staticcall bls_verifier.verify(agg, self._settlement_message(root), aggregate_signature), "market: bad signature"
 
     self.settled_at[root] = block.timestamp
-    self.total_locked -= total_paid + total_refunded
+    self._unlock(total_paid + total_refunded)
     log BatchSettled(root=root, trades=n, paid=total_paid, refunded=total_refunded)
 
 
@@ -766,7 +819,7 @@ def refund_expired(trade: Trade, batch: uint256, position: uint256, proof: DynAr
     )
     self._set_status(trade.trade_id, OPEN, CLOSED, "market: trade not open")
     lock: uint256 = trade.price * trade.gpus * trade.duration // 3600
-    self.total_locked -= lock
+    self._unlock(lock)
     self._credit(trade.buyer, lock)
     log TradeRefunded(trade_id=trade.trade_id, buyer=trade.buyer, amount=lock)
 
@@ -825,7 +878,7 @@ def dispute(
     self.total_staked -= from_stake
     held: uint256 = from_earned + from_balance + from_stake
     self.disputes[trade.trade_id] = Dispute(
-        buyer=trade.buyer, provider=trade.provider, held=held, from_stake=from_stake
+        buyer=trade.buyer, provider=trade.provider, held=held, from_stake=from_stake, paid=paid
     )
     self.total_held += held
     log DisputeOpened(trade_id=trade.trade_id, buyer=trade.buyer, provider=trade.provider, held=held, from_stake=from_stake)
@@ -840,6 +893,9 @@ def resolve_dispute(trade_id: uint256, pay_provider: bool, slash: uint256):
             and the provider, found at fault, is slashed up to `slash` from
             its stake, also to the buyer. A stake that falls below min_stake
             suspends the provider until `add_stake`.
+            `slash` may be at most MAX_SLASH_MULTIPLE (2) times what the
+            trade paid: one small trade can't take a provider's whole stake.
+            (A stake smaller than the slash gives what it has.)
     """
     assert msg.sender == self.arbiter, "market: not arbiter"
     d: Dispute = self.disputes[trade_id]
@@ -855,6 +911,7 @@ def resolve_dispute(trade_id: uint256, pay_provider: bool, slash: uint256):
             restaked = d.from_stake
         self._credit(d.provider, d.held - restaked)
     else:
+        assert slash <= d.paid * MAX_SLASH_MULTIPLE, "market: slash above 2x the trade's pay"
         slashed = min(slash, p.stake)
         self._credit(d.buyer, d.held + slashed)
     if p.ident != 0:
@@ -872,7 +929,7 @@ def set_paused(paused: bool):
             settlement. Withdrawals, exits, refunds and disputes stay open.
     """
     assert msg.sender == self.admin, "market: not admin"
-    self.paused = paused
+    self._control = (self._control & ADDRESS_MASK) | (convert(paused, uint256) << 160)
     log PausedSet(paused=paused)
 
 
@@ -883,7 +940,7 @@ def set_operator(operator: address):
     """
     assert msg.sender == self.admin, "market: not admin"
     assert operator != empty(address), "market: zero address"
-    self.operator = operator
+    self._control = (self._control & (1 << 160)) | convert(operator, uint256)
     log OperatorChanged(operator=operator)
 
 
@@ -899,6 +956,28 @@ def set_arbiter(arbiter: address):
 
 
 # --------------------------------------------------------------- internals
+@internal
+def _pull(amount: uint256) -> uint256:
+    """
+    @notice transferFrom the caller and return what the market's balance grew
+            by (a fee-on-transfer token delivers less than `amount`). Callers
+            are @nonreentrant and write their state after this returns, from
+            the measured amount.
+    """
+    before: uint256 = staticcall token.balanceOf(self)
+    assert extcall token.transferFrom(msg.sender, self, amount, default_return_value=True), "market: transfer failed"
+    received: uint256 = staticcall token.balanceOf(self) - before
+    assert received > 0, "market: nothing received"
+    return received
+
+
+@internal
+def _unlock(amount: uint256):
+    batches_locked: uint256 = self._batches_locked
+    assert batches_locked & U128 >= amount, "market: unlock above total locked"
+    self._batches_locked = batches_locked - amount
+
+
 @internal
 def _credit(account: address, amount: uint256):
     if account == empty(address):

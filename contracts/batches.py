@@ -19,13 +19,25 @@ from contracts import bls
 from contracts.merkle import MerkleTree, receipt_leaf, settlement_message, trade_leaf
 from contracts.orders import SignedOrder
 
-# the contract's bounds (GridBidMarket.vy): distinct providers and buyers of one settlement
+# the contract's bounds (GridBidMarket.vy): trades and orders of one record batch; receipts,
+# distinct providers and buyers, record batches touched and filler leaves of one settlement.
+# Vyper reserves memory for an array argument at its bound and memory is priced
+# quadratically, so the bounds are what the batches need: 128 trades, not 512, saved
+# about 390 gas per trade of a 100-trade batch (tests/bench/bench_gas.py).
+MAX_TRADES = 128
+MAX_ORDERS = 128
 MAX_SIGNERS = 64
 MAX_BUYERS = 128
+MAX_SEGMENTS = 16
+MAX_FILLERS = 256
 
 __all__ = [
     "MAX_BUYERS",
+    "MAX_FILLERS",
+    "MAX_ORDERS",
+    "MAX_SEGMENTS",
     "MAX_SIGNERS",
+    "MAX_TRADES",
     "Completion",
     "RecordCall",
     "RecordedTrade",
@@ -94,6 +106,11 @@ class RecordCall:
 def record_args(orders: Sequence[SignedOrder], fills: Sequence[TradeFill]) -> RecordCall:
     """Pack a record batch: each trade is one word naming its order and its
     provider by index (providers listed once each, in order of first use)."""
+    if len(fills) > MAX_TRADES or len(orders) > MAX_ORDERS:
+        raise ValueError(
+            f"batches: {len(fills)} trades of {len(orders)} orders in one record batch; "
+            f"the contract takes at most {MAX_TRADES} and {MAX_ORDERS}"
+        )
     index = {o.order.order_id: i for i, o in enumerate(orders)}
     providers: dict[str, int] = {}
     trades: list[int] = []
@@ -168,10 +185,10 @@ def settlement_args(
     done = sorted(completions, key=lambda c: (c.batch, c.position))
     signers = sorted({to_checksum_address(c.trade.provider) for c in done}, key=lambda a: int(a, 16))
     buyers = list(dict.fromkeys(to_checksum_address(c.trade.buyer) for c in done))
-    if len(signers) > MAX_SIGNERS or len(buyers) > MAX_BUYERS:
+    if len(done) > MAX_TRADES or len(signers) > MAX_SIGNERS or len(buyers) > MAX_BUYERS:
         raise ValueError(
-            f"batches: {len(signers)} providers and {len(buyers)} buyers in one settlement; "
-            f"the contract takes at most {MAX_SIGNERS} and {MAX_BUYERS}"
+            f"batches: {len(done)} receipts, {len(signers)} providers and {len(buyers)} buyers in one "
+            f"settlement; the contract takes at most {MAX_TRADES}, {MAX_SIGNERS} and {MAX_BUYERS}"
         )
     by_address = {to_checksum_address(a): k for a, k in keys.items()}
     missing = [s for s in signers if s not in by_address]
@@ -190,6 +207,11 @@ def settlement_args(
         trades = record_batches[batch]
         coverage.append((batch, len(trades)))
         fillers.extend(t.leaf for pos, t in enumerate(trades) if pos not in by_batch[batch])
+    if len(coverage) > MAX_SEGMENTS or len(fillers) > MAX_FILLERS:
+        raise ValueError(
+            f"batches: a settlement touching {len(coverage)} record batches with {len(fillers)} other "
+            f"leaves; the contract takes at most {MAX_SEGMENTS} and {MAX_FILLERS}"
+        )
     # packed Receipt: (terms, place, digest), see GridBidMarket.vy
     receipts = []
     for c in done:

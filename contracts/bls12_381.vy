@@ -109,6 +109,36 @@ def g1_add(a: Bytes[128], b: Bytes[128]) -> Bytes[128]:
 
 @internal
 @pure
+def g1_is_infinity(point: Bytes[128]) -> bool:
+    """
+    @notice Whether an EIP-2537 G1 point is the point at infinity (128 zero
+            bytes). `point == empty(Bytes[128])` would compare it with the
+            empty string, which 128 zero bytes are not.
+    """
+    assert len(point) == 128, "bls: bad G1 encoding"
+    return (
+        convert(extract32(point, 0), uint256)
+        | convert(extract32(point, 32), uint256)
+        | convert(extract32(point, 64), uint256)
+        | convert(extract32(point, 96), uint256)
+    ) == 0
+
+
+@internal
+@pure
+def g2_is_infinity(point: Bytes[256]) -> bool:
+    """
+    @notice Whether an EIP-2537 G2 point is the point at infinity (256 zero bytes).
+    """
+    assert len(point) == 256, "bls: bad G2 encoding"
+    acc: uint256 = 0
+    for i: uint256 in range(8):
+        acc |= convert(extract32(point, i * 32), uint256)
+    return acc == 0
+
+
+@internal
+@pure
 def expand_message_xmd(message: Bytes[MAX_MESSAGE], dst: Bytes[MAX_DST]) -> Bytes[256]:
     """
     @notice RFC 9380 expand_message_xmd with SHA-256, 256 output bytes
@@ -171,9 +201,15 @@ def core_verify(
 ) -> bool:
     """
     @notice CoreVerify: e(pk, H(m)) == e(G1, sig), checked as
-            e(pk, H(m)) * e(-G1, sig) == 1.
+            e(pk, H(m)) * e(-G1, sig) == 1. The point at infinity (EIP-2537's
+            all-zero encoding) is refused as a key (a provider's, or the sum
+            of a batch's keys, which pk and -pk under two accounts cancel) and
+            as a signature or proof: e(O, H(m)) * e(-G1, O) == 1 for every
+            message, so an infinity key with an infinity signature would
+            verify anything.
     """
-    assert pubkey != empty(Bytes[128]), "bls: key at infinity"
+    assert not self.g1_is_infinity(pubkey), "bls: key at infinity"
+    assert not self.g2_is_infinity(signature), "bls: signature at infinity"
     return self.pairing_check(pubkey, self.hash_to_g2(message, dst), NEG_G1, signature)
 
 

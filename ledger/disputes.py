@@ -20,7 +20,7 @@ from django.db import transaction
 
 from ledger.custody import custodial_signer
 from ledger.escrow import UNREACHABLE, ChainUnavailable, chain_for_writes
-from ledger.models import BatchState, CustodialKey, RecordItem
+from ledger.models import BatchState, CustodialKey, RecordItem, SettleItem
 from ledger.outbox import tx_submit
 from ledger.selectors import REQUEST_UNSENT_AFTER_S, trade_dispute, trade_ledger
 from ledger.services import recorded_trade
@@ -29,6 +29,10 @@ from market.audit import AuditAction, audit_record
 from market.errors import Conflict, DomainError
 from market.models import Trade, User
 from market.states import TradeState
+
+# GridBidMarket.vy's MAX_SLASH_MULTIPLE: a slash takes at most this multiple of what the
+# disputed trade paid (tests/integration/test_settle_bounds.py keeps the two equal)
+MAX_SLASH_MULTIPLE = 2
 
 log = logging.getLogger("gridbid.ledger.disputes")
 
@@ -151,6 +155,12 @@ def ruling_request(*, trade: Trade, pay_provider: Any, slash: Any, key: str, act
         raise DomainError("Invalid input. " + "; ".join(f"{k}: {v[0]}" for k, v in errors.items()), fields=errors)
     if trade.state != TradeState.DISPUTED:
         raise Conflict(f"Trade {trade.pk} is {trade.state}: only a disputed trade takes a ruling.")
+    paid = SettleItem.objects.filter(trade=trade).values_list("paid", flat=True).first()
+    if paid is not None and slash > MAX_SLASH_MULTIPLE * paid:
+        bound = MAX_SLASH_MULTIPLE * paid
+        message = (f"At most {bound} base units: a slash is bounded by {MAX_SLASH_MULTIPLE}x what the trade paid "
+                   f"({paid}), and the contract refuses more.")
+        raise DomainError("Invalid input. slash: " + message, fields={"slash": [message]})
     ctx = chain_for_writes()
     args = (trade.pk, pay_provider, slash)
     try:

@@ -22,7 +22,11 @@ from eth_utils import to_checksum_address
 from contracts import bls
 from contracts.batches import (
     MAX_BUYERS,
+    MAX_FILLERS,
+    MAX_ORDERS,
+    MAX_SEGMENTS,
     MAX_SIGNERS,
+    MAX_TRADES,
     Completion,
     RecordedTrade,
     TradeFill,
@@ -120,6 +124,7 @@ def _claim_record_batch(ctx: ChainContext, *, limit: int) -> RecordBatch | None:
     for trade in trades:
         by_bid.setdefault(trade.bid_id, []).append(trade)
     ready: list[Trade] = []
+    bids_ready: set[int] = set()
     for bid_trades in by_bid.values():
         # an order is used once, so a bid's trades go into one batch together or wait together
         if any(not t.provider.chain_address or t.duration_s != t.bid.duration_s for t in bid_trades):
@@ -142,8 +147,15 @@ def _claim_record_batch(ctx: ChainContext, *, limit: int) -> RecordBatch | None:
             # the contract would revert the whole batch: this bid waits for a deposit instead
             log.info("bid %s waits: its lock %s exceeds its buyer's free escrow %s", bid_trades[0].bid_id, lock, budget[address])
             continue
+        # one order per bid: a bid's trades fit in a batch together or wait for the next
+        if len(ready) + len(bid_trades) > MAX_TRADES or len(bids_ready) + 1 > MAX_ORDERS:
+            if not ready:
+                log.error("bid %s has %d trades, more than one record batch takes (%d): it cannot be recorded",
+                          bid_trades[0].bid_id, len(bid_trades), MAX_TRADES)
+            continue  # the contract's bounds on one batch: the next batch takes it
         budget[address] -= lock
         ready.extend(bid_trades)
+        bids_ready.add(bid_trades[0].bid_id)
     for trade in ready:
         bid = trade.bid
         provider = trade.provider.chain_address
@@ -197,7 +209,7 @@ def batch_fail(*, batch: RecordBatch | SettleBatch, error: str) -> None:
     events.operator_changed()
 
 
-def batch_record(*, ctx: ChainContext, limit: int = 256) -> RecordBatch | None:
+def batch_record(*, ctx: ChainContext, limit: int = MAX_TRADES) -> RecordBatch | None:
     """Submit record batches left unsent by a crash, then claim and submit a new one."""
     for stale in RecordBatch.objects.filter(deployment=ctx.deployment, state=BatchState.SUBMITTED, chain_tx__isnull=True):
         _submit(ctx, stale, purpose="record", call_of=lambda b=stale: _record_call(ctx, b))
@@ -284,9 +296,13 @@ def _suspended(ctx: ChainContext, address: str, seen: dict[str, bool]) -> bool:
     return seen[key]
 
 
-def settle_collect(*, ctx: ChainContext, limit: int = 256) -> SettleBatch | None:
+def settle_collect(*, ctx: ChainContext, limit: int = MAX_TRADES) -> SettleBatch | None:
     """Batch the recorded trades whose jobs finished with a receipt and ask each provider
-    to co-sign the root (with the proof of one of its leaves)."""
+    to co-sign the root (with the proof of one of its leaves). The batch stays inside the
+    contract's bounds (contracts/batches.py): at most MAX_TRADES receipts, MAX_SIGNERS
+    providers, MAX_BUYERS buyers, MAX_SEGMENTS record batches touched and MAX_FILLERS
+    leaves of those batches not settled here; a trade that would break one waits for the
+    next batch (oldest first, so none waits forever)."""
     candidates = (
         Trade.objects.filter(
             state=TradeState.RECORDED, settle_item__isnull=True, job__state__in=FINISHED_JOBS,
@@ -300,6 +316,9 @@ def settle_collect(*, ctx: ChainContext, limit: int = 256) -> SettleBatch | None
     suspended: dict[str, bool] = {}
     signers: set[str] = set()
     buyers: set[str] = set()
+    touched: dict[int, int] = {}  # record batch id -> its trades settled here
+    sizes: dict[int, int] = {}  # record batch id -> its trades
+    fillers = 0
     for trade in candidates:
         receipt = (trade.job.checkpoint or {}).get("receipt")
         if not receipt or not trade.provider.bls_public_key:
@@ -311,6 +330,16 @@ def settle_collect(*, ctx: ChainContext, limit: int = 256) -> SettleBatch | None
         signer, buyer = trade.provider.chain_address.lower(), trade.record_item.buyer.lower()
         if len(signers | {signer}) > MAX_SIGNERS or len(buyers | {buyer}) > MAX_BUYERS:
             continue  # the contract's bounds on one settlement: the next batch takes it
+        record_batch = trade.record_item.batch_id
+        if record_batch not in touched:
+            if record_batch not in sizes:
+                sizes[record_batch] = RecordItem.objects.filter(batch_id=record_batch).count()
+            if len(touched) + 1 > MAX_SEGMENTS or fillers + sizes[record_batch] - 1 > MAX_FILLERS:
+                continue  # its record batch's other leaves would not fit: the next batch takes it
+            touched[record_batch] = 0
+            fillers += sizes[record_batch]
+        touched[record_batch] += 1
+        fillers -= 1
         signers.add(signer)
         buyers.add(buyer)
         entries.append((trade.record_item, int(receipt["body"]["gpu_seconds"]), bytes.fromhex(receipt["digest"])))

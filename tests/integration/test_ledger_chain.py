@@ -589,6 +589,9 @@ def test_a_buyer_disputes_through_the_api_and_the_arbiter_refunds_and_slashes(
     assert client_for(buyer).post(ruling, {"pay_provider": False, "slash": 5}, format="json").status_code == 403
     bad = client_for(operator).post(ruling, {"pay_provider": True, "slash": 5}, format="json")
     assert bad.status_code == 400 and "slash" in bad.json()["error"]["fields"]
+    # the contract bounds a slash by 2x what the trade paid (issue 17): the API says so first
+    over = client_for(operator).post(ruling, {"pay_provider": False, "slash": 2 * paid + 1}, format="json")
+    assert over.status_code == 400 and f"At most {2 * paid} base units" in over.json()["error"]["fields"]["slash"][0]
     with django_capture_on_commit_callbacks(execute=True):
         r = client_for(operator).post(ruling, {"pay_provider": False, "slash": 5 * TOKENS}, format="json")
     assert r.status_code == 202, r.content
