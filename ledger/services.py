@@ -41,6 +41,7 @@ from ledger.models import (
     BatchState,
     ChainEvent,
     ChainTx,
+    ChainTxState,
     Cosign,
     CustodialKey,
     RecordBatch,
@@ -207,6 +208,25 @@ def batch_fail(*, batch: RecordBatch | SettleBatch, error: str) -> None:
     if isinstance(batch, SettleBatch):
         batch.cosigns.all().delete()
     events.operator_changed()
+
+
+def batches_release_failed(*, ctx: ChainContext) -> int:
+    """Give up on the submitted batches whose transaction failed for good: it reverted at its
+    confirmation depth, or another transaction took its nonce (ledger/outbox.py). Nothing of
+    theirs happened on chain, so their trades go back to be batched again; before, such a
+    batch stayed `submitted` and held its trades for ever. Returns how many."""
+    released = 0
+    for model in (RecordBatch, SettleBatch):
+        failed = model.objects.filter(deployment=ctx.deployment, state=BatchState.SUBMITTED,
+                                      chain_tx__state=ChainTxState.FAILED).select_related("chain_tx")
+        for batch in failed:
+            tx = batch.chain_tx
+            why = tx.error or "reverted"
+            log.warning("%s batch %s: its transaction %s (nonce %s) failed (%s); its trades are free again",
+                        model.__name__, batch.pk, tx.tx_hash, tx.nonce, why)
+            batch_fail(batch=batch, error=f"transaction {tx.tx_hash} (nonce {tx.nonce}) failed: {why}")
+            released += 1
+    return released
 
 
 def batch_record(*, ctx: ChainContext, limit: int = MAX_TRADES) -> RecordBatch | None:

@@ -42,13 +42,16 @@ def batches_settle() -> int:
 @shared_task(name="ledger.tasks.chain_txs_track", **RETRY)
 def chain_txs_track() -> int:
     """Rebroadcast unmined transactions (with higher fees once stuck) and follow receipts to
-    the confirmation depth."""
+    the confirmation depth; a batch whose transaction failed for good frees its trades."""
     from ledger.outbox import signers_of, txs_track
+    from ledger.services import batches_release_failed
 
     ctx = chain_context()
     if ctx is None:
         return 0
-    return txs_track(client=ctx.client, confirmations=ctx.confirmations, signer_for=signers_of(ctx.operator))
+    tracked = txs_track(client=ctx.client, confirmations=ctx.confirmations, signer_for=signers_of(ctx.operator))
+    batches_release_failed(ctx=ctx)
+    return tracked
 
 
 @shared_task(name="ledger.tasks.chain_events_sync", **RETRY)
