@@ -45,8 +45,15 @@ __all__ = [
     "TradeFill",
     "packed_key",
     "record_args",
+    "recorded_of",
+    "settled_of",
     "settlement_args",
 ]
+
+U16 = 2**16 - 1
+U32 = 2**32 - 1
+U64 = 2**64 - 1
+U128 = 2**128 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +136,30 @@ def record_args(orders: Sequence[SignedOrder], fills: Sequence[TradeFill]) -> Re
             )
         )
     return RecordCall(args=([o.as_abi() for o in orders], list(providers), trades), recorded=recorded)
+
+
+def recorded_of(
+    orders: Sequence[tuple[str, int]], providers: Sequence[str], trades: Sequence[int]
+) -> list[RecordedTrade]:
+    """The inverse of ``record_args``: the trades a ``record_trades`` call locks, in
+    position order, from its arguments as the ABI decodes them. ``orders`` are each
+    order's (buyer, terms); ``providers`` and ``trades`` as passed. The contract reads
+    the same fields from the same bits (GridBidMarket.vy, ``record_trades``)."""
+    out = []
+    for t in trades:
+        buyer, terms = orders[t >> 240]
+        out.append(
+            RecordedTrade(
+                trade_id=(t >> 160) & U64,
+                buyer=to_checksum_address(buyer),
+                provider=to_checksum_address(providers[(t >> 224) & U16]),
+                price=(t >> 32) & U128,
+                gpus=t & U32,
+                duration=(terms >> 64) & U32,
+                deadline=terms & U64,
+            )
+        )
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +270,31 @@ def settlement_args(
         tree=tree,
         completions=done,
     )
+
+
+def settled_of(
+    receipts: Sequence[tuple[int, int, bytes]], buyers: Sequence[str], signers: Sequence[str]
+) -> list[Completion]:
+    """The inverse of ``settlement_args``: what a ``settle_batch`` call settles, in receipt
+    order, from its arguments as the ABI decodes them. ``receipts`` are each receipt's
+    (terms, place, digest); ``signers`` the signers' addresses. Each completion pays
+    ``trade.payment(gpu_seconds)`` and refunds the rest of ``trade.lock``, as the contract does."""
+    out = []
+    for terms, place, digest in receipts:
+        trade = RecordedTrade(
+            trade_id=(place >> 128) & U64,
+            buyer=to_checksum_address(buyers[place & U16]),
+            provider=to_checksum_address(signers[(place >> 16) & U16]),
+            price=terms >> 128,
+            gpus=(terms >> 96) & U32,
+            duration=(terms >> 64) & U32,
+            deadline=terms & U64,
+        )
+        out.append(
+            Completion(trade=trade, batch=(place >> 64) & U64, position=(place >> 32) & U32,
+                       gpu_seconds=place >> 192, digest=bytes(digest))
+        )
+    return out
 
 
 def packed_key(public_key: bytes) -> tuple[int, int, int]:

@@ -9,10 +9,12 @@ from ledger.chain.client import (
     ChainClient,
     ChainError,
     ChainIdMismatch,
+    ContractCall,
     Fees,
     LogEvent,
     Receipt,
     SignedTx,
+    call_decode,
 )
 from ledger.chain.signer import Signer, signer_from_hex, signer_from_keystore
 
@@ -20,11 +22,13 @@ __all__ = [
     "ChainClient",
     "ChainError",
     "ChainIdMismatch",
+    "ContractCall",
     "Fees",
     "LogEvent",
     "Receipt",
     "SignedTx",
     "Signer",
+    "call_decode",
     "signer_from_hex",
     "signer_from_keystore",
 ]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import requests
+from eth_abi.exceptions import DecodingError
 from eth_account.signers.local import LocalAccount
 from hexbytes import HexBytes
 from web3 import Web3
@@ -24,7 +25,7 @@ from web3.exceptions import ContractLogicError, TransactionNotFound, Web3RPCErro
 
 from contracts.deploy import contract_at
 
-__all__ = ["ChainClient", "ChainError", "ChainIdMismatch", "Fees", "LogEvent", "NonceConsumed", "Receipt", "SignedTx"]
+__all__ = ["ChainClient", "ChainError", "ChainIdMismatch", "ContractCall", "Fees", "LogEvent", "NonceConsumed", "Receipt", "SignedTx", "call_decode"]
 
 log = logging.getLogger("gridbid.chain")
 T = TypeVar("T")
@@ -84,6 +85,27 @@ class LogEvent:
     block_hash: str
     tx_hash: str
     log_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class ContractCall:
+    """A transaction's call of a contract, decoded through the contract's ABI: arguments
+    by their ABI names, structs as dicts, addresses checksummed, bytes as bytes."""
+
+    function: str
+    args: dict[str, Any]
+
+
+def call_decode(contract: Contract, data: bytes | str) -> ContractCall | None:
+    """The call `data` makes of `contract`, or None when it is no function of its ABI."""
+    raw = HexBytes(data)
+    if len(raw) < 4:
+        return None
+    try:
+        fn, args = contract.decode_function_input(raw)
+    except (ValueError, DecodingError):  # no function with its selector; arguments that do not decode
+        return None
+    return ContractCall(function=str(fn.abi["name"]), args=dict(args))
 
 
 def _hex(value: Any) -> str:
@@ -273,6 +295,17 @@ class ChainClient:
             return True
         except TransactionNotFound:
             return False
+
+    def transaction_call(self, contract: Contract, tx_hash: str) -> ContractCall | None:
+        """The call a mined transaction made of `contract`, decoded through its ABI; None when
+        the transaction is unknown or did not call `contract` directly (another `to`)."""
+        try:
+            tx = self._retry(self.w3.eth.get_transaction, HexBytes(tx_hash))
+        except TransactionNotFound:
+            return None
+        if str(tx.get("to") or "").lower() != str(contract.address).lower():
+            return None
+        return call_decode(contract, bytes(tx["input"]))
 
     def receipt(self, tx_hash: str) -> Receipt | None:
         """The receipt, with how many blocks bury it (1 = in the head block), or None if not mined."""
