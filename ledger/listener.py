@@ -16,8 +16,10 @@ from typing import Any
 
 from django.db import transaction
 
+from ledger.chain import ContractCall
 from ledger.context import ChainContext
-from ledger.journal import Leg, journal_append, journal_truncate
+from ledger.journal import journal_append, journal_truncate
+from ledger.legs import CALL_OF, DerivationError, Leg, event_legs
 from ledger.models import (
     BatchState,
     ChainEvent,
@@ -114,69 +116,52 @@ def _advance_trades(qs: Any, target: str, *, cause: str = "") -> None:
     events.jobs_changed(trade_ids=moved)  # the buyer's page shows recorded / settled live
 
 
-def _legs(ctx: ChainContext, event: ChainEvent) -> list[Leg]:
-    """The journal legs of one event, and its effect on trades and batches."""
+def _effects(ctx: ChainContext, event: ChainEvent, opened: dict[str, Any] | None) -> None:
+    """An event's effect on trades and batches (its money is `event_legs`'s)."""
     a = event.args
     name = event.name
-    if name == "Deposited":
-        return [Leg("deposit", f"free:{a['buyer']}", f"wallet:{a['buyer']}", int(a["amount"]))]
-    if name == "Withdrawn":
-        return [Leg("withdraw", f"wallet:{a['account']}", f"free:{a['account']}", int(a["amount"]))]
-    if name == "ProviderRegistered":
-        return [Leg("stake", f"stake:{a['provider']}", f"wallet:{a['provider']}", int(a["stake"]))]
-    if name == "StakeAdded":
-        return [Leg("stake", f"stake:{a['provider']}", f"wallet:{a['provider']}", int(a["amount"]))]
-    if name == "ProviderExited":
-        return [Leg("unstake", f"wallet:{a['provider']}", f"stake:{a['provider']}", int(a["stake"]))]
     if name == "TradesRecorded":
         batch = RecordBatch.objects.filter(deployment=ctx.deployment, root=a["root"]).first()
         if batch is None:
             log.error("TradesRecorded %s: no record batch of ours has this root", a["root"])
-            return []
-        items = list(batch.items.order_by("position"))
-        if sum(i.lock for i in items) != int(a["locked"]) or len(items) != int(a["trades"]):
+            return
+        if batch.items.count() != int(a["trades"]) or sum(i.lock for i in batch.items.all()) != int(a["locked"]):
             log.error("TradesRecorded %s: the event does not match our batch %s", a["root"], batch.pk)
         RecordBatch.objects.filter(pk=batch.pk).update(number=int(a["batch"]), state=BatchState.CONFIRMED)
         _advance_trades(Trade.objects.filter(record_item__batch=batch), TradeState.RECORDED, cause=name)
-        return [Leg("lock", f"locked:{i.buyer}", f"free:{i.buyer}", i.lock, i.trade_id) for i in items]
-    if name == "BatchSettled":
+    elif name == "BatchSettled":
         sbatch = SettleBatch.objects.filter(deployment=ctx.deployment, root=a["root"]).first()
         if sbatch is None:
             log.error("BatchSettled %s: no settle batch of ours has this root", a["root"])
-            return []
+            return
         SettleBatch.objects.filter(pk=sbatch.pk).update(state=BatchState.CONFIRMED)
         _advance_trades(Trade.objects.filter(settle_item__batch=sbatch), TradeState.SETTLED, cause=name)
-        legs = []
-        for s in sbatch.items.select_related("record_item").order_by("index"):
-            ri = s.record_item
-            legs.append(Leg("pay", f"free:{ri.provider}", f"locked:{ri.buyer}", s.paid, ri.trade_id))
-            legs.append(Leg("refund", f"free:{ri.buyer}", f"locked:{ri.buyer}", s.refund, ri.trade_id))
-        return legs
-    if name == "TradeRefunded":
+    elif name == "TradeRefunded":
         _advance_trades(Trade.objects.filter(pk=int(a["trade_id"])), TradeState.REFUNDED, cause=name)
-        return [Leg("refund", f"free:{a['buyer']}", f"locked:{a['buyer']}", int(a["amount"]), int(a["trade_id"]))]
-    if name == "DisputeOpened":
-        provider, held, trade_id = a["provider"], int(a["held"]), int(a["trade_id"])
-        from_stake = int(a["from_stake"])
-        _advance_trades(Trade.objects.filter(pk=trade_id), TradeState.DISPUTED, cause=name)
-        return [Leg("hold", f"held:{trade_id}", f"free:{provider}", held - from_stake, trade_id),
-                Leg("hold", f"held:{trade_id}", f"stake:{provider}", from_stake, trade_id)]
-    if name == "DisputeResolved":
-        trade_id = int(a["trade_id"])
-        opened = ChainEvent.objects.filter(deployment=ctx.deployment, name="DisputeOpened", args__trade_id=trade_id).order_by("-block_number").first()
-        if opened is None:
-            log.error("DisputeResolved for trade %s without a DisputeOpened", trade_id)
-            return []
-        buyer, provider = opened.args["buyer"], opened.args["provider"]
-        if a["provider_paid"]:
-            _advance_trades(Trade.objects.filter(pk=trade_id), TradeState.SETTLED, cause=name)
-            restaked = int(a["restaked"])
-            return [Leg("release", f"free:{provider}", f"held:{trade_id}", int(a["amount"]) - restaked, trade_id),
-                    Leg("release", f"stake:{provider}", f"held:{trade_id}", restaked, trade_id)]
-        _advance_trades(Trade.objects.filter(pk=trade_id), TradeState.REFUNDED, cause=name)
-        return [Leg("refund", f"free:{buyer}", f"held:{trade_id}", int(a["amount"]), trade_id),
-                Leg("slash", f"free:{buyer}", f"stake:{provider}", int(a["slashed"]), trade_id)]
-    return []  # ExitRequested, PausedSet, OperatorChanged, ArbiterChanged move no money
+    elif name == "DisputeOpened":
+        _advance_trades(Trade.objects.filter(pk=int(a["trade_id"])), TradeState.DISPUTED, cause=name)
+    elif name == "DisputeResolved" and opened is not None:
+        target = TradeState.SETTLED if a["provider_paid"] else TradeState.REFUNDED
+        _advance_trades(Trade.objects.filter(pk=int(a["trade_id"])), target, cause=name)
+
+
+def _opened(ctx: ChainContext, event: ChainEvent) -> dict[str, Any] | None:
+    """For a DisputeResolved, the args of its trade's DisputeOpened (who is refunded, who slashed)."""
+    if event.name != "DisputeResolved":
+        return None
+    found = ChainEvent.objects.filter(deployment=ctx.deployment, name="DisputeOpened",
+                                      args__trade_id=int(event.args["trade_id"])).order_by("-block_number").first()
+    return dict(found.args) if found is not None else None
+
+
+def _legs(event: ChainEvent, calls: dict[str, ContractCall | None], opened: dict[str, Any] | None) -> list[Leg]:
+    """The journal legs of one event (ledger/legs.py, which `ledger verify` derives again)."""
+    try:
+        return event_legs(event.name, event.args, call=calls.get(event.tx_hash.lower()), opened=opened)
+    except DerivationError as exc:
+        # journaled as nothing: the balances now differ from the chain, and verify names the entries
+        log.error("%s at %s:%s: %s", event.name, event.block_number, event.log_index, exc)
+        return []
 
 
 def events_sync(*, ctx: ChainContext, confirmations: int | None = None, max_range: int = MAX_RANGE) -> SyncResult:
@@ -216,24 +201,43 @@ def events_sync(*, ctx: ChainContext, confirmations: int | None = None, max_rang
     return SyncResult(head=head, scanned_to=cursor.scanned_to, applied_to=cursor.applied_to, new_events=new, applied=applied, rolled_back_to=fork)
 
 
-@transaction.atomic
 def events_apply(*, ctx: ChainContext, up_to: int) -> int:
-    """Apply stored events up to block `up_to` in chain order, under the listener lock."""
-    cursor = ListenerCursor.objects.select_for_update().get(deployment=ctx.deployment)
+    """Apply stored events up to block `up_to` in chain order, under the listener lock. The
+    calls of record and settle transactions are read from the chain first, outside the
+    database transaction."""
+    cursor = ListenerCursor.objects.get(deployment=ctx.deployment)
     limit = min(up_to, cursor.scanned_to)
+    hashes = ChainEvent.objects.filter(deployment=ctx.deployment, applied=False, block_number__lte=limit,
+                                       name__in=list(CALL_OF)).values_list("tx_hash", flat=True).distinct()
+    calls = {h.lower(): ctx.client.transaction_call(ctx.market, h) for h in hashes}
+    return _events_apply_locked(ctx=ctx, limit=limit, calls=calls)
+
+
+@transaction.atomic
+def _events_apply_locked(*, ctx: ChainContext, limit: int, calls: dict[str, ContractCall | None]) -> int:
+    cursor = ListenerCursor.objects.select_for_update().get(deployment=ctx.deployment)
+    limit = min(limit, cursor.scanned_to)
     events = list(ChainEvent.objects.filter(deployment=ctx.deployment, applied=False, block_number__lte=limit).order_by("block_number", "log_index"))
     touched: set[str] = set()
+    applied = 0
     for event in events:
-        legs = _legs(ctx, event)
+        if event.name in CALL_OF and event.tx_hash.lower() not in calls:
+            # stored (after a reorg) since its call was read: the next tick applies it
+            limit = event.block_number - 1
+            break
+        opened = _opened(ctx, event)
+        _effects(ctx, event, opened)
+        legs = _legs(event, calls, opened)
         journal_append(legs=legs, tx_hash=event.tx_hash, log_index=event.log_index, block_number=event.block_number, block_hash=event.block_hash)
         ChainEvent.objects.filter(pk=event.pk).update(applied=True)
         touched |= {acct.split(":", 1)[1] for leg in legs for acct in (leg.debit, leg.credit) if ":" in acct}
+        applied += 1
     if limit > cursor.applied_to:
         cursor.applied_to = limit
         cursor.save(update_fields=["applied_to", "updated_at"])
-    if events:
+    if applied:
         from market.streams import events as stream_events
 
         stream_events.operator_changed()  # batches confirmed, trades recorded or settled: the settlement queue moved
         stream_events.balances_changed(addresses=sorted(touched))  # each owner's escrow, live
-    return len(events)
+    return applied
