@@ -1,5 +1,10 @@
-"""`gridbid ledger verify`: recompute the journal's hash chain, check every entry
-balances, and compare every account with the contract. Exit 1 on any discrepancy."""
+"""`gridbid ledger verify`: recompute the journal's hash chain, derive every entry again
+from the chain (the market's events and the record/settle calldata, from the deployment
+block on) and compare entry by entry, naming the first that differs, and compare every
+account with the contract. Exit 1 on any discrepancy.
+
+Always the full re-derivation: the periodic reconciliation checks from its last clean
+checkpoint instead (ledger/journal.py says why)."""
 
 from __future__ import annotations
 
@@ -39,5 +44,5 @@ class Command(BaseCommand):
         if problems:
             self.stderr.write(f"ledger verify: {len(problems)} discrepancies in {count} entries")
             sys.exit(1)
-        checked = "hash chain intact" if ctx is None else "hash chain intact, balances match the chain"
+        checked = "hash chain intact" if ctx is None else "hash chain intact, every entry re-derived from the chain, balances match the chain"
         self.stdout.write(f"ledger verify: {count} entries, {checked}")
