@@ -277,6 +277,13 @@ def _verify(*, ctx: Any, block: int, since: Checkpoint | None, page: int) -> lis
     from django.core.cache import cache
 
     problems = chain_check()
+    head = ctx.client.block_number()
+    if block > head:
+        # nothing at `block` can be read: the node has no such block
+        return problems + [
+            f"the journal is applied to block {block} but the chain's head is {head}: the chain lost blocks "
+            "(a reorg, or a dev chain restarted from an older state file); the listener rolls the journal back "
+            "on its next tick and the outbox sends the lost transactions again: verify again after that"]
     derived, checkpoint = journal_rederive(ctx=ctx, block=block, since=since, page=page)
     problems += derived
     if not problems and checkpoint is not None:

@@ -149,3 +149,17 @@ def test_reconcile_checks_from_its_checkpoint_and_still_sees_history_rewritten_b
     fourth = reconcile(ctx=ctx)
     assert not fourth["ok"] and fourth["mode"] == "full", fourth
     assert fourth["problems"][0].startswith(f"entry #{pay.seq}: kind is 'refund', the chain says 'pay'")
+
+
+def test_verify_says_the_chain_lost_blocks_when_the_journal_is_ahead_of_its_head(ctx: Any, buyer: Any) -> None:
+    """A dev chain restarted from an older state file (or a deep reorg) leaves the listener's
+    last applied block above the head: verify said so with a traceback (the node refuses a
+    view at a block it does not have); now it names the blocks and what happens next."""
+    from ledger.journal import journal_verify
+    from ledger.models import ListenerCursor
+
+    fund_buyer(ctx, buyer, 5 * TOKENS)
+    head = ctx.client.block_number()
+    ListenerCursor.objects.filter(deployment=ctx.deployment).update(applied_to=head + 5)
+    problems = journal_verify(ctx=ctx)
+    assert any(f"applied to block {head + 5}" in p and f"head is {head}" in p for p in problems), problems
