@@ -17,6 +17,8 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 
 from market.api.errors import error_body
+from market.api.permissions import credential_scopes
+from market.models import Scope
 
 
 @never_cache
@@ -54,16 +56,23 @@ def _metrics_refusal(request: HttpRequest) -> JsonResponse | None:
         from market.api.auth import token_lookup
 
         try:
-            user = token_lookup(credential).user
+            api_token = token_lookup(credential)
         except AuthenticationFailed as exc:
-            return _refuse(401, "not_authenticated", f"{exc.detail} /metrics takes METRICS_TOKEN or an operator's API token.")
+            return _refuse(401, "not_authenticated", f"{exc.detail} /metrics takes METRICS_TOKEN or an operator's API token with the 'operate' scope.")
+        user = api_token.user
     else:
+        api_token = None
         user = request.user
         if not user.is_authenticated:
             return _refuse(401, "not_authenticated", "The metrics are for operators: send 'Authorization: Bearer <METRICS_TOKEN>' "
                                                      "(or an operator's API token), or log in as an operator.")
     if not getattr(user, "is_operator", False):
         return _refuse(403, "permission_denied", "The metrics are for operators only; this account is not one.")
+    # as in the API: an operator's token without `operate` reaches only its own account's data,
+    # and the metrics are everyone's
+    if api_token is not None and Scope.OPERATE not in credential_scopes(user, api_token):
+        return _refuse(403, "permission_denied", "The metrics need the 'operate' scope, which this token does not have. "
+                                                 "Use METRICS_TOKEN, or a token with 'operate'.")
     return None
 
 

@@ -238,7 +238,7 @@ class TradeLedgerView(APIView):
     @extend_schema(responses=inline_serializer("TradeLedger", {"trade": serializers.IntegerField(), "state": serializers.CharField(), "record": serializers.DictField(allow_null=True), "settlement": serializers.DictField(allow_null=True), "chain": serializers.DictField(allow_null=True)}))
     def get(self, request: Request, trade_id: int) -> Response:
         trade = Trade.objects.filter(pk=trade_id).first()
-        if trade is None or not selectors.trade_visible(user=request.user, trade=trade):
+        if trade is None or not selectors.trade_visible(user=request.user, trade=trade, operator=is_operator(request)):
             raise NotFound(f"No trade {trade_id} of yours.")
         return Response(selectors.trade_ledger(trade=trade))
 
@@ -333,7 +333,7 @@ DISPUTE_RESPONSE = inline_serializer("DisputeRequest", {
 
 def _trade_of(request: Request, trade_id: int) -> Trade:
     trade = Trade.objects.filter(pk=trade_id).first()
-    if trade is None or not selectors.trade_visible(user=request.user, trade=trade):
+    if trade is None or not selectors.trade_visible(user=request.user, trade=trade, operator=is_operator(request)):
         raise NotFound(f"No trade {trade_id} of yours.")
     return trade
 

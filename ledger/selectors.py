@@ -199,8 +199,10 @@ def trade_ledger(*, trade: Trade) -> dict[str, Any]:
     return out
 
 
-def trade_visible(*, user: User, trade: Trade) -> bool:
-    if user.is_operator:
+def trade_visible(*, user: User, trade: Trade, operator: bool) -> bool:
+    """Whether `user` may see `trade`: its buyer, its provider, or with `operator` (an
+    operator's session, or a token with `operate`) anyone."""
+    if operator:
         return True
     return trade.buyer_id == user.pk or Provider.objects.filter(pk=trade.provider_id, user=user).exists()
 

@@ -71,7 +71,7 @@ def trade_page(request: HttpRequest, trade_id: int) -> HttpResponse:
     """A trade's record and settlement transactions and its receipt's Merkle proof; its
     buyer disputes a settled trade here, and an operator rules on a disputed one."""
     trade = Trade.objects.filter(pk=trade_id).select_related("provider", "buyer").first()
-    if trade is None or not selectors.trade_visible(user=request.user, trade=trade):
+    if trade is None or not selectors.trade_visible(user=request.user, trade=trade, operator=request.user.is_operator):
         raise Http404("No such trade of yours")
     confirm = None
     if request.method == "POST":

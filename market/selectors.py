@@ -16,18 +16,17 @@ from market.states import BidState, BookingState, OfferState, RoundState
 from providers.models import Machine
 
 
-def _operator(user: User) -> bool:
-    return user.is_authenticated and (user.is_superuser or user.role == "operator")
-
-
 def offers_open() -> QuerySet[Offer]:
     return Offer.objects.filter(state=OfferState.OPEN).select_related("machine", "machine__region", "machine__provider", "gpu_model")
 
 
-def offers_visible(user: User) -> QuerySet[Offer]:
+# `operator`: the caller sees every user's rows. It is the credential's reach, not the account's
+# role: an operator's browser session or a token with `operate` (market.api.permissions.is_operator);
+# an operator's `read` token sees its own account's rows like anyone's.
+def offers_visible(user: User, *, operator: bool = False) -> QuerySet[Offer]:
     """Open offers are public market data; a provider also sees its own paused and withdrawn ones."""
     qs = Offer.objects.select_related("machine", "machine__region", "gpu_model")
-    if _operator(user):
+    if operator:
         return qs
     visible = Q(state=OfferState.OPEN)
     if user.is_authenticated and hasattr(user, "provider"):
@@ -35,29 +34,29 @@ def offers_visible(user: User) -> QuerySet[Offer]:
     return qs.filter(visible)
 
 
-def offers_owned(user: User) -> QuerySet[Offer]:
+def offers_owned(user: User, *, operator: bool = False) -> QuerySet[Offer]:
     qs = Offer.objects.select_related("machine", "machine__region", "gpu_model")
-    return qs if _operator(user) else qs.filter(machine__provider__user=user)
+    return qs if operator else qs.filter(machine__provider__user=user)
 
 
-def machines_visible(user: User) -> QuerySet[Machine]:
+def machines_visible(user: User, *, operator: bool = False) -> QuerySet[Machine]:
     qs = Machine.objects.select_related("region", "provider").prefetch_related("gpus")
-    return qs if _operator(user) else qs.filter(provider__user=user)
+    return qs if operator else qs.filter(provider__user=user)
 
 
-def bids_visible(user: User) -> QuerySet[Bid]:
+def bids_visible(user: User, *, operator: bool = False) -> QuerySet[Bid]:
     qs = Bid.objects.select_related("buyer", "location_region")
-    return qs if _operator(user) else qs.filter(buyer=user)
+    return qs if operator else qs.filter(buyer=user)
 
 
-def trades_visible(user: User) -> QuerySet[Trade]:
+def trades_visible(user: User, *, operator: bool = False) -> QuerySet[Trade]:
     qs = Trade.objects.select_related("bid", "offer", "provider", "round")
-    return qs if _operator(user) else qs.filter(Q(buyer=user) | Q(provider__user=user))
+    return qs if operator else qs.filter(Q(buyer=user) | Q(provider__user=user))
 
 
-def jobs_visible(user: User) -> QuerySet[Job]:
+def jobs_visible(user: User, *, operator: bool = False) -> QuerySet[Job]:
     qs = Job.objects.select_related("trade", "trade__offer__machine")
-    return qs if _operator(user) else qs.filter(Q(trade__buyer=user) | Q(trade__provider__user=user))
+    return qs if operator else qs.filter(Q(trade__buyer=user) | Q(trade__provider__user=user))
 
 
 @dataclass(frozen=True)
@@ -321,6 +320,6 @@ def audit_events_own(user: User) -> QuerySet[AuditEvent]:
     return AuditEvent.objects.filter(Q(actor_id=user.pk) | Q(object_type="user", object_id=str(user.pk), action="auth.login_failed"))
 
 
-def audit_events_visible(user: User) -> QuerySet[AuditEvent]:
+def audit_events_visible(user: User, *, operator: bool = False) -> QuerySet[AuditEvent]:
     """Operators read every record; everyone else their own."""
-    return AuditEvent.objects.all() if _operator(user) else audit_events_own(user)
+    return AuditEvent.objects.all() if operator else audit_events_own(user)

@@ -4,7 +4,13 @@ Views declare `scopes = {"list": "read", "create": "trade", ...}` by action
 and may set `public_read = True` for market data anyone can see. A token
 carries its own scopes; a browser session has every scope its role allows.
 Every role may hold `tokens` (create and revoke API tokens); a token only ever
-mints tokens with a subset of its own scopes (`services.token_create(within=)`).
+mints tokens with a subset of its own scopes, expiring no later than itself, and
+revokes only tokens whose every scope it holds (`services.token_create(by=)`,
+`services.token_revoke(by=)`).
+
+What a caller sees follows the same scopes: other users' rows need `operate`
+(`is_operator`), so an operator's `read` token sees its own account's data, as
+the WebSocket `operator` channel already had it.
 """
 
 from __future__ import annotations
@@ -23,17 +29,27 @@ ROLE_SCOPES: dict[str, frozenset[str]] = {
 }
 
 
-def granted_scopes(request: Request) -> frozenset[str]:
-    user = request.user
+def credential_scopes(user: Any, token: ApiToken | None) -> frozenset[str]:
+    """What `user` may do through `token`, or through a browser session (None): its role's scopes."""
     if not user or not user.is_authenticated:
         return frozenset()
     role_scopes = ROLE_SCOPES[Role.OPERATOR] if user.is_superuser else ROLE_SCOPES.get(user.role, frozenset())
-    if isinstance(request.auth, ApiToken):
-        return role_scopes & frozenset(request.auth.scopes)
+    if token is not None:
+        return role_scopes & frozenset(token.scopes)
     return role_scopes
 
 
+def granted_scopes(request: Request) -> frozenset[str]:
+    return credential_scopes(request.user, request_token(request))
+
+
+def request_token(request: Request) -> ApiToken | None:
+    """The API token the request authenticated with; None for a browser session."""
+    return request.auth if isinstance(request.auth, ApiToken) else None
+
+
 def is_operator(request: Request) -> bool:
+    """Whether the caller sees every user's data: an operator's session, or a token with `operate`."""
     return Scope.OPERATE in granted_scopes(request)
 
 

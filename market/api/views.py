@@ -222,7 +222,7 @@ class MachineViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     def get_queryset(self) -> Any:
         if getattr(self, "swagger_fake_view", False):
             return Machine.objects.none()
-        return selectors.machines_visible(self.request.user)
+        return selectors.machines_visible(self.request.user, operator=is_operator(self.request))
 
     @extend_schema(request=s.MachineCreateSerializer, responses={201: s.MachineSerializer}, parameters=[IDEMPOTENCY_PARAM])
     @idempotent
@@ -248,7 +248,7 @@ class OfferViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     def get_queryset(self) -> Any:
         if getattr(self, "swagger_fake_view", False):
             return Offer.objects.none()
-        return selectors.offers_visible(self.request.user)
+        return selectors.offers_visible(self.request.user, operator=is_operator(self.request))
 
     @extend_schema(request=s.OfferCreateSerializer, responses={201: s.OfferSerializer}, parameters=[IDEMPOTENCY_PARAM])
     @idempotent
@@ -260,7 +260,7 @@ class OfferViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
 
     @extend_schema(request=s.OfferUpdateSerializer, responses=s.OfferSerializer)
     def partial_update(self, request: Request, pk: str) -> Response:
-        offer = get_object_or_404(selectors.offers_owned(request.user), pk=pk)
+        offer = get_object_or_404(selectors.offers_owned(request.user, operator=is_operator(request)), pk=pk)
         data = s.OfferUpdateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         offer = services.offer_update(user=request.user, offer=offer, **data.validated_data)
@@ -269,7 +269,7 @@ class OfferViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     @extend_schema(request=None, responses=s.OfferSerializer)
     @action(detail=True, methods=["post"])
     def withdraw(self, request: Request, pk: str) -> Response:
-        offer = get_object_or_404(selectors.offers_owned(request.user), pk=pk)
+        offer = get_object_or_404(selectors.offers_owned(request.user, operator=is_operator(request)), pk=pk)
         return Response(s.OfferSerializer(services.offer_withdraw(user=request.user, offer=offer)).data)
 
 
@@ -286,7 +286,7 @@ class BidViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     def get_queryset(self) -> Any:
         if getattr(self, "swagger_fake_view", False):
             return Bid.objects.none()
-        return selectors.bids_visible(self.request.user)
+        return selectors.bids_visible(self.request.user, operator=is_operator(self.request))
 
     @extend_schema(request=s.BidCreateSerializer, responses={201: s.BidSerializer}, parameters=[IDEMPOTENCY_PARAM])
     @idempotent
@@ -336,7 +336,7 @@ class TradeViewSet(viewsets.ReadOnlyModelViewSet):
     def get_queryset(self) -> Any:
         if getattr(self, "swagger_fake_view", False):
             return Trade.objects.none()
-        return selectors.trades_visible(self.request.user)
+        return selectors.trades_visible(self.request.user, operator=is_operator(self.request))
 
 
 class RoundViewSet(viewsets.ReadOnlyModelViewSet):
@@ -434,7 +434,7 @@ class JobViewSet(viewsets.ReadOnlyModelViewSet):
     def get_queryset(self) -> Any:
         if getattr(self, "swagger_fake_view", False):
             return Job.objects.none()
-        return selectors.jobs_visible(self.request.user)
+        return selectors.jobs_visible(self.request.user, operator=is_operator(self.request))
 
 
 async def _chunks_async(fh: Any, size: int = 1 << 20) -> AsyncIterator[bytes]:
@@ -488,4 +488,4 @@ class AuditViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     def get_queryset(self) -> Any:
         if getattr(self, "swagger_fake_view", False):
             return AuditEvent.objects.none()
-        return selectors.audit_events_visible(self.request.user)
+        return selectors.audit_events_visible(self.request.user, operator=is_operator(self.request))

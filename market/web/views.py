@@ -193,7 +193,7 @@ def job_page(request: HttpRequest, job_id: int) -> HttpResponse:
     from market.jobs import job_access, job_log_tail
     from providers.agent.runtime import job_ports
 
-    job = selectors.jobs_visible(request.user).filter(pk=job_id).select_related("trade__bid", "trade__offer__machine").first()
+    job = selectors.jobs_visible(request.user, operator=request.user.is_operator).filter(pk=job_id).select_related("trade__bid", "trade__offer__machine").first()
     if job is None:
         raise Http404("No such job of yours")
     meta = job.checkpoint or {}
