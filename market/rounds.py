@@ -1,7 +1,10 @@
 """Auction rounds around the pure engine: claim, snapshot, clear, write; replay; quote.
 
-A round is claimed by inserting its schedule slot under a unique constraint,
-so a beat tick delivered twice, or two workers racing, clear it once. The
+One round clears at a time per market: a round holds the market's round lock
+(`_round_lock`) from before it reads the book until its result is written, and a
+beat tick that finds it held returns at once, its slot skipped. A round is claimed
+by inserting its schedule slot under a unique constraint, so a beat tick delivered
+twice clears it once. The
 book is read in one transaction, the engine runs outside any transaction, and
 the result is written in one more, re-checking under row locks that every
 matched bid is still open and every offer still has the GPUs: a bid cancelled
@@ -12,13 +15,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+import psycopg
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
@@ -33,10 +40,36 @@ from providers.push import machine_wake
 
 log = logging.getLogger("gridbid.rounds")
 QUOTE_BID_ID = 2**62  # a hypothetical bid's id: far above any real row
+# PostgreSQL's advisory locks are per database, and a database holds one market: one fixed key
+ROUND_LOCK_KEY = int.from_bytes(b"gbrounds", "big")
+_process_round_lock = threading.Lock()
 
 
 def slot_for(when: datetime) -> int:
     return int(when.timestamp() // settings.GRIDBID["ROUND_SECONDS"])
+
+
+@contextmanager
+def _round_lock() -> Iterator[bool]:
+    """Hold the market's round lock for the block; yields False at once when another round holds it.
+
+    PostgreSQL: a session advisory lock, taken on a connection of its own rather than the
+    pooled one the round uses (the pool keeps session state: a lock left on a connection
+    it hands out again would stop every other worker's rounds). Every worker process on
+    every machine sees it, and it goes with the connection when its worker dies, so no
+    lease has to run out first. The embedded SQLite mode runs every worker in one process:
+    a lock of that process is enough there."""
+    if connection.vendor != "postgresql":
+        held = _process_round_lock.acquire(blocking=False)
+        try:
+            yield held
+        finally:
+            if held:
+                _process_round_lock.release()
+        return
+    with psycopg.connect(**connection.get_connection_params(), autocommit=True) as lock_conn:
+        row = lock_conn.execute("SELECT pg_try_advisory_lock(%s)", [ROUND_LOCK_KEY]).fetchone()
+        yield bool(row and row[0])  # closing the connection releases it, whatever the round did
 
 
 def _claim(*, slot: int | None, when: datetime) -> AuctionRound | None:
@@ -146,12 +179,21 @@ def _unfunded_left_out(*, rnd: AuctionRound, inp: engine.RoundInput) -> tuple[en
 
 
 def round_clear(*, now: datetime | None = None, slot: int | None = None) -> AuctionRound | None:
-    """Run one round at `now`. Returns the round, or None if the slot was already taken
+    """Run one round at `now`. Returns the round, or None if another round is clearing
+    (this slot is skipped: rounds never overlap, nor catch up), the slot was already taken,
     or the book has no open bid (nothing could trade; no empty row is written).
 
     Orders the engine cannot take are set aside with their reasons (`_set_aside`) and the
     round clears the rest: one bad order never fails the round for everyone."""
     now = now or timezone.now()
+    with _round_lock() as held:
+        if not held:
+            log.info("a round is clearing: slot %s skipped", slot_for(now) if slot is None else slot)
+            return None
+        return _round_clear_locked(now=now, slot=slot)
+
+
+def _round_clear_locked(*, now: datetime, slot: int | None) -> AuctionRound | None:
     rounds_recover()
     expired = bids_expire(now=now)  # out of the book before the round reads it
     if not Bid.objects.filter(state=BidState.OPEN).exists():

@@ -41,7 +41,8 @@ def outputs_expire() -> int:
 
 @shared_task(name="market.tasks.round_run", ignore_result=True)
 def round_run() -> int | None:
-    """Clear the round of the current schedule slot; a duplicate delivery is a no-op."""
+    """Clear the round of the current schedule slot; a duplicate delivery, or a tick that
+    comes while another round is still clearing, is a no-op (that slot is skipped)."""
     from market.rounds import round_clear
 
     rnd = round_clear()
