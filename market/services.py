@@ -43,12 +43,13 @@ def user_signup(*, username: str, password: str, email: str = "", role: str = Ro
 
 
 @transaction.atomic
-def token_create(*, user: User, name: str, scopes: Iterable[str], expires_at: datetime | None = None, within: Iterable[str] | None = None) -> tuple[ApiToken, str]:
+def token_create(*, user: User, name: str, scopes: Iterable[str], expires_at: datetime | None = None, by: ApiToken | None = None) -> tuple[ApiToken, str]:
     """Create a token; returns the row and the plaintext, which is never stored.
 
-    `within` is what the asking credential holds (a token's scopes, or a session's role
-    scopes): a token can hand out no more than it has, so a leaked `read` token cannot
-    be turned into a `trade` one."""
+    `by` is the token asking (None: a browser session, or the server). A token hands out
+    no more than it has: no scope it lacks, so a leaked `read` token cannot be turned
+    into a `trade` one, and no time past its own expiry (left out, the new token expires
+    with it), so a short-lived token cannot mint a lasting one."""
     wanted = sorted(set(scopes))
     from market.api.permissions import ROLE_SCOPES
 
@@ -59,13 +60,22 @@ def token_create(*, user: User, name: str, scopes: Iterable[str], expires_at: da
             f"A {user.role} account cannot hold the scope(s) {', '.join(refused)}.",
             fields={"scopes": [f"Allowed for your role: {', '.join(sorted(allowed))}."]},
         )
-    if within is not None:
-        held = frozenset(within)
+    if by is not None:
+        held = frozenset(by.scopes)
         beyond = [s for s in wanted if s not in held]
         if beyond:
             raise NotAllowed(
                 f"This token cannot create a token with the scope(s) {', '.join(beyond)}, which it does not hold itself.",
                 fields={"scopes": [f"Choose among this token's scopes: {', '.join(sorted(held))}; or create the token on your account page."]},
+            )
+    if by is not None and by.expires_at is not None:
+        if expires_at is None:
+            expires_at = by.expires_at
+        elif expires_at > by.expires_at:
+            ends = by.expires_at.isoformat()
+            raise DomainError(
+                f"A token cannot outlive the token that creates it, which expires at {ends}.",
+                fields={"expires_at": [f"At most {ends}; leave it out to expire with this token, or create the token on your account page."]},
             )
     if expires_at is not None and expires_at <= timezone.now():
         raise DomainError("The expiry is in the past.", fields={"expires_at": ["Give a time in the future, or leave it out for a token that does not expire."]})
@@ -79,7 +89,17 @@ def token_create(*, user: User, name: str, scopes: Iterable[str], expires_at: da
 
 
 @transaction.atomic
-def token_revoke(*, user: User, token_id: int) -> ApiToken:
+def token_revoke(*, user: User, token_id: int, by: ApiToken | None = None) -> ApiToken:
+    """Revoke one of `user`'s tokens. `by` is the token asking (None: a browser session): it
+    acts with no scope it lacks, so it revokes only a token whose every scope it holds."""
+    if by is not None:
+        target = ApiToken.objects.filter(pk=token_id, user=user).first()
+        lacking = sorted(set(target.scopes) - set(by.scopes)) if target is not None else []
+        if lacking:
+            raise NotAllowed(
+                f"This token cannot revoke token {target.prefix} ({target.name!r}): that token has the scope(s) {', '.join(lacking)}, "
+                "which this one lacks. Revoke it with a token that holds all its scopes, or on your account page."
+            )
     updated = ApiToken.objects.filter(pk=token_id, user=user, revoked_at__isnull=True).update(revoked_at=timezone.now())
     token = ApiToken.objects.filter(pk=token_id, user=user).first()
     if token is None:

@@ -80,7 +80,9 @@ class SignupSerializer(serializers.Serializer):
 class TokenCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=64)
     scopes = serializers.ListField(child=serializers.ChoiceField(choices=Scope.values), min_length=1, max_length=len(Scope.values))
-    expires_at = serializers.DateTimeField(required=False, allow_null=True)
+    expires_at = serializers.DateTimeField(required=False, allow_null=True, help_text=(
+        "Left out or null: never. A token created by a token expires no later than that token: "
+        "left out, it expires with it; a later time is refused (400)."))
 
 
 class TokenSerializer(serializers.ModelSerializer):

@@ -23,7 +23,7 @@ from market import rounds, selectors, services
 from market.api import serializers as s
 from market.api.filters import AuditFilter, BidFilter, OfferFilter, TradeFilter
 from market.api.idempotency import idempotent
-from market.api.permissions import granted_scopes, is_operator
+from market.api.permissions import is_operator, request_token
 from market.api.schema import ErrorSerializer
 from market.audit import AuditAction, audit_record
 from market.models import ApiToken, AuctionRound, AuditEvent, Bid, Job, Offer, Scope, SshKey, Trade
@@ -131,8 +131,10 @@ class WalletLinkView(APIView):
 class TokenViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     """Your API tokens. The token itself is shown once, when created.
 
-    Creating and revoking need the `tokens` scope (a browser session has it), and a
-    token creates only tokens with a subset of its own scopes. Listing needs `read`."""
+    Creating and revoking need the `tokens` scope (a browser session has it). A token
+    creates only tokens with a subset of its own scopes that expire no later than it
+    (left out, `expires_at` is its own), and revokes only tokens whose every scope it
+    holds. Listing needs `read`."""
 
     lookup_value_regex = r"\d+"
 
@@ -149,14 +151,14 @@ class TokenViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     def create(self, request: Request) -> Response:
         data = s.TokenCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        token, raw = services.token_create(user=request.user, within=granted_scopes(request), **data.validated_data)
+        token, raw = services.token_create(user=request.user, by=request_token(request), **data.validated_data)
         body = s.TokenSerializer(token).data | {"token": raw}
         return Response(body, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses=s.TokenSerializer)
     @action(detail=True, methods=["post"])
     def revoke(self, request: Request, pk: str) -> Response:
-        token = services.token_revoke(user=request.user, token_id=int(pk))
+        token = services.token_revoke(user=request.user, token_id=int(pk), by=request_token(request))
         return Response(s.TokenSerializer(token).data)
 
 
