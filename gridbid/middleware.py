@@ -15,6 +15,13 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonR
 
 from gridbid import logs
 from gridbid.proxies import request_address
+from market.api.errors import (
+    REDIS_RETRY_AFTER_S,
+    REDIS_UNREACHABLE_MESSAGE,
+    error_body,
+    redis_unreachable,
+    redis_unreachable_log,
+)
 
 
 class RejectNulBytesMiddleware:
@@ -31,6 +38,33 @@ class RejectNulBytesMiddleware:
                 return JsonResponse({"error": {"code": "invalid", "message": message, "fields": {}}}, status=400)
             return HttpResponseBadRequest(message)
         return self.get_response(request)
+
+
+class RedisUnreachableMiddleware:
+    """A view that finds Redis unreachable (the cache behind the markets list and the log-in
+    limits, the broker a task is sent to) answers 503 with Retry-After: a short page, or the
+    API's error shape on /api/ paths outside DRF's own handler (market.api.errors), instead
+    of a 500 that says the server failed. /readyz names Redis meanwhile."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if not redis_unreachable(exception):
+            return None
+        redis_unreachable_log(exception, request.path)
+        response: HttpResponse
+        if request.path.startswith("/api/"):
+            response = JsonResponse(error_body("unavailable", REDIS_UNREACHABLE_MESSAGE), status=503)
+        else:
+            page = ("<!doctype html><title>Unavailable</title><h1>503 Service unavailable</h1>"
+                    "<p>GridBid cannot reach one of its services right now. Please try again in a few seconds.</p>")
+            response = HttpResponse(page, status=503, content_type="text/html; charset=utf-8")
+        response["Retry-After"] = str(REDIS_RETRY_AFTER_S)
+        return response
 
 
 class RequestIdMiddleware:

@@ -39,6 +39,7 @@ MIDDLEWARE = [
     "gridbid.middleware.RequestIdMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "gridbid.middleware.RejectNulBytesMiddleware",
+    "gridbid.middleware.RedisUnreachableMiddleware",  # a view's Redis outage: 503 + Retry-After, not 500
     "gridbid.middleware.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -6,8 +6,10 @@ table that decides how a failure of the business rules looks on the wire.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+import redis
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -28,6 +30,8 @@ from market.errors import (
     TooLarge,
 )
 from market.states import InvalidTransition
+
+log = logging.getLogger(__name__)
 
 DOMAIN_STATUS: dict[type[Exception], int] = {
     NotFound: status.HTTP_404_NOT_FOUND,
@@ -92,6 +96,32 @@ def _pool_exhausted(exc: Exception) -> bool:
     return isinstance(exc, OperationalError) and isinstance(exc.__cause__, PoolTimeout)
 
 
+# how long a client is asked to wait while Redis is unreachable: a restart or a failover
+# takes seconds, and /readyz already tells the load balancer
+REDIS_RETRY_AFTER_S = 10
+REDIS_UNREACHABLE_MESSAGE = "The server cannot reach Redis, its cache and message broker, right now. Retry in a few seconds."
+
+
+def redis_unreachable(exc: BaseException) -> bool:
+    """Redis (the cache behind the throttles and the markets list, the Celery broker, the
+    channel layer) did not answer: redis-py's ConnectionError or TimeoutError, raised as is
+    or as the cause of a wrapper (kombu's OperationalError around a task's publish).
+    An outage of a service, not a bug of this request: the answer is 503, not 500."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # a cause chain is short; the bound guards against a cycle
+        if seen is None:
+            return False
+        if isinstance(seen, redis.ConnectionError | redis.TimeoutError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def redis_unreachable_log(exc: BaseException, path: str) -> None:
+    # one line, no traceback: every request fails the same way until Redis is back
+    log.warning("Redis is unreachable, %s answered 503: %s", path, exc)
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, RequestDataTooBig):  # DRF reads request.body, which checks Content-Length against the limit
         return Response(error_body("too_large", body_too_large_message(settings.DATA_UPLOAD_MAX_MEMORY_SIZE)), status=413)
@@ -100,6 +130,12 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
                         status=status.HTTP_503_SERVICE_UNAVAILABLE)
         busy["Retry-After"] = "5"
         return busy
+    if redis_unreachable(exc):
+        request = context.get("request")
+        redis_unreachable_log(exc, getattr(request, "path", "?"))
+        down = Response(error_body("unavailable", REDIS_UNREACHABLE_MESSAGE), status=status.HTTP_503_SERVICE_UNAVAILABLE)
+        down["Retry-After"] = str(REDIS_RETRY_AFTER_S)
+        return down
     if isinstance(exc, EngineInputError):
         return Response(error_body("invalid", f"Invalid input. {exc}", {exc.field: [exc.message]}), status=400)
     for kind, code in DOMAIN_STATUS.items():
