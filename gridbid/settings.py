@@ -220,8 +220,10 @@ SPECTACULAR_SETTINGS = {
 if CONFIG.redis_url:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [CONFIG.redis_url], "capacity": 1000, "expiry": 30},
+            # channels_redis with reads that outlast its 5 s blocking wait and a pool that
+            # queues a burst instead of failing it (gridbid/channel_layer.py says why and how big)
+            "BACKEND": "gridbid.channel_layer.RedisChannelLayer",
+            "CONFIG": {"hosts": [CONFIG.redis_url], "capacity": 1000, "expiry": 30, "pool_size": 64},
         }
     }
     CELERY_BROKER_URL = CONFIG.redis_url
