@@ -2,13 +2,15 @@
 
 One round clears at a time per market: a round holds the market's round lock
 (`_round_lock`) from before it reads the book until its result is written, and a
-beat tick that finds it held returns at once, its slot skipped. A round is claimed
-by inserting its schedule slot under a unique constraint, so a beat tick delivered
-twice clears it once. The
-book is read in one transaction, the engine runs outside any transaction, and
-the result is written in one more, re-checking under row locks that every
-matched bid is still open and every offer still has the GPUs: a bid cancelled
-while the engine ran is dropped from the result, never half-written.
+beat tick that finds it held returns at once, its slot skipped. Missed slots are
+never caught up; the round that ran through them counts them in its stats
+(`skipped_slots`), and the operator page shows it. A round is claimed by
+inserting its schedule slot under a unique constraint, so a beat tick delivered
+twice clears it once. The book is read in one transaction, the engine runs
+outside any transaction, and the result is written in one more, re-checking
+under row locks that every matched bid is still open and every offer still has
+the GPUs: a bid cancelled while the engine ran is dropped from the result, never
+half-written.
 """
 
 from __future__ import annotations
@@ -70,6 +72,20 @@ def _round_lock() -> Iterator[bool]:
     with psycopg.connect(**connection.get_connection_params(), autocommit=True) as lock_conn:
         row = lock_conn.execute("SELECT pg_try_advisory_lock(%s)", [ROUND_LOCK_KEY]).fetchone()
         yield bool(row and row[0])  # closing the connection releases it, whatever the round did
+
+
+def slots_behind(*, clock: datetime, now: datetime) -> int:
+    """Whole schedule slots between a round's clock and `now`: a round that finishes this far
+    behind ran through them, and the beat's ticks in them found it clearing and were skipped."""
+    return max(0, int((now - clock).total_seconds() // settings.GRIDBID["ROUND_SECONDS"]))
+
+
+def _behind_logged(rnd: AuctionRound, *, now: datetime) -> int:
+    skipped = slots_behind(clock=rnd.scheduled_for, now=now)
+    if skipped:
+        log.warning("round %s finished %d slot(s) behind its clock (%.1f s against ROUND_SECONDS=%s): no round ran in them",
+                    rnd.number, skipped, (now - rnd.scheduled_for).total_seconds(), settings.GRIDBID["ROUND_SECONDS"])
+    return skipped
 
 
 def _claim(*, slot: int | None, when: datetime) -> AuctionRound | None:
@@ -211,7 +227,8 @@ def _round_clear_locked(*, now: datetime, slot: int | None) -> AuctionRound | No
         elapsed_ms = round(1000 * (time.perf_counter() - started), 2)
     except Exception as exc:  # the round itself is broken (catalogue, config) or the engine crashed: record it
         log.exception("round %s failed", rnd.number)
-        AuctionRound.objects.filter(pk=rnd.pk).update(state=RoundState.FAILED, error=f"{type(exc).__name__}: {exc}"[:2000])
+        AuctionRound.objects.filter(pk=rnd.pk).update(state=RoundState.FAILED, error=f"{type(exc).__name__}: {exc}"[:2000],
+                                                      stats={"skipped_slots": _behind_logged(rnd, now=timezone.now())})
         events.operator_changed()
         return AuctionRound.objects.get(pk=rnd.pk)
     _write(rnd=rnd, inp=inp, result=result, elapsed_ms=elapsed_ms, stage_ms=stages.ms(), set_aside=set_aside)
@@ -282,9 +299,11 @@ def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundRes
     set_aside = dict(set_aside or {"bids": [], "offers": []})
     stats = {**result_dict["stats"], "clear_ms": elapsed_ms, "stage_ms": stage_ms, "dropped_bids": dropped,
              "preemptions": result_dict["preemptions"], "expired_bids": set_aside.pop("expired_bids", []), "set_aside": set_aside}
+    cleared_at = timezone.now()
+    stats["skipped_slots"] = _behind_logged(rnd, now=cleared_at)
     AuctionRound.objects.filter(pk=rnd.pk).update(
         state=RoundState.CLEARED,
-        cleared_at=timezone.now(),
+        cleared_at=cleared_at,
         inputs=inputs,
         input_digest=serialize.digest(inputs),
         result=result_dict,

@@ -287,7 +287,8 @@ def operator_overview() -> dict[str, Any]:
 
     rounds = [
         {"number": r.number, "state": r.state, "error": r.error, "cleared_at": r.cleared_at, "bids": r.stats.get("bids"),
-         "trades": r.stats.get("trades"), "clear_ms": r.stats.get("clear_ms"), "gap": r.stats.get("gap"), "method": r.stats.get("method", "")}
+         "trades": r.stats.get("trades"), "clear_ms": r.stats.get("clear_ms"), "skipped_slots": r.stats.get("skipped_slots"),
+         "gap": r.stats.get("gap"), "method": r.stats.get("method", "")}
         for r in AuctionRound.objects.order_by("-number").only("number", "state", "error", "cleared_at", "stats")[:20]
     ]
     offline = [

@@ -1,4 +1,4 @@
-"""One round at a time per market.
+"""One round at a time per market, and a round that falls behind its clock says how far.
 
 Issue 27 (item 8): with ~10.8k open bids a round took 10-45 s against ROUND_SECONDS=5, and
 under `gridbid worker -c 2` the next beat tick, on the other process, claimed the next slot
@@ -7,6 +7,7 @@ and cleared beside it: two rounds `clearing` at once over one book.
 
 from __future__ import annotations
 
+import re
 import threading
 from datetime import timedelta
 from typing import Any
@@ -85,3 +86,31 @@ def test_the_round_lock_of_a_worker_that_died_is_gone_with_its_connection(buyer,
         worker.close()  # as a killed worker's connection closes
     rnd = round_clear()
     assert rnd is not None and rnd.state == RoundState.CLEARED, rnd
+
+
+def test_a_round_on_time_skips_no_slot(buyer, provider_user, make_offer, make_bid, settings):
+    settings.GRIDBID = {**settings.GRIDBID, "ROUND_SECONDS": 60}
+    make_offer(provider_user, count=8)
+    make_bid(buyer, gpus=2)
+    rnd = round_clear()
+    assert rnd.stats["skipped_slots"] == 0
+
+
+def test_a_round_behind_its_clock_records_the_slots_it_skipped_and_the_operator_page_shows_them(
+    buyer, provider_user, operator, make_offer, make_bid, settings, client
+):
+    settings.GRIDBID = {**settings.GRIDBID, "ROUND_SECONDS": 60}
+    make_offer(provider_user, count=8)
+    make_bid(buyer, gpus=2)
+    # its clock says 9 slots and a second ago: it finishes 9 whole slots behind (the round itself takes under a minute)
+    late = round_clear(now=timezone.now() - timedelta(seconds=9 * 60 + 1))
+    assert late.state == RoundState.CLEARED, late.error
+    assert late.stats["skipped_slots"] == 9
+    make_bid(buyer, gpus=2)
+    on_time = round_clear()
+    assert on_time.stats["skipped_slots"] == 0
+    client.force_login(operator)
+    page = client.get("/operator/").content.decode()
+    rows = dict(re.findall(r'<tr data-round="(\d+)">(.*?)</tr>', page))
+    assert re.search(r'data-field="skipped_slots"[^>]*>9<', rows[str(late.number)]), rows[str(late.number)]
+    assert re.search(r'data-field="skipped_slots"[^>]*>0<', rows[str(on_time.number)]), rows[str(on_time.number)]

@@ -349,8 +349,8 @@
         : '<tr><td colspan="5" class="muted">Every machine is online.</td></tr>');
       const body = document.querySelector("#op-rounds tbody");
       if (!body) return;
-      body.innerHTML = d.rounds.length ? d.rounds.map((r) => `<tr data-round="${r.number}"><td>#${r.number}</td><td><span class="pill state-${esc(r.state)}">${esc(r.state)}</span>${r.error ? ` <span class="error">${esc(r.error)}</span>` : ""}</td><td class="num">${r.bids ?? "—"}</td><td class="num">${r.trades ?? "—"}</td><td class="num">${r.clear_ms !== null && r.clear_ms !== undefined ? r.clear_ms + " ms" : "—"}</td><td class="num">${r.gap ?? "—"}</td><td class="small">${esc(r.method)}</td></tr>`).join("")
-        : '<tr><td colspan="7" class="muted">No rounds yet: a round runs when there is at least one open bid.</td></tr>';
+      body.innerHTML = d.rounds.length ? d.rounds.map((r) => `<tr data-round="${r.number}"><td>#${r.number}</td><td><span class="pill state-${esc(r.state)}">${esc(r.state)}</span>${r.error ? ` <span class="error">${esc(r.error)}</span>` : ""}</td><td class="num">${r.bids ?? "—"}</td><td class="num">${r.trades ?? "—"}</td><td class="num">${r.clear_ms !== null && r.clear_ms !== undefined ? r.clear_ms + " ms" : "—"}</td><td class="num" data-field="skipped_slots">${r.skipped_slots ?? "—"}</td><td class="num">${r.gap ?? "—"}</td><td class="small">${esc(r.method)}</td></tr>`).join("")
+        : '<tr><td colspan="8" class="muted">No rounds yet: a round runs when there is at least one open bid.</td></tr>';
       body.querySelectorAll("tr[data-round]").forEach((tr) => { const n = Number(tr.dataset.round); if (!seenRounds.has(n)) { seenRounds.add(n); flash(tr); } });
     });
   }
