@@ -22,7 +22,7 @@ connections a burst of S subscriptions therefore takes about S / P round trips: 
 subscriptions over the default 64 connections are 8 round trips, a few milliseconds. What
 bounds P is Redis: `maxclients` (10,000 by default) must exceed P x the number of server
 and worker processes plus Celery's own connections, so P = 64 leaves room for over 100
-processes (settings.CHANNEL_LAYERS' `pool_size`).
+processes. CHANNEL_REDIS_POOL_SIZE sets it.
 """
 
 from __future__ import annotations

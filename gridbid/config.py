@@ -40,6 +40,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TRUSTED_PROXIES", "(empty)", "Comma-separated IPs/CIDRs of your reverse proxies (10.0.0.0/8,127.0.0.1). Only their X-Forwarded-For is believed, for rate limits and log-in lock-outs; empty: the peer's address is the client's."),
     Variable("API_RATE_ANON", "600", "API requests per minute one anonymous client address may make (1-1000000); past it, 429 with Retry-After."),
     Variable("API_RATE_USER", "6000", "API requests per minute one account may make (1-1000000); past it, 429 with Retry-After."),
+    Variable("WS_MAX_PER_ADDRESS", "100", "WebSockets one client address may hold open on one server process (1-100000); one more is closed with 4029. Behind a proxy, set TRUSTED_PROXIES so the address is the client's."),
+    Variable("WS_MAX_PER_TOKEN", "20", "WebSockets one API token (or one browser session's account) may hold open on one server process (1-100000); one more is closed with 4029."),
+    Variable("CHANNEL_REDIS_POOL_SIZE", "64", "With REDIS_URL: Redis connections each process's channel layer may use at once (4-1000); more callers wait their turn (gridbid/channel_layer.py has the arithmetic). Keep processes x this under Redis' maxclients."),
     Variable("HTTP_KEEPALIVE_SECONDS", "75", "Seconds an idle HTTP connection stays open for its next request (1-3600). Keep it above your proxy's or load balancer's idle timeout (nginx and AWS ALB: 60 s), so the server never closes a connection just as it is reused."),
     Variable("ROUND_SECONDS", "5", "Seconds between auction rounds (1-3600)."),
     Variable("ROUND_LEASE_SECONDS", "900", "How long a round may stay `clearing` (60-86400): past it, its worker is taken for dead and the round is failed. Above the slowest round you expect."),
@@ -191,6 +194,11 @@ class Config:
     api_rate_user: int = 6000
     # how long `gridbid up` keeps an idle HTTP/1.1 connection open (uvicorn's timeout_keep_alive)
     http_keepalive_seconds: int = 75
+    # WebSockets per client address and per token (or session account), per server process
+    ws_max_per_address: int = 100
+    ws_max_per_token: int = 20
+    # the Redis channel layer's connection pool per process (gridbid.channel_layer)
+    channel_redis_pool_size: int = 64
     # job outputs uploaded by the agents (market.outputs): kept in Django's "outputs" storage
     outputs_storage: str = "filesystem"
     outputs_s3_bucket: str | None = None
@@ -349,6 +357,9 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         api_rate_anon=int(_number(env, "API_RATE_ANON", 600, 1, 1_000_000, int)),
         api_rate_user=int(_number(env, "API_RATE_USER", 6000, 1, 1_000_000, int)),
         http_keepalive_seconds=int(_number(env, "HTTP_KEEPALIVE_SECONDS", 75, 1, 3600, int)),
+        ws_max_per_address=int(_number(env, "WS_MAX_PER_ADDRESS", 100, 1, 100_000, int)),
+        ws_max_per_token=int(_number(env, "WS_MAX_PER_TOKEN", 20, 1, 100_000, int)),
+        channel_redis_pool_size=int(_number(env, "CHANNEL_REDIS_POOL_SIZE", 64, 4, 1000, int)),
         round_seconds=_number(env, "ROUND_SECONDS", 5.0, 1, 3600),
         round_lease_seconds=_number(env, "ROUND_LEASE_SECONDS", 900.0, 60, 86_400),
         booking_grace_s=_number(env, "BOOKING_GRACE_S", 300.0, 60, 86_400),

@@ -223,7 +223,8 @@ if CONFIG.redis_url:
             # channels_redis with reads that outlast its 5 s blocking wait and a pool that
             # queues a burst instead of failing it (gridbid/channel_layer.py says why and how big)
             "BACKEND": "gridbid.channel_layer.RedisChannelLayer",
-            "CONFIG": {"hosts": [CONFIG.redis_url], "capacity": 1000, "expiry": 30, "pool_size": 64},
+            "CONFIG": {"hosts": [CONFIG.redis_url], "capacity": 1000, "expiry": 30,
+                       "pool_size": CONFIG.channel_redis_pool_size},
         }
     }
     CELERY_BROKER_URL = CONFIG.redis_url

@@ -41,6 +41,9 @@ def test_defaults_are_embedded_sqlite_and_a_generated_secret(tmp_path):
         ("API_RATE_ANON", "0", "API_RATE_ANON"),
         ("API_RATE_USER", "10/minute", "API_RATE_USER"),
         ("HTTP_KEEPALIVE_SECONDS", "0", "HTTP_KEEPALIVE_SECONDS"),
+        ("WS_MAX_PER_ADDRESS", "0", "WS_MAX_PER_ADDRESS"),
+        ("WS_MAX_PER_TOKEN", "many", "WS_MAX_PER_TOKEN"),
+        ("CHANNEL_REDIS_POOL_SIZE", "2", "CHANNEL_REDIS_POOL_SIZE"),
         ("HTTP_KEEPALIVE_SECONDS", "forever", "HTTP_KEEPALIVE_SECONDS"),
         ("ROUND_SECONDS", "fast", "ROUND_SECONDS"),
         ("PRICING_RULE", "vickrey", "PRICING_RULE"),
@@ -172,3 +175,5 @@ def test_idle_http_connections_are_kept_75_s_by_default_longer_than_a_proxys_or_
     # ALB's 60 s: the server closed idle connections just as clients reused them (ReadError)
     assert load(env(tmp_path)).http_keepalive_seconds == 75
     assert load(env(tmp_path, HTTP_KEEPALIVE_SECONDS="120")).http_keepalive_seconds == 120
+    loaded = load(env(tmp_path, WS_MAX_PER_ADDRESS="7", WS_MAX_PER_TOKEN="3", CHANNEL_REDIS_POOL_SIZE="16"))
+    assert (loaded.ws_max_per_address, loaded.ws_max_per_token, loaded.channel_redis_pool_size) == (7, 3, 16)
