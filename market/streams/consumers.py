@@ -159,6 +159,10 @@ class StreamConsumer(AsyncWebsocketConsumer):
         if not isinstance(channel, str) or not (pub.PUBLIC_CHANNEL.match(channel) or channel in pub.PRIVATE_CHANNELS or channel in pub.OPERATOR_CHANNELS):
             await self.error("invalid_channel", "Channels are book.<gpu_model>.<region>, rounds, trades, orders, jobs, balances, machines, sales or operator.", ref=channel if isinstance(channel, str) else None)
             return
+        unknown = await self._unknown_book(channel) if channel.startswith("book.") else None
+        if unknown:
+            await self.error("invalid_channel", unknown, ref=channel)
+            return
         refusal = await self._refusal(channel)
         if refusal:
             await self.error("forbidden", refusal, ref=channel)
@@ -186,6 +190,21 @@ class StreamConsumer(AsyncWebsocketConsumer):
         if channel in pub.PROVIDER_CHANNELS and not await self._is_provider():
             return f"'{channel}' is a provider's own machines and sales: this account does not sell GPU time."
         return None
+
+    @database_sync_to_async
+    def _unknown_book(self, channel: str) -> str | None:
+        """What is wrong with a book channel's model or region, naming the valid ones; None when both exist."""
+        from providers.models import GpuModel, Region
+
+        gpu_model, _, region = channel.removeprefix("book.").rpartition(".")
+        problems = []
+        if not GpuModel.objects.filter(pk=gpu_model).exists():
+            problems.append(f"no GPU model {gpu_model[:48]!r} (models: {', '.join(GpuModel.objects.order_by('id').values_list('id', flat=True))})")
+        if not Region.objects.filter(pk=region).exists():
+            problems.append(f"no region {region[:32]!r} (regions: {', '.join(Region.objects.order_by('id').values_list('id', flat=True))})")
+        if not problems:
+            return None
+        return f"Book channels are book.<gpu_model>.<region>; there is {' and '.join(problems)}. GET /api/v1/gpu-models/ and /api/v1/regions/ list them."
 
     @database_sync_to_async
     def _is_provider(self) -> bool:
