@@ -27,7 +27,6 @@ pytestmark = pytest.mark.django_db
 DEADLINE_S = 60
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_second_worker_skips_its_slot_while_a_round_is_clearing(buyer, provider_user, make_offer, make_bid, monkeypatch):
     make_offer(provider_user, count=8)
