@@ -109,7 +109,18 @@ def token_revoke(*, user: User, token_id: int, by: ApiToken | None = None) -> Ap
     if not updated:
         raise Conflict("This token was already revoked.")
     audit_record(actor=user, action=AuditAction.TOKEN_REVOKE, obj=token, details={"name": token.name, "prefix": token.prefix, "scopes": token.scopes})
+    events.token_revoked(token.pk)  # its open WebSockets close (4001) after the commit
     return token
+
+
+@transaction.atomic
+def user_deactivate(*, user: User) -> User:
+    """An operator shuts an account out: its tokens and sessions stop authenticating, and
+    its open WebSockets close (4001) after the commit."""
+    User.objects.filter(pk=user.pk).update(is_active=False)
+    user.is_active = False
+    events.user_deactivated(user.pk)
+    return user
 
 
 # --- providers: machines --------------------------------------------------------

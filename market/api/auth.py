@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.utils import timezone
 from rest_framework import authentication, exceptions
@@ -19,6 +19,18 @@ def token_digest(raw: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
+def token_problem(token: ApiToken, *, now: datetime) -> str | None:
+    """Why `token` no longer authenticates (revoked, expired, its account disabled); None while it does.
+    Open WebSockets ask this again before each private action (market.streams.auth)."""
+    if token.revoked_at is not None:
+        return "This token was revoked. Create a new one on your account page."
+    if token.expires_at is not None and token.expires_at <= now:
+        return "This token has expired. Create a new one on your account page."
+    if not token.user.is_active:
+        return "This account is disabled."
+    return None
+
+
 def token_lookup(raw: str) -> ApiToken:
     """The live token for `raw`, or AuthenticationFailed saying why not."""
     if not raw.startswith(TOKEN_PREFIX) or len(raw) > 200:
@@ -28,12 +40,9 @@ def token_lookup(raw: str) -> ApiToken:
     except ApiToken.DoesNotExist:
         raise exceptions.AuthenticationFailed("Unknown token. It may have been mistyped or deleted.") from None
     now = timezone.now()
-    if token.revoked_at is not None:
-        raise exceptions.AuthenticationFailed("This token was revoked. Create a new one on your account page.")
-    if token.expires_at is not None and token.expires_at <= now:
-        raise exceptions.AuthenticationFailed("This token has expired. Create a new one on your account page.")
-    if not token.user.is_active:
-        raise exceptions.AuthenticationFailed("This account is disabled.")
+    problem = token_problem(token, now=now)
+    if problem:
+        raise exceptions.AuthenticationFailed(problem)
     if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
     return token

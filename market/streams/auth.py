@@ -1,5 +1,10 @@
 """WebSocket authentication: a bearer token in the Authorization header, or the
-browser's session. A token can also arrive in the first message (`auth`)."""
+browser's session. A token can also arrive in the first message (`auth`).
+
+A socket outlives the check at its handshake, so it is asked again: the consumer joins
+its token's and its account's groups (`publish.token_group`, `publish.account_group`),
+where a revocation or a deactivation is announced, and `credentials_problem` re-reads
+the token or account before each private action (an expiry announces nothing)."""
 
 from __future__ import annotations
 
@@ -7,16 +12,28 @@ from typing import Any
 
 from channels.auth import AuthMiddlewareStack
 from channels.db import database_sync_to_async
+from django.utils import timezone
 from rest_framework.exceptions import AuthenticationFailed
 
-from market.api.auth import token_lookup
+from market.api.auth import token_lookup, token_problem
+from market.models import ApiToken, User
 
 
 @database_sync_to_async
-def user_for_token(raw: str) -> tuple[Any, list[str]]:
-    """(user, scopes) for a live token; AuthenticationFailed with the reason otherwise."""
-    token = token_lookup(raw)
-    return token.user, list(token.scopes)
+def live_token(raw: str) -> ApiToken:
+    """The live token for `raw`, its user loaded; AuthenticationFailed with the reason otherwise."""
+    return token_lookup(raw)
+
+
+@database_sync_to_async
+def credentials_problem(*, user_id: int, token_id: int | None) -> str | None:
+    """Why a socket's token (or, for a session, its account) no longer authenticates; None while it does."""
+    if token_id is None:
+        return None if User.objects.filter(pk=user_id, is_active=True).exists() else "This account is disabled."
+    token = ApiToken.objects.select_related("user").filter(pk=token_id).first()
+    if token is None:
+        return "Unknown token. It may have been mistyped or deleted."
+    return token_problem(token, now=timezone.now())
 
 
 class TokenHeaderMiddleware:
@@ -30,9 +47,11 @@ class TokenHeaderMiddleware:
         scope["token_error"] = None
         if len(auth) == 2 and auth[0].lower() == "bearer":
             try:
-                scope["user"], scope["token_scopes"] = await user_for_token(auth[1])
+                token = await live_token(auth[1])
             except AuthenticationFailed as exc:
                 scope["token_error"] = str(exc.detail)
+            else:
+                scope["user"], scope["token_scopes"], scope["token"] = token.user, list(token.scopes), token
         return await self.inner(scope, receive, send)
 
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from datetime import datetime
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.utils import timezone
 from rest_framework.exceptions import AuthenticationFailed, ValidationError
 
 from gridbid import logs
@@ -25,7 +27,7 @@ from market.errors import DomainError
 from market.models import Scope
 from market.streams import publish as pub
 from market.streams import snapshots
-from market.streams.auth import user_for_token
+from market.streams.auth import credentials_problem, live_token
 
 MAX_MESSAGE_BYTES = 64 * 1024
 MAX_SUBSCRIPTIONS = 100
@@ -37,7 +39,7 @@ OUTBOX_LIMIT = 256  # updates waiting for a slow client before it is cut off
 CLOSE_SLOW = 4009  # the client did not read its updates fast enough
 CLOSE_POLICY = 4008  # policy violation: too many messages
 CLOSE_TOO_BIG = 1009
-CLOSE_AUTH = 4001
+CLOSE_AUTH = 4001  # bad credentials at the handshake, or the token revoked or expired or the account disabled since
 
 
 class StreamConsumer(AsyncWebsocketConsumer):
@@ -54,6 +56,9 @@ class StreamConsumer(AsyncWebsocketConsumer):
         self.user = self.scope.get("user")
         self.scopes: set[str] | None = set(self.scope["token_scopes"]) if self.scope.get("token_scopes") is not None else None
         self.groups_joined: dict[str, str] = {}
+        self.token = self.scope.get("token")  # the ApiToken that authenticated it; None for a session
+        self.credential_groups: list[str] = []
+        self.expiry: asyncio.Task[None] | None = None
         self.tokens = RATE_BURST
         self.last = time.monotonic()
         self.strikes = 0
@@ -69,6 +74,7 @@ class StreamConsumer(AsyncWebsocketConsumer):
         await self.accept()
         self.writer = asyncio.create_task(self._write_updates())
         stream_opened(self)  # counted in /metrics: connections and their queued updates
+        await self._watch_credentials()
         await self.send_json({"type": "welcome", "user": self.user.username if self.authenticated else None, "protocol": 1})
 
     @property
@@ -88,8 +94,64 @@ class StreamConsumer(AsyncWebsocketConsumer):
         stream_closed(self)
         if getattr(self, "writer", None) is not None:
             self.writer.cancel()
-        for group in list(getattr(self, "groups_joined", {}).values()):
+        if getattr(self, "expiry", None) is not None:
+            self.expiry.cancel()
+        for group in [*getattr(self, "groups_joined", {}).values(), *getattr(self, "credential_groups", [])]:
             await self.channel_layer.group_discard(group, self.channel_name)
+
+    # --- credentials that end while the socket is open -------------------------------
+    async def _watch_credentials(self) -> None:
+        """Join the groups where this socket's token's revocation and its account's deactivation
+        are announced, and close it when its token expires (an expiry announces nothing)."""
+        for group in self.credential_groups:
+            await self.channel_layer.group_discard(group, self.channel_name)
+        self.credential_groups = []
+        if self.expiry is not None:
+            self.expiry.cancel()
+            self.expiry = None
+        if not self.authenticated:
+            return
+        self.credential_groups = [pub.account_group(self.user.pk)] + ([pub.token_group(self.token.pk)] if self.token is not None else [])
+        for group in self.credential_groups:
+            await self.channel_layer.group_add(group, self.channel_name)
+        if self.token is not None and self.token.expires_at is not None:
+            self.expiry = asyncio.create_task(self._expire(self.token.expires_at))
+
+    async def _expire(self, at: datetime) -> None:
+        await asyncio.sleep(max(0.0, (at - timezone.now()).total_seconds()))
+        await self._shut_out("This token has expired. Create a new one on your account page.")
+
+    async def _credentials_hold(self) -> bool:
+        """Read the token (for a session, the account) again before a private action: an
+        announcement can be missed (the layer dropped it, the group's membership lapsed);
+        this cannot. False, and the socket closing, when they no longer authenticate."""
+        if not self.authenticated:
+            return True
+        problem = await credentials_problem(user_id=self.user.pk, token_id=self.token.pk if self.token is not None else None)
+        if problem is None:
+            return True
+        await self._shut_out(problem)
+        return False
+
+    async def stream_revoked(self, event: dict[str, Any]) -> None:
+        await self._shut_out(event["message"])
+
+    async def _shut_out(self, message: str) -> None:
+        """Its credentials are gone: it leaves every channel, says why and closes with CLOSE_AUTH."""
+        if self.cut_off:
+            return
+        await self._leave_all()
+        await self.error("not_authenticated", message)
+        await self.close(code=CLOSE_AUTH)
+
+    async def _leave_all(self) -> None:
+        """No more updates: out of every channel's group, the writer stopped, messages ignored."""
+        self.cut_off = True
+        for group in list(self.groups_joined.values()):
+            await self.channel_layer.group_discard(group, self.channel_name)
+        self.groups_joined.clear()
+        if self.writer is not None:
+            self.writer.cancel()
 
     async def send_json(self, data: dict[str, Any]) -> None:
         await self.send(text_data=json.dumps(data, separators=(",", ":"), default=str))
@@ -110,6 +172,8 @@ class StreamConsumer(AsyncWebsocketConsumer):
         return False
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if self.cut_off:  # closing (4001, 4009): what the client sent meanwhile is not acted on
+            return
         raw = text_data if text_data is not None else (bytes_data or b"").decode("utf-8", "replace")
         if len(raw.encode()) > MAX_MESSAGE_BYTES:
             await self.error("message_too_big", f"Messages are limited to {MAX_MESSAGE_BYTES} bytes.")
@@ -147,11 +211,12 @@ class StreamConsumer(AsyncWebsocketConsumer):
             await self.error("invalid", "auth needs a 'token' string.", fields={"token": ["Required."]})
             return
         try:
-            self.user, scopes = await user_for_token(token)
+            self.token = await live_token(token)
         except AuthenticationFailed as exc:
             await self.error("not_authenticated", str(exc.detail))
             return
-        self.scopes = set(scopes)
+        self.user, self.scopes = self.token.user, set(self.token.scopes)
+        await self._watch_credentials()
         await self.send_json({"type": "authenticated", "user": self.user.username, "scopes": sorted(self.scopes)})
 
     async def on_subscribe(self, msg: dict[str, Any]) -> None:
@@ -162,6 +227,8 @@ class StreamConsumer(AsyncWebsocketConsumer):
         unknown = await self._unknown_book(channel) if channel.startswith("book.") else None
         if unknown:
             await self.error("invalid_channel", unknown, ref=channel)
+            return
+        if (channel in pub.PRIVATE_CHANNELS or channel in pub.OPERATOR_CHANNELS) and not await self._credentials_hold():
             return
         refusal = await self._refusal(channel)
         if refusal:
@@ -228,6 +295,8 @@ class StreamConsumer(AsyncWebsocketConsumer):
 
     async def on_place_bid(self, msg: dict[str, Any]) -> None:
         ref = msg.get("client_order_id")
+        if not await self._credentials_hold():
+            return
         if not self.allowed(Scope.TRADE):
             await self.error("forbidden", "Placing bids needs the 'trade' scope.", ref=ref)
             return
@@ -261,6 +330,8 @@ class StreamConsumer(AsyncWebsocketConsumer):
 
     async def on_cancel_bid(self, msg: dict[str, Any]) -> None:
         bid_id = msg.get("bid_id")
+        if not await self._credentials_hold():
+            return
         if not self.allowed(Scope.TRADE):
             await self.error("forbidden", "Cancelling bids needs the 'trade' scope.", ref=bid_id)
             return
@@ -297,12 +368,7 @@ class StreamConsumer(AsyncWebsocketConsumer):
         try:
             self.outbox.put_nowait({"type": "update", "channel": event["channel"], "seq": event["seq"], "data": event["data"]})
         except asyncio.QueueFull:
-            self.cut_off = True
-            for group in list(self.groups_joined.values()):
-                await self.channel_layer.group_discard(group, self.channel_name)
-            self.groups_joined.clear()
-            if self.writer is not None:
-                self.writer.cancel()
+            await self._leave_all()
             await self.close(code=CLOSE_SLOW)
 
     async def _write_updates(self) -> None:

@@ -7,7 +7,7 @@ from django.db import transaction
 
 from market.models import AuctionRound, Bid, Job, Trade
 from market.streams import snapshots
-from market.streams.publish import publish
+from market.streams.publish import account_group, credentials_revoked, publish, token_group
 
 
 def bid_changed(bid: Bid) -> None:
@@ -128,3 +128,13 @@ def balances_changed(*, addresses: list[str]) -> None:
             publish("balances", snapshots.balances(user), user_id=user.pk)
 
     transaction.on_commit(send)
+
+
+def token_revoked(token_id: int) -> None:
+    """Open sockets the token authenticated close at once, not at their next action."""
+    transaction.on_commit(lambda: credentials_revoked(token_group(token_id), "This token was revoked. Create a new one on your account page."))
+
+
+def user_deactivated(user_id: int) -> None:
+    """Every open socket of the account closes, whether a token or a session opened it."""
+    transaction.on_commit(lambda: credentials_revoked(account_group(user_id), "This account is disabled."))

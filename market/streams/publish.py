@@ -38,6 +38,16 @@ def group_name(channel: str, user_id: int | None = None) -> str:
     return "pub." + re.sub(r"[^A-Za-z0-9_.-]", "_", channel)[:90]
 
 
+def token_group(token_id: int) -> str:
+    """Every socket a token authenticated: told when it is revoked."""
+    return f"token.{token_id}"
+
+
+def account_group(user_id: int) -> str:
+    """Every socket of an account, by token or session: told when it is deactivated."""
+    return f"account.{user_id}"
+
+
 def _seq_key(group: str) -> str:
     return f"stream-seq:{group}"
 
@@ -64,3 +74,15 @@ def publish(channel: str, data: Any, *, user_id: int | None = None) -> None:
 
 def publish_after_commit(channel: str, data: Any, *, user_id: int | None = None) -> None:
     transaction.on_commit(lambda: publish(channel, data, user_id=user_id))
+
+
+def credentials_revoked(group: str, message: str) -> None:
+    """The sockets in `group` (a token's, an account's) lost their credentials: each
+    answers `not_authenticated` with `message` and closes (docs/stream.md, code 4001)."""
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        async_to_sync(layer.group_send)(group, {"type": "stream.revoked", "message": message})
+    except Exception:  # the sockets still re-check before each private action
+        log.exception("telling %s its credentials were revoked failed", group)
