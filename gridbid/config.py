@@ -29,7 +29,7 @@ class Variable:
 VARIABLES: tuple[Variable, ...] = (
     Variable("GRIDBID_DATA_DIR", "./.gridbid", "Where the embedded database, secret key, chain state and logs live."),
     Variable("DATABASE_URL", "sqlite:///$GRIDBID_DATA_DIR/gridbid.sqlite3", "Database URL: sqlite:///path or postgres://user:pass@host:5432/db."),
-    Variable("DATABASE_POOL_MAX_SIZE", "10", "PostgreSQL only: most connections one process (a server, or each worker child) holds, in a psycopg pool (1-500); requests wait for a free one. A worker child clearing a round holds one more, outside the pool, for the round lock."),
+    Variable("DATABASE_POOL_MAX_SIZE", "10", "PostgreSQL only: most connections one process (a server, or each worker child) holds (1-500): a psycopg pool of one fewer, and the round lock's own connection while that process clears a round; requests wait for a free pooled one. At 1 the pool keeps one, so a process that clears rounds holds two meanwhile."),
     Variable("DATABASE_POOL_TIMEOUT", "30", "PostgreSQL only: seconds a request waits for a free pooled connection (1-600) before it gets a 503 saying to retry."),
     Variable("REDIS_URL", "(unset)", "redis://host:6379/0. Unset: in-memory channel layer, Celery runs inside the server process."),
     Variable("SECRET_KEY", "(generated)", "Django secret key. Unset: generated once and kept in $GRIDBID_DATA_DIR/secret_key."),
@@ -210,6 +210,12 @@ class Config:
     email_url: str = "console://"
     default_from_email: str = "GridBid <gridbid@localhost>"
     extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def database_pool_size(self) -> int:
+        """The psycopg pool's size: DATABASE_POOL_MAX_SIZE less the connection a round holds
+        the market's round lock on, outside the pool (market.rounds._round_lock)."""
+        return max(1, self.database_pool_max_size - 1)
 
     @property
     def embedded(self) -> bool:

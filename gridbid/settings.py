@@ -81,9 +81,14 @@ if _db["ENGINE"] == "django.db.backends.postgresql":
     # Django returns the connection to the pool at each request's end (CONN_MAX_AGE
     # must be 0 with a pool), Celery after each task. Merged into OPTIONS: the URL's
     # own query options (?sslmode=require and the like) stay.
+    # One connection of DATABASE_POOL_MAX_SIZE is kept out of the pool: a round holds the
+    # market's round lock on a connection of its own (market.rounds._round_lock), so a
+    # process that clears rounds (a worker child, the embedded `gridbid up`) held one over
+    # the setting while its pool was full. A pool of one stays one (the setting's 1 means
+    # two in such a process while a round clears).
     _db.setdefault("OPTIONS", {})["pool"] = {
         "min_size": 1,
-        "max_size": CONFIG.database_pool_max_size,
+        "max_size": CONFIG.database_pool_size,
         "timeout": CONFIG.database_pool_timeout,
         "max_idle": 60,  # a burst's extra connections are closed after a minute idle
         "name": "gridbid",

@@ -238,8 +238,9 @@ def test_production_server_and_worker_stay_within_their_connection_pools_under_6
         assert done == CLIENTS * REQUESTS_PER_CLIENT
         assert not failures, f"{len(failures)} of {done} failed, e.g. {failures[:5]}"
         assert sampler.samples > 20
-        # the load filled the server's pool (a load that never fills it would show nothing) and never went past it
-        assert sampler.peak.get("gridbid up", 0) == POOL_MAX, sampler.peak
+        # the load filled the server's pool (a load that never fills it would show nothing) and never went past it:
+        # one fewer than DATABASE_POOL_MAX_SIZE, the last kept for a round's lock (this server clears none)
+        assert sampler.peak.get("gridbid up", 0) == POOL_MAX - 1, sampler.peak
         # every worker child holds its own pool; the parent holds none
         assert sampler.peak.get("gridbid worker", 0) <= POOL_MAX * WORKER_CONCURRENCY, sampler.peak
         assert sampler.peak["(all)"] <= POOL_MAX * (1 + WORKER_CONCURRENCY) + 1, sampler.peak  # +1: this test's sampler

@@ -111,13 +111,14 @@ def test_production_values_are_read(tmp_path):
 
 
 def test_postgres_connections_come_from_a_bounded_pool(tmp_path):
-    """One process holds at most DATABASE_POOL_MAX_SIZE connections (CONN_MAX_AGE must be 0 with a pool)."""
+    """One process holds at most DATABASE_POOL_MAX_SIZE connections: a pool of one fewer, and
+    the round lock's own connection while a round clears (CONN_MAX_AGE must be 0 with a pool)."""
     code = "from django.conf import settings; db = settings.DATABASES['default']; print(db['CONN_MAX_AGE'], db['OPTIONS']['pool']['max_size'], db['OPTIONS']['pool']['timeout'], db['OPTIONS']['sslmode'])"
     run_env = {**os.environ, "GRIDBID_DATA_DIR": str(tmp_path), "DJANGO_SETTINGS_MODULE": "gridbid.settings",
                "DATABASE_URL": "postgres://u:p@db:5432/gridbid?sslmode=require", "DATABASE_POOL_MAX_SIZE": "7", "DATABASE_POOL_TIMEOUT": "4.5"}
     proc = subprocess.run([sys.executable, "-c", f"import django; django.setup(); {code}"], cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["0", "7", "4.5", "require"]
+    assert proc.stdout.split() == ["0", "6", "4.5", "require"]
 
 
 def test_cli_prints_one_line_and_exits_2_on_bad_config(tmp_path):
