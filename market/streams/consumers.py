@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import Counter
 from datetime import datetime
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
 from django.utils import timezone
 from rest_framework.exceptions import AuthenticationFailed, ValidationError
 
@@ -40,6 +42,15 @@ CLOSE_SLOW = 4009  # the client did not read its updates fast enough
 CLOSE_POLICY = 4008  # policy violation: too many messages
 CLOSE_TOO_BIG = 1009
 CLOSE_AUTH = 4001  # bad credentials at the handshake, or the token revoked or expired or the account disabled since
+CLOSE_TOO_MANY = 4029  # past WS_MAX_PER_ADDRESS or WS_MAX_PER_TOKEN on this server process
+
+# Open sockets of this server process, per client address and per credential (a token, or
+# a browser session's account). A process holds its own count: the caps bound what one
+# address or one token can take of one process (500 sockets from one address exhausted
+# the channel layer's Redis pool before), N processes behind a balancer allow N times as
+# many. An asyncio server is one thread: plain counters need no lock.
+_OPEN_BY_ADDRESS: Counter[str] = Counter()
+_OPEN_BY_CREDENTIAL: Counter[str] = Counter()
 
 
 class StreamConsumer(AsyncWebsocketConsumer):
@@ -66,10 +77,22 @@ class StreamConsumer(AsyncWebsocketConsumer):
         # handlers run in this task's context, and database_sync_to_async copies it
         logs.request_id.set(logs.request_id_new())
         logs.request_address.set(scope_address(self.scope))
+        self.counted_address: str | None = None
+        self.counted_credential: str | None = None
+        address = scope_address(self.scope) or "unknown"
+        if _OPEN_BY_ADDRESS[address] >= settings.CONFIG.ws_max_per_address:
+            await self._too_many(f"This address has {_OPEN_BY_ADDRESS[address]} sockets open on this server, the most "
+                                 f"it may (WS_MAX_PER_ADDRESS): close one, or share one socket between subscriptions.")
+            return
+        _OPEN_BY_ADDRESS[address] += 1
+        self.counted_address = address
         if self.scope.get("token_error"):
             await self.accept()
             await self.send_json({"type": "error", "code": "not_authenticated", "message": self.scope["token_error"]})
             await self.close(code=CLOSE_AUTH)
+            return
+        if not self._count_credential():
+            await self._too_many(self._credential_message())
             return
         await self.accept()
         self.writer = asyncio.create_task(self._write_updates())
@@ -90,7 +113,53 @@ class StreamConsumer(AsyncWebsocketConsumer):
 
         return scope_name in ROLE_SCOPES.get("operator" if self.user.is_superuser else self.user.role, frozenset())
 
+    # --- caps on sockets per address and per credential ----------------------------------
+    def _credential_key(self) -> str | None:
+        if self.token is not None:
+            return f"token:{self.token.pk}"
+        return f"account:{self.user.pk}" if self.authenticated else None
+
+    def _count_credential(self) -> bool:
+        """Count this socket against its credential's cap (moving it off an earlier one);
+        False, counting nothing, when the credential already has its most."""
+        key = self._credential_key()
+        if key == self.counted_credential:
+            return True
+        if key is not None and _OPEN_BY_CREDENTIAL[key] >= settings.CONFIG.ws_max_per_token:
+            return False
+        self._uncount_credential()
+        if key is not None:
+            _OPEN_BY_CREDENTIAL[key] += 1
+        self.counted_credential = key
+        return True
+
+    def _uncount_credential(self) -> None:
+        key, self.counted_credential = getattr(self, "counted_credential", None), None
+        if key is not None:
+            _OPEN_BY_CREDENTIAL[key] -= 1
+            if _OPEN_BY_CREDENTIAL[key] <= 0:
+                del _OPEN_BY_CREDENTIAL[key]
+
+    def _credential_message(self) -> str:
+        what = "This token" if self.token is not None else "This account"
+        return (f"{what} has {settings.CONFIG.ws_max_per_token} sockets open on this server, the most it may "
+                f"(WS_MAX_PER_TOKEN): close one, or share one socket between subscriptions.")
+
+    async def _too_many(self, message: str, *, accepted: bool = False) -> None:
+        """Say why and close with 4029. At the handshake the socket is accepted first, so that
+        the client reads the reason (a refused handshake gives it a bare 403)."""
+        if not accepted:
+            await self.accept()
+        await self.send_json({"type": "error", "code": "too_many_connections", "message": message})
+        await self.close(code=CLOSE_TOO_MANY)
+
     async def disconnect(self, code: int) -> None:
+        address, self.counted_address = getattr(self, "counted_address", None), None
+        if address is not None:
+            _OPEN_BY_ADDRESS[address] -= 1
+            if _OPEN_BY_ADDRESS[address] <= 0:
+                del _OPEN_BY_ADDRESS[address]
+        self._uncount_credential()
         stream_closed(self)
         if getattr(self, "writer", None) is not None:
             self.writer.cancel()
@@ -211,11 +280,17 @@ class StreamConsumer(AsyncWebsocketConsumer):
             await self.error("invalid", "auth needs a 'token' string.", fields={"token": ["Required."]})
             return
         try:
-            self.token = await live_token(token)
+            presented = await live_token(token)
         except AuthenticationFailed as exc:
             await self.error("not_authenticated", str(exc.detail))
             return
-        self.user, self.scopes = self.token.user, set(self.token.scopes)
+        previous = (self.token, self.user, self.scopes)
+        self.token, self.user, self.scopes = presented, presented.user, set(presented.scopes)
+        if not self._count_credential():
+            message = self._credential_message()
+            self.token, self.user, self.scopes = previous
+            await self._too_many(message, accepted=True)
+            return
         await self._watch_credentials()
         await self.send_json({"type": "authenticated", "user": self.user.username, "scopes": sorted(self.scopes)})
 

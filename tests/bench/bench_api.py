@@ -159,7 +159,9 @@ def server(mode: str, data: Path, n_bids: int, seed_value: int, n_rounds: int) -
     with contextlib.ExitStack() as stack:
         env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "CHAIN_RPC_URL")}
         env.update(GRIDBID_DATA_DIR=str(data), DJANGO_SETTINGS_MODULE="tests.bench.api_settings", PYTHONPATH=str(ROOT),
-                   ROUND_SECONDS="3600", LOG_LEVEL="WARNING", PYTHONUNBUFFERED="1", GRIDBID_CHAIN_PORT=str(free_port()))
+                   ROUND_SECONDS="3600", LOG_LEVEL="WARNING", PYTHONUNBUFFERED="1", GRIDBID_CHAIN_PORT=str(free_port()),
+                   # this one address stands in for many clients: no per-address socket cap
+                   WS_MAX_PER_ADDRESS="100000")
         if mode == "production":
             env["DATABASE_URL"] = stack.enter_context(postgres_database())
             env["REDIS_URL"] = stack.enter_context(redis_database())
