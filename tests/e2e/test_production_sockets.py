@@ -10,7 +10,9 @@ escaped the layer's receive loop, and the consumer waiting on it died."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,15 +24,25 @@ pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow, pytest.
 
 IDLE_SOCKETS = 50
 IDLE_S = 120
+PER_ADDRESS = 100  # WS_MAX_PER_ADDRESS's default
 
 
-def test_fifty_idle_sockets_stay_open_for_two_minutes_on_the_redis_channel_layer(production_env: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
-    from websockets.asyncio.client import connect
-
-    data = tmp_path / "data"
+@pytest.fixture(scope="module")
+def server(production_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:  # noqa: F811
+    """`gridbid up` in production mode for this file's tests: (its ws URL, its log)."""
+    data = tmp_path_factory.mktemp("sockets") / "data"
     data.mkdir()
     proc, base, _ = start_server(data, demo=False, extra_env=production_env, up_args=("--no-worker",))
-    url = base.replace("http://", "ws://") + "/ws/v1/stream"
+    try:
+        yield base.replace("http://", "ws://") + "/ws/v1/stream", data / "server.log"
+    finally:
+        stop_server(proc)
+
+
+def test_fifty_idle_sockets_stay_open_for_two_minutes_on_the_redis_channel_layer(server: tuple[str, Path]) -> None:
+    from websockets.asyncio.client import connect
+
+    url, log_path = server
 
     async def idle() -> tuple[list[int | None], list[str]]:
         # no client pings: a socket must stay up on the server's own account
@@ -50,11 +62,42 @@ def test_fifty_idle_sockets_stay_open_for_two_minutes_on_the_redis_channel_layer
             for ws in sockets:
                 await ws.close()
 
-    try:
-        closed, answers = asyncio.run(idle())
-    finally:
-        stop_server(proc)
-    log = (data / "server.log").read_text()
+    closed, answers = asyncio.run(idle())
+    log = log_path.read_text()
     assert closed == [], f"{len(closed)} of {IDLE_SOCKETS} idle sockets closed ({closed}); server log: {log[-3000:]}"
     assert answers == ["snapshot"] * IDLE_SOCKETS
     assert "TimeoutError" not in log, log[-3000:]
+
+
+def test_one_address_gets_its_cap_of_sockets_and_they_all_subscribe_at_once(server: tuple[str, Path]) -> None:
+    """Issue 27, item 3: 500 sockets from one address were all accepted, and when they all
+    subscribed 399 dropped with 1006 on MaxConnectionsError. Now the 101st socket from one
+    address is closed with 4029 saying why, and the 100 subscribe at once, all answered."""
+    from websockets.asyncio.client import connect
+
+    url, log_path = server
+
+    async def crowd() -> tuple[int, list[tuple[str, int | None]], list[str]]:
+        attempts = await asyncio.gather(*(connect(url, ping_interval=None, open_timeout=60) for _ in range(PER_ADDRESS + 50)))
+        try:
+            firsts = await asyncio.gather(*(asyncio.wait_for(ws.recv(), 60) for ws in attempts))
+            kept = [ws for ws, first in zip(attempts, firsts, strict=True) if json.loads(first)["type"] == "welcome"]
+            refused = []
+            for ws, first in zip(attempts, firsts, strict=True):
+                if json.loads(first)["type"] != "welcome":
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(ws.recv(), 10)  # the close
+                    refused.append((json.loads(first)["code"], ws.close_code))
+            for ws in kept:
+                await ws.send(json.dumps({"type": "subscribe", "channel": "rounds"}))
+            answers = await asyncio.gather(*(asyncio.wait_for(ws.recv(), 60) for ws in kept))
+            return len(kept), refused, [json.loads(a)["type"] for a in answers]
+        finally:
+            await asyncio.gather(*(ws.close() for ws in attempts), return_exceptions=True)
+
+    kept, refused, answers = asyncio.run(crowd())
+    log = log_path.read_text()
+    assert kept == PER_ADDRESS, (kept, refused[:3])
+    assert refused == [("too_many_connections", 4029)] * 50
+    assert answers == ["snapshot"] * PER_ADDRESS
+    assert "MaxConnectionsError" not in log and "Too many connections" not in log, log[-3000:]
