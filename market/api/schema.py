@@ -14,6 +14,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework import permissions, serializers
+from rest_framework.pagination import CursorPagination
 
 
 class BearerTokenScheme(OpenApiAuthenticationExtension):
@@ -55,6 +56,8 @@ class GridBidAutoSchema(AutoSchema):
     def error_statuses(self) -> dict[str, str]:
         """The 4xx statuses this operation can answer, each with when."""
         statuses = {"400": "Invalid input: a field, a query parameter, malformed JSON, JSON nested too deep, a NUL character."}
+        if isinstance(self._get_paginator(), CursorPagination):
+            statuses["400"] += " A cursor this list did not hand out (start from the first page, without cursor)."
         if self.view.get_authenticators():
             statuses["401"] = "The token is missing where one is needed, or unknown, revoked, expired or malformed."
         if not self.is_public():

@@ -275,6 +275,10 @@ class OfferViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         return Response(s.OfferSerializer(services.offer_withdraw(user=request.user, offer=offer)).data)
 
 
+# ledger/wallet.py's Conflict: only a buyer who linked a wallet signs its own orders
+CUSTODIAL_BUYER = OpenApiResponse(ErrorSerializer, description="Your orders are signed by your custodial key: link a wallet first (POST /api/v1/me/wallet/).")
+
+
 class BidViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     """Your bids: place, list, read (with why the last round did not match it), cancel."""
 
@@ -305,7 +309,7 @@ class BidViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         bid = get_object_or_404(self.get_queryset(), pk=pk)
         return Response(s.BidSerializer(services.bid_cancel(user=request.user, bid=bid)).data)
 
-    @extend_schema(request=None, responses=s.WalletOrderSerializer)
+    @extend_schema(request=None, responses={200: s.WalletOrderSerializer, 409: CUSTODIAL_BUYER})
     @action(detail=True, methods=["get"])
     def order(self, request: Request, pk: str) -> Response:
         """Wallet buyers: the bid's EIP-712 order, for ``eth_signTypedData_v4``."""
@@ -313,7 +317,7 @@ class BidViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
 
         return Response(wallet_order(user=request.user, bid_id=int(pk)))
 
-    @extend_schema(request=s.WalletOrderSignSerializer, responses=s.WalletOrderSerializer)
+    @extend_schema(request=s.WalletOrderSignSerializer, responses={200: s.WalletOrderSerializer, 409: CUSTODIAL_BUYER})
     @action(detail=True, methods=["post"], url_path="order/sign")
     def sign_order(self, request: Request, pk: str) -> Response:
         """Wallet buyers: the wallet's signature of the bid's order; its trades are recorded

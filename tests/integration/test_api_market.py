@@ -223,6 +223,28 @@ def test_lists_page_with_a_cursor(buyer, client_for, make_bid):
     assert len(seen) == len(set(seen)) == 5
 
 
+@pytest.mark.parametrize("cursor", [
+    "not-base64!",  # not a cursor at all
+    "cD1hYmM=",  # p=abc: decodes, but its position is no bid id
+    "bz0tMw==",  # o=-3: a negative offset
+])
+def test_a_bad_cursor_is_a_400_that_says_to_start_from_the_first_page(buyer, client_for, make_bid, cursor):
+    make_bid(buyer)
+    r = client_for(buyer).get(f"/api/v1/bids/?cursor={cursor}")
+    assert r.status_code == 400, r.content
+    error = r.json()["error"]
+    assert error["code"] == "invalid" and "cursor" in error["fields"]
+    assert "first page" in error["message"]
+
+
+def test_a_cursor_whose_position_does_not_fit_the_ordering_is_a_400(buyer, client_for, make_bid):
+    make_bid(buyer)
+    client = client_for(buyer)
+    r = client.get("/api/v1/bids/?ordering=created_at&cursor=cD1ub3QtYS1kYXRl")  # p=not-a-date
+    assert r.status_code == 400, r.content
+    assert "cursor" in r.json()["error"]["fields"]
+
+
 def test_schema_and_docs_are_served(anon):
     assert anon.get("/api/schema/").status_code == 200
     docs = anon.get("/api/docs/")

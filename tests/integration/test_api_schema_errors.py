@@ -91,3 +91,24 @@ def test_public_operations_need_no_token_and_the_others_do(schema):
         else:
             assert not optional, f"{method.upper()} {path} needs a token but its schema says none: {security}"
     assert seen == PUBLIC  # every public operation is in the schema
+
+
+def test_cursor_lists_document_a_bad_cursor_as_their_400(schema):
+    lists = [(path, op) for method, path, op in operations(schema)
+             if method == "get" and any(param["name"] == "cursor" for param in op.get("parameters", []))]
+    assert {"/api/v1/bids/", "/api/v1/offers/", "/api/v1/trades/", "/api/v1/audit/"} <= {path for path, _ in lists}
+    for path, op in lists:
+        assert "cursor" in op["responses"]["400"]["description"], f"GET {path} does not say a bad cursor is a 400"
+
+
+@pytest.mark.parametrize("method, path", [("get", "/api/v1/bids/{id}/order/"), ("post", "/api/v1/bids/{id}/order/sign/")])
+def test_the_wallet_order_endpoints_document_their_409_for_a_custodial_buyer(schema, method, path):
+    conflict = schema["paths"][path][method]["responses"]["409"]
+    assert conflict["content"]["application/json"]["schema"]["$ref"] == ERROR_REF
+    assert "wallet" in conflict["description"]
+
+
+def test_a_custodial_buyer_asking_for_its_order_gets_the_documented_409(buyer, client_for, make_bid):
+    bid = make_bid(buyer)
+    r = client_for(buyer).get(f"/api/v1/bids/{bid.pk}/order/")
+    assert r.status_code == 409 and "link a wallet" in r.json()["error"]["message"]
