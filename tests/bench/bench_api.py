@@ -1,12 +1,13 @@
 """API throughput the way users meet it: a real server process, real sockets, a full book.
 
-For each run mode it starts the server as a subprocess on a free 127.0.0.1 port with
-its own GRIDBID_DATA_DIR:
+For each run mode it starts the server as a subprocess on a 127.0.0.1 port from the
+test suite's port band (tests/workers.py's free_port) with its own GRIDBID_DATA_DIR:
 
 - embedded: `gridbid up` (SQLite, in-memory channel layer, Celery in the process);
-- production: PostgreSQL (a database this bench creates and drops) and Redis (its own
-  db number, flushed before and after), `gridbid up` serving plus a separate
-  `gridbid worker` and `gridbid beat`.
+- production: PostgreSQL (a database this bench creates and drops) and Redis (the
+  database the test suite numbers for this process from TEST_REDIS_URL, 15 by default:
+  tests/workers.py's worker_redis_url; flushed before and after), `gridbid up` serving
+  plus a separate `gridbid worker` and `gridbid beat`.
 
 Before the server starts, a seeding step (this script, `seed`, in the server's
 environment) migrates, loads the demo's providers and offers and puts --bids open bids
@@ -15,6 +16,15 @@ this process, asyncio + httpx drive `GET /api/v1/markets/`, `GET /` (the home pa
 `POST /api/v1/bids/` at each concurrency (default 1, 16, 64) for --seconds each and
 print: mode, endpoint, concurrency, requests, req/s, p50, p99, errors, and req/s as a
 ratio to the same endpoint at concurrency 1 in the same run.
+
+The offers stay live: a machine silent for 30 s goes offline and its offers pause
+(providers/tasks.py), and seeding, deploying and depositing take longer than that, so
+`/markets/` was once measured on an empty book. From the moment the server answers, a
+thread sends every demo machine's heartbeat over HTTP, as its agent would
+(POST /api/v1/agent/machines/{id}/heartbeat/, every HEARTBEAT_EVERY_S), and the bench
+waits for the book to show before it measures. It prints the markets (GPU model x region
+books with open offers) and open bids `/markets/` served while it was measured, and
+fails when it served an empty book.
 
 Rounds are set an hour apart (ROUND_SECONDS=3600) so the figures are the API's own;
 bench_engine.py measures rounds. The servers run with tests/bench/api_settings.py: the
@@ -40,6 +50,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -52,11 +63,12 @@ sys.path.insert(0, str(ROOT))
 
 from tests.e2e.conftest import stop_server  # noqa: E402 - needs ROOT on the path
 from tests.e2e.funds import escrow_deposit_many  # noqa: E402
-from tests.workers import free_port  # noqa: E402
+from tests.workers import free_port, worker_redis_url  # noqa: E402
 
 PG_ADMIN_URL = os.environ.get("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
-REDIS_BASE = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379")
-REDIS_DB = int(os.environ.get("BENCH_REDIS_DB", "11"))
+REDIS_URL = worker_redis_url(os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15"))
+HEARTBEAT_EVERY_S = 10.0  # each machine, well inside providers.tasks.HEARTBEAT_TIMEOUT (30 s)
+BOOK_TIMEOUT_S = 60
 TARGET_ENDPOINT, TARGET_CONCURRENCY, TARGET_RPS, TARGET_P99_MS = "GET /api/v1/markets/", 16, 300.0, 100.0
 START_TIMEOUT_S = 240
 BUYER = "bench-buyer"
@@ -76,8 +88,8 @@ def seed(n_bids: int, seed_value: int, n_rounds: int) -> dict[str, Any]:
 
     from market import services
     from market.demo import PROVIDERS, demo_load
-    from market.models import Bid, Role
-    from providers.models import Region
+    from market.models import Bid, Role, User
+    from providers.models import Machine, Region
 
     call_command("migrate", interactive=False, verbosity=0)
     demo_load(seed=seed_value)
@@ -105,7 +117,13 @@ def seed(n_bids: int, seed_value: int, n_rounds: int) -> dict[str, Any]:
     now = timezone.now()
     for i in range(n_rounds):
         round_clear(now=now, slot=slot_for(now) - n_rounds + i)  # past slots: the server's own rounds keep theirs
-    return {"token": token, "open_bids": Bid.objects.filter(state="open").count()}
+    # the demo providers' agents: a token each, to heartbeat their machines while the bench runs
+    agents = []
+    for name, _, _ in PROVIDERS:
+        provider = User.objects.get(username=name)
+        _, agent_token = services.token_create(user=provider, name="bench-agent", scopes=["provide"])
+        agents.append({"token": agent_token, "machines": list(Machine.objects.filter(provider__user=provider).values_list("id", flat=True))})
+    return {"token": token, "open_bids": Bid.objects.filter(state="open").count(), "agents": agents}
 
 
 # --- processes --------------------------------------------------------------------------
@@ -142,20 +160,82 @@ def chain_node() -> Iterator[str]:
 def redis_database() -> Iterator[str]:
     import redis
 
-    url = f"{REDIS_BASE}/{REDIS_DB}"
-    client = redis.Redis.from_url(url, socket_connect_timeout=2)
+    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2)
     client.flushdb()
     try:
-        yield url
+        yield REDIS_URL
     finally:
         client.flushdb()
         client.close()
 
 
+class Heartbeats:
+    """The demo machines' agents, reduced to their heartbeat: one thread posting each
+    machine's over HTTP every HEARTBEAT_EVERY_S, so its offers stay open for the whole run."""
+
+    def __init__(self, base: str, agents: list[dict[str, Any]]) -> None:
+        self.base, self.agents = base, agents
+        self.stop = threading.Event()
+        self.sent = 0
+        self.failed: list[str] = []
+        self.thread = threading.Thread(target=self.run, name="bench-heartbeats", daemon=True)
+
+    def beat_all(self, client: Any) -> None:
+        for agent in self.agents:
+            for machine_id in agent["machines"]:
+                r = client.post(f"{self.base}/api/v1/agent/machines/{machine_id}/heartbeat/", json={"agent_version": "bench"},
+                                headers={"Authorization": f"Bearer {agent['token']}"})
+                self.sent += 1
+                if r.status_code != 200 and len(self.failed) < 5:
+                    self.failed.append(f"machine {machine_id}: {r.status_code} {r.text[:200]}")
+
+    def run(self) -> None:
+        import httpx
+
+        with httpx.Client(timeout=30) as client:
+            while not self.stop.is_set():
+                try:
+                    self.beat_all(client)
+                except httpx.HTTPError as exc:
+                    if len(self.failed) < 5:
+                        self.failed.append(repr(exc))
+                self.stop.wait(HEARTBEAT_EVERY_S)
+
+    def __enter__(self) -> Heartbeats:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=60)
+
+
+def wait_for_book(base: str) -> list[dict[str, Any]]:
+    """/markets/ once it lists a book with open offers (the first heartbeats reopen the
+    offers the machines' silence paused)."""
+    import httpx
+
+    deadline = time.monotonic() + BOOK_TIMEOUT_S
+    rows: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        rows = httpx.get(f"{base}/api/v1/markets/", timeout=10).json()
+        if book_size(rows)[0]:
+            return rows
+        time.sleep(0.5)
+    raise SystemExit(f"/api/v1/markets/ listed no book with open offers within {BOOK_TIMEOUT_S} s of the first heartbeats; last: {rows}")
+
+
+def book_size(rows: list[dict[str, Any]]) -> tuple[int, int]:
+    """(markets with open offers, open bids summed over them: a bid that fits several
+    markets counts in each)."""
+    live = [r for r in rows if r.get("offers")]
+    return len(live), sum(r.get("open_bids") or 0 for r in live)
+
+
 @contextlib.contextmanager
 def server(mode: str, data: Path, n_bids: int, seed_value: int, n_rounds: int) -> Iterator[tuple[str, str, int]]:
-    """Seed, then start the mode's processes; yields (base URL, the buyer's token, the
-    serving process's pid)."""
+    """Seed, then start the mode's processes and the machines' heartbeats; yields (base
+    URL, the buyer's token, the serving process's pid) once the book shows."""
     with contextlib.ExitStack() as stack:
         env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "CHAIN_RPC_URL")}
         env.update(GRIDBID_DATA_DIR=str(data), DJANGO_SETTINGS_MODULE="tests.bench.api_settings", PYTHONPATH=str(ROOT),
@@ -194,10 +274,16 @@ def server(mode: str, data: Path, n_bids: int, seed_value: int, n_rounds: int) -
             base = f"http://127.0.0.1:{port}"
             wait_healthy(base, procs[0], data / "up.log")
             print(f"  {mode}: server up in {time.perf_counter() - started:.1f} s since seeding began", flush=True)
+            beats = stack.enter_context(Heartbeats(base, seeded["agents"]))
+            markets, bids = book_size(wait_for_book(base))
+            print(f"  {mode}: {sum(len(a['machines']) for a in seeded['agents'])} machines heartbeating; "
+                  f"/markets/ lists {markets} markets with {bids:,} open bids", flush=True)
             # bids need escrow behind them: the buyer deposits on the server's dev chain (the
             # seeded rounds, cleared before, set the unfunded seeded bids aside)
             escrow_deposit_many(env, [BUYER], BENCH_ESCROW)
             yield base, seeded["token"], procs[0].pid
+            if beats.failed:
+                raise SystemExit(f"{mode}: heartbeats failed ({beats.sent} sent): " + "; ".join(beats.failed))
         finally:
             for proc in reversed(procs):
                 stop_server(proc)
@@ -232,6 +318,7 @@ class Cell:
     errors: int
     first_error: str = ""
     server_cpu_s: float = 0.0
+    book: tuple[int, int] | None = None  # /markets/: the smallest (markets, open bids) it answered
 
     @property
     def rps(self) -> float:
@@ -289,12 +376,17 @@ async def drive(base: str, token: str, mode: str, endpoint: str, concurrency: in
                 if not ok:
                     errors += 1
                     first_error = first_error or why
+                elif markets and sent % 50 == 1:  # what the book held, sampled: parsing every answer would load this client
+                    books.append(book_size(r.json()))
 
+        markets = path.startswith("/api/v1/markets/")
+        books: list[tuple[int, int]] = []
         await asyncio.gather(*(one_client() for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
     ms = sorted(x * 1000 for x in latencies)
     p99 = ms[min(len(ms) - 1, int(0.99 * len(ms)))] if ms else float("nan")
-    return Cell(mode, endpoint, concurrency, len(ms), elapsed, statistics.median(ms) if ms else float("nan"), p99, errors, first_error)
+    return Cell(mode, endpoint, concurrency, len(ms), elapsed, statistics.median(ms) if ms else float("nan"), p99, errors, first_error,
+                book=min(books) if books else None)
 
 
 async def drive_ws(base: str, mode: str, channel: str, concurrency: int, seconds: float, max_requests: int) -> Cell:
@@ -391,6 +483,14 @@ def main() -> int:
         if cell.errors:
             failed = True
             print(f"FAILED: {cell.mode} {cell.endpoint} at {cell.concurrency}: {cell.errors} errors, first: {cell.first_error}")
+    for cell in cells:
+        if cell.endpoint == TARGET_ENDPOINT:
+            if not cell.book or not cell.book[0] or not cell.book[1]:
+                failed = True
+                print(f"FAILED: {cell.mode} {cell.endpoint} at {cell.concurrency} was measured on an empty book: {cell.book} (markets, open bids)")
+            else:
+                print(f"served: {cell.mode} {cell.endpoint} at {cell.concurrency}: {cell.book[0]} markets with open offers, "
+                      f"{cell.book[1]:,} open bids (at least, over the answers sampled; a bid counts in each market it fits)")
     for cell in cells:
         if cell.endpoint == TARGET_ENDPOINT and cell.concurrency == TARGET_CONCURRENCY:
             met = cell.rps >= TARGET_RPS and cell.p99_ms <= TARGET_P99_MS
