@@ -93,4 +93,7 @@ def test_gridbid_up_holds_at_most_its_pool_size_while_a_round_holds_the_round_lo
     assert any(lock for _, lock in held), held  # the round still held its lock then
     assert len(held) <= POOL_MAX, held
     assert sampler.peak.get("gridbid up", 0) <= POOL_MAX, sampler.peak
-    assert sorted({r.status_code for r in answers}) == [200, 503], [r.status_code for r in answers]
+    # whether any request outlived the lock depends on the box's speed (the two that held a
+    # connection may also have waited past the 1 s timeout): only 200s and 503s, some 503s
+    codes = [r.status_code for r in answers]
+    assert set(codes) <= {200, 503} and 503 in codes, codes
