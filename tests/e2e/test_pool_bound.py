@@ -6,7 +6,6 @@ clients and a round holds the lock."""
 from __future__ import annotations
 
 import threading
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,7 +14,12 @@ import pytest
 
 from tests.e2e.conftest import start_server, stop_server
 from tests.e2e.funds import make_tokens, wait_for
-from tests.e2e.test_production_mode import PG_ADMIN_URL, ConnectionSampler, _pg_admin
+from tests.e2e.test_production_mode import (
+    PG_ADMIN_URL,
+    ConnectionSampler,
+    _pg_admin,
+    scratch_database,
+)
 
 POOL_MAX = 3
 CLIENTS = POOL_MAX + 3  # more than the pool can serve at once: some wait past DATABASE_POOL_TIMEOUT
@@ -25,14 +29,8 @@ pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 @pytest.fixture
 def database() -> Iterator[str]:
-    name = f"gridbid_pool_{uuid.uuid4().hex[:10]}"
-    with _pg_admin() as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
+    with scratch_database("gridbid_pool") as name:
         yield name
-    finally:
-        with _pg_admin() as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def _gridbid_up_backends(admin: Any, database: str) -> list[tuple[str, str]]:

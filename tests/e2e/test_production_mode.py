@@ -41,6 +41,19 @@ def _pg_admin():  # type: ignore[no-untyped-def]
         service_missing(f"PostgreSQL at {PG_ADMIN_URL} is unreachable ({exc})")
 
 
+@contextlib.contextmanager
+def scratch_database(prefix: str) -> Iterator[str]:
+    """A database of its own on the real PostgreSQL, named `prefix`_<random>, dropped after."""
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    with _pg_admin() as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield name
+    finally:
+        with _pg_admin() as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 @pytest.fixture(scope="module")
 def production_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """A database of its own on the real PostgreSQL, a Redis database and a chain of its own,

@@ -3,7 +3,6 @@ the pages answer 503 with Retry-After, not 500, and /readyz names Redis."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 
 import httpx
@@ -11,7 +10,7 @@ import pytest
 
 from tests.e2e.conftest import start_server, stop_server
 from tests.e2e.funds import make_tokens
-from tests.e2e.test_production_mode import PG_ADMIN_URL, _pg_admin
+from tests.e2e.test_production_mode import PG_ADMIN_URL, scratch_database
 from tests.integration.helpers import own_redis
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
@@ -19,14 +18,8 @@ pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
 
 @pytest.fixture
 def database() -> Iterator[str]:
-    name = f"gridbid_redisdown_{uuid.uuid4().hex[:10]}"
-    with _pg_admin() as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
+    with scratch_database("gridbid_redisdown") as name:
         yield name
-    finally:
-        with _pg_admin() as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def test_a_server_whose_redis_stops_answers_503_with_retry_after(database, tmp_path):
