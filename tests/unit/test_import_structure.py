@@ -1,0 +1,102 @@
+"""The import structure between the project's packages (issue 28), measured with grimp
+(import-linter's graph library) and Python's own parser.
+
+Today one circle holds 22 modules of market, ledger and providers, and 256 imports of
+project code sit inside functions, most of them dodging that circle. Issue 28 breaks the
+circle by moving code and brings the hidden imports down to about 20. Until then these
+tests keep both from growing: a change that adds to either fails here and says where.
+Lower the bounds as the work lands; never raise them.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGES = ("gridbid", "market", "ledger", "providers", "contracts")
+ROOT = Path(__file__).resolve().parents[2]
+LARGEST_CIRCLE = 22  # modules, before issue 28's moves
+CIRCLES = 1
+IN_FUNCTION_IMPORTS = 256  # of project code, before issue 28's moves
+
+
+def circles() -> list[list[str]]:
+    """The import graph's strongly connected components of more than one module."""
+    import grimp
+
+    graph = grimp.build_graph(*PACKAGES, include_external_packages=False)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in sorted(graph.modules):
+        if start in index:
+            continue
+        # iterative Tarjan: (module, its imports still to visit)
+        work = [(start, iter(sorted(graph.find_modules_directly_imported_by(start))))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            module, todo = work[-1]
+            nxt = next(todo, None)
+            if nxt is not None:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph.find_modules_directly_imported_by(nxt)))))
+                elif nxt in on_stack:
+                    low[module] = min(low[module], index[nxt])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[module])
+            if low[module] == index[module]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == module:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def in_function_imports() -> list[str]:
+    """`path:line` of each import of project code inside a function."""
+    places: set[str] = set()
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            tree = ast.parse(path.read_text(), filename=str(path))
+            for function in ast.walk(tree):
+                if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+                    continue
+                for node in ast.walk(function):
+                    if isinstance(node, ast.ImportFrom):
+                        names = [node.module or ""] if node.level == 0 else []
+                    elif isinstance(node, ast.Import):
+                        names = [alias.name for alias in node.names]
+                    else:
+                        continue
+                    if any(name.split(".")[0] in PACKAGES for name in names):
+                        places.add(f"{path.relative_to(ROOT)}:{node.lineno}")
+    return sorted(places)
+
+
+def test_the_import_circles_do_not_grow() -> None:
+    found = circles()
+    sizes = sorted((len(c) for c in found), reverse=True)
+    assert len(found) <= CIRCLES and (not sizes or sizes[0] <= LARGEST_CIRCLE), (
+        f"import circles of {sizes} modules (at most {CIRCLES} of {LARGEST_CIRCLE} allowed while issue 28 "
+        f"breaks them): {found}")
+
+
+def test_imports_hidden_in_functions_do_not_grow() -> None:
+    places = in_function_imports()
+    assert len(places) <= IN_FUNCTION_IMPORTS, (
+        f"{len(places)} imports of project code inside functions, over {IN_FUNCTION_IMPORTS}: import at the top "
+        "of the module, or move the code so that no circle needs hiding (issue 28)")
