@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from providers.agent.receipts import file_sha256
 from providers.agent.runtime import inside
 
 
@@ -32,7 +33,7 @@ def fetch_inputs(inputs: Sequence[dict[str, Any]], dest: Path, *, progress: Any 
         url, want = item["url"], str(item["sha256"]).lower()
         target = inside(dest, item.get("path") or _name(url))
         target.parent.mkdir(parents=True, exist_ok=True)
-        if target.exists() and _sha256(target) == want:
+        if target.exists() and file_sha256(target) == want:
             out.append(target)  # already here from an earlier attempt
             continue
         tmp = target.with_name(f".{target.name}.part")
@@ -77,14 +78,6 @@ def fetch_inputs(inputs: Sequence[dict[str, Any]], dest: Path, *, progress: Any 
     return out
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def pack_checkpoint(src: Path, archive: Path) -> dict[str, Any] | None:
     """Tar the checkpoint directory; {size, sha256, path} or None when it is empty."""
     import tarfile
@@ -99,7 +92,7 @@ def pack_checkpoint(src: Path, archive: Path) -> dict[str, Any] | None:
                 info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
                 with open(p, "rb") as f:
                     tar.addfile(info, f)
-    return {"size": archive.stat().st_size, "sha256": _sha256(archive), "url": archive.resolve().as_uri()}
+    return {"size": archive.stat().st_size, "sha256": file_sha256(archive), "url": archive.resolve().as_uri()}
 
 
 def unpack_checkpoint(archive: Path, dest: Path) -> None:
