@@ -76,10 +76,11 @@ class StreamConsumer(AsyncWebsocketConsumer):
         # an id and the address for this connection's log lines and audit records: the
         # handlers run in this task's context, and database_sync_to_async copies it
         logs.request_id.set(logs.request_id_new())
-        logs.request_address.set(scope_address(self.scope))
+        address = scope_address(self.scope)
+        logs.request_address.set(address)
         self.counted_address: str | None = None
         self.counted_credential: str | None = None
-        address = scope_address(self.scope) or "unknown"
+        address = address or "unknown"
         if _OPEN_BY_ADDRESS[address] >= settings.CONFIG.ws_max_per_address:
             await self._too_many(f"This address has {_OPEN_BY_ADDRESS[address]} sockets open on this server, the most "
                                  f"it may (WS_MAX_PER_ADDRESS): close one, or share one socket between subscriptions.")

@@ -115,8 +115,9 @@ def chain_mined(ctx: Any, *, timeout_s: float = 30.0) -> None:
         time.sleep(0.005)
 
 
-def settled_trade(ctx: Any, buyer: Any, provider_user: Any, make_offer: Any, make_bid: Any) -> tuple[Any, str, str]:
-    """A trade recorded and settled through the tasks, half its time used: (trade, buyer, provider)."""
+def cosigned_trade(ctx: Any, buyer: Any, provider_user: Any, make_offer: Any, make_bid: Any) -> tuple[Any, str]:
+    """A trade recorded through the tasks, half its time used, its settlement batch co-signed
+    and not yet sent: (trade, buyer)."""
     from ledger import tasks
     from ledger.models import SettleBatch
     from market.models import Trade
@@ -134,6 +135,14 @@ def settled_trade(ctx: Any, buyer: Any, provider_user: Any, make_offer: Any, mak
     r = finish_with_receipt(trade, bls_key, trade.gpus * 1800)
     tasks.batches_settle.delay()
     agents_cosign(SettleBatch.objects.get(), {provider_user.provider.chain_address: bls_key}, {trade.pk: r})
+    return trade, buyer_address
+
+
+def settled_trade(ctx: Any, buyer: Any, provider_user: Any, make_offer: Any, make_bid: Any) -> tuple[Any, str, str]:
+    """A trade recorded and settled through the tasks, half its time used: (trade, buyer, provider)."""
+    from market.models import Trade
+
+    trade, buyer_address = cosigned_trade(ctx, buyer, provider_user, make_offer, make_bid)
     settle_as_beat_does(ctx, lambda: Trade.objects.filter(pk=trade.pk, state="settled").exists())
     trade.refresh_from_db()
     return trade, buyer_address, provider_user.provider.chain_address

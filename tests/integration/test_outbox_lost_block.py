@@ -16,15 +16,10 @@ from django.utils import timezone
 
 from tests.integration.helpers import (
     OPERATOR_KEY,
-    TOKENS,
-    agents_cosign,
     chain_mined,
-    finish_with_receipt,
-    fund_buyer,
-    register_provider,
+    cosigned_trade,
     settle_as_beat_does,
     settled_trade,
-    sync_chain,
 )
 from tests.workers import free_port
 
@@ -175,25 +170,13 @@ def chain_ctx(db: Any, tmp_path: Path) -> Iterator[dict[str, Any]]:
 def test_a_settlement_lost_with_a_chain_restarted_from_an_older_state_file_is_sent_again(
     chain_ctx: dict[str, Any], buyer: Any, provider_user: Any, make_offer: Any, make_bid: Any
 ) -> None:
-    from ledger import tasks
     from ledger.chain.anvil import start_anvil, stop_anvil
     from ledger.listener import events_sync
     from ledger.models import ChainTx, SettleBatch
     from market.models import Trade
-    from market.rounds import round_clear
 
     ctx = chain_ctx["ctx"]
-    bls_key = register_provider(ctx, provider_user)
-    fund_buyer(ctx, buyer, 1000 * TOKENS)
-    make_offer(provider_user, price=2 * TOKENS, count=8)
-    make_bid(buyer, gpus=4, max_price=3 * TOKENS, duration_s=3600)
-    round_clear()
-    trade = Trade.objects.get()
-    tasks.trades_record.delay()
-    sync_chain(ctx)
-    r = finish_with_receipt(trade, bls_key, trade.gpus * 1800)
-    tasks.batches_settle.delay()
-    agents_cosign(SettleBatch.objects.get(), {provider_user.provider.chain_address: bls_key}, {trade.pk: r})
+    trade, _ = cosigned_trade(ctx, buyer, provider_user, make_offer, make_bid)
 
     # the dev chain is stopped (it writes its state file) and started again before settling
     stop_anvil(chain_ctx["proc"])
