@@ -8,9 +8,11 @@ path can write a negative price or a bid for zero GPUs.
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractUser
 from django.db import models
 from django.db.models import F, Q
@@ -456,5 +458,49 @@ class AuditEvent(models.Model):
         raise AuditImmutable("Audit records are append-only: they cannot be deleted.")
 
 
-# webhooks live beside their delivery code; imported here so Django sees them with the app's models
-from market.webhooks import Webhook, WebhookDelivery  # noqa: E402,F401
+# --- webhooks (market.webhooks sends them) -----------------------------------------------------
+WEBHOOK_URL_MAX_LENGTH = 500
+
+
+class DeliveryState(models.TextChoices):
+    PENDING = "pending"  # waiting for its first or next attempt
+    DELIVERED = "delivered"  # the receiver answered 2xx
+    FAILED = "failed"  # gave up: attempts spent, or the webhook was turned off or refused
+
+
+class Webhook(models.Model):
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="webhooks")
+    url = models.CharField(max_length=WEBHOOK_URL_MAX_LENGTH)
+    # kept to sign with (HMAC needs it); shown to the owner once, when created
+    secret = models.CharField(max_length=64)
+    events = models.JSONField(default=list, help_text="Event types this webhook is sent")
+    active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"webhook {self.pk} of user {self.owner_id}: {self.url}"
+
+
+class WebhookDelivery(models.Model):
+    webhook = models.ForeignKey(Webhook, on_delete=models.CASCADE, related_name="deliveries")
+    event_id = models.UUIDField(default=uuid.uuid4, help_text="The event's id: the same in every webhook of one account")
+    event_type = models.CharField(max_length=32)
+    payload = models.JSONField()
+    state = models.CharField(max_length=16, choices=DeliveryState.choices, default=DeliveryState.PENDING)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True, help_text="The receiver's last HTTP status")
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.CharField(max_length=500, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [models.UniqueConstraint(fields=["webhook", "event_id"], name="webhookdelivery_one_per_event")]
+        indexes = [models.Index(fields=["state", "next_attempt_at"], name="webhookdelivery_due")]
+
+    def __str__(self) -> str:
+        return f"delivery {self.pk} of {self.event_type} to webhook {self.webhook_id}: {self.state}"

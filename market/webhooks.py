@@ -30,11 +30,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.db import models, transaction
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from market.errors import Conflict, DomainError, NotFound
+from market.models import WEBHOOK_URL_MAX_LENGTH as MAX_URL_LENGTH
+from market.models import DeliveryState, Webhook, WebhookDelivery
 
 log = logging.getLogger("gridbid.webhooks")
 
@@ -50,57 +52,12 @@ EVENT_TYPES: dict[str, str] = {
 }
 
 MAX_WEBHOOKS_PER_USER = 10
-MAX_URL_LENGTH = 500
 TIMEOUT_S = 10.0  # per delivery: connect, send and the receiver's answer
 MAX_ATTEMPTS = 8
 BACKOFF_BASE_S = 15  # 15 s, 1 min, 4 min, 16 min, ~1 h, then every 6 h: about 13 h in all
 BACKOFF_MAX_S = 6 * 3600
 LEASE_S = int(TIMEOUT_S) + 50  # a claimed attempt that never reported (its worker died) is due again after this
 ANSWER_KEPT = 300  # characters of a failing answer kept as its error
-
-
-class DeliveryState(models.TextChoices):
-    PENDING = "pending"  # waiting for its first or next attempt
-    DELIVERED = "delivered"  # the receiver answered 2xx
-    FAILED = "failed"  # gave up: attempts spent, or the webhook was turned off or refused
-
-
-class Webhook(models.Model):
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="webhooks")
-    url = models.CharField(max_length=MAX_URL_LENGTH)
-    # kept to sign with (HMAC needs it); shown to the owner once, when created
-    secret = models.CharField(max_length=64)
-    events = models.JSONField(default=list, help_text="Event types this webhook is sent")
-    active = models.BooleanField(default=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        ordering = ["id"]
-
-    def __str__(self) -> str:
-        return f"webhook {self.pk} of user {self.owner_id}: {self.url}"
-
-
-class WebhookDelivery(models.Model):
-    webhook = models.ForeignKey(Webhook, on_delete=models.CASCADE, related_name="deliveries")
-    event_id = models.UUIDField(default=uuid.uuid4, help_text="The event's id: the same in every webhook of one account")
-    event_type = models.CharField(max_length=32)
-    payload = models.JSONField()
-    state = models.CharField(max_length=16, choices=DeliveryState.choices, default=DeliveryState.PENDING)
-    attempts = models.PositiveSmallIntegerField(default=0)
-    status_code = models.PositiveSmallIntegerField(null=True, blank=True, help_text="The receiver's last HTTP status")
-    next_attempt_at = models.DateTimeField(null=True, blank=True)
-    delivered_at = models.DateTimeField(null=True, blank=True)
-    last_error = models.CharField(max_length=500, blank=True, default="")
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        ordering = ["-id"]
-        constraints = [models.UniqueConstraint(fields=["webhook", "event_id"], name="webhookdelivery_one_per_event")]
-        indexes = [models.Index(fields=["state", "next_attempt_at"], name="webhookdelivery_due")]
-
-    def __str__(self) -> str:
-        return f"delivery {self.pk} of {self.event_type} to webhook {self.webhook_id}: {self.state}"
 
 
 # --- validation -------------------------------------------------------------------------------

@@ -15,8 +15,8 @@ from pathlib import Path
 
 PACKAGES = ("gridbid", "market", "ledger", "providers", "contracts")
 ROOT = Path(__file__).resolve().parents[2]
-LARGEST_CIRCLE = 22  # modules, before issue 28's moves
-CIRCLES = 1
+LARGEST_CIRCLE = 4  # modules (22 before issue 28's moves)
+CIRCLES = 2
 IN_FUNCTION_IMPORTS = 256  # of project code, before issue 28's moves
 
 
