@@ -22,7 +22,7 @@ from .types import (
     Unmatched,
     no_lap,
 )
-from .validate import validate
+from .validate import materialised, validate
 
 SMALL_PAIRS = 50_000  # below this many bid x offer pairs nothing is pruned
 EXACT_MAX_BIDS = 40  # per class; branch and bound above this rarely finishes
@@ -75,6 +75,7 @@ def clear_round(inp: RoundInput, stopwatch: Stopwatch | None = None) -> RoundRes
 
 
 def _clear(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
+    inp = materialised(inp)
     validate(inp)
     lap("validate")
     mkt = build_market(inp)

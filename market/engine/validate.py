@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .limits import (
@@ -67,8 +67,30 @@ def _known(path: str, value: object, known: set[str], what: str) -> None:
         raise EngineInputError(path, f"unknown {what} {value!r}")
 
 
+_ORDERS = ("offers", "bids", "gpu_models", "regions", "latency_ms", "running")
+
+
+def materialised(inp: RoundInput) -> RoundInput:
+    """``inp`` with each of its collections read once into a tuple.
+
+    A generator passed as ``bids`` would otherwise be used up by validation, and the
+    round would clear nothing without a word; anything that is not a collection at all
+    is refused by name, like every other bad input.
+    """
+    changes: dict[str, Any] = {}
+    for name in _ORDERS:
+        value = getattr(inp, name)
+        if isinstance(value, tuple):
+            continue
+        if isinstance(value, str | bytes | dict) or not isinstance(value, Iterable):
+            raise EngineInputError(name, f"must be a sequence, got {type(value).__name__}")
+        changes[name] = tuple(value)
+    return dataclasses.replace(inp, **changes) if changes else inp
+
+
 def validate(inp: RoundInput) -> None:
-    """Raise EngineInputError for the first thing wrong with ``inp``."""
+    """Raise EngineInputError for the first thing wrong with ``inp``: pass it
+    ``materialised`` first, or a generator among its orders is used up here."""
     model_ids, region_ids = _round(inp)
     offer_ids: set[int] = set()
     for i, o in enumerate(inp.offers):
@@ -92,6 +114,7 @@ def screen(inp: RoundInput) -> tuple[RoundInput, tuple[SetAside, ...]]:
     (the catalogue, the config, the clock, two orders with one id) still raises, since
     no order's owner could fix it. ``validate`` passes on what this returns.
     """
+    inp = materialised(inp)
     model_ids, region_ids = _round(inp)
     aside: list[SetAside] = []
     offers = [
@@ -221,10 +244,11 @@ def _offer_ok(o: Offer, models: set[str], regions: set[str]) -> bool:
 
 def _bid_ok(b: Bid, models: set[str], regions: set[str]) -> bool:
     """The common case, without building field paths; False means look closer."""
+    if type(b) is not Bid:
+        return False
     w = b.weights
     return (
-        type(b) is Bid
-        and _i(b.id, 0, _ID)
+        _i(b.id, 0, _ID)
         and _i(b.buyer_id, 0, _ID)
         and _i(b.gpus, 1, MAX_GPUS)
         and type(b.gpu_models) is tuple
