@@ -14,6 +14,8 @@ lost on competition (or the fair-share cap), and it says so.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .market import CHUNK_CELLS, F64, I64, BoolA, Market
@@ -175,7 +177,10 @@ class Explainer:
                 if nearest is None:
                     nearest = near
             nf = int(n_feas[row])
-            if nf:
+            if nf and not mkt.b_deadline_ok[b]:
+                # competition and penalties never came into it: the deadline ruled the bid out
+                reasons.append(f"{_plural(nf, 'offer')} would fit your job with a later deadline")
+            elif nf:
                 if capped[row]:
                     reasons.append(
                         "the fair-share cap: you already hold the most one buyer may take "
@@ -247,6 +252,13 @@ class Explainer:
             )
             return text, self._describe(o) + f", {money(off.ask - bid.max_price)} above your max"
         if i == 1:
+            if bid.max_latency_ms is None or not math.isfinite(extra):
+                # no row measures the way there: a bid placed from a location needs one
+                text = (
+                    f"{_plural(n, 'offer')} in {where}, but no latency from your location "
+                    f"{bid.location_region} to {where} is known"
+                )
+                return text, self._describe(o) + ", latency unknown"
             text = (
                 f"{_plural(n, 'offer')} in {where} at {extra:g} ms or more exceed your "
                 f"{bid.max_latency_ms:g} ms from {bid.location_region}"

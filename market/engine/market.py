@@ -175,8 +175,10 @@ def build_market(inp: RoundInput) -> Market:
     lat = np.full((nr, nr), np.inf)
     for a, b_, ms in sorted(inp.latency_ms):
         lat[ri[a], ri[b_]] = ms
-    # a one-way measurement serves both directions when the other is missing
+    # a one-way measurement serves both directions when the other is missing,
+    # and a region is 0 ms from itself unless a row says otherwise
     lat = np.where(np.isinf(lat), lat.T, lat)
+    np.fill_diagonal(lat, np.where(np.isinf(np.diag(lat)), 0.0, np.diag(lat)))
 
     def ia(xs: list[int]) -> I64:
         return np.asarray(xs, dtype=np.int64).reshape(-1)

@@ -7,11 +7,51 @@ import dataclasses
 
 import pytest
 
-from market.engine import EngineInputError, Weights, clear_round, limits
-from tests.unit.engine.engine_builders import bid, offer, round_of
+from market.engine import EngineInputError, Region, Weights, clear_round, limits
+from tests.unit.engine.engine_builders import LATENCY, REGIONS, bid, offer, round_of
 
 FLAT = Weights(0.0, 0.0, 0.0, 0.0)
 TEN_YEARS = limits.MAX_DURATION_S
+
+
+# 2. a crash explaining an unmatched bid ---------------------------------------------
+
+
+def test_unmatched_bid_with_location_but_no_latency_row_is_explained_not_crashed() -> None:
+    regions = (*REGIONS, Region("ap-south", 600.0))
+    inp = dataclasses.replace(
+        round_of([offer(1, region="ap-south")], [bid(1, location_region="eu-west")]),
+        regions=regions,
+    )
+    res = clear_round(inp)
+    assert not res.trades
+    (u,) = res.unmatched
+    text = " ".join(u.reasons)
+    assert "ap-south" in text and "latency" in text
+    assert "None" not in text
+
+
+# 4. explanations ----------------------------------------------------------------------
+
+
+def test_a_bid_past_its_deadline_is_not_told_its_penalties_exceed_its_margin() -> None:
+    inp = round_of([offer(1)], [bid(1, duration_s=7200)])
+    inp = dataclasses.replace(inp, bids=(dataclasses.replace(inp.bids[0], deadline=inp.now + 3600),))
+    (u,) = clear_round(inp).unmatched
+    text = " ".join(u.reasons)
+    assert "deadline" in text
+    assert "penalties" not in text and "outbid" not in text
+
+
+def test_a_region_is_zero_ms_from_itself_without_a_latency_row() -> None:
+    no_self = tuple(row for row in LATENCY if row[0] != row[1])
+    inp = dataclasses.replace(
+        round_of([offer(1, region="eu-west")], [bid(1, location_region="eu-west", max_latency_ms=5.0)]),
+        latency_ms=no_self,
+    )
+    res = clear_round(inp)
+    assert [t.bid_id for t in res.trades] == [1]
+    assert "0 ms from eu-west" in res.trades[0].reason
 
 
 # 5. validation gaps -------------------------------------------------------------------
