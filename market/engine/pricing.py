@@ -6,8 +6,14 @@ Prices are set per bucket (GPU model x region). Within a bucket let
 
 * ``lo`` = the highest ask among offers that traded,
 * ``hi`` = the lowest max price among bids that traded,
-* ``ub`` = the highest max price among bids that could use the bucket (model,
-  region and latency allow it) but got nothing,
+* ``ub`` = the highest max price among bids that got nothing but could have
+  traded on one of the bucket's offers: every hard constraint holds on it
+  (model, region, latency, deadline, price, class, reliability, duration and
+  window, and the job's GPUs on one machine - or, for a job that may span
+  machines, across the offers that pass) and the buyer values the pair above
+  nothing. A bid no offer of the bucket can serve never trades there, so it
+  must not move the price: else a shill bid that cannot lose money (say
+  ``min_reliability=1.0`` where no offer has it) lifts the price at no risk,
 * ``ua`` = the lowest ask among the bucket's offers that sold nothing.
 
 The clearing interval is ``[max(lo, ub + 1), min(hi, ua - 1)]``: every
@@ -52,7 +58,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .assign import Part
-from .market import Market
+from .market import I64, Market, pair_scores
+
+SERVABLE_CHUNK = 64  # losing bids checked at once, highest max price first
 
 
 @dataclass(frozen=True)
@@ -103,7 +111,8 @@ def bucket_prices(
             price = lo
         else:
             losers = wanting[~is_assigned[wanting]]
-            ub = int(mkt.b_maxp[losers].max()) if len(losers) else -1
+            losers = losers[mkt.b_maxp[losers] >= lo]  # the others cannot lift the bottom
+            ub = _best_servable(mkt, losers, view) if view is not None else -1
             unsold = asks[~sold[view]] if view is not None else asks
             ua = int(unsold.min()) if len(unsold) else None
             low = max(lo, ub + 1)
@@ -122,3 +131,22 @@ def bucket_prices(
                 else:
                     pay[(b, o)] = min(max(price, int(mkt.o_ask[o])), int(mkt.b_maxp[b]))
     return quotes, pay
+
+
+def _best_servable(mkt: Market, losers: I64, view: I64) -> int:
+    """The highest max price among ``losers`` that could have traded on one of the
+    offers of ``view`` (a bucket's offers available now), or -1 for none."""
+    order = losers[np.lexsort((mkt.bids_id[losers], -mkt.b_maxp[losers]))]
+    for lo in range(0, len(order), SERVABLE_CHUNK):
+        bids = order[lo : lo + SERVABLE_CHUNK]
+        same = mkt.b_same[bids]
+        _, ok = pair_scores(mkt, bids, view, same=True)
+        if not same.all():
+            # a job that may span machines needs all its GPUs across the offers that pass
+            _, ok_multi = pair_scores(mkt, bids, view, same=False)
+            enough = (ok_multi * mkt.o_gpus[view][None, :]).sum(axis=1) >= mkt.b_gpus[bids]
+            ok = np.where(same[:, None], ok, ok_multi & enough[:, None])
+        hit = np.flatnonzero(ok.any(axis=1))
+        if len(hit):
+            return int(mkt.b_maxp[bids[hit[0]]])
+    return -1

@@ -31,6 +31,32 @@ def test_unmatched_bid_with_location_but_no_latency_row_is_explained_not_crashed
     assert "None" not in text
 
 
+# 3. a losing bid that could never trade moves the price -------------------------------
+
+
+def test_a_bid_no_offer_can_serve_does_not_move_the_uniform_price() -> None:
+    shill = bid(2, max_price=4_900_000, min_reliability=1.0, weights=FLAT)
+    winner = bid(1, max_price=5_000_000, weights=FLAT)
+    honest = clear_round(round_of([offer(1, gpus=1, ask=1_000_000)], [winner]))
+    shilled = clear_round(round_of([offer(1, gpus=1, ask=1_000_000)], [winner, shill]))
+    assert [t.price for t in honest.trades] == [1_000_000]
+    assert [(t.bid_id, t.price) for t in shilled.trades] == [(1, 1_000_000)]
+
+
+def test_a_bid_of_the_wrong_class_does_not_move_the_uniform_price() -> None:
+    winner = bid(1, max_price=5_000_000, weights=FLAT, klass="reserved")
+    shill = bid(2, max_price=4_900_000, weights=FLAT, klass="spot")
+    res = clear_round(round_of([offer(1, gpus=1, ask=1_000_000, spot_allowed=False)], [winner, shill]))
+    assert [(t.bid_id, t.price) for t in res.trades] == [(1, 1_000_000)]
+
+
+def test_a_losing_bid_that_could_have_traded_still_sets_the_price() -> None:
+    winner = bid(1, max_price=5_000_000, weights=FLAT)
+    loser = bid(2, max_price=4_900_000, weights=FLAT)
+    res = clear_round(round_of([offer(1, gpus=1, ask=1_000_000)], [winner, loser]))
+    assert [(t.bid_id, t.price) for t in res.trades] == [(1, 4_900_001)]
+
+
 # 4. explanations ----------------------------------------------------------------------
 
 
