@@ -89,6 +89,7 @@ def _clear(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
     live = [b for b in range(len(mkt.bids)) if cand.offers[b] or cand.truncated[b]]
     order = priority_order(mkt, cand, live)
     lap("candidates")
+    unit = mkt.score_unit  # scores are counted in it; reported in base units
     proven = True
     bound: int | None = 0
     class_bounds: list[str] = []
@@ -105,7 +106,7 @@ def _clear(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
             got = _class_surplus(solver, cls)
             if bound is not None:
                 bound += got
-            class_bounds.append(f"{CLASSES[k]} {got:,} exact")
+            class_bounds.append(f"{CLASSES[k]} {got * unit:,} exact")
             lap(CLASSES[k])
             continue
         proven = False
@@ -118,10 +119,12 @@ def _clear(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
             bound = None
         else:
             bound += ub
-            class_bounds.append(f"{CLASSES[k]} {_class_surplus(solver, cls):,} <= {ub:,}")
+            class_bounds.append(f"{CLASSES[k]} {_class_surplus(solver, cls) * unit:,} <= {ub * unit:,}")
         lap(CLASSES[k])
     assigned = solver.assigned
-    surplus = sum(p[2] for parts in assigned.values() for p in parts)
+    surplus = sum(p[2] for parts in assigned.values() for p in parts) * unit
+    if bound is not None:
+        bound *= unit
 
     bucket_bids: dict[tuple[int, int], list[int]] = {}
     if isinstance(cand.views, BidViews):
@@ -140,7 +143,7 @@ def _clear(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
             off = mkt.offers[o]
             price = pay[(b, o)]
             rank = cand.offers[b].index(o) if o in cand.offers[b] else 1
-            reason = trade_reason(mkt, b, o, rank, s)
+            reason = trade_reason(mkt, b, o, rank, s * unit)
             if cfg.pricing == "uniform":
                 reason += f"; pays the {off.gpu_model} {off.region} clearing price {money(price)}"
             else:
@@ -159,7 +162,7 @@ def _clear(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
                     duration_s=bid.duration_s,
                     amount=price * g * bid.duration_s // 3600,
                     reason=reason,
-                    score=s,
+                    score=s * unit,
                 )
             )
 

@@ -22,10 +22,24 @@ every later comparison is exact::
 
 Only pairs with a positive score are candidates: a pair the buyer values at
 or below nothing adds no surplus.
+
+Scores are int64 (numpy) and sums of them must stay int64 too, yet the limits
+allow 1,000 GPUs for 10 years at 10**12 a GPU-hour: about 8.8e19 base units,
+past 2**63. So a round whose scores could add up past ``SCORE_BUDGET`` counts
+them in a coarser unit, ``Market.score_unit`` (the smallest power of two that
+brings the sum of every bid's largest possible score under the budget), by
+dividing ``b_hours`` by it: every score, sum and bound of the round is then in
+that unit, and ``clear_round`` multiplies them back into base units when it
+reports them. A power of two divides a float exactly, so a round within the
+budget (unit 1; every real one) clears bit for bit as before; one past it
+knows each score to within a unit (a pair worth under half a unit for the
+whole job counts as worth nothing), where float arithmetic had already lost
+the last digits of such scores.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +54,7 @@ I64 = npt.NDArray[np.int64]
 BoolA = npt.NDArray[np.bool_]
 
 NEVER = 2**62
+SCORE_BUDGET = 2**60  # base units: the most all of a round's scores may add up to, unscaled
 CHUNK_CELLS = 1 << 19  # cells of one bids x offers block: bounds peak memory
 
 
@@ -114,7 +129,7 @@ class Market:
     b_gpus: I64
     b_maxp: I64
     b_dur: I64
-    b_hours: F64
+    b_hours: F64  # the job's hours over ``score_unit``: what a score multiplies
     b_klass: I64
     b_minrel: F64
     b_wrel: F64
@@ -131,6 +146,7 @@ class Market:
     carbon_kg_gh: F64  # model x region: kg CO2 per GPU-hour
     views: dict[tuple[int, int, int], I64]
     bucket_supply: I64  # model x region: GPUs offered
+    score_unit: int = 1  # base units per unit of score (a power of two; 1 unless scores would overflow)
 
     def value(self, b: int, o: int) -> float:
         """Per-GPU-hour value of one pair, in the same float steps as ``pair_scores``."""
@@ -159,6 +175,17 @@ class Market:
             and (not self.o_resv[o] or k == 0)
             and (k != 2 or self.o_spot[o])
         )
+
+
+def score_unit(bids: Sequence[Bid]) -> int:
+    """The round's unit of score: 1, or the smallest power of two that keeps the sum
+    of every bid's largest possible score (its GPUs x hours x (max price + the
+    whole reliability bonus): penalties and asks only lower it) under
+    ``SCORE_BUDGET`` once divided by it. Python integers and floats: no overflow."""
+    top = sum(b.gpus * (b.max_price + b.weights.reliability) * b.duration_s / 3600 for b in bids)
+    if top <= SCORE_BUDGET:
+        return 1
+    return 1 << math.ceil(math.log2(top / SCORE_BUDGET))
 
 
 def build_market(inp: RoundInput) -> Market:
@@ -240,11 +267,12 @@ def build_market(inp: RoundInput) -> Market:
     b_dur = ia([b.duration_s for b in bids])
     b_gpus = ia([b.gpus for b in bids])
     b_same = np.asarray([b.same_machine for b in bids], dtype=np.bool_).reshape(-1)
+    unit = score_unit(bids)
     mkt_b: dict[str, Any] = dict(
         b_gpus=b_gpus,
         b_maxp=ia([b.max_price for b in bids]),
         b_dur=b_dur,
-        b_hours=b_dur.astype(np.float64) / 3600.0,
+        b_hours=b_dur.astype(np.float64) / 3600.0 / unit,
         b_klass=ia([CLASSES.index(b.klass) for b in bids]),
         b_minrel=np.asarray([b.min_reliability for b in bids], dtype=np.float64).reshape(-1),
         b_wrel=np.asarray([b.weights.reliability for b in bids], dtype=np.float64).reshape(-1),
@@ -291,6 +319,7 @@ def build_market(inp: RoundInput) -> Market:
         carbon_kg_gh=carbon_kg_gh,
         views=views,
         bucket_supply=bucket_supply,
+        score_unit=unit,
         **mkt_o,
         **mkt_b,
     )

@@ -14,6 +14,64 @@ FLAT = Weights(0.0, 0.0, 0.0, 0.0)
 TEN_YEARS = limits.MAX_DURATION_S
 
 
+# 1. scores above 2**63 --------------------------------------------------------------
+
+
+def test_a_job_worth_more_than_int64_still_trades_at_its_true_score() -> None:
+    """1,000 GPUs for 10 years at the maximum price: about 8.76e19 base units of surplus,
+    past 2**63. It used to overflow to a negative score: no trade, and the buyer was told
+    its penalties exceeded its margin."""
+    ask = 1_000_000
+    inp = round_of(
+        [offer(1, gpus=1000, ask=ask, max_duration_s=TEN_YEARS)],
+        [bid(1, gpus=1000, max_price=limits.MAX_PRICE, duration_s=TEN_YEARS, weights=FLAT)],
+    )
+    res = clear_round(inp)
+    assert [t.bid_id for t in res.trades] == [1]
+    true_score = 1000 * (TEN_YEARS / 3600) * (limits.MAX_PRICE - ask)
+    assert true_score > 2**63
+    assert res.trades[0].score == pytest.approx(true_score, rel=1e-12)
+    assert res.stats.surplus == res.trades[0].score
+    assert res.stats.upper_bound is not None and res.stats.upper_bound >= res.stats.surplus
+    assert not res.unmatched
+
+
+def test_several_jobs_worth_more_than_int64_together_all_trade() -> None:
+    """Each score fits in an int64 on its own, their sum does not."""
+    offers = [offer(i, gpus=1000, ask=1_000_000, max_duration_s=TEN_YEARS) for i in range(1, 5)]
+    bids = [
+        bid(i, gpus=1000, max_price=limits.MAX_PRICE // 4, duration_s=TEN_YEARS, weights=FLAT)
+        for i in range(1, 5)
+    ]
+    res = clear_round(round_of(offers, bids))
+    assert sorted(t.bid_id for t in res.trades) == [1, 2, 3, 4]
+    assert res.stats.surplus > 2**63
+    assert res.stats.surplus == sum(t.score for t in res.trades)
+
+
+def test_small_bids_beside_a_huge_one_keep_their_trades_and_scores() -> None:
+    """A round holding one astronomically valued job clears the ordinary ones as it would
+    without it; their scores are counted in a coarser unit (tens of base units), so they
+    match to within one."""
+    models = ("H100", "A100", "L4")
+    small_offers = [offer(i, gpus=1, gpu_model=models[i - 1], ask=1_000_000 + 10_000 * i) for i in range(1, 4)]
+    small_bids = [
+        bid(i, gpu_models=(models[i - 1],), max_price=1_050_000 + 10_000 * i, weights=FLAT) for i in range(1, 4)
+    ]
+    alone = clear_round(round_of(small_offers, small_bids))
+    huge = round_of(
+        [*small_offers, offer(9, gpus=1000, gpu_model="MI300X", ask=1_000_000, max_duration_s=TEN_YEARS)],
+        [*small_bids, bid(9, gpus=1000, gpu_models=("MI300X",), max_price=limits.MAX_PRICE,
+                          duration_s=TEN_YEARS, weights=FLAT)],
+    )
+    both = clear_round(huge)
+    small = [t for t in both.trades if t.bid_id != 9]
+    assert [(t.bid_id, t.offer_id) for t in small] == [(t.bid_id, t.offer_id) for t in alone.trades]
+    assert [t.score for t in small] == pytest.approx([t.score for t in alone.trades], abs=64)
+    assert [t.price for t in small] == [t.price for t in alone.trades]
+    assert any(t.bid_id == 9 for t in both.trades)
+
+
 # 2. a crash explaining an unmatched bid ---------------------------------------------
 
 
