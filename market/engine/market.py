@@ -55,6 +55,7 @@ BoolA = npt.NDArray[np.bool_]
 
 NEVER = 2**62
 SCORE_BUDGET = 2**60  # base units: the most all of a round's scores may add up to, unscaled
+SCORE_CAP = float(2**62)  # no score gets near it; clipping to it keeps a cast to int64 defined
 CHUNK_CELLS = 1 << 19  # cells of one bids x offers block: bounds peak memory
 
 
@@ -384,7 +385,9 @@ def pair_scores(
     if same:
         ok &= (mkt.o_gpus if cap is None else cap)[offs][None, :] >= mkt.b_gpus[bc]
     gh = mkt.b_gpus[bc].astype(np.float64) * mkt.b_hours[bc]
-    score = np.rint(gh * v).astype(np.int64)
+    # a pair worth nothing is out whatever its score: clipped, a huge penalty cannot
+    # wrap the int64 cast (above, scores stay under SCORE_BUDGET: see ``score_unit``)
+    score = np.rint(np.clip(gh * v, -1.0, SCORE_CAP)).astype(np.int64)
     ok &= score > 0
     return score, ok
 
@@ -585,7 +588,7 @@ def top_candidates(
                        relmax: F64 = relmax, asks: I64 = asks) -> I64:
             # no pair at or after ``pos`` in the view scores above this
             v = gh[sel] * (base[sel] + wrel[sel] * relmax[pos] - float(asks[pos]))
-            out: I64 = np.ceil(v).astype(np.int64) + 1
+            out: I64 = np.ceil(np.clip(v, -1.0, SCORE_CAP)).astype(np.int64) + 1
             return out
 
         loc = np.arange(len(bids_all), dtype=np.int64)
@@ -736,7 +739,7 @@ def price_out(
         pos = 0
         while len(act) and pos < len(view):
             v = gh[act] * (base[act] + wrel[act] * relmax[pos] - float(asks[pos]))
-            ub = np.ceil(v).astype(np.int64) + 1 - gpus[act] * lammin[pos, jb[act]]
+            ub = np.ceil(np.clip(v, -1.0, SCORE_CAP)).astype(np.int64) + 1 - gpus[act] * lammin[pos, jb[act]]
             sl = slot[bids_all[act]]
             go = (asks[pos] <= maxp[act]) & (ub > np.maximum(thr[sl], top_r[sl, -1]))
             act = act[go]

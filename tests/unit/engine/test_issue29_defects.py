@@ -72,6 +72,21 @@ def test_small_bids_beside_a_huge_one_keep_their_trades_and_scores() -> None:
     assert any(t.bid_id == 9 for t in both.trades)
 
 
+@pytest.mark.filterwarnings("error")
+def test_a_penalty_past_int64_rules_the_pair_out_cleanly() -> None:
+    """The other side: a latency weight at its limit makes a pair worth about -8.8e28, which
+    the int64 cast left undefined (numpy warned); the pair is simply out, the other trades."""
+    huge = Weights(limits.MAX_WEIGHT, 0.0, 0.0, 0.0)
+    inp = round_of(
+        [offer(1, gpus=1000, region="us-east", max_duration_s=TEN_YEARS)],
+        [bid(1, gpus=1000, duration_s=TEN_YEARS, location_region="eu-west", weights=huge),
+         bid(2, gpus=1000, duration_s=TEN_YEARS, max_price=limits.MAX_PRICE, weights=FLAT)],
+    )
+    res = clear_round(inp)
+    assert [t.bid_id for t in res.trades] == [2]
+    assert [u.bid_id for u in res.unmatched] == [1]
+
+
 # 2. a crash explaining an unmatched bid ---------------------------------------------
 
 
