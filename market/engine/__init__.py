@@ -31,7 +31,7 @@ from .types import (
 )
 from .validate import screen
 
-ENGINE_VERSION = "1.3.0"  # 1.3.0 (issue 29): a round whose scores could pass 2**60 counts them in a coarser unit instead of overflowing int64; only a losing bid that could have traded on a bucket's offers moves its uniform price; a region is 0 ms from itself without a latency row, explanations of bids past their deadline or without a known latency; 1.2.2: explanations write prices in USDC/GPU-h; 1.2.1: rows written as columns need them, MILPs without presolve (other optimal vertices); 1.2: multi-machine bids as whole fills in the LP; 1.1: uniform price at the bottom of the interval
+ENGINE_VERSION = "1.3.0"  # 1.3.0 (issue 29): a class whose branch and bound runs out of nodes is bounded and rounded from the capacity it started with; a round whose scores could pass 2**60 counts them in a coarser unit instead of overflowing int64; only a losing bid that could have traded on a bucket's offers moves its uniform price; a region is 0 ms from itself without a latency row, explanations of bids past their deadline or without a known latency; 1.2.2: explanations write prices in USDC/GPU-h; 1.2.1: rows written as columns need them, MILPs without presolve (other optimal vertices); 1.2: multi-machine bids as whole fills in the LP; 1.1: uniform price at the bottom of the interval
 
 __all__ = [
     "CLASSES",

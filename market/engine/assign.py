@@ -49,7 +49,7 @@ LP_FILL_COLUMNS = 150_000  # up to this, multi-machine bids enter the LP as whol
 LP_MAX_COLUMNS = 400_000  # above this, greedy + a Lagrangian-priced bound instead of the LP
 
 
-_Snapshot = tuple[
+Snapshot = tuple[
     list[int], dict[tuple[int, int, int], int], dict[int, list["Part"]], dict[tuple[int, int, int], int]
 ]
 
@@ -395,12 +395,12 @@ class Solver:
         if not (frac and multi.whole(mkt) and not len(fills)):
             self._round_rest(bids, pb, po, ps, x, price, multi, multi_first=True)
             return
-        start = self._snapshot()
+        start = self.snapshot()
         first = self._round_rest(bids, pb, po, ps, x, price, multi, multi_first=True)
-        kept = self._snapshot()
-        self._restore(start)
+        kept = self.snapshot()
+        self.restore(start)
         if self._round_rest(bids, pb, po, ps, x, price, multi, multi_first=False) <= first:
-            self._restore(kept)
+            self.restore(kept)
 
     def _round_rest(self, bids: list[int], pb: I64, po: I64, ps: I64, x: F64, price: F64, multi: _LpMulti,
                     *, multi_first: bool) -> int:
@@ -421,12 +421,12 @@ class Solver:
         self._fill_open(bids, pb, po, ps, x, price)
         return sum(p[2] for b in bids for p in self.assigned.get(b, ()))
 
-    def _snapshot(self) -> _Snapshot:
+    def snapshot(self) -> Snapshot:
         """What placing changes (parts lists are replaced, never edited)."""
         st = self.state
         return list(st.free), dict(st.used), dict(self.assigned), dict(self.ptr)
 
-    def _restore(self, snap: _Snapshot) -> None:
+    def restore(self, snap: Snapshot) -> None:
         self.state.free = list(snap[0])
         self.state.used = dict(snap[1])
         self.assigned = dict(snap[2])

@@ -6,7 +6,7 @@ import gc
 import threading
 from collections.abc import Callable
 
-from .assign import Solver, State, fair_share_limits, priority_order
+from .assign import Snapshot, Solver, State, fair_share_limits, priority_order
 from .explain import Explainer, money, trade_reason
 from .market import BidViews, Market, build_market, candidates, top_candidates
 from .pricing import bucket_prices
@@ -102,6 +102,7 @@ def _clear(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
             and len(cls) <= EXACT_MAX_BIDS
             and not any(cand.truncated[b] for b in cls)
         )
+        before = solver.snapshot()
         if exact_ok and solver.exact(cls, cfg.exact_node_limit):
             got = _class_surplus(solver, cls)
             if bound is not None:
@@ -110,16 +111,25 @@ def _clear(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
             lap(CLASSES[k])
             continue
         proven = False
-        rest = None if small else solver.refresh(cls, kmax)
-        ub = solver.lp_class(cls, rest)
-        if not small:
-            solver.refill(cls, kmax)
-        solver.improve(cls, k)
+        incumbent: tuple[int, Snapshot] | None = None
+        if exact_ok:
+            # branch and bound ran out of nodes with its incumbent placed: the LP from
+            # here would bound only the capacity that incumbent left (a bound below the
+            # class's own surplus). Its rounding from here is kept as a candidate; the
+            # bound, and a second rounding, come from the capacity the class started with.
+            _lp_path(solver, cls, k, small, kmax)
+            incumbent = (_class_surplus(solver, cls), solver.snapshot())
+            solver.restore(before)
+        ub = _lp_path(solver, cls, k, small, kmax)
+        if incumbent is not None and incumbent[0] >= _class_surplus(solver, cls):
+            solver.restore(incumbent[1])
         if ub is None or bound is None:
             bound = None
         else:
+            got = _class_surplus(solver, cls)
+            ub = max(ub, got)  # a class's bound is never below what it got
             bound += ub
-            class_bounds.append(f"{CLASSES[k]} {_class_surplus(solver, cls) * unit:,} <= {ub * unit:,}")
+            class_bounds.append(f"{CLASSES[k]} {got * unit:,} <= {ub * unit:,}")
         lap(CLASSES[k])
     assigned = solver.assigned
     surplus = sum(p[2] for parts in assigned.values() for p in parts) * unit
@@ -228,6 +238,18 @@ def _clear(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
         preemptions=preemptions,
         stats=stats,
     )
+
+
+def _lp_path(solver: Solver, cls: list[int], k: int, small: bool, kmax: int) -> int | None:
+    """Clear class ``k`` (bids ``cls``) on what is free: its LP (column generation
+    over fresh lists in larger rounds), rounded, refilled and improved; returns the
+    LP's bound on the class over that capacity (None if the LP failed)."""
+    rest = None if small else solver.refresh(cls, kmax)
+    ub = solver.lp_class(cls, rest)
+    if not small:
+        solver.refill(cls, kmax)
+    solver.improve(cls, k)
+    return ub
 
 
 def _class_surplus(solver: Solver, bids: list[int]) -> int:

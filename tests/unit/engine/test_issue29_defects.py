@@ -4,11 +4,14 @@ wrong explanations and validation gaps, each on input the engine accepts."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
-from market.engine import EngineInputError, Region, Weights, clear_round, limits
-from tests.unit.engine.engine_builders import LATENCY, REGIONS, bid, offer, round_of
+from market.engine import EngineInputError, Region, RoundInput, Weights, clear_round, limits
+from tests.bench.instances import make_round
+from tests.unit.engine.engine_builders import LATENCY, REGIONS, bid, offer, round_of, with_config
+from tests.unit.engine.test_engine_optimality import exact_milp, one_class, one_class_same_machine
 
 FLAT = Weights(0.0, 0.0, 0.0, 0.0)
 TEN_YEARS = limits.MAX_DURATION_S
@@ -188,3 +191,53 @@ def test_orders_that_are_not_a_collection_are_a_validation_error() -> None:
     with pytest.raises(EngineInputError) as err:
         clear_round(dataclasses.replace(inp, bids=None))  # type: ignore[arg-type]
     assert err.value.field == "bids"
+
+
+# 6. the bound after branch and bound runs out of nodes ----------------------------------
+
+
+def ladder() -> RoundInput:
+    """The issue's smallest case: 8 one-GPU offers (asks 1.00 + 0.10 j), 16 on-demand one-GPU
+    bids (max 3.00 + 0.01 i); too many ties for branch and bound within its node limit."""
+    offers = [offer(j + 1, gpus=1, ask=1_000_000 + 100_000 * j) for j in range(8)]
+    bids = [bid(i + 1, max_price=3_000_000 + 10_000 * i, weights=FLAT) for i in range(16)]
+    return round_of(offers, bids)
+
+
+def class_bounds(scope: str) -> dict[str, tuple[int, int]]:
+    """Per class, (surplus, bound) as the bound's scope reports them."""
+    found = re.findall(r"(reserved|on_demand|spot) ([\d,]+) <= ([\d,]+)", scope)
+    return {k: (int(s.replace(",", "")), int(u.replace(",", ""))) for k, s, u in found}
+
+
+def test_a_class_whose_branch_and_bound_ran_out_reports_a_bound_above_its_surplus() -> None:
+    res = clear_round(ladder())
+    assert res.stats.surplus == 14_120_000
+    assert res.stats.upper_bound is not None and res.stats.upper_bound >= 14_120_000
+    per_class = class_bounds(res.stats.bound_scope)
+    assert per_class and all(u >= s for s, u in per_class.values())
+    assert res.stats.gap == round((res.stats.upper_bound - res.stats.surplus) / res.stats.upper_bound, 9)
+
+
+@pytest.mark.parametrize("nodes", [1, 50, 2_000])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_bound_covers_the_optimum_whatever_the_node_limit(seed: int, nodes: int) -> None:
+    inp = with_config(one_class_same_machine(make_round(25, 30, seed=seed)), exact_node_limit=nodes)
+    res = clear_round(inp)
+    opt = exact_milp(inp)
+    assert res.stats.surplus <= opt + 1
+    assert res.stats.upper_bound is not None and res.stats.upper_bound >= opt - 1
+    for s, u in class_bounds(res.stats.bound_scope).values():
+        assert u >= s
+
+
+@pytest.mark.parametrize("seed", [2, 5, 9])
+def test_a_class_whose_branch_and_bound_ran_out_does_no_worse_than_without_it(seed: int) -> None:
+    """Running out of nodes used to leave the class with its incumbent plus whatever the LP
+    placed in what it left: 0.89 of the LP path alone on seed 2."""
+    inp = one_class(make_round(60, 60, seed=seed))
+    with_bnb = clear_round(inp)
+    lp_only = clear_round(with_config(inp, exact_node_limit=0))
+    assert with_bnb.stats.method != "exact"
+    assert with_bnb.stats.surplus >= lp_only.stats.surplus
+    assert with_bnb.stats.upper_bound is not None and with_bnb.stats.upper_bound >= with_bnb.stats.surplus
