@@ -102,7 +102,7 @@ def _clear(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
             and len(cls) <= EXACT_MAX_BIDS
             and not any(cand.truncated[b] for b in cls)
         )
-        before = solver.snapshot()
+        before = solver.snapshot() if exact_ok else None
         if exact_ok and solver.exact(cls, cfg.exact_node_limit):
             got = _class_surplus(solver, cls)
             if bound is not None:
@@ -112,7 +112,7 @@ def _clear(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
             continue
         proven = False
         incumbent: tuple[int, Snapshot] | None = None
-        if exact_ok:
+        if before is not None:
             # branch and bound ran out of nodes with its incumbent placed: the LP from
             # here would bound only the capacity that incumbent left (a bound below the
             # class's own surplus). Its rounding from here is kept as a candidate; the
