@@ -28,8 +28,8 @@ from ledger.models import (
     SeenBlock,
     SettleBatch,
 )
-from ledger.signals import trades_moved
 from market import states
+from market.events import BalancesChanged, JobsChanged, OperatorChanged, TradesMoved, announce
 from market.models import Trade
 from market.states import TradeState
 
@@ -81,9 +81,7 @@ def rollback(*, ctx: ChainContext, to_block: int) -> None:
     cursor.applied_to = min(cursor.applied_to, to_block)
     cursor.save()
     log.warning("reorg: rolled back %d applied events after block %d", len(dropped), to_block)
-    from market.streams import events as stream_events
-
-    stream_events.operator_changed()
+    announce(OperatorChanged())
 
 
 def _undo(ctx: ChainContext, event: ChainEvent) -> None:
@@ -103,8 +101,6 @@ def _undo(ctx: ChainContext, event: ChainEvent) -> None:
 
 
 def _advance_trades(qs: Any, target: str, *, cause: str = "") -> None:
-    from market.streams import events
-
     moved = []
     for trade in qs.select_for_update():
         if trade.state != target:
@@ -112,8 +108,8 @@ def _advance_trades(qs: Any, target: str, *, cause: str = "") -> None:
             trade.save(update_fields=["state"])
             moved.append(trade.pk)
     if moved:
-        trades_moved.send(sender=_advance_trades, trade_ids=moved, state=target, cause=cause)  # e.g. a refund gives back the trade's GPUs
-    events.jobs_changed(trade_ids=moved)  # the buyer's page shows recorded / settled live
+        announce(TradesMoved(trade_ids=tuple(moved), state=target, cause=cause))  # e.g. a refund gives back the trade's GPUs
+    announce(JobsChanged(trade_ids=tuple(moved)))  # the buyer's page shows recorded / settled live
 
 
 def _effects(ctx: ChainContext, event: ChainEvent, opened: dict[str, Any] | None) -> None:
@@ -236,8 +232,6 @@ def _events_apply_locked(*, ctx: ChainContext, limit: int, calls: dict[str, Cont
         cursor.applied_to = limit
         cursor.save(update_fields=["applied_to", "updated_at"])
     if applied:
-        from market.streams import events as stream_events
-
-        stream_events.operator_changed()  # batches confirmed, trades recorded or settled: the settlement queue moved
-        stream_events.balances_changed(addresses=sorted(touched))  # each owner's escrow, live
+        announce(OperatorChanged())  # batches confirmed, trades recorded or settled: the settlement queue moved
+        announce(BalancesChanged(addresses=tuple(sorted(touched))))  # each owner's escrow, live
     return applied

@@ -51,9 +51,9 @@ from ledger.models import (
 )
 from ledger.outbox import tx_submit
 from ledger.wallet import is_wallet_buyer, signed_order_of
+from market.events import OperatorChanged, announce
 from market.models import Bid, Trade, User
 from market.states import JobState, TradeState
-from market.streams import events
 from providers.models import Provider
 
 log = logging.getLogger("gridbid.ledger")
@@ -197,7 +197,7 @@ def _submit(ctx: ChainContext, batch: RecordBatch | SettleBatch, *, purpose: str
         batch_fail(batch=batch, error=str(exc))
         return
     type(batch).objects.filter(pk=batch.pk).update(chain_tx=row, state=BatchState.SUBMITTED)
-    events.operator_changed()  # the operator's settlement queue
+    announce(OperatorChanged())  # the operator's settlement queue
 
 
 @transaction.atomic
@@ -207,7 +207,7 @@ def batch_fail(*, batch: RecordBatch | SettleBatch, error: str) -> None:
     batch.items.all().delete()
     if isinstance(batch, SettleBatch):
         batch.cosigns.all().delete()
-    events.operator_changed()
+    announce(OperatorChanged())
 
 
 def batches_release_failed(*, ctx: ChainContext) -> int:
@@ -388,7 +388,7 @@ def settle_collect(*, ctx: ChainContext, limit: int = MAX_TRADES) -> SettleBatch
         batch.paid = sum(i.paid for i in batch.items.all())
         batch.refunded = sum(i.refund for i in batch.items.all())
         batch.save(update_fields=["paid", "refunded"])
-        events.operator_changed()
+        announce(OperatorChanged())
     return batch
 
 

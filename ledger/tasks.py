@@ -10,6 +10,7 @@ from celery import shared_task
 
 import gridbid.celery  # noqa: F401 - binds the tasks to the configured app (eager in tests)
 from ledger.context import chain_context
+from market.events import OperatorChanged, announce
 
 # their queues (chain; the demo's tick: demo) are set in gridbid.celery.TASK_QUEUES
 RETRY: dict[str, Any] = {"ignore_result": True, "autoretry_for": (ConnectionError, TimeoutError), "retry_backoff": True, "retry_backoff_max": 60, "max_retries": 5}
@@ -72,7 +73,6 @@ def ledger_reconcile() -> bool | None:
     import logging
 
     from ledger.journal import reconcile
-    from market.streams import events
 
     ctx = chain_context()
     if ctx is None:
@@ -80,7 +80,7 @@ def ledger_reconcile() -> bool | None:
     status = reconcile(ctx=ctx)
     if not status["ok"]:
         logging.getLogger("gridbid.ledger").error("reconciliation: %s", "; ".join(status["problems"]))
-    events.operator_changed()
+    announce(OperatorChanged())
     return bool(status["ok"])
 
 

@@ -8,17 +8,39 @@ class MarketConfig(AppConfig):
     def ready(self) -> None:
         from django.contrib.auth.signals import user_logged_in, user_login_failed
 
-        from ledger.signals import trades_moved
         from market import (
             audit,  # noqa: F401 - records sign-ins from Django's auth signals
             bookings,
+            events,
             notify,
+            tasks,
         )
         from market.api import schema  # noqa: F401 - registers the OpenAPI auth extension
+        from market.streams import handlers as streams
         from market.web import login_limits
 
-        trades_moved.connect(bookings.on_trades_moved, dispatch_uid="market.bookings.trades_moved")
-        trades_moved.connect(notify.on_trades_moved, dispatch_uid="market.notify.trades_moved")
+        # Who reacts to what (market/events.py). `now`: inside the announcing transaction,
+        # writing with it; `after_commit`: once it commits, never when it rolls back.
+        events.subscribe(
+            now={
+                events.TradesMatched: [notify.trades_matched],
+                events.JobReached: [notify.job_reached],
+                events.TradesMoved: [bookings.trades_moved, notify.trades_moved],
+            },
+            after_commit={
+                events.BidChanged: [streams.bid_changed],
+                events.BookChanged: [streams.book_changed],
+                events.RoundCleared: [streams.round_cleared],
+                events.JobsChanged: [streams.jobs_changed],
+                events.MachinesChanged: [streams.machines_changed],
+                events.OperatorChanged: [streams.operator_changed],
+                events.BalancesChanged: [streams.balances_changed],
+                events.TokenRevoked: [streams.token_revoked],
+                events.UserDeactivated: [streams.user_deactivated],
+                events.WebhookDeliveriesWritten: [tasks.webhook_deliveries_send],
+                events.EmailsWanted: [tasks.emails_send],
+            },
+        )
 
         user_login_failed.connect(login_limits.on_login_failed, dispatch_uid="market.login_limits.failed")
         user_logged_in.connect(login_limits.on_logged_in, dispatch_uid="market.login_limits.logged_in")

@@ -23,9 +23,9 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from market import states
+from market.events import BookChanged, JobsChanged, TradesMoved, announce
 from market.models import Booking, Job, Offer, ReleaseReason, Trade
-from market.states import BookingState, JobState
-from market.streams import events
+from market.states import BookingState, JobState, TradeState
 from providers.models import Gpu
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ def bookings_release(*, trade_ids: Iterable[int], reason: str, now: datetime | N
         Booking.objects.bulk_update(bookings, ["state", "released_at", "release_reason"])
         capacity_refresh(offer_ids=offer_ids)
         for bucket in sorted({(b.offer.gpu_model_id, b.offer.machine.region_id) for b in bookings}):
-            events.book_changed(*bucket)
+            announce(BookChanged(*bucket))
     return [b.trade_id for b in bookings]
 
 
@@ -151,7 +151,7 @@ def bookings_expire(*, now: datetime | None = None) -> int:
             job.save(update_fields=["state", "ended_at", "checkpoint", "updated_at"])
             extensions_follow(job)
         if never_started:
-            events.jobs_changed(job_ids=[j.pk for j in never_started])
+            announce(JobsChanged(job_ids=tuple([j.pk for j in never_started])))
     if released:
         log.info("bookings expired: trades %s", released)
     return len(released)
@@ -175,11 +175,10 @@ def on_job_ended(*, trade_id: int, state: str, stopped: bool = False) -> None:
     bookings_release(trade_ids=[trade_id], reason=reason)
 
 
-def on_trades_moved(sender: object, *, trade_ids: list[int], state: str, **_: object) -> None:
-    """The chain refunded or settled trades (ledger's signal, inside its transaction)."""
-    from market.states import TradeState
-
-    reason = {TradeState.REFUNDED: ReleaseReason.REFUNDED, TradeState.SETTLED: ReleaseReason.SETTLED}.get(TradeState(state))
+def trades_moved(event: TradesMoved) -> None:
+    """The chain refunded or settled trades (inside the listener's transaction)."""
+    trade_ids = list(event.trade_ids)
+    reason = {TradeState.REFUNDED: ReleaseReason.REFUNDED, TradeState.SETTLED: ReleaseReason.SETTLED}.get(TradeState(event.state))
     if reason is None or not trade_ids:
         return
     if reason == ReleaseReason.REFUNDED:
@@ -203,4 +202,4 @@ def _refunded_jobs_end(trade_ids: list[int]) -> None:
         elif not meta.get("stop_requested"):
             job.checkpoint = {**meta, "stop_requested": True, "preempt_requested": True, "preempt_reason": why}
             job.save(update_fields=["checkpoint", "updated_at"])
-        events.jobs_changed(job_ids=[job.pk])
+        announce(JobsChanged(job_ids=(job.pk,)))

@@ -20,8 +20,8 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from market import bookings, services
+from market.events import JobsChanged, announce
 from market.models import Role, User
-from market.streams import events
 from providers import catalogue
 from providers.models import GpuModel, Provider, Region
 
@@ -161,7 +161,7 @@ def _jobs_advance(*, names: list[str], now: datetime, speed: float) -> int:
             else:
                 continue
             moved.append(job.pk)
-        events.jobs_changed(job_ids=moved)
+        announce(JobsChanged(job_ids=tuple(moved)))
     return finished
 
 
@@ -177,7 +177,7 @@ def _progress_report(*, names: list[str], now: datetime, speed: float, machines:
             done = max(0.0, min(1.0, (now - t.created_at).total_seconds() * speed / t.duration_s))  # a trade made since `now`: 0
             Job.objects.filter(pk=job.pk, state=JobState.RUNNING).update(progress=done, updated_at=now)
             moved.append(job.pk)
-        events.jobs_changed(job_ids=moved)
+        announce(JobsChanged(job_ids=tuple(moved)))
 
 
 def _hours(busy: float) -> tuple[float, ...]:

@@ -19,20 +19,20 @@ from django.utils import timezone
 
 from ledger.custody import buyer_address
 from ledger.wallet import is_wallet_buyer
-from market import bookings, notify, states
+from market import bookings, states
 from market.audit import AuditAction, audit_record
 from market.bookings import ACTIVE_JOB_STATES
 from market.errors import Conflict, DomainError, NotFound
+from market.events import JobReached, JobsChanged, OperatorChanged, announce
 from market.funding import EscrowShort, funds_of, usdc
 from market.models import Bid, Booking, Job, Offer, Trade, User
 from market.services import bid_continue, spec_signature_custodial
 from market.ssh_keys import authorized_keys
 from market.states import BidState, BookingState, JobState, OfferState
-from market.streams import events
 from providers.agent import receipts as receipt_format
 from providers.agent.runtime import job_ports
-from providers.jobs import log_key, own_machine, provider_of
 from providers.push import machine_wake
+from providers.selectors import log_key, own_machine, provider_of
 
 EVENT_TARGET = {
     "started": JobState.RUNNING,
@@ -177,11 +177,11 @@ def job_stop(*, user: User, job_id: int) -> Job:
         job.save()
         bookings.extensions_follow(job)
         bookings.on_job_ended(trade_id=job.trade_id, state=job.state, stopped=True)
-        notify.job_changed(job=job)
+        announce(JobReached(job_id=job.pk))
     else:
         job.save(update_fields=["checkpoint", "updated_at"])
     machine_wake(job.trade.offer.machine_id, reason="preempt", job_id=job.pk)
-    events.jobs_changed(job_ids=[job.pk])
+    announce(JobsChanged(job_ids=(job.pk,)))
     return job
 
 
@@ -241,7 +241,7 @@ def job_extend(*, user: User, job_id: int, duration_s: int, max_price: int | Non
     Job.objects.create(trade=trade, state=job.state, started_at=job.started_at, checkpoint={"extension_of_job": job.pk})
     Booking.objects.filter(pk=booking.pk).update(ends_at=until)
     machine_wake(offer.machine_id, reason="extended", job_id=job.pk)
-    events.jobs_changed(job_ids=[job.pk])
+    announce(JobsChanged(job_ids=(job.pk,)))
     return trade
 
 
@@ -274,7 +274,7 @@ def job_event(*, user: User, job_id: int, event: str, at: int | None = None, pro
             raise Conflict(f"A job that is {job.state} has no progress to report.")
         job.progress = progress if progress is not None else job.progress
         job.save(update_fields=["progress", "updated_at"])
-        events.jobs_changed(job_ids=[job.pk])
+        announce(JobsChanged(job_ids=(job.pk,)))
         return job
     target = EVENT_TARGET[event]
     if checkpoint:
@@ -319,9 +319,9 @@ def job_event(*, user: User, job_id: int, event: str, at: int | None = None, pro
             job.checkpoint = {**meta, "continued_by_bid": follow.pk}
             job.save(update_fields=["checkpoint", "updated_at"])
     if not resumed:  # running after a checkpoint is not news: its parties heard it start
-        notify.job_changed(job=job)  # running, completed, failed, preempted: webhooks and emails
-    events.jobs_changed(job_ids=[job.pk])
-    events.operator_changed()  # jobs by state
+        announce(JobReached(job_id=job.pk))  # running, completed, failed, preempted: webhooks and emails
+    announce(JobsChanged(job_ids=(job.pk,)))
+    announce(OperatorChanged())  # jobs by state
     return job
 
 

@@ -1,10 +1,11 @@
 """Telling accounts what happened to their orders: webhooks (market.webhooks) and emails.
 
-The services call these inside their transactions, where the event happens: a round's
-write (bids matched), a job's report (running, completed, failed, preempted), and the
-ledger's `trades_moved` signal (payment settled, dispute ruled). Both parties of a trade
+These are handlers of the domain events (market.events), run inside the announcing
+transaction: a round's write (TradesMatched), a job's report (JobReached: running,
+completed, failed, preempted), and the ledger's confirmed chain events (TradesMoved:
+payment settled, dispute ruled). Both parties of a trade
 are told, each event saying which one it is (`role`). Webhook deliveries are written in
-the same transaction; emails are enqueued after it commits, to accounts that have an
+the same transaction; emails are enqueued after it commits (EmailsWanted), to accounts that have an
 email address and have not turned them off.
 """
 
@@ -15,8 +16,11 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.conf import settings
+from django.core.mail import send_mail
 
+from market.events import EmailsWanted, JobReached, TradesMatched, TradesMoved, announce
+from market.models import Job, Trade, User
 from market.states import JobState, TradeState
 from market.webhooks import EVENT_TYPES, Event, deliveries_create
 
@@ -34,8 +38,6 @@ def _iso(at: datetime | None) -> str | None:
 
 
 def _trades(trade_ids: Iterable[int]) -> list[dict[str, Any]]:
-    from market.models import Trade
-
     rows = Trade.objects.filter(pk__in=list(trade_ids)).order_by("id").values(*TRADE_FIELDS)
     return [
         {"id": r["id"], "bid": r["bid_id"], "offer": r["offer_id"], "gpu_model": r["gpu_model_id"], "region": r["region_id"], "price": r["price"],
@@ -59,27 +61,17 @@ def emit(events: list[Event]) -> None:
     """Webhook deliveries now (in the caller's transaction), emails after the commit."""
     if not events:
         return
-    from market.models import User
-
     deliveries_create(events=events)
     readers = set(User.objects.filter(pk__in={e.user_id for e in events}, email_notifications=True).exclude(email="").values_list("pk", flat=True))
     mails = [(e.user_id, e.type, e.data) for e in events if e.user_id in readers]
     if mails:
-        transaction.on_commit(lambda: _mail(mails))
-
-
-def _mail(mails: list[tuple[int, str, dict[str, Any]]]) -> None:
-    from market.tasks import email_notify
-
-    for user_id, event_type, data in mails:
-        email_notify.delay(user_id, event_type, data)
+        announce(EmailsWanted(mails=tuple(mails)))
 
 
 # --- where events happen -----------------------------------------------------------------------
-def trades_matched(*, trade_ids: list[int]) -> None:
+def trades_matched(event: TradesMatched) -> None:
     """A round matched bids: each buyer is told per bid, each provider per bid it sold to."""
-    from market.models import Job
-
+    trade_ids = list(event.trade_ids)
     job_of = dict(Job.objects.filter(trade_id__in=trade_ids).values_list("trade_id", "pk"))
     by_party: dict[tuple[int, int, str], list[dict[str, Any]]] = {}
     for trade in _trades(trade_ids):
@@ -91,8 +83,9 @@ def trades_matched(*, trade_ids: list[int]) -> None:
     ])
 
 
-def job_changed(*, job: Any) -> None:
+def job_reached(event: JobReached) -> None:
     """A job reached a state its parties are told about (running, completed, failed, preempted)."""
+    job = Job.objects.get(pk=event.job_id)
     event_type = JOB_EVENTS.get(job.state)
     if event_type is None:
         return
@@ -106,14 +99,14 @@ def job_changed(*, job: Any) -> None:
     emit(_both(trade, event_type, data))
 
 
-def on_trades_moved(sender: object, *, trade_ids: list[int], state: str, cause: str = "", **_: object) -> None:
-    """The ledger's listener moved trades (ledger.signals.trades_moved): a batch settled, or
-    the arbiter ruled on a dispute (for the provider: settled; for the buyer: refunded)."""
-    if cause == "DisputeResolved":
-        outcome = "provider_paid" if state == TradeState.SETTLED else "buyer_refunded"
-        emit([e for t in _trades(trade_ids) for e in _both(t, "dispute.ruled", {"trade": _public(t), "outcome": outcome})])
-    elif state == TradeState.SETTLED:
-        emit([e for t in _trades(trade_ids) for e in _both(t, "payment.settled", {"trade": _public(t)})])
+def trades_moved(event: TradesMoved) -> None:
+    """The ledger's listener moved trades: a batch settled, or the arbiter ruled on a
+    dispute (for the provider: settled; for the buyer: refunded)."""
+    if event.cause == "DisputeResolved":
+        outcome = "provider_paid" if event.state == TradeState.SETTLED else "buyer_refunded"
+        emit([e for t in _trades(event.trade_ids) for e in _both(t, "dispute.ruled", {"trade": _public(t), "outcome": outcome})])
+    elif event.state == TradeState.SETTLED:
+        emit([e for t in _trades(event.trade_ids) for e in _both(t, "payment.settled", {"trade": _public(t)})])
 
 
 # --- email -------------------------------------------------------------------------------------
@@ -136,11 +129,6 @@ def _subject(event_type: str, data: dict[str, Any]) -> str:
 
 def email_send(*, user_id: int, event_type: str, data: dict[str, Any]) -> bool:
     """Email one event to its account, if it still wants emails. True when one was sent."""
-    from django.conf import settings
-    from django.core.mail import send_mail
-
-    from market.models import User
-
     user = User.objects.filter(pk=user_id, email_notifications=True).exclude(email="").first()
     if user is None or event_type not in EVENT_TYPES:
         return False

@@ -26,7 +26,7 @@ from django.utils import timezone
 from market.errors import Conflict, DomainError, Gone, NotFound, TooLarge
 from market.models import OUTPUT_PATH_MAX, Job, JobOutput, User
 from providers.agent import receipts as receipt_format
-from providers.jobs import own_machine, provider_of
+from providers.selectors import own_machine, provider_of
 
 CHUNK = 1 << 20
 

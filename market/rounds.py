@@ -31,12 +31,12 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
-from market import bookings, engine, funding, notify, repository
+from market import bookings, engine, funding, repository
 from market.engine import serialize
+from market.events import BidChanged, OperatorChanged, RoundCleared, TradesMatched, announce
 from market.models import AuctionRound, Bid, Job, Offer, Trade
 from market.states import BidState, OfferState, RoundState
 from market.stopwatch import StageTimes
-from market.streams import events
 from providers.models import Provider
 from providers.push import machine_wake
 
@@ -113,7 +113,7 @@ def rounds_recover(*, now: datetime | None = None) -> int:
         error="The worker clearing this round stopped before it finished (its lease expired); the next round took its bids.",
     )
     log.warning("rounds %s were left clearing past their lease; marked failed", dead)
-    events.operator_changed()
+    announce(OperatorChanged())
     return failed
 
 
@@ -150,7 +150,7 @@ def bids_expire(*, now: datetime | None = None) -> list[int]:
             bid.explanation = {"round": before.get("round"), "matched": False, "expired": True, "reasons": [reason],
                                "last_reasons": list(before.get("reasons") or []), "nearest": before.get("nearest")}
             bid.save(update_fields=["state", "explanation", "updated_at"])
-            events.bid_changed(bid)
+            announce(BidChanged(bid_id=bid.pk, user_id=bid.buyer_id))
             expired.append(bid.pk)
     if expired:
         log.info("bids expired: %s", expired)
@@ -229,7 +229,7 @@ def _round_clear_locked(*, now: datetime, slot: int | None) -> AuctionRound | No
         log.exception("round %s failed", rnd.number)
         AuctionRound.objects.filter(pk=rnd.pk).update(state=RoundState.FAILED, error=f"{type(exc).__name__}: {exc}"[:2000],
                                                       stats={"skipped_slots": _behind_logged(rnd, now=timezone.now())})
-        events.operator_changed()
+        announce(OperatorChanged())
         return AuctionRound.objects.get(pk=rnd.pk)
     _write(rnd=rnd, inp=inp, result=result, elapsed_ms=elapsed_ms, stage_ms=stages.ms(), set_aside=set_aside)
     rnd.refresh_from_db()
@@ -284,7 +284,7 @@ def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundRes
     )
     for job in jobs:
         machine_wake(job.trade.offer.machine_id, reason="assigned", job_id=job.pk)
-    notify.trades_matched(trade_ids=[t.pk for t in made])  # webhook deliveries commit with the trades
+    announce(TradesMatched(trade_ids=tuple(t.pk for t in made)))  # webhook deliveries commit with the trades
     bookings.capacity_refresh(offer_ids=offer_ids)
     matched = [b for b in bids.values() if b.state == BidState.MATCHED]
     Bid.objects.bulk_update(matched, ["state", "explanation"])
@@ -311,7 +311,7 @@ def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundRes
         prices=result_dict["prices"],
         stats=stats,
     )
-    events.round_cleared(rnd.pk)
+    announce(RoundCleared(round_id=rnd.pk))
 
 
 @dataclass(frozen=True)

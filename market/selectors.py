@@ -14,6 +14,7 @@ from django.db.models import Count, Min, Q, QuerySet, Sum
 from market.models import AuctionRound, AuditEvent, Bid, Booking, Job, Offer, Trade, User
 from market.states import BidState, BookingState, OfferState, RoundState
 from providers.models import Machine
+from providers.selectors import machine_telemetry, machine_telemetry_history
 
 
 def offers_open() -> QuerySet[Offer]:
@@ -206,8 +207,6 @@ def offer_stats() -> dict[str, int]:
 
 def provider_machines(provider_id: int, *, machine_ids: list[int] | None = None) -> list[dict[str, Any]]:
     """Each machine with its booked GPUs (from its offers) and its latest telemetry."""
-    from providers.jobs import machine_telemetry, machine_telemetry_history
-
     qs = Machine.objects.filter(provider_id=provider_id).select_related("region").annotate(gpu_count=Count("gpus")).order_by("name", "id")
     if machine_ids is not None:
         qs = qs.filter(pk__in=machine_ids)

@@ -21,10 +21,10 @@ from market.api.auth import TOKEN_PREFIX, token_digest
 from market.audit import AuditAction, audit_record, offer_change_record, offer_snapshot
 from market.bookings import capacity_refresh
 from market.errors import Conflict, DomainError, NotAllowed
+from market.events import BidChanged, BookChanged, TokenRevoked, UserDeactivated, announce
 from market.funding import funds_check
 from market.models import ApiToken, Bid, Job, Offer, Role, Scope, User
 from market.states import BidState, BookingState, OfferState
-from market.streams import events
 from providers.models import GpuModel, Machine, Provider, Region
 
 
@@ -109,7 +109,7 @@ def token_revoke(*, user: User, token_id: int, by: ApiToken | None = None) -> Ap
     if not updated:
         raise Conflict("This token was already revoked.")
     audit_record(actor=user, action=AuditAction.TOKEN_REVOKE, obj=token, details={"name": token.name, "prefix": token.prefix, "scopes": token.scopes})
-    events.token_revoked(token.pk)  # its open WebSockets close (4001) after the commit
+    announce(TokenRevoked(token_id=token.pk))  # its open WebSockets close (4001) after the commit
     return token
 
 
@@ -119,7 +119,7 @@ def user_deactivate(*, user: User) -> User:
     its open WebSockets close (4001) after the commit."""
     User.objects.filter(pk=user.pk).update(is_active=False)
     user.is_active = False
-    events.user_deactivated(user.pk)
+    announce(UserDeactivated(user_id=user.pk))
     return user
 
 
@@ -176,7 +176,7 @@ def offer_publish(*, user: User, machine: Machine, gpu_model: GpuModel, gpus: in
     capacity_refresh(offer_ids=[offer.pk])  # a withdrawn offer's jobs may still run on these cards
     offer.refresh_from_db(fields=["gpus_free"])
     audit_record(actor=user, action=AuditAction.OFFER_PUBLISH, obj=offer, details={"machine": machine.pk, "gpu_model": gpu_model.id, "gpus": gpus, "price": price})
-    events.book_changed(gpu_model.id, machine.region_id)
+    announce(BookChanged(gpu_model=gpu_model.id, region=machine.region_id))
     return offer
 
 
@@ -207,7 +207,7 @@ def offer_update(*, user: User, offer: Offer, **changes: Any) -> Offer:
     capacity_refresh(offer_ids=[offer.pk])
     offer.refresh_from_db(fields=["gpus_free"])
     offer_change_record(actor=user, offer=offer, before=before)
-    events.book_changed(offer.gpu_model_id, offer.machine.region_id)
+    announce(BookChanged(gpu_model=offer.gpu_model_id, region=offer.machine.region_id))
     return offer
 
 
@@ -278,7 +278,7 @@ def bid_place(*, user: User, data: dict[str, Any]) -> Bid:
             raise  # another constraint: a real fault, not the race
         raise _client_order_taken(user=user, client_order_id=client_order_id) from None
     audit_record(actor=user, action=AuditAction.BID_PLACE, obj=bid, details={k: getattr(bid, k) for k in ("gpus", "gpu_models", "max_price", "duration_s", "klass", "client_order_id")})
-    events.bid_changed(bid)
+    announce(BidChanged(bid_id=bid.pk, user_id=bid.buyer_id))
     return bid
 
 
@@ -325,7 +325,7 @@ def bid_continue(*, job: Job, checkpoint: dict[str, Any]) -> Bid | None:
         return None  # a repeated report: continued once already
     fields = {f: getattr(bid, f) for f in CONTINUE_FIELDS}
     follow = Bid.objects.create(buyer=bid.buyer, duration_s=left, resume_from={"url": url, "sha256": sha, "size": checkpoint.get("size"), "trade": trade.pk}, **fields)
-    events.bid_changed(follow)
+    announce(BidChanged(bid_id=follow.pk, user_id=follow.buyer_id))
     return follow
 
 
@@ -340,5 +340,5 @@ def bid_cancel(*, user: User, bid: Bid) -> Bid:
     states.advance("bid", bid, BidState.CANCELLED)
     bid.save(update_fields=["state", "updated_at"])
     audit_record(actor=user, action=AuditAction.BID_CANCEL, obj=bid)
-    events.bid_changed(bid)
+    announce(BidChanged(bid_id=bid.pk, user_id=bid.buyer_id))
     return bid

@@ -34,7 +34,9 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from market.audit import AuditAction, audit_record
 from market.errors import Conflict, DomainError, NotFound
+from market.events import WebhookDeliveriesWritten, announce
 from market.models import WEBHOOK_URL_MAX_LENGTH as MAX_URL_LENGTH
 from market.models import DeliveryState, Webhook, WebhookDelivery
 
@@ -148,8 +150,6 @@ def _checked(url: str, events: list[str]) -> None:
 
 
 def _audit(user: Any, action: str, hook: Webhook, details: dict[str, Any]) -> None:
-    from market.audit import AuditAction, audit_record
-
     # never the secret: the record says where events go, not how they are signed
     audit_record(actor=user, action=AuditAction[action], obj=("webhook", hook.pk), details=details)
 
@@ -228,15 +228,8 @@ def deliveries_create(*, events: list[Event], now: datetime | None = None) -> li
     made = WebhookDelivery.objects.bulk_create(rows)
     ids = [d.pk for d in made]
     if ids:
-        transaction.on_commit(lambda: _send(ids))
+        announce(WebhookDeliveriesWritten(delivery_ids=tuple(ids)))
     return ids
-
-
-def _send(ids: list[int]) -> None:
-    from market.tasks import webhook_deliver
-
-    for delivery_id in ids:
-        webhook_deliver.delay(delivery_id)
 
 
 # --- delivery ---------------------------------------------------------------------------------

@@ -18,46 +18,24 @@ from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
 
-from market.errors import Conflict, DomainError, NotFound
+from market.errors import Conflict, DomainError
+from market.events import JobsChanged, MachinesChanged, announce
 from market.models import Job, Offer, User
 from market.states import JobState, OfferState
-from market.streams import events
-from providers.models import Machine, MachineState, Provider
+from providers.models import MachineState, Provider
+from providers.selectors import (
+    TELEMETRY_HISTORY_POINTS,
+    TELEMETRY_TTL_S,
+    log_key,
+    own_machine,
+    provider_of,
+    telemetry_history_key,
+    telemetry_key,
+)
 
 HEARTBEAT_INTERVAL_S = 5
-TELEMETRY_TTL_S = 300
 CHALLENGE_SALT = "gridbid.agent.challenge"
 CHALLENGE_MAX_AGE_S = 300
-
-
-def provider_of(user: User) -> Provider:
-    try:
-        return user.provider
-    except Provider.DoesNotExist:
-        raise NotFound("This account is not a provider.") from None
-
-
-def own_machine(user: User, machine_id: int, *, lock: bool = False) -> Machine:
-    qs = Machine.objects.filter(pk=machine_id, provider=provider_of(user))
-    machine = (qs.select_for_update() if lock else qs).first()
-    if machine is None:
-        raise NotFound(f"No machine {machine_id} of yours.")
-    return machine
-
-
-def telemetry_key(machine_id: int) -> str:
-    return f"gridbid:machine:{machine_id}:telemetry"
-
-
-def log_key(job_id: int) -> str:
-    return f"gridbid:job:{job_id}:log-tail"
-
-
-def telemetry_history_key(machine_id: int) -> str:
-    return f"gridbid:machine:{machine_id}:telemetry-history"
-
-
-TELEMETRY_HISTORY_POINTS = 120  # ten minutes at the default heartbeat
 
 
 def _telemetry_store(machine_id: int, snapshot: dict[str, Any], at: datetime) -> None:
@@ -97,21 +75,12 @@ def machine_heartbeat(*, user: User, machine_id: int, gpus: list[dict[str, Any]]
             moved.append(row["job"])
             if "log_tail" in row:  # a display cache: no harm if this transaction rolls back
                 cache.set(log_key(row["job"]), row["log_tail"], TELEMETRY_TTL_S * 4)
-    events.jobs_changed(job_ids=moved)  # progress bars on the buyer's page follow the heartbeats
+    announce(JobsChanged(job_ids=tuple(moved)))  # progress bars on the buyer's page follow the heartbeats
     snapshot = {"at": machine.last_heartbeat.isoformat(), "agent_version": agent_version, "gpus": gpus}
     at = machine.last_heartbeat
     transaction.on_commit(lambda: _telemetry_store(machine.pk, snapshot, at))
-    events.machines_changed(machine_ids=[machine.pk], states_changed=came_back)  # after the telemetry is stored
+    announce(MachinesChanged(machine_ids=(machine.pk,), states_changed=came_back))  # after the telemetry is stored
     return {"machine": machine.pk, "state": machine.state, "reopened_offers": reopened, "jobs_updated": updated, "next_heartbeat_s": HEARTBEAT_INTERVAL_S}
-
-
-def machine_telemetry(machine_id: int) -> dict[str, Any] | None:
-    return cache.get(telemetry_key(machine_id))
-
-
-def machine_telemetry_history(machine_id: int) -> list[list[float]]:
-    """[[unix time, mean GPU utilisation %], …], oldest first; empty when the agent has been quiet."""
-    return list(cache.get(telemetry_history_key(machine_id)) or [])
 
 
 # --- key challenge -------------------------------------------------------------------------------

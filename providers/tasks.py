@@ -10,9 +10,9 @@ from django.db.models import F
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
+from market.events import MachinesChanged, announce
 from market.models import Offer
 from market.states import OfferState
-from market.streams import events
 from providers.models import Machine, MachineState
 
 HEARTBEAT_TIMEOUT = timedelta(seconds=30)
@@ -29,5 +29,5 @@ def machines_mark_offline() -> int:
             return 0
         Machine.objects.filter(id__in=ids).update(state=MachineState.OFFLINE, reliability=Greatest(F("reliability") - RELIABILITY_PENALTY, 0.0))
         Offer.objects.filter(machine_id__in=ids, state=OfferState.OPEN).update(state=OfferState.PAUSED, paused_by="offline")
-        events.machines_changed(machine_ids=ids, states_changed=True)  # owners and operators see them go quiet
+        announce(MachinesChanged(machine_ids=tuple(ids), states_changed=True))  # owners and operators see them go quiet
     return len(ids)

@@ -305,7 +305,7 @@ def test_agent_runs_an_assigned_job_and_the_market_holds_its_verified_receipt(pr
     machine = job.trade.offer.machine
     machine.refresh_from_db()
     assert machine.state == "online"
-    from providers.jobs import machine_telemetry
+    from providers.selectors import machine_telemetry
 
     assert machine_telemetry(machine.id) is None or len(machine_telemetry(machine.id)["gpus"]) == 4
 
