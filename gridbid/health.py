@@ -27,6 +27,13 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
+from ledger.chain import ChainClient
+from ledger.context import deployment_current
+from ledger.models import ChainTx, ListenerCursor
+from ledger.outbox import OPEN_STATES, nonce_gaps, outbox_senders
+from market.models import AuctionRound, Bid, Offer
+from market.states import BidState, OfferState
+
 Status = Literal["ok", "failing", "skipped"]
 
 PROBE_TIMEOUT_S = 2.0  # socket timeout of one Redis or chain probe
@@ -141,8 +148,6 @@ class ChainProbe:
 
 def probe_chain(url: str, *, senders: tuple[str, ...] = (), timeout_s: float = PROBE_TIMEOUT_S) -> ChainProbe:
     """The chain's head block (and the mined nonce of each sender): raises when the node does not answer."""
-    from ledger.chain import ChainClient
-
     client = ChainClient(url, retries=0, request_timeout_s=timeout_s)
     # web3's HTTP provider retries a timed-out call 5 times with backoff by itself: a hung
     # node would hold this probe (and a thread) for 13 s instead of timeout_s
@@ -156,7 +161,6 @@ def chain_url() -> str | None:
     """CHAIN_RPC_URL, else the dev chain's URL recorded with the current deployment."""
     if settings.CONFIG.chain_rpc_url:
         return settings.CONFIG.chain_rpc_url
-    from ledger.context import deployment_current
 
     deployment = deployment_current()
     return deployment.rpc_url if deployment is not None and deployment.rpc_url else None
@@ -244,10 +248,6 @@ def _readiness(deadline_s: float) -> Readiness:
 
     # what the chain probe must look up: the senders of open transactions, and of the latest
     # confirmed ones (a block the chain lost takes those with it: a nonce gap)
-    from ledger.context import deployment_current
-    from ledger.models import ChainTx
-    from ledger.outbox import OPEN_STATES, outbox_senders
-
     open_txs = list(ChainTx.objects.filter(state__in=OPEN_STATES).values("sender", "nonce", "state", "signed_at", "created_at"))
     deployment = deployment_current()
     chain_id = deployment.chain_id if deployment is not None else None
@@ -298,9 +298,6 @@ def _chain_part(out: Readiness, future: Future[Any] | None, start: float, deadli
 
 
 def _rounds_part(out: Readiness) -> None:
-    from market.models import AuctionRound, Bid, Offer
-    from market.states import BidState, OfferState
-
     now = timezone.now()
     out.open_bids = Bid.objects.filter(state=BidState.OPEN).count()
     out.open_offers = Offer.objects.filter(state=OfferState.OPEN).count()
@@ -326,9 +323,6 @@ def _rounds_part(out: Readiness) -> None:
 
 
 def _listener_part(out: Readiness, probe: ChainProbe | None) -> None:
-    from ledger.context import deployment_current
-    from ledger.models import ListenerCursor
-
     if probe is None:
         out.parts["listener"] = Part("skipped", "needs the chain")
         return
@@ -357,8 +351,6 @@ def _outbox_part(out: Readiness, open_txs: list[dict[str, Any]], probe: ChainPro
         stuck = sum(1 for a in ages if a > OUTBOX_STUCK_S)
         problems.append(f"{stuck} transaction(s) unconfirmed for over {OUTBOX_STUCK_S:g} s (oldest {out.outbox_oldest_age_s:.0f} s)")
     if probe is not None:
-        from ledger.outbox import nonce_gaps
-
         problems.extend(nonce_gaps(mined=probe.mined_nonces, chain_id=chain_id))
     if problems:
         out.parts["outbox"] = Part("failing", "; ".join(problems))

@@ -24,6 +24,12 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gridbid.celery import Queue
+from gridbid.health import readiness
+from ledger.models import ChainTx, ChainTxState
+from market.models import AuctionRound
+from market.states import RoundState
+
 REGISTRY = CollectorRegistry()
 
 REQUEST_SECONDS = Histogram(
@@ -92,8 +98,6 @@ def _redis_keys(queue: str) -> list[str]:
 def celery_queue_lengths() -> dict[str, int]:
     """Messages waiting in each Celery queue: Redis LLEN with REDIS_URL, else the
     in-process (kombu memory) queues of the embedded worker."""
-    from gridbid.celery import Queue
-
     names = [q.value for q in Queue]
     if settings.CONFIG.redis_url:
         import redis
@@ -117,8 +121,6 @@ class MarketCollector(Collector):
     """The shared gauges, read at scrape time (see the module docstring)."""
 
     def collect(self) -> Iterator[Metric]:
-        from gridbid.health import readiness
-
         report = readiness()
         ready = GaugeMetricFamily("gridbid_ready", "1 when a part passes its readiness check, 0 when it fails (skipped parts are absent).", labels=["check"])
         for name, part in report.parts.items():
@@ -149,10 +151,6 @@ class MarketCollector(Collector):
         yield from self._streams()
 
     def _from_database(self) -> Iterator[Metric]:
-        from ledger.models import ChainTx, ChainTxState
-        from market.models import AuctionRound
-        from market.states import RoundState
-
         last = AuctionRound.objects.filter(state=RoundState.CLEARED).order_by("-number").values("number", "stats").first()
         if last is not None:
             stages = GaugeMetricFamily("gridbid_round_stage_seconds", "Seconds each engine stage took in the last cleared round.", labels=["stage"])

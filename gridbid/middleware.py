@@ -22,6 +22,7 @@ from market.api.errors import (
     redis_unreachable,
     redis_unreachable_log,
 )
+from market.api.parsers import body_too_large_message
 
 
 class RejectNulBytesMiddleware:
@@ -154,9 +155,6 @@ class BodySizeLimitMiddleware:
 
     @staticmethod
     async def refuse(scope: dict[str, Any], send: Any, limit: int) -> None:
-        from market.api.errors import error_body
-        from market.api.parsers import body_too_large_message
-
         message = body_too_large_message(limit)
         if str(scope.get("path", "")).startswith("/api/"):
             body, content_type = json.dumps(error_body("too_large", message)).encode(), b"application/json"

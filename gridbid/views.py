@@ -16,6 +16,9 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 
+from gridbid.health import readiness
+from gridbid.metrics import REGISTRY
+from market.api.auth import token_lookup
 from market.api.errors import error_body
 from market.api.permissions import credential_scopes
 from market.models import Scope
@@ -30,8 +33,6 @@ def healthz(request: HttpRequest) -> HttpResponse:
 @never_cache
 @require_safe
 def readyz(request: HttpRequest) -> JsonResponse:
-    from gridbid.health import readiness
-
     report = readiness()
     body = report.as_dict()
     if report.ready:
@@ -52,8 +53,6 @@ def _metrics_refusal(request: HttpRequest) -> JsonResponse | None:
         if token and secrets.compare_digest(credential.encode(), token.encode()):
             return None
         from rest_framework.exceptions import AuthenticationFailed
-
-        from market.api.auth import token_lookup
 
         try:
             api_token = token_lookup(credential)
@@ -90,8 +89,6 @@ def metrics(request: HttpRequest) -> HttpResponse:
     if refusal is not None:
         return refusal
     from prometheus_client.exposition import choose_encoder
-
-    from gridbid.metrics import REGISTRY
 
     # the format the scraper asks for (Prometheus negotiates OpenMetrics or a text version)
     encoder, content_type = choose_encoder(request.headers.get("Accept", ""))

@@ -25,6 +25,8 @@ from rest_framework.views import APIView
 
 from contracts.merkle import receipt_leaf
 from ledger import selectors
+from ledger.context import chain_context, market_min_stake
+from ledger.disputes import dispute_request, ruling_request
 from ledger.escrow import (
     UNREACHABLE,
     ChainUnavailable,
@@ -179,8 +181,6 @@ class ChainView(APIView):
             return Response({"chain": None})
         min_stake = None
         try:
-            from ledger.context import chain_context, market_min_stake
-
             ctx = chain_context()
             min_stake = market_min_stake(ctx) if ctx is not None else None
         except UNREACHABLE as exc:  # the agent reads it from the chain itself then
@@ -357,8 +357,6 @@ class DisputeView(APIView):
     @extend_schema(request=None, responses={200: DISPUTE_RESPONSE, 202: DISPUTE_RESPONSE}, exclude=SCHEMA_EXCLUDES_WRITES)
     @idempotent
     def post(self, request: Request, trade_id: int) -> Response:
-        from ledger.disputes import dispute_request
-
         trade = _trade_of(request, trade_id)
         key = f"api:{request.user.pk}:{request.META.get(HEADER) or uuid.uuid4().hex}"
         try:
@@ -383,8 +381,6 @@ class RulingView(APIView):
     @extend_schema(request=RulingSerializer, responses={200: DISPUTE_RESPONSE, 202: DISPUTE_RESPONSE}, exclude=SCHEMA_EXCLUDES_WRITES)
     @idempotent
     def post(self, request: Request, trade_id: int) -> Response:
-        from ledger.disputes import ruling_request
-
         if not is_operator(request):
             raise PermissionDenied("Only operators rule on disputes.")
         trade = _trade_of(request, trade_id)

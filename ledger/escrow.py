@@ -17,13 +17,21 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 
 from ledger.chain import ChainError
-from ledger.context import ChainContext, chain_context
+from ledger.context import (
+    DEV_CHAIN_ID,
+    ChainContext,
+    chain_context,
+    deployment_current,
+    market_min_stake,
+)
 from ledger.custody import custodial_key_get_or_create, custodial_signer
 from ledger.models import ChainTx, CustodialKey
 from ledger.outbox import tx_submit
+from ledger.services import escrow_deposit
 from ledger.wallet import is_wallet_buyer
 from market.audit import AuditAction, audit_record
 from market.errors import Conflict, DomainError, NotAllowed
+from market.funding import funds_of
 from market.models import User
 from market.money import usdc
 from providers.models import Provider
@@ -68,8 +76,6 @@ def escrow_request(*, user: User, action: str, amount: Any, key: str) -> dict[st
     if is_wallet_buyer(user):
         raise Conflict(f"Your escrow belongs to your own wallet ({user.chain_address}): {action} from the wallet, not through the server.")
     if action == "withdraw":
-        from market.funding import funds_of
-
         # what open bids and matched, unrecorded trades still need stays: the same money
         # check as a bid's, under the same row lock, so a bid and a withdrawal cannot both spend it
         User.objects.select_for_update().filter(pk=user.pk).values_list("pk", flat=True).first()
@@ -104,8 +110,6 @@ def _send(*, user_id: int, action: str, amount: int, key: str) -> None:
         ctx = chain_for_writes()
         user = User.objects.get(pk=user_id)
         if action == "deposit":
-            from ledger.services import escrow_deposit
-
             escrow_deposit(ctx=ctx, user=user, amount=amount, key=key)
         else:
             signer = custodial_signer(CustodialKey.objects.get(user=user))
@@ -123,8 +127,6 @@ def faucet_available() -> bool:
     own test token (no TOKEN_ADDRESS), and there only when CHAIN_FAUCET says so (unset: on for
     the embedded dev chain, `gridbid up` without CHAIN_RPC_URL)."""
     from django.conf import settings
-
-    from ledger.context import DEV_CHAIN_ID, deployment_current
 
     cfg = settings.CONFIG
     if cfg.chain_faucet is False or cfg.token_address:
@@ -160,8 +162,6 @@ def faucet_provider(*, provider: Provider, key: str) -> dict[str, Any]:
     import time
 
     from django.core.cache import cache
-
-    from ledger.context import deployment_current, market_min_stake
 
     address = provider.chain_address
     if not faucet_available():

@@ -39,7 +39,7 @@ from typing import Any
 from django.db.models import Sum
 
 from ledger.legs import CALL_OF, DerivationError, Leg, event_legs
-from ledger.models import CustodialKey, JournalEntry
+from ledger.models import CustodialKey, JournalEntry, ListenerCursor
 from providers.models import Provider
 
 __all__ = ["GENESIS", "LOG_PAGE", "Leg", "account_balances", "balance_of", "chain_check", "entries_of", "entry_hash",
@@ -263,8 +263,6 @@ def checkpoint_usable(*, ctx: Any, block: int) -> Checkpoint | None:
 def _checked_block(ctx: Any, block: int | None) -> int:
     """Default: the last block the listener applied, so events not yet confirmed are not
     counted as drift."""
-    from ledger.models import ListenerCursor
-
     if block is not None:
         return block
     cursor = ListenerCursor.objects.filter(deployment=ctx.deployment).first()

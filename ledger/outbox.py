@@ -29,7 +29,8 @@ from django.utils import timezone
 
 from ledger.chain import ChainClient, ChainError, Signer
 from ledger.chain.client import Fees, NonceConsumed, SignedTx
-from ledger.models import ChainTx, ChainTxState, NonceCursor
+from ledger.custody import custodial_signer
+from ledger.models import ChainTx, ChainTxState, CustodialKey, NonceCursor
 
 log = logging.getLogger("gridbid.ledger.outbox")
 
@@ -309,9 +310,6 @@ def outbox_problems(*, client: ChainClient, senders: tuple[str, ...] = (), stuck
 
 def signers_of(operator: Signer) -> SignerFor:
     """The keys this server holds: the operator's and the custodial buyers'."""
-    from ledger.custody import custodial_signer
-    from ledger.models import CustodialKey
-
     def signer_for(address: str) -> Signer | None:
         if address.lower() == operator.address.lower():
             return operator

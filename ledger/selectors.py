@@ -26,7 +26,8 @@ from ledger.models import (
     RecordItem,
     SettleItem,
 )
-from market.models import Trade, User
+from market.models import AuditAction, AuditEvent, Trade, User
+from market.states import TradeState
 from providers.models import Provider
 
 
@@ -220,9 +221,6 @@ def trade_dispute(*, trade: Trade) -> dict[str, Any]:
     import datetime as dt
 
     from django.utils import timezone
-
-    from market.models import AuditAction, AuditEvent
-    from market.states import TradeState
 
     out: dict[str, Any] = {"opened": None, "resolved": None, "pending": None, "failed": None, "window_closes": None}
     for e in ChainEvent.objects.filter(name__in=("DisputeOpened", "DisputeResolved"), args__trade_id=trade.pk).order_by("block_number", "log_index"):

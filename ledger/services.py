@@ -33,10 +33,12 @@ from contracts.batches import (
     record_args,
     settlement_args,
 )
+from contracts.merkle import merkle_root
 from contracts.orders import Order, SignedOrder, sign_order
 from ledger.chain import ChainError
 from ledger.context import ChainContext
 from ledger.custody import custodial_key_get_or_create, custodial_signer
+from ledger.journal import account_balances
 from ledger.models import (
     BatchState,
     ChainEvent,
@@ -109,8 +111,6 @@ def _registered(ctx: ChainContext, address: str, seen: dict[str, bool]) -> bool:
 
 
 def _claim_record_batch(ctx: ChainContext, *, limit: int) -> RecordBatch | None:
-    from contracts.merkle import merkle_root
-
     pending = Trade.objects.filter(state=TradeState.PENDING, record_item__isnull=True)
     bid_ids = list(dict.fromkeys(pending.order_by("id").values_list("bid_id", flat=True)[:limit]))
     trades = list(pending.filter(bid_id__in=bid_ids).select_related("bid", "buyer", "provider").order_by("bid_id", "id"))
@@ -462,8 +462,6 @@ def escrow_deposit(*, ctx: ChainContext, user: User, amount: int, key: str) -> C
 
 def escrow_summary(*, address: str) -> dict[str, Any]:
     """An account's balances as the journal has them (confirmed chain events only)."""
-    from ledger.journal import account_balances
-
     balances = account_balances(prefix_filter=address)
     return {kind: balances.get(f"{kind}:{address}", 0) for kind in ("free", "locked", "stake")}
 

@@ -9,7 +9,17 @@ from typing import Any
 from celery import shared_task
 
 import gridbid.celery  # noqa: F401 - binds the tasks to the configured app (eager in tests)
-from ledger.context import chain_context
+from ledger.context import DEV_CHAIN_ID, chain_context
+from ledger.demo import demo_agents_act
+from ledger.journal import reconcile
+from ledger.listener import events_sync
+from ledger.outbox import signers_of, txs_track
+from ledger.services import (
+    batch_record,
+    batches_release_failed,
+    settle_collect,
+    settle_submit_ready,
+)
 from market.events import OperatorChanged, announce
 
 # their queues (chain; the demo's tick: demo) are set in gridbid.celery.TASK_QUEUES
@@ -19,8 +29,6 @@ RETRY: dict[str, Any] = {"ignore_result": True, "autoretry_for": (ConnectionErro
 @shared_task(name="ledger.tasks.trades_record", **RETRY)
 def trades_record() -> int | None:
     """Record pending trades on chain in one batch."""
-    from ledger.services import batch_record
-
     ctx = chain_context()
     if ctx is None:
         return None
@@ -31,8 +39,6 @@ def trades_record() -> int | None:
 @shared_task(name="ledger.tasks.batches_settle", **RETRY)
 def batches_settle() -> int:
     """Batch finished jobs' receipts for co-signing, and submit fully co-signed batches."""
-    from ledger.services import settle_collect, settle_submit_ready
-
     ctx = chain_context()
     if ctx is None:
         return 0
@@ -44,9 +50,6 @@ def batches_settle() -> int:
 def chain_txs_track() -> int:
     """Rebroadcast unmined transactions (with higher fees once stuck) and follow receipts to
     the confirmation depth; a batch whose transaction failed for good frees its trades."""
-    from ledger.outbox import signers_of, txs_track
-    from ledger.services import batches_release_failed
-
     ctx = chain_context()
     if ctx is None:
         return 0
@@ -58,8 +61,6 @@ def chain_txs_track() -> int:
 @shared_task(name="ledger.tasks.chain_events_sync", **RETRY)
 def chain_events_sync() -> int:
     """One tick of the event listener."""
-    from ledger.listener import events_sync
-
     ctx = chain_context()
     if ctx is None:
         return 0
@@ -71,8 +72,6 @@ def ledger_reconcile() -> bool | None:
     """The journal against the chain (hash chain, every balance, totals): the operator page
     shows the outcome; a discrepancy is logged as an error."""
     import logging
-
-    from ledger.journal import reconcile
 
     ctx = chain_context()
     if ctx is None:
@@ -88,9 +87,6 @@ def ledger_reconcile() -> bool | None:
 def demo_agents_tick() -> dict[str, int]:
     """Under `gridbid up --demo` only: the demo providers' simulated agents sign receipts
     and co-sign settlement batches (ledger/demo.py)."""
-    from ledger.context import DEV_CHAIN_ID
-    from ledger.demo import demo_agents_act
-
     ctx = chain_context()
     if ctx is None or ctx.chain_id != DEV_CHAIN_ID:
         return {}

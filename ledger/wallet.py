@@ -24,6 +24,7 @@ from eth_account.messages import encode_defunct
 from eth_utils import is_address, to_checksum_address
 
 from contracts.orders import Order, SignedOrder, recover_order_signer, typed_data
+from ledger.context import deployment_current
 from ledger.models import CustodialKey
 from market.errors import Conflict, DomainError, NotFound
 from market.models import Bid, User
@@ -84,8 +85,6 @@ def _order(bid: Bid) -> Order:
 
 def _chain() -> tuple[int, str]:
     """The deployment orders are signed for (no node needed: its chain id and address)."""
-    from ledger.context import deployment_current
-
     d = deployment_current()
     if d is None:
         raise Conflict("No chain is configured on this server: there is no market contract to sign orders for.")

@@ -11,6 +11,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
 from ledger import selectors
+from ledger.disputes import dispute_request, ruling_request
 from ledger.escrow import (
     ChainUnavailable,
     escrow_request,
@@ -103,8 +104,6 @@ DANGER = {"dispute": "Dispute this trade", "pay-provider": "Pay the provider", "
 
 
 def _trade_action(request: HttpRequest, trade: Trade) -> None:
-    from ledger.disputes import dispute_request, ruling_request
-
     action = request.POST.get("action", "")
     # the form's nonce names the request: a double submit sends one transaction
     key = f"web:{request.user.pk}:{request.POST.get('nonce', '')[:64] or uuid.uuid4().hex}"

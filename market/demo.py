@@ -21,9 +21,12 @@ from django.utils import timezone
 
 from market import bookings, services
 from market.events import JobsChanged, announce
-from market.models import Role, User
+from market.funding import EscrowShort, bid_worst_case, funds_of
+from market.models import AuctionRound, Bid, Job, Offer, Role, User
+from market.states import BidState, JobState, OfferState
 from providers import catalogue
-from providers.models import GpuModel, Provider, Region
+from providers.jobs import machine_heartbeat
+from providers.models import GpuModel, Machine, Provider, Region
 
 log = logging.getLogger("gridbid.demo")
 
@@ -100,11 +103,6 @@ def _heartbeats(rng: random.Random, names: list[str], *, now: datetime, tick_s: 
     inside the offline timeout: a heartbeat costs tens of ms, and one tick beating for
     all fifty machines took longer than the round it has to keep up with.
     Returns the machines that beat."""
-    from market.models import Job
-    from market.states import JobState
-    from providers.jobs import machine_heartbeat
-    from providers.models import Machine
-
     machines = Machine.objects.filter(provider__user__username__in=names)
     batch = max(HEARTBEAT_BATCH_MIN, math.ceil(machines.count() * tick_s / HEARTBEAT_SPREAD_S))
     due = list(machines.filter(Q(last_heartbeat__isnull=True) | Q(last_heartbeat__lt=now - timedelta(seconds=HEARTBEAT_EVERY_S)))
@@ -141,9 +139,6 @@ WISHED_MODELS = ["H100-SXM-80GB", "A100-SXM-80GB", "RTX-4090-24GB", "L40S-48GB",
 def _jobs_advance(*, names: list[str], now: datetime, speed: float) -> int:
     """Demo jobs run `speed` times faster than booked: those whose time is up complete and give
     their GPUs back (their booking is released); those assigned start."""
-    from market.models import Job
-    from market.states import JobState
-
     finished = 0
     moved: list[int] = []
     with transaction.atomic():
@@ -167,9 +162,6 @@ def _jobs_advance(*, names: list[str], now: datetime, speed: float) -> int:
 
 def _progress_report(*, names: list[str], now: datetime, speed: float, machines: set[int]) -> None:
     """The running jobs of the machines that just beat report their progress, as agents do."""
-    from market.models import Job
-    from market.states import JobState
-
     moved: list[int] = []
     with transaction.atomic():
         for job in Job.objects.select_related("trade__offer").filter(trade__offer__machine_id__in=machines, state=JobState.RUNNING):
@@ -224,10 +216,6 @@ def _bids_place(rng: random.Random, *, now: datetime, names: list[str]) -> int:
     the buyers' own terms (`demo-w-…`); each within its buyer's escrow and expiring a few
     rounds on (BID_TTL_MAX_S at most), so the book keeps turning over."""
     from django.conf import settings
-
-    from market.funding import EscrowShort, bid_worst_case, funds_of
-    from market.models import AuctionRound, Bid, Offer
-    from market.states import BidState, OfferState
 
     buyers = {u.username: u for u in User.objects.filter(username__in=[b[0] for b in BUYERS])}
     if not buyers:
@@ -291,9 +279,6 @@ def demo_tick(seed: int | None = None) -> dict[str, int]:
     `gridbid up --demo`; it touches demo accounts only.
     """
     from django.conf import settings
-
-    from market.models import Offer
-    from market.states import OfferState
 
     rng = random.Random(seed)
     now = timezone.now()

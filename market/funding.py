@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from django.db.models import Q, Sum
 from django.utils import timezone
 
+from ledger.models import CustodialKey, JournalEntry
 from market.errors import PaymentRequired
 from market.models import Bid, Trade, User
 from market.money import TOKEN, usdc  # noqa: F401 (messages here and in jobs and rounds use them)
@@ -53,8 +54,6 @@ class Funds:
 
 
 def _addresses(user_ids: Iterable[int]) -> dict[int, str]:
-    from ledger.models import CustodialKey
-
     out = dict(User.objects.filter(pk__in=list(user_ids)).exclude(chain_address="").values_list("pk", "chain_address"))
     out.update(CustodialKey.objects.filter(user_id__in=list(user_ids)).values_list("user_id", "address"))
     return out
@@ -62,8 +61,6 @@ def _addresses(user_ids: Iterable[int]) -> dict[int, str]:
 
 def _free_by_address(addresses: Iterable[str]) -> dict[str, int]:
     """Each address's `free:` balance in the journal, in two grouped queries."""
-    from ledger.models import JournalEntry
-
     accounts = {f"free:{a}".lower(): a for a in addresses}
     if not accounts:
         return {}

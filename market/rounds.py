@@ -31,10 +31,11 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
-from market import bookings, engine, funding, repository
+from market import bookings, engine, funding, repository, states
 from market.engine import serialize
+from market.errors import Conflict, NotFound
 from market.events import BidChanged, OperatorChanged, RoundCleared, TradesMatched, announce
-from market.models import AuctionRound, Bid, Job, Offer, Trade
+from market.models import AuctionRound, Bid, Job, Offer, Trade, User
 from market.states import BidState, OfferState, RoundState
 from market.stopwatch import StageTimes
 from providers.models import Provider
@@ -133,8 +134,6 @@ def bids_expire(*, now: datetime | None = None) -> list[int]:
     deadline can no longer be met; each keeps the reason (and what its last round said) as its
     explanation. Claimed under row locks, so a round and the periodic task expire a bid once
     and never one a round matched meanwhile. Returns the ids expired."""
-    from market import states
-
     now = now or timezone.now()
     # a deadline is due when it is closer than the bid's duration: read unlocked, lock only those
     late = [pk for pk, deadline, duration_s in Bid.objects.filter(state=BidState.OPEN, deadline__isnull=False, expires_at__gt=now)
@@ -325,8 +324,6 @@ class Replay:
 
 def round_replay(*, number: int) -> Replay:
     """Re-run a stored round from its stored inputs and compare with what was recorded."""
-    from market.errors import Conflict, NotFound
-
     rnd = AuctionRound.objects.filter(number=number).first()
     if rnd is None:
         raise NotFound(f"No round {number}.")
@@ -377,7 +374,6 @@ def bid_quote(*, user_id: int, data: dict[str, Any], now: datetime | None = None
     if mine is not None:  # the asker's own bid: say what to change (others' bad orders are left out quietly)
         raise engine.EngineInputError(mine.field, mine.message)
     result = engine.clear_round(inp)
-    from market.models import User
 
     funds = funding.funds_of(User.objects.get(pk=user_id))
     cost = funding.bid_worst_case(max_price=data["max_price"], gpus=data["gpus"], duration_s=data["duration_s"])

@@ -11,9 +11,12 @@ from django.core.cache import cache
 from django.db import connection
 from django.db.models import Count, Min, Q, QuerySet, Sum
 
+from ledger.journal import reconciliation_status
+from ledger.models import JournalEntry, RecordBatch, SettleBatch
+from ledger.selectors import earnings_of
 from market.models import AuctionRound, AuditEvent, Bid, Booking, Job, Offer, Trade, User
-from market.states import BidState, BookingState, OfferState, RoundState
-from providers.models import Machine
+from market.states import BidState, BookingState, OfferState, RoundState, TradeState
+from providers.models import Machine, MachineState, Provider
 from providers.selectors import machine_telemetry, machine_telemetry_history
 
 
@@ -233,7 +236,6 @@ def provider_sales(provider_id: int, *, trade_ids: list[int] | None = None, limi
     qs = Trade.objects.filter(provider_id=provider_id).select_related("round", "job").order_by("-id")
     if trade_ids is not None:
         qs = qs.filter(pk__in=trade_ids)
-    from ledger.models import JournalEntry
 
     rows = list(qs[:limit])
     # what the chain paid for each (confirmed settlement legs), beside the lock it sold
@@ -253,10 +255,6 @@ def provider_totals(provider_id: int) -> dict[str, int]:
     """What the provider sold (trades, their full locks) beside its money, which comes only
     from confirmed chain events (`ledger.selectors.earnings_of`): paid, held in disputes,
     free to withdraw, stake."""
-    from ledger.selectors import earnings_of
-    from market.states import TradeState
-    from providers.models import Provider
-
     agg = Trade.objects.filter(provider_id=provider_id).aggregate(
         sold=Sum("amount"),
         pending=Sum("amount", filter=Q(state__in=[TradeState.PENDING, TradeState.RECORDED])),
@@ -270,17 +268,11 @@ def provider_totals(provider_id: int) -> dict[str, int]:
 def provider_earnings_series(provider_id: int, limit: int = 500) -> list[tuple[float, int]]:
     """(unix time, cumulative paid less held) after each confirmed chain event that moved the
     provider's earnings, oldest first (`ledger.selectors.earnings_of`)."""
-    from ledger.selectors import earnings_of
-    from providers.models import Provider
-
     return list(earnings_of(provider=Provider.objects.get(pk=provider_id), series_limit=limit)["series"])
 
 
 def operator_overview() -> dict[str, Any]:
     """Rounds, the settlement queue (trades and chain batches by state), jobs, machines offline."""
-    from ledger.models import RecordBatch, SettleBatch
-    from providers.models import MachineState
-
     def by_state(qs: QuerySet[Any]) -> dict[str, int]:
         return dict(qs.order_by().values_list("state").annotate(n=Count("id")).values_list("state", "n"))
 
@@ -294,8 +286,6 @@ def operator_overview() -> dict[str, Any]:
         {"id": m.pk, "provider": m.provider.display_name, "name": m.name, "region": m.region_id, "last_heartbeat": m.last_heartbeat, "reliability": m.reliability}
         for m in Machine.objects.filter(state=MachineState.OFFLINE).select_related("provider").order_by("last_heartbeat", "id")[:50]
     ]
-    from ledger.journal import reconciliation_status
-    from market.states import TradeState
 
     disputes = [
         {"trade": t.pk, "buyer": t.buyer.username, "provider": t.provider.display_name, "gpus": t.gpus,

@@ -16,16 +16,20 @@ from django.db import IntegrityError, transaction
 from django.db.models import Sum
 from django.utils import timezone
 
+from ledger.custody import custodial_key_get_or_create, custodial_signer
+from ledger.wallet import is_wallet_buyer
 from market import states
 from market.api.auth import TOKEN_PREFIX, token_digest
+from market.api.permissions import ROLE_SCOPES
 from market.audit import AuditAction, audit_record, offer_change_record, offer_snapshot
 from market.bookings import capacity_refresh
-from market.errors import Conflict, DomainError, NotAllowed
+from market.errors import Conflict, DomainError, NotAllowed, NotFound
 from market.events import BidChanged, BookChanged, TokenRevoked, UserDeactivated, announce
 from market.funding import funds_check
 from market.models import ApiToken, Bid, Job, Offer, Role, Scope, User
 from market.states import BidState, BookingState, OfferState
-from providers.models import GpuModel, Machine, Provider, Region
+from providers.agent.receipts import spec_hash, spec_message
+from providers.models import Gpu, GpuModel, Machine, Provider, Region
 
 
 # --- accounts -----------------------------------------------------------------
@@ -51,7 +55,6 @@ def token_create(*, user: User, name: str, scopes: Iterable[str], expires_at: da
     into a `trade` one, and no time past its own expiry (left out, the new token expires
     with it), so a short-lived token cannot mint a lasting one."""
     wanted = sorted(set(scopes))
-    from market.api.permissions import ROLE_SCOPES
 
     allowed = ROLE_SCOPES[Role.OPERATOR] if user.is_superuser else ROLE_SCOPES.get(user.role, frozenset())
     refused = [s for s in wanted if s not in allowed]
@@ -103,8 +106,6 @@ def token_revoke(*, user: User, token_id: int, by: ApiToken | None = None) -> Ap
     updated = ApiToken.objects.filter(pk=token_id, user=user, revoked_at__isnull=True).update(revoked_at=timezone.now())
     token = ApiToken.objects.filter(pk=token_id, user=user).first()
     if token is None:
-        from market.errors import NotFound
-
         raise NotFound("No such token.")
     if not updated:
         raise Conflict("This token was already revoked.")
@@ -137,7 +138,6 @@ def machine_register(*, user: User, name: str, region: Region, gpus: list[dict[s
     if Machine.objects.filter(provider=provider, name=name).exists():
         raise Conflict(f"You already have a machine named {name!r}.", fields={"name": ["Choose another name, or update the existing machine."]})
     machine = Machine.objects.create(provider=provider, name=name, region=region, public_endpoint=public_endpoint, interconnect=interconnect, measured_tflops=measured_tflops)
-    from providers.models import Gpu
 
     uuids = [g["uuid"] for g in gpus]
     taken = list(Gpu.objects.filter(uuid__in=uuids).values_list("uuid", flat=True))
@@ -286,10 +286,6 @@ def spec_signature_custodial(bid: Bid) -> str:
     """The bid's spec signature, made now with the custodial key for a custodial buyer who
     has none yet (kept on the bid); "" for a wallet buyer who has not signed."""
     from eth_account.messages import encode_defunct
-
-    from ledger.custody import custodial_key_get_or_create, custodial_signer
-    from ledger.wallet import is_wallet_buyer
-    from providers.agent.receipts import spec_hash, spec_message
 
     if bid.spec_signature or is_wallet_buyer(bid.buyer):
         return bid.spec_signature

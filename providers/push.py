@@ -16,6 +16,8 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.layers import get_channel_layer
 from django.db import transaction
 
+from providers.models import Machine
+
 CLOSE_NOT_AUTHENTICATED = 4001
 CLOSE_FORBIDDEN = 4003
 
@@ -54,8 +56,6 @@ class AgentPushConsumer(AsyncWebsocketConsumer):
 
     @database_sync_to_async
     def _owns(self, user: Any) -> bool:
-        from providers.models import Machine
-
         scopes = self.scope.get("token_scopes")
         if scopes is not None and "provide" not in scopes:
             return False

@@ -8,6 +8,7 @@ from django import template
 from eth_utils import function_signature_to_4byte_selector
 
 from ledger.models import CustodialKey
+from ledger.wallet import is_wallet_buyer
 
 register = template.Library()
 
@@ -15,8 +16,6 @@ register = template.Library()
 @register.filter
 def wallet_buyer(user: Any) -> bool:
     """The user's orders are signed by its own browser wallet, not a custodial key."""
-    from ledger.wallet import is_wallet_buyer
-
     return bool(getattr(user, "is_authenticated", False)) and is_wallet_buyer(user)
 
 

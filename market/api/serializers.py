@@ -11,6 +11,7 @@ from drf_spectacular.utils import extend_schema_field, inline_serializer
 from rest_framework import serializers
 
 from market.engine import limits
+from market.jobs import job_access, job_log_tail
 from market.models import (
     ApiToken,
     AuctionRound,
@@ -446,13 +447,9 @@ class JobSerializer(serializers.ModelSerializer):
         "ssh": serializers.CharField(allow_null=True, help_text="The command line to connect, e.g. ssh -p 40022 root@host"),
     }, allow_null=True))
     def get_access(self, job: Job) -> dict[str, Any] | None:
-        from market.jobs import job_access
-
         return job_access(job)
 
     def get_log_tail(self, job: Job) -> str:
-        from market.jobs import job_log_tail
-
         return job_log_tail(job)
 
 

@@ -19,6 +19,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from ledger.wallet import wallet_challenge, wallet_link, wallet_order, wallet_order_sign
 from market import rounds, selectors, services
 from market.api import serializers as s
 from market.api.filters import AuditFilter, BidFilter, OfferFilter, TradeFilter
@@ -26,7 +27,10 @@ from market.api.idempotency import idempotent
 from market.api.permissions import is_operator, request_token
 from market.api.schema import ErrorSerializer
 from market.audit import AuditAction, audit_record
+from market.jobs import job_extend_recorded, job_preempt_request, job_stop_recorded
 from market.models import ApiToken, AuctionRound, AuditEvent, Bid, Job, Offer, Scope, SshKey, Trade
+from market.outputs import output_open, outputs_of
+from market.ssh_keys import ssh_key_add, ssh_key_delete
 from providers.models import GpuModel, Machine, Region
 
 IDEMPOTENCY_PARAM = OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False, description="Retry-safe POST: the same key and body return the first response for 24 h.")
@@ -107,8 +111,6 @@ class WalletChallengeView(APIView):
 
     @extend_schema(request=None, responses=s.WalletChallengeSerializer)
     def post(self, request: Request) -> Response:
-        from ledger.wallet import wallet_challenge
-
         return Response({"message": wallet_challenge(user=request.user)})
 
 
@@ -120,8 +122,6 @@ class WalletLinkView(APIView):
 
     @extend_schema(request=s.WalletLinkSerializer, responses=s.MeSerializer)
     def post(self, request: Request) -> Response:
-        from ledger.wallet import wallet_link
-
         body = s.WalletLinkSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         u = wallet_link(user=request.user, **body.validated_data)
@@ -179,16 +179,12 @@ class SshKeyViewSet(mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.Ge
 
     @extend_schema(request=s.SshKeyCreateSerializer, responses={201: s.SshKeySerializer})
     def create(self, request: Request) -> Response:
-        from market.ssh_keys import ssh_key_add
-
         data = s.SshKeyCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         key = ssh_key_add(user=request.user, **data.validated_data)
         return Response(s.SshKeySerializer(key).data, status=status.HTTP_201_CREATED)
 
     def destroy(self, request: Request, pk: str) -> Response:
-        from market.ssh_keys import ssh_key_delete
-
         ssh_key_delete(user=request.user, key_id=int(pk))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -313,8 +309,6 @@ class BidViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["get"])
     def order(self, request: Request, pk: str) -> Response:
         """Wallet buyers: the bid's EIP-712 order, for ``eth_signTypedData_v4``."""
-        from ledger.wallet import wallet_order
-
         return Response(wallet_order(user=request.user, bid_id=int(pk)))
 
     @extend_schema(request=s.WalletOrderSignSerializer, responses={200: s.WalletOrderSerializer, 409: CUSTODIAL_BUYER})
@@ -322,8 +316,6 @@ class BidViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     def sign_order(self, request: Request, pk: str) -> Response:
         """Wallet buyers: the wallet's signature of the bid's order; its trades are recorded
         on chain only once the server holds it."""
-        from ledger.wallet import wallet_order_sign
-
         body = s.WalletOrderSignSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         return Response(wallet_order_sign(user=request.user, bid_id=int(pk), signature=body.validated_data["signature"],
@@ -389,11 +381,8 @@ class JobViewSet(viewsets.ReadOnlyModelViewSet):
     def outputs(self, request: Request, pk: str) -> Response:
         """Buyers: the output files the provider's agent uploaded after the job ended, each
         checked against the job's signed receipt, with download links (kept OUTPUTS_TTL_S)."""
-        from market.outputs import outputs_of
-
         view = outputs_of(user=request.user, job_id=int(pk), operator=is_operator(request))
         return Response(s.JobOutputsSerializer(view).data)
-
 
     @extend_schema(request=s.JobExtendSerializer, responses={201: s.TradeSerializer})
     @action(detail=True, methods=["post"])
@@ -401,8 +390,6 @@ class JobViewSet(viewsets.ReadOnlyModelViewSet):
         """Buyers: buy more time on the GPUs your job holds, at the offer's ask now (give
         max_price to refuse a dearer ask). The extension is a trade of its own, recorded on
         chain and settled against its own receipt; 402 if your escrow does not cover it."""
-        from market.jobs import job_extend_recorded
-
         data = s.JobExtendSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         trade = job_extend_recorded(user=request.user, job_id=int(pk), request=request, **data.validated_data)
@@ -414,8 +401,6 @@ class JobViewSet(viewsets.ReadOnlyModelViewSet):
         """Buyers: stop your job now. It is billed for the GPU-seconds it ran (its agent's signed
         receipt) and the rest of its lock is refunded at settlement; its GPUs go back to the
         market when its agent reports it stopped (at once if it had not started)."""
-        from market.jobs import job_stop_recorded
-
         job = job_stop_recorded(user=request.user, job_id=int(pk), request=request)
         return Response(s.JobSerializer(job).data)
 
@@ -423,8 +408,6 @@ class JobViewSet(viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"])
     def preempt(self, request: Request, pk: str) -> Response:
         """Operators: ask the agent to checkpoint and stop this job (spot capacity for a higher class)."""
-        from market.jobs import job_preempt_request
-
         job = get_object_or_404(self.get_queryset(), pk=pk)
         reason = "preempted by the operator"
         with transaction.atomic():
@@ -464,8 +447,6 @@ class JobOutputDownloadView(APIView):
                    410: OpenApiResponse(ErrorSerializer, description="The outputs were kept OUTPUTS_TTL_S after upload and are deleted now.")},
     )
     def get(self, request: Request, pk: str, path: str) -> StreamingHttpResponse:
-        from market.outputs import output_open
-
         output, fh = output_open(user=request.user, job_id=int(pk), path=path, operator=is_operator(request))
         name = output.path.rsplit("/", 1)[-1]
         # an attachment of no particular type: a provider's file must never render as a page of ours

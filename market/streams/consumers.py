@@ -23,13 +23,17 @@ from rest_framework.exceptions import AuthenticationFailed, ValidationError
 from gridbid import logs
 from gridbid.metrics import stream_closed, stream_opened
 from gridbid.proxies import scope_address
+from market import services
 from market.api.errors import _flatten, _summary
 from market.api.parsers import JSON_DEPTH_MESSAGE, json_too_deep
+from market.api.permissions import ROLE_SCOPES
+from market.api.serializers import BidCreateSerializer, BidSerializer
 from market.errors import DomainError
-from market.models import Scope
+from market.models import Bid, Scope
 from market.streams import publish as pub
 from market.streams import snapshots
 from market.streams.auth import credentials_problem, live_token
+from providers.models import GpuModel, Provider, Region
 
 MAX_MESSAGE_BYTES = 64 * 1024
 MAX_SUBSCRIPTIONS = 100
@@ -110,7 +114,6 @@ class StreamConsumer(AsyncWebsocketConsumer):
             return False
         if self.scopes is not None:  # a token: its own scopes
             return scope_name in self.scopes
-        from market.api.permissions import ROLE_SCOPES
 
         return scope_name in ROLE_SCOPES.get("operator" if self.user.is_superuser else self.user.role, frozenset())
 
@@ -337,8 +340,6 @@ class StreamConsumer(AsyncWebsocketConsumer):
     @database_sync_to_async
     def _unknown_book(self, channel: str) -> str | None:
         """What is wrong with a book channel's model or region, naming the valid ones; None when both exist."""
-        from providers.models import GpuModel, Region
-
         gpu_model, _, region = channel.removeprefix("book.").rpartition(".")
         problems = []
         if not GpuModel.objects.filter(pk=gpu_model).exists():
@@ -351,8 +352,6 @@ class StreamConsumer(AsyncWebsocketConsumer):
 
     @database_sync_to_async
     def _is_provider(self) -> bool:
-        from providers.models import Provider
-
         return Provider.objects.filter(user=self.user).exists()
 
     @database_sync_to_async
@@ -390,9 +389,6 @@ class StreamConsumer(AsyncWebsocketConsumer):
 
     @database_sync_to_async
     def _place(self, body: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
-        from market import services
-        from market.api.serializers import BidCreateSerializer, BidSerializer
-
         data = BidCreateSerializer(data=body)
         try:
             data.is_valid(raise_exception=True)
@@ -422,10 +418,6 @@ class StreamConsumer(AsyncWebsocketConsumer):
 
     @database_sync_to_async
     def _cancel(self, bid_id: int) -> tuple[bool, dict[str, Any]]:
-        from market import services
-        from market.api.serializers import BidSerializer
-        from market.models import Bid
-
         bid = Bid.objects.filter(pk=bid_id, buyer=self.user).first()
         if bid is None:
             return False, {"code": "not_found", "message": f"You have no bid {bid_id}."}

@@ -9,9 +9,12 @@ from typing import Any
 from django.core.cache import cache
 from django.db.models import Sum
 
+from ledger.journal import account_balances
+from ledger.selectors import escrow_of
 from market import selectors
 from market.models import AuctionRound, Bid, Job, Trade, User
 from market.states import RoundState
+from providers.models import Provider
 
 DEPTH_LEVELS = 20
 
@@ -117,8 +120,6 @@ def provider_totals(provider_id: int) -> dict[str, int]:
 
 
 def _provider_id(user: User) -> int | None:
-    from providers.models import Provider
-
     return Provider.objects.filter(user=user).values_list("pk", flat=True).first()
 
 
@@ -169,9 +170,6 @@ def snapshot(channel: str, user: User | None) -> dict[str, Any]:
 def balances(user: User) -> dict[str, Any]:
     """The user's escrow as the journal has it (confirmed chain events only): address, free,
     locked and, for providers, stake; the same figures as the wallet page."""
-    from ledger.journal import account_balances
-    from ledger.selectors import escrow_of
-
     escrow = escrow_of(user=user)
     address = escrow["address"]
     provider = getattr(user, "provider", None)

@@ -16,9 +16,20 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
-from market import money, selectors, services
+from gridbid.health import readiness
+from market import money, selectors, services, webhooks
+from market.api.errors import _flatten
+from market.api.serializers import BidCreateSerializer, output_download_url
+from market.bookings import ACTIVE_JOB_STATES
 from market.errors import DomainError
-from market.models import AuctionRound, Scope, Trade
+from market.funding import EscrowShort
+from market.jobs import job_access, job_extend_recorded, job_log_tail, job_stop_recorded
+from market.models import ApiToken, AuctionRound, Bid, Booking, Offer, Scope, Trade
+from market.ssh_keys import ssh_key_add, ssh_key_delete
+from market.states import InvalidTransition, OfferState
+from market.webhooks import EVENT_TYPES, WebhookDelivery
+from providers import catalogue
+from providers.agent.runtime import job_ports
 from providers.models import GpuModel, Region
 
 SORTS = {"price": "price", "-price": "-price", "gpus": "-gpus_free", "reliability": "-machine__reliability", "compute": "-gpu_model__compute_units"}
@@ -105,8 +116,6 @@ def _depth(offers) -> list[dict[str, int]]:  # type: ignore[no-untyped-def]
 def offers(request: HttpRequest) -> HttpResponse:
     """Search offers like Vast.ai: model, count, VRAM, compute units, region, latency from
     my region, price, reliability and grid carbon; sortable; price per compute unit."""
-    from providers import catalogue
-
     qs = selectors.offers_open()
     q = request.GET
     if q.get("gpu_model"):
@@ -190,9 +199,6 @@ def my_orders(request: HttpRequest) -> HttpResponse:
 def job_page(request: HttpRequest, job_id: int) -> HttpResponse:
     """One job for its buyer (or provider, or an operator): state, progress, the end of
     its output, its receipt and where its outputs went; refreshed while it runs."""
-    from market.jobs import job_access, job_log_tail
-    from providers.agent.runtime import job_ports
-
     job = selectors.jobs_visible(request.user, operator=request.user.is_operator).filter(pk=job_id).select_related("trade__bid", "trade__offer__machine").first()
     if job is None:
         raise Http404("No such job of yours")
@@ -208,9 +214,6 @@ def job_page(request: HttpRequest, job_id: int) -> HttpResponse:
 def _rental(user: Any, job: Any) -> dict[str, Any] | None:
     """What the buyer of a job can do with its booking: until when it holds the GPUs, what
     it was extended by, the offer's ask for more, whether it can still stop or extend."""
-    from market.bookings import ACTIVE_JOB_STATES
-    from market.models import Booking
-
     trade = job.trade
     if trade.buyer_id != user.pk or trade.extends_id:
         return None
@@ -231,8 +234,6 @@ class ExtendForm(forms.Form):
 
 @login_required
 def job_stop(request: HttpRequest, job_id: int) -> HttpResponse:
-    from market.jobs import job_stop_recorded
-
     if request.method == "POST":
         try:
             job = job_stop_recorded(user=request.user, job_id=job_id, request=request)
@@ -245,8 +246,6 @@ def job_stop(request: HttpRequest, job_id: int) -> HttpResponse:
 
 @login_required
 def job_extend(request: HttpRequest, job_id: int) -> HttpResponse:
-    from market.jobs import job_extend_recorded
-
     if request.method == "POST":
         form = ExtendForm(request.POST)
         if not form.is_valid():
@@ -266,8 +265,6 @@ def _output_rows(request: HttpRequest, job: Any) -> list[dict[str, Any]]:
     """The receipt's output files, each with the market's copy when it keeps one; a download
     link only for the buyer and operators (the download refuses anyone else)."""
     from django.utils import timezone
-
-    from market.api.serializers import output_download_url
 
     listed = ((job.checkpoint or {}).get("receipt") or {}).get("outputs") or []
     kept = {o.path: o for o in job.outputs.filter(expires_at__gt=timezone.now())}
@@ -291,8 +288,6 @@ class WebhookForm(forms.Form):
     events = forms.MultipleChoiceField(widget=forms.CheckboxSelectMultiple, initial=["bid.matched", "job.completed", "job.failed"])
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        from market.webhooks import EVENT_TYPES
-
         super().__init__(*args, **kwargs)
         self.fields["events"].choices = [(name, name) for name in EVENT_TYPES]
 
@@ -307,8 +302,6 @@ WEBHOOK_LOG = 20  # account page; each webhook's whole log is at /api/v1/webhook
 
 def _account_notifications(request: HttpRequest, action: str, hook_form: WebhookForm, notify_form: NotificationsForm) -> str | None:
     """The account page's webhook and email forms; returns a new webhook's secret (shown once)."""
-    from market import webhooks
-
     if action == "webhook_create" and hook_form.is_valid():
         secret: str = webhooks.webhook_create(user=request.user, url=hook_form.cleaned_data["url"], events=hook_form.cleaned_data["events"])[1]
         return secret
@@ -330,10 +323,6 @@ def _account_notifications(request: HttpRequest, action: str, hook_form: Webhook
 def account(request: HttpRequest) -> HttpResponse:
     """API tokens: create (the token is shown once), list, revoke; webhooks (the secret is
     shown once) and their delivery log; notification emails; the account's recent activity."""
-    from market.models import ApiToken
-    from market.ssh_keys import ssh_key_add, ssh_key_delete
-    from market.webhooks import WebhookDelivery
-
     action = request.POST.get("action", "")
     form = TokenForm(request.POST or None) if action == "create" else TokenForm()
     hook_form = WebhookForm(request.POST) if action == "webhook_create" else WebhookForm()
@@ -446,9 +435,6 @@ def bid_new(request: HttpRequest) -> HttpResponse:
     """Place a bid: validated by the same serializer and service as the API, with a live quote."""
     from rest_framework.exceptions import ValidationError
 
-    from market.api.serializers import BidCreateSerializer
-    from market.funding import EscrowShort
-
     form = BidForm(request.POST or None, initial={"gpu_model": request.GET.get("gpu_model", "H100-SXM-80GB")})
     shortfall: dict[str, object] | None = None
     if request.method == "POST" and form.is_valid():
@@ -457,8 +443,6 @@ def bid_new(request: HttpRequest) -> HttpResponse:
             data.is_valid(raise_exception=True)
             bid = services.bid_place(user=request.user, data=dict(data.validated_data))
         except ValidationError as exc:
-            from market.api.errors import _flatten
-
             for field, msgs in _flatten(exc.detail).items():
                 form.add_error(None, f"{field}: {msgs[0]}")
         except EscrowShort as exc:
@@ -477,9 +461,6 @@ def bid_new(request: HttpRequest) -> HttpResponse:
 def provider_dashboard(request: HttpRequest) -> HttpResponse:
     """Machines with their telemetry, offers, sales and earnings of the signed-in provider.
     Live through the `machines` and `sales` channels (docs/stream.md)."""
-    from market.models import Offer
-    from market.states import OfferState
-
     provider = getattr(request.user, "provider", None)
     if provider is None:
         return render(request, "market/provider.html", {"provider": None})
@@ -500,7 +481,6 @@ def operator_dashboard(request: HttpRequest) -> HttpResponse:
     """Rounds, the settlement queue and machines offline; live through the `operator` channel."""
     if not request.user.is_operator:
         return render(request, "market/operator.html", {"forbidden": True}, status=403)
-    from gridbid.health import readiness
 
     # the same checks as /readyz (bounded, cached for a second): what is wrong shows here first
     return render(request, "market/operator.html", {"o": selectors.operator_overview(), "health": readiness()})
@@ -509,9 +489,6 @@ def operator_dashboard(request: HttpRequest) -> HttpResponse:
 @login_required
 def bid_cancel(request: HttpRequest, bid_id: int) -> HttpResponse:
     from django.shortcuts import get_object_or_404
-
-    from market.models import Bid
-    from market.states import InvalidTransition
 
     if request.method != "POST":
         return redirect("web:orders")

@@ -16,6 +16,7 @@ from market.api.permissions import ScopedAccess
 from market.api.serializers import JobOutputSerializer, JobSerializer
 from market.errors import DomainError
 from market.models import Scope
+from market.outputs import output_store
 from providers import jobs
 from providers.api import serializers as s
 
@@ -78,8 +79,6 @@ class JobOutputUploadView(AgentView):
         responses={200: JobOutputSerializer, 201: JobOutputSerializer},
     )
     def put(self, request: Request, job_id: int, path: str) -> Response:
-        from market.outputs import output_store
-
         machine = s.OutputUploadQuerySerializer(data=request.query_params)
         machine.is_valid(raise_exception=True)
         raw_length = str(request.META.get("CONTENT_LENGTH") or "")

@@ -13,6 +13,11 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
+from ledger.context import chain_context
+from ledger.journal import chain_check, journal_verify
+from ledger.models import JournalEntry
+from ledger.outbox import outbox_problems
+
 
 class Command(BaseCommand):
     help = "Verify the ledger journal against itself and the chain; exit 1 on any discrepancy."
@@ -22,17 +27,12 @@ class Command(BaseCommand):
         parser.add_argument("--offline", action="store_true", help="Check only the hash chain, without the chain")
 
     def handle(self, *args: Any, block: int | None = None, offline: bool = False, **options: Any) -> None:
-        from ledger.context import chain_context
-        from ledger.journal import chain_check, journal_verify
-        from ledger.models import JournalEntry
-
         try:
             ctx = None if offline else chain_context()
             if ctx is None and not offline:
                 self.stderr.write("ledger verify: no chain configured (no deployment); checking the hash chain only")
             problems = chain_check() if ctx is None else journal_verify(ctx=ctx, block=block)
             if ctx is not None:  # the outbox too: a nonce gap or a stuck transaction stalls settlement
-                from ledger.outbox import outbox_problems
 
                 problems = [*problems, *outbox_problems(client=ctx.client, senders=(ctx.operator.address,))]
         except (ConnectionError, OSError) as exc:
