@@ -16,6 +16,7 @@ py-ecc is slow (sign ~0.2 s, verify ~0.5 s): keep it off request paths.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from contracts import pyecc  # noqa: F401 - before py_ecc itself: it restores the recursion limit py_ecc raises
 
@@ -191,3 +192,13 @@ def hash_to_g2_eip2537(message: bytes, dst: bytes = DST) -> bytes:
     return _g2_point_to_eip2537(
         hash_to_G2(_bytes(message, "message"), _bytes(dst, "dst"), hashlib.sha256)
     )
+
+
+@dataclass(frozen=True)
+class BlsKey:
+    secret: int
+    public_key: bytes
+    proof_of_possession: bytes
+
+    def sign(self, message: bytes) -> bytes:
+        return sign(self.secret, message)

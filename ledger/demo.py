@@ -7,7 +7,7 @@ demo accounts of `gridbid up --demo`, on the embedded dev chain only.
   provider's encrypted Ethereum key, so nothing new is stored.
 - Each finished demo job gets the receipt its agent would sign, and each co-signature request
   to a demo provider is answered after the leaf's Merkle proof checks out, as the agent does
-  (`providers.agent.receipts.cosign`).
+  (`contracts.receipts.cosign`).
 
 Real providers do all of this from `gridbid-agent`; nothing here runs outside the demo.
 """
@@ -21,7 +21,8 @@ from typing import Any
 
 from django.db import transaction
 
-from contracts import bls
+from contracts import bls, receipts
+from contracts.bls import BlsKey
 from ledger.context import DEV_CHAIN_ID, ChainContext
 from ledger.custody import custodial_key_get_or_create, custodial_signer
 from ledger.models import Cosign
@@ -29,8 +30,6 @@ from ledger.outbox import tx_submit
 from ledger.services import cosign_submit, escrow_deposit
 from market.demo import BUYERS, PROVIDERS
 from market.models import Job, User
-from providers.agent import receipts
-from providers.agent.keys import BlsKey
 
 log = logging.getLogger(__name__)
 

@@ -24,11 +24,11 @@ from eth_account.messages import encode_defunct
 from eth_utils import is_address, to_checksum_address
 
 from contracts.orders import Order, SignedOrder, recover_order_signer, typed_data
+from contracts.receipts import spec_hash, spec_message, spec_signer
 from ledger.context import deployment_current
 from ledger.models import CustodialKey
 from market.errors import Conflict, DomainError, NotFound
 from market.models import Bid, User
-from providers.agent.receipts import spec_hash, spec_message, spec_signer
 
 CHALLENGE_SALT = "gridbid.ledger.wallet-link"
 CHALLENGE_MAX_AGE_S = 600

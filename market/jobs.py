@@ -17,6 +17,8 @@ from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
 
+from contracts import receipts as receipt_format
+from contracts.receipts import job_ports
 from ledger.custody import buyer_address
 from ledger.wallet import is_wallet_buyer
 from market import bookings, states
@@ -29,8 +31,6 @@ from market.models import Bid, Booking, Job, Offer, Trade, User
 from market.services import bid_continue, spec_signature_custodial
 from market.ssh_keys import authorized_keys
 from market.states import BidState, BookingState, JobState, OfferState
-from providers.agent import receipts as receipt_format
-from providers.agent.runtime import job_ports
 from providers.push import machine_wake
 from providers.selectors import log_key, own_machine, provider_of
 

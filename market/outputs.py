@@ -23,9 +23,9 @@ from django.core.files.storage import Storage, storages
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from contracts import receipts as receipt_format
 from market.errors import Conflict, DomainError, Gone, NotFound, TooLarge
 from market.models import OUTPUT_PATH_MAX, Job, JobOutput, User
-from providers.agent import receipts as receipt_format
 from providers.selectors import own_machine, provider_of
 
 CHUNK = 1 << 20

@@ -16,6 +16,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Sum
 from django.utils import timezone
 
+from contracts.receipts import spec_hash, spec_message
 from ledger.custody import custodial_key_get_or_create, custodial_signer
 from ledger.wallet import is_wallet_buyer
 from market import states
@@ -28,7 +29,6 @@ from market.events import BidChanged, BookChanged, TokenRevoked, UserDeactivated
 from market.funding import funds_check
 from market.models import ApiToken, Bid, Job, Offer, Role, Scope, User
 from market.states import BidState, BookingState, OfferState
-from providers.agent.receipts import spec_hash, spec_message
 from providers.models import Gpu, GpuModel, Machine, Provider, Region
 
 

@@ -16,6 +16,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
+from contracts.receipts import job_ports
 from gridbid.health import readiness
 from market import money, selectors, services, webhooks
 from market.api.errors import _flatten
@@ -29,7 +30,6 @@ from market.ssh_keys import ssh_key_add, ssh_key_delete
 from market.states import InvalidTransition, OfferState
 from market.webhooks import EVENT_TYPES, WebhookDelivery
 from providers import catalogue
-from providers.agent.runtime import job_ports
 from providers.models import GpuModel, Region
 
 SORTS = {"price": "price", "-price": "-price", "gpus": "-gpus_free", "reliability": "-machine__reliability", "compute": "-gpu_model__compute_units"}

@@ -24,7 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from providers.agent import __version__, inventory, keys, receipts
+from contracts import receipts
+from contracts.bls import BlsKey
+from contracts.receipts import job_ports
+from providers.agent import __version__, inventory, keys
 from providers.agent.client import AuthFailed, MarketClient, Rejected, Transient, backoff_delays
 from providers.agent.config import AgentConfig
 from providers.agent.inputs import (
@@ -43,7 +46,6 @@ from providers.agent.runtime import (
     ProcessRuntime,
     Supervised,
     job_env,
-    job_ports,
     pick_runtime,
     ports_pick,
     proc_start_ticks,
@@ -81,7 +83,7 @@ class Agent:
     client: MarketClient
     state: State
     inventory: inventory.Inventory
-    bls_key: keys.BlsKey
+    bls_key: BlsKey
     account: Any = None  # eth-account LocalAccount, for the connect challenge
     running: dict[int, Supervised] = field(default_factory=dict)
     preparing: dict[int, Future[Any]] = field(default_factory=dict)

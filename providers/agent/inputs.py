@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from providers.agent.receipts import file_sha256
+from contracts.receipts import file_sha256
 from providers.agent.runtime import inside
 
 

@@ -15,10 +15,10 @@ import json
 import os
 import secrets
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from contracts.bls import BlsKey
 from providers.agent.config import write_private
 
 KEYSTORE = "eth-keystore.json"
@@ -28,18 +28,6 @@ BLS_FILE = "bls.json"
 
 class KeyError_(Exception):
     """A key is missing, unreadable or exposed."""
-
-
-@dataclass(frozen=True)
-class BlsKey:
-    secret: int
-    public_key: bytes
-    proof_of_possession: bytes
-
-    def sign(self, message: bytes) -> bytes:
-        from contracts import bls
-
-        return bls.sign(self.secret, message)
 
 
 def keys_dir(home: Path) -> Path:

@@ -55,14 +55,6 @@ class PortMap:
     host: int
 
 
-def job_ports(spec: Mapping[str, Any]) -> list[int]:
-    """The container ports a job spec publishes: its `ports`, and 22 for `ssh`."""
-    ports = [int(p) for p in spec.get("ports") or []]
-    if spec.get("ssh") and 22 not in ports:
-        ports.insert(0, 22)
-    return ports
-
-
 def port_free(port: int) -> bool:
     """Nothing listens on `port` here (a bind on all interfaces succeeds)."""
     import socket

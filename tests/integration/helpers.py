@@ -52,9 +52,9 @@ def fund_buyer(ctx: Any, user: Any, amount: int, *, journal: bool = True) -> str
 
 def register_provider(ctx: Any, provider_user: Any, index: int = 0) -> Any:
     from contracts import bls
+    from contracts.bls import BlsKey
     from ledger.chain import signer_from_hex
     from ledger.outbox import tx_submit
-    from providers.agent.keys import BlsKey
 
     account = signer_from_hex(PROVIDER_KEYS[index])
     sk = bls.keygen(bytes([index + 7]) * 32)
@@ -74,8 +74,8 @@ def register_provider(ctx: Any, provider_user: Any, index: int = 0) -> Any:
 
 
 def finish_with_receipt(trade: Any, bls_key: Any, gpu_seconds: int) -> Any:
+    from contracts import receipts
     from market.models import Job
-    from providers.agent import receipts
 
     r = receipts.Receipt(trade_id=trade.pk, job_spec_hash=receipts.spec_hash(trade.bid.job_spec), started_at=1, ended_at=2,
                          gpu_seconds=gpu_seconds, exit_code=0, outputs_root=receipts.EMPTY_OUTPUTS_ROOT, outcome="completed")
@@ -87,8 +87,8 @@ def finish_with_receipt(trade: Any, bls_key: Any, gpu_seconds: int) -> Any:
 
 def agents_cosign(batch: Any, keys: dict[str, Any], receipts_by_trade: dict[int, Any]) -> None:
     """What each provider's agent does: check its own leaf by Merkle proof, then sign."""
+    from contracts import receipts
     from ledger.services import cosign_submit
-    from providers.agent import receipts
 
     for cosign in batch.cosigns.select_related("provider"):
         req = cosign.request

@@ -118,7 +118,7 @@ def test_assignments_name_the_trade_spec_and_stable_distinct_gpus(provider_user,
     assert [x["job"] for x in first] == [a.id, b.id]
     assert first[0]["gpus"] == [0, 1] and first[1]["gpus"] == [2, 3]
     assert first[0]["trade"] == a.trade_id and first[0]["trade_state"] == "recorded" and first[0]["machine"] == offer.machine_id
-    from providers.agent.receipts import spec_hash
+    from contracts.receipts import spec_hash
 
     assert first[0]["spec_hash"] == spec_hash(first[0]["job_spec"]) and first[0]["preempt"] is False
     again = client.get(f"/api/v1/agent/machines/{offer.machine_id}/assignments/").json()["assignments"]
@@ -199,14 +199,14 @@ def test_malformed_events_are_refused(provider_user, client_for, make_job, body,
 @pytest.fixture(scope="module")
 def bls_key():
     from contracts import bls
-    from providers.agent.keys import BlsKey
+    from contracts.bls import BlsKey
 
     sk = bls.keygen(b"\x05" * 32)
     return BlsKey(sk, bls.public_key(sk), b"")
 
 
 def signed_receipt(job, key, **changes):
-    from providers.agent.receipts import Receipt, receipt_sign, spec_hash
+    from contracts.receipts import Receipt, receipt_sign, spec_hash
 
     body = dict(trade_id=job.trade_id, job_spec_hash=spec_hash(job.trade.bid.job_spec), started_at=100, ended_at=400, gpu_seconds=600, exit_code=0, outputs_root="ef" * 32, outcome="completed")
     body.update(changes)
@@ -368,8 +368,8 @@ def test_a_preemption_without_a_fetchable_checkpoint_or_time_left_is_not_continu
 
 
 def test_assignments_carry_the_buyers_signature_over_the_spec_which_agents_check(provider_user, client_for, make_job):
+    from contracts import receipts
     from ledger.custody import buyer_address
-    from providers.agent import receipts
 
     job = make_job(provider_user)
     r = client_for(provider_user).get(f"/api/v1/agent/machines/{job.trade.offer.machine_id}/assignments/")
@@ -385,9 +385,9 @@ def test_a_wallet_buyer_signs_its_spec_in_its_wallet_and_a_wrong_signature_is_re
     from eth_account import Account
     from eth_account.messages import encode_defunct
 
+    from contracts import receipts
     from ledger.models import Deployment
     from market.rounds import round_clear
-    from providers.agent import receipts
     from tests.conftest import TEST_ESCROW, bid_body, escrow_credit
 
     Deployment.objects.create(chain_id=31337, rpc_url="http://127.0.0.1:9", market_address="0x5FbDB2315678afecb367f053371D33aA2a4B0c5A",

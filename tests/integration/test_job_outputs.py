@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from contracts import receipts
 from market.models import Job, JobOutput
-from providers.agent import receipts
 
 pytestmark = pytest.mark.django_db
 

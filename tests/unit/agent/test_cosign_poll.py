@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 
 from contracts import bls
+from contracts.bls import BlsKey
 from contracts.merkle import MerkleTree, receipt_leaf, settlement_message
+from contracts.receipts import EMPTY_OUTPUTS_ROOT, Receipt
 from providers.agent.client import Rejected
 from providers.agent.config import AgentConfig
 from providers.agent.daemon import Agent
 from providers.agent.inventory import declared_inventory
-from providers.agent.keys import BlsKey
-from providers.agent.receipts import EMPTY_OUTPUTS_ROOT, Receipt
 from providers.agent.state import State
 
 MARKET = "0x5FbDB2315678afecb367f053371D33aA2a4B0c5A"

@@ -10,12 +10,8 @@ from pathlib import Path
 import pytest
 
 from contracts import bls
-from providers.agent.client import AuthFailed, Rejected, Transient
-from providers.agent.config import AgentConfig
-from providers.agent.daemon import Agent, Stop
-from providers.agent.inventory import declared_inventory
-from providers.agent.keys import BlsKey
-from providers.agent.receipts import (
+from contracts.bls import BlsKey
+from contracts.receipts import (
     output_manifest,
     outputs_root,
     receipt_from_body,
@@ -23,6 +19,10 @@ from providers.agent.receipts import (
     spec_hash,
     spec_message,
 )
+from providers.agent.client import AuthFailed, Rejected, Transient
+from providers.agent.config import AgentConfig
+from providers.agent.daemon import Agent, Stop
+from providers.agent.inventory import declared_inventory
 from providers.agent.state import State
 from tests.agent_loop import tick_until
 
@@ -94,7 +94,7 @@ def signed_spec(spec: dict) -> str:
     from eth_account import Account
     from eth_account.messages import encode_defunct
 
-    from providers.agent.receipts import spec_message
+    from contracts.receipts import spec_message
 
     return "0x" + Account.from_key(BUYER_KEY).sign_message(encode_defunct(text=spec_message(spec_hash(spec)))).signature.hex().removeprefix("0x")
 
@@ -299,7 +299,7 @@ def test_transport_errors_back_off_and_retry(tmp_path, key, monkeypatch):
 
 def test_the_agent_cosigns_only_a_root_holding_its_own_receipt(tmp_path, key):
     from contracts.merkle import MerkleTree, receipt_leaf, settlement_message
-    from providers.agent.receipts import CosignRefused
+    from contracts.receipts import CosignRefused
 
     market = FakeMarket()
     agent = make_agent(tmp_path, market, key)

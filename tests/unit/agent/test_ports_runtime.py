@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from contracts.receipts import job_ports
 from providers.agent.config import AgentConfig, ConfigError, config_from_dict
 from providers.agent.runtime import (
     SSHD_CAPS,
@@ -17,7 +18,6 @@ from providers.agent.runtime import (
     Limits,
     PortMap,
     RuntimeError_,
-    job_ports,
     ports_pick,
 )
 from tests.unit.agent.test_daemon import FakeMarket, make_agent
@@ -120,7 +120,7 @@ def test_a_bad_port_range_or_host_in_the_config_says_how_to_fix_it(extra, words)
 def port_assignment(trade: int, spec: dict, **kw) -> dict:
     from eth_account import Account
 
-    from providers.agent.receipts import spec_hash
+    from contracts.receipts import spec_hash
     from tests.unit.agent.test_daemon import BUYER_KEY, MACHINE, signed_spec
 
     return {"job": trade + 100, "trade": trade, "machine": MACHINE, "state": "assigned", "trade_state": "recorded", "gpus": [0], "duration_s": 600,
@@ -140,7 +140,7 @@ KEY_LINE = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKx4n0yZf1v8eQm7e2e6Xh9c0c8b7tq6
 ])
 def test_a_job_asking_for_ports_the_agent_cannot_publish_is_refused_with_the_reason(tmp_path, monkeypatch, cfg, path, keys, why):
     from contracts import bls
-    from providers.agent.keys import BlsKey
+    from contracts.bls import BlsKey
 
     sk = bls.keygen(b"\x0a" * 32)
     key = BlsKey(sk, bls.public_key(sk), b"")

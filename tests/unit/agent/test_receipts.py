@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 
 from contracts import bls
+from contracts.bls import BlsKey
 from contracts.merkle import MerkleTree, receipt_leaf
-from providers.agent.keys import BlsKey
-from providers.agent.receipts import (
+from contracts.receipts import (
     CosignRefused,
     OutputFile,
     Receipt,

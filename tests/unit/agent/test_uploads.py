@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from contracts import bls
+from contracts.bls import BlsKey
+from contracts.receipts import spec_hash
 from providers.agent.client import Rejected, Transient
-from providers.agent.keys import BlsKey
-from providers.agent.receipts import spec_hash
 from tests.agent_loop import tick_until
 from tests.unit.agent.test_daemon import FakeMarket, assignment, make_agent, signed_spec
 

@@ -1,4 +1,5 @@
-"""Completion receipts, the output-files Merkle root, and co-signing a settlement root.
+"""Job specs, completion receipts, the output-files Merkle root, and co-signing a settlement
+root.
 
 Pure functions shared by the agent (which signs) and the server (which checks):
 no Django, no network. A receipt is canonical JSON (sorted keys, no spaces,
@@ -189,3 +190,11 @@ def cosign(*, receipt: Receipt, root: bytes, proof: Sequence[bytes], index: int,
     if not verify_proof(receipt.leaf(), list(proof), root, index):
         raise CosignRefused(f"the batch root does not contain our receipt for trade {receipt.trade_id} at index {index}")
     return bytes(bls_key.sign(settlement_message(root, chain_id, market)))
+
+
+def job_ports(spec: Mapping[str, Any]) -> list[int]:
+    """The container ports a job spec publishes: its `ports`, and 22 for `ssh`."""
+    ports = [int(p) for p in spec.get("ports") or []]
+    if spec.get("ssh") and 22 not in ports:
+        ports.insert(0, 22)
+    return ports
