@@ -14,9 +14,7 @@ Two kinds, so that several ASGI servers and Celery workers never disagree:
 from __future__ import annotations
 
 import time
-import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
@@ -29,6 +27,7 @@ from gridbid.health import readiness
 from ledger.models import ChainTx, ChainTxState
 from market.models import AuctionRound
 from market.states import RoundState
+from market.streams.consumers import open_streams
 
 REGISTRY = CollectorRegistry()
 
@@ -39,18 +38,6 @@ REQUEST_SECONDS = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
     registry=REGISTRY,
 )
-
-# the live stream consumers of this process; weak, so a dropped socket never lingers here
-_consumers: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-def stream_opened(consumer: Any) -> None:
-    _consumers.add(consumer)
-
-
-def stream_closed(consumer: Any) -> None:
-    _consumers.discard(consumer)
-
 
 def _route(request: HttpRequest) -> str:
     """The URL pattern that answered (`api/v1/bids/<int:pk>/`), never the raw path: ids
@@ -181,7 +168,7 @@ class MarketCollector(Collector):
         yield family
 
     def _streams(self) -> Iterator[Metric]:
-        consumers = list(_consumers)
+        consumers = list(open_streams)
         yield GaugeMetricFamily("gridbid_websocket_connections", "Open WebSocket stream connections (this process).", value=len(consumers))
         depth = sum(c.outbox.qsize() for c in consumers if getattr(c, "outbox", None) is not None)
         yield GaugeMetricFamily("gridbid_websocket_send_queue_depth", "Updates queued for WebSocket clients, not yet sent (this process).", value=depth)

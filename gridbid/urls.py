@@ -1,13 +1,23 @@
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
-from django.urls import include, path
+from django.urls import URLPattern, include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from gridbid import views as ops
+from ledger import api as ledger_api
+from ledger.urls import web_urlpatterns as ledger_pages
 from market.api.errors import api_not_found, api_server_error
+from market.web import urls as market_pages
 from market.web.login_limits import login_guarded
 
+# The project's URL map joins the apps' maps here, so no app imports another's views:
+# the agent's co-signing endpoints are the ledger's, and the web UI's namespace holds the
+# market's pages, the ledger's (wallet, trade) and the operator's dashboard.
+ops_pages: list[URLPattern] = [path("operator/", ops.operator_dashboard, name="operator")]
+
 urlpatterns = [
+    path("api/v1/agent/cosigns/", ledger_api.CosignListView.as_view(), name="agent-cosigns"),
+    path("api/v1/agent/cosigns/<int:cosign_id>/", ledger_api.CosignSubmitView.as_view(), name="agent-cosign"),
     path("api/v1/agent/", include("providers.api.urls")),
     path("api/v1/ledger/", include("ledger.urls")),
     path("api/v1/", include("market.api.urls")),
@@ -19,7 +29,7 @@ urlpatterns = [
     path("healthz", ops.healthz, name="healthz"),
     path("readyz", ops.readyz, name="readyz"),
     path("metrics", ops.metrics, name="metrics"),
-    path("", include("market.web.urls")),
+    path("", include((market_pages.urlpatterns + ledger_pages + ops_pages, market_pages.app_name))),
 ]
 
 

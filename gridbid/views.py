@@ -1,4 +1,5 @@
-"""The operations endpoints: `/healthz` (liveness), `/readyz` (readiness), `/metrics` (Prometheus).
+"""The operations endpoints: `/healthz` (liveness), `/readyz` (readiness), `/metrics`
+(Prometheus), and the operator's dashboard page (`/operator/`).
 
 `/healthz` only says the process answers: a supervisor restarts a process that does not.
 `/readyz` checks every part GridBid depends on (gridbid/health.py) and answers 503 naming
@@ -12,12 +13,15 @@ from __future__ import annotations
 import secrets
 
 from django.conf import settings
+from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 
 from gridbid.health import readiness
 from gridbid.metrics import REGISTRY
+from market import selectors
 from market.api.auth import token_lookup
 from market.api.errors import error_body
 from market.api.permissions import credential_scopes
@@ -93,3 +97,13 @@ def metrics(request: HttpRequest) -> HttpResponse:
     # the format the scraper asks for (Prometheus negotiates OpenMetrics or a text version)
     encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
     return HttpResponse(encoder(REGISTRY), content_type=content_type)
+
+
+@login_required
+def operator_dashboard(request: HttpRequest) -> HttpResponse:
+    """Rounds, the settlement queue and machines offline; live through the `operator` channel."""
+    if not request.user.is_operator:
+        return render(request, "market/operator.html", {"forbidden": True}, status=403)
+
+    # the same checks as /readyz (bounded, cached for a second): what is wrong shows here first
+    return render(request, "market/operator.html", {"o": selectors.operator_overview(), "health": readiness()})

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from ledger import api
+from ledger import api, web
 
 urlpatterns = [
     path("chain/", api.ChainView.as_view(), name="ledger-chain"),
@@ -14,4 +14,10 @@ urlpatterns = [
     path("deposit/", api.DepositView.as_view(), name="ledger-deposit"),
     path("withdraw/", api.WithdrawView.as_view(), name="ledger-withdraw"),
     path("faucet/", api.FaucetView.as_view(), name="ledger-faucet"),
+]
+
+# the ledger's pages of the web UI, in its "web" namespace (gridbid/urls.py joins them)
+web_urlpatterns = [
+    path("wallet/", web.wallet, name="wallet"),
+    path("trades/<int:trade_id>/", web.trade_page, name="trade"),
 ]

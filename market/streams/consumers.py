@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import weakref
 from collections import Counter
 from datetime import datetime
 from typing import Any
@@ -21,7 +22,6 @@ from django.utils import timezone
 from rest_framework.exceptions import AuthenticationFailed, ValidationError
 
 from gridbid import logs
-from gridbid.metrics import stream_closed, stream_opened
 from gridbid.proxies import scope_address
 from market import services
 from market.api.errors import _flatten, _summary
@@ -36,6 +36,9 @@ from market.streams.auth import credentials_problem, live_token
 from providers.models import GpuModel, Provider, Region
 
 MAX_MESSAGE_BYTES = 64 * 1024
+# the live stream consumers of this process (gridbid.metrics counts them and their queued
+# updates); weak, so a dropped socket never lingers here
+open_streams: weakref.WeakSet[Any] = weakref.WeakSet()
 MAX_SUBSCRIPTIONS = 100
 RATE_PER_SECOND = 20.0
 RATE_BURST = 40.0
@@ -101,7 +104,7 @@ class StreamConsumer(AsyncWebsocketConsumer):
             return
         await self.accept()
         self.writer = asyncio.create_task(self._write_updates())
-        stream_opened(self)  # counted in /metrics: connections and their queued updates
+        open_streams.add(self)  # counted in /metrics: connections and their queued updates
         await self._watch_credentials()
         await self.send_json({"type": "welcome", "user": self.user.username if self.authenticated else None, "protocol": 1})
 
@@ -164,7 +167,7 @@ class StreamConsumer(AsyncWebsocketConsumer):
             if _OPEN_BY_ADDRESS[address] <= 0:
                 del _OPEN_BY_ADDRESS[address]
         self._uncount_credential()
-        stream_closed(self)
+        open_streams.discard(self)
         if getattr(self, "writer", None) is not None:
             self.writer.cancel()
         if getattr(self, "expiry", None) is not None:

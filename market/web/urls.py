@@ -1,7 +1,6 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from ledger import web as ledger_web
 from market.web import views
 from market.web.login_limits import login_guarded
 
@@ -19,9 +18,6 @@ urlpatterns = [
     path("bids/<int:bid_id>/cancel/", views.bid_cancel, name="bid-cancel"),
     path("account/", views.account, name="account"),
     path("provider/", views.provider_dashboard, name="provider"),
-    path("operator/", views.operator_dashboard, name="operator"),
-    path("wallet/", ledger_web.wallet, name="wallet"),
-    path("trades/<int:trade_id>/", ledger_web.trade_page, name="trade"),
     path("signup/", views.signup, name="signup"),
     path("login/", login_guarded(auth_views.LoginView.as_view(template_name="market/login.html", redirect_authenticated_user=True)), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),

@@ -17,7 +17,6 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
 from contracts.receipts import job_ports
-from gridbid.health import readiness
 from market import money, selectors, services, webhooks
 from market.api.errors import _flatten
 from market.api.serializers import BidCreateSerializer, output_download_url
@@ -474,16 +473,6 @@ def provider_dashboard(request: HttpRequest) -> HttpResponse:
         "provider": provider, "machines": machines, "online": sum(m["state"] == "online" for m in machines), "offers": offers,
         "sales": selectors.provider_sales(provider.pk), "totals": selectors.provider_totals(provider.pk), "charts": charts,
     })
-
-
-@login_required
-def operator_dashboard(request: HttpRequest) -> HttpResponse:
-    """Rounds, the settlement queue and machines offline; live through the `operator` channel."""
-    if not request.user.is_operator:
-        return render(request, "market/operator.html", {"forbidden": True}, status=403)
-
-    # the same checks as /readyz (bounded, cached for a second): what is wrong shows here first
-    return render(request, "market/operator.html", {"o": selectors.operator_overview(), "health": readiness()})
 
 
 @login_required

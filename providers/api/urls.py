@@ -1,8 +1,8 @@
-"""Agent-facing endpoints, mounted at /api/v1/agent/."""
+"""Agent-facing endpoints, mounted at /api/v1/agent/ (the co-signing ones, cosigns/, are
+the ledger's: gridbid/urls.py mounts them beside these)."""
 
 from django.urls import path
 
-from ledger import api as ledger_api
 from providers.api import views
 
 urlpatterns = [
@@ -12,7 +12,5 @@ urlpatterns = [
     path("jobs/<int:job_id>/receipt/", views.JobReceiptView.as_view(), name="agent-job-receipt"),
     path("jobs/<int:job_id>/outputs/<path:path>", views.JobOutputUploadView.as_view(), name="agent-job-output"),
     path("challenge/", views.ChallengeView.as_view(), name="agent-challenge"),
-    path("cosigns/", ledger_api.CosignListView.as_view(), name="agent-cosigns"),
-    path("cosigns/<int:cosign_id>/", ledger_api.CosignSubmitView.as_view(), name="agent-cosign"),
     path("challenge/verify/", views.ChallengeVerifyView.as_view(), name="agent-challenge-verify"),
 ]
