@@ -91,10 +91,13 @@ def journal_truncate(*, after_block: int) -> int:
     return deleted
 
 
-def account_balances(*, prefix_filter: str | None = None) -> dict[str, int]:
+def account_balances(*, prefix_filter: str | None = None, up_to_block: int | None = None) -> dict[str, int]:
+    """Every account's balance from the journal; with `up_to_block`, as it stood after that
+    block (the listener may have applied later ones meanwhile)."""
     balances: dict[str, int] = defaultdict(int)
-    debits = JournalEntry.objects.all()
-    credits = JournalEntry.objects.all()
+    entries = JournalEntry.objects.all() if up_to_block is None else JournalEntry.objects.filter(block_number__lte=up_to_block)
+    debits = entries
+    credits = entries
     if prefix_filter:
         debits = debits.filter(debit__iendswith=prefix_filter)
         credits = credits.filter(credit__iendswith=prefix_filter)
@@ -298,9 +301,11 @@ def journal_verify(*, ctx: Any, block: int | None = None, page: int = LOG_PAGE) 
 
 def balance_check(*, ctx: Any, block: int) -> list[str]:
     """Every account against the contract at `block`: free balances and stakes of every
-    address the journal, custody or the providers know, the totals, the tokens held."""
+    address the journal, custody or the providers know, the totals, the tokens held. The
+    journal is read as of `block` too: on a live market the listener applies later blocks
+    while a verify runs."""
     problems = []
-    balances = account_balances()
+    balances = account_balances(up_to_block=block)
     market = ctx.market
 
     def view(fn: str, *args: Any) -> Any:
