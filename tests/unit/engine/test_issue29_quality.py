@@ -1,0 +1,176 @@
+"""Issue 29, deliverable 6: the engine against an exact lexicographic MILP on seeded rounds
+of every instance family (tests/bench/instances.py FAMILIES).
+
+For each round: every trade is feasible by the MILP's own reading of the hard constraints
+(exact_milp.py, written from the engine's documentation, none of its solver code); each
+class's surplus is at least 0.995 of the lexicographic optimum (reserved, then on-demand,
+then spot); and each class's reported upper bound is at or above the exact optimum of that
+class on the capacity the engine's classes above it left (what the bound claims to bound;
+for the reserved class, the lexicographic optimum itself). A class the engine calls exact
+reports its own surplus as its bound, so "exact" must be exact.
+
+The rounds where the engine misses today are marked xfail(strict=True) with the figure
+measured, so the suite stays green, the gap stays recorded, and a fix that closes one makes
+its mark fail until it is removed. The default run clears the rounds of up to 60 orders a
+side; GRIDBID_ENGINE_SWEEP=1 adds the rest (80 to 300 a side; minutes: `make bench` prints the
+same comparison per family and size band).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from market.engine import RoundInput, limits
+from market.engine.validate import validate
+from tests.bench.instances import FAMILIES
+from tests.unit.engine.exact_milp import check_round
+
+TARGET = 0.995
+SIZES = (20, 30, 40, 60, 80, 100, 150, 200, 300)  # orders a side, by seed
+SEEDS = 19  # per family: 11 families x 19 = 209 rounds
+DEFAULT_MAX = 60  # orders a side in the default run
+SWEEP = os.environ.get("GRIDBID_ENGINE_SWEEP") == "1"
+
+
+def rounds() -> list[tuple[str, int, int]]:
+    """Every (family, seed, orders a side) of the sweep, smallest first."""
+    out = [(fam, seed, SIZES[seed % len(SIZES)]) for fam in FAMILIES for seed in range(SEEDS)]
+    return sorted(out, key=lambda r: (r[2], r[0], r[1]))
+
+
+# (family, seed, orders a side) -> what was measured on it (engine 1.3.0, exact_milp.py, this
+# 2-core box). "class reported exact": branch and bound claimed the class optimal (its bound is
+# its own surplus) and the MILP found more; every bound of an LP-path class covered the optimum.
+# The MILP's time limit only matters to the rounds over 60 a side (GRIDBID_ENGINE_SWEEP=1).
+KNOWN_SHORT: dict[tuple[str, int, int], str] = {
+    ("at_limits", 18, 20): "quality below 0.995 on at_limits; measured 0.9919 on reserved; reserved bound below the exact optimum (class reported exact)",
+    ("heavy_tailed", 0, 20): "quality below 0.995 on heavy_tailed; measured 0.8383 on on_demand; on_demand bound below the exact optimum (class reported exact)",
+    ("heavy_tailed", 9, 20): "quality below 0.995 on heavy_tailed; measured 0.9751 on on_demand; on_demand bound below the exact optimum (class reported exact)",
+    ("heavy_tailed", 18, 20): "on_demand bound below the exact optimum (class reported exact)",
+    ("ties", 9, 20): "quality below 0.995 on ties; measured 0.7050 on spot",
+    ("all_spot", 10, 30): "spot bound below the exact optimum (class reported exact)",
+    ("heavy_tailed", 1, 30): "reserved bound below the exact optimum (class reported exact)",
+    ("multi_machine", 10, 30): "quality below 0.995 on multi_machine; measured 0.9078 on on_demand; on_demand bound below the exact optimum (class reported exact)",
+    ("ties", 1, 30): "quality below 0.995 on ties; measured 0.9902 on spot",
+    ("ties", 10, 30): "quality below 0.995 on ties; measured 0.9882 on on_demand",
+    ("at_limits", 2, 40): "quality below 0.995 on at_limits; measured 0.9445 on on_demand",
+    ("at_limits", 11, 40): "quality below 0.995 on at_limits; measured 0.6814 on spot",
+    ("fair_share", 11, 40): "reserved bound below the exact optimum (class reported exact)",
+    ("heavy_tailed", 11, 40): "quality below 0.995 on heavy_tailed; measured 0.7949 on spot; spot bound below the exact optimum (class reported exact)",
+    ("multi_machine", 2, 40): "quality below 0.995 on multi_machine; measured 0.9712 on on_demand; on_demand bound below the exact optimum (class reported exact)",
+    ("multi_machine", 11, 40): "quality below 0.995 on multi_machine; measured 0.8711 on spot; on_demand/spot bound below the exact optimum (class reported exact)",
+    ("narrow_models", 11, 40): "on_demand bound below the exact optimum (class reported exact)",
+    ("one_huge_bid", 2, 40): "quality below 0.995 on one_huge_bid; measured 0.9891 on on_demand",
+    ("ties", 2, 40): "quality below 0.995 on ties; measured 0.9852 on on_demand; spot bound below the exact optimum (class reported exact)",
+    ("all_reserved", 3, 60): "quality below 0.995 on all_reserved; measured 0.9793 on reserved",
+    ("fair_share", 3, 60): "quality below 0.995 on fair_share; measured 0.8776 on on_demand",
+    ("fair_share", 12, 60): "quality below 0.995 on fair_share; measured 0.9903 on reserved",
+    ("multi_machine", 3, 60): "quality below 0.995 on multi_machine; measured 0.8632 on spot; reserved/spot bound below the exact optimum (class reported exact)",
+    ("multi_machine", 12, 60): "quality below 0.995 on multi_machine; measured 0.8454 on spot; reserved bound below the exact optimum (class reported exact)",
+    ("one_huge_bid", 12, 60): "quality below 0.995 on one_huge_bid; measured 0.9808 on reserved; reserved bound below the exact optimum (class reported exact)",
+    ("ties", 3, 60): "quality below 0.995 on ties; measured 0.8518 on spot",
+    ("ties", 12, 60): "quality below 0.995 on ties; measured 0.9887 on on_demand",
+    ("all_reserved", 4, 80): "quality below 0.995 on all_reserved; measured 0.9939 on reserved",
+    ("fair_share", 4, 80): "quality below 0.995 on fair_share; measured 0.9201 on reserved",
+    ("fair_share", 13, 80): "quality below 0.995 on fair_share; measured 0.8800 on reserved",
+    ("heavy_tailed", 13, 80): "reserved bound below the exact optimum (class reported exact)",
+    ("multi_machine", 4, 80): "quality below 0.995 on multi_machine; measured 0.9000 on reserved; reserved bound below the exact optimum (class reported exact)",
+    ("multi_machine", 13, 80): "quality below 0.995 on multi_machine; measured 0.9844 on on_demand; reserved/spot bound below the exact optimum (class reported exact)",
+    ("narrow_models", 13, 80): "quality below 0.995 on narrow_models; measured 0.9757 on on_demand",
+    ("ties", 4, 80): "quality below 0.995 on ties; measured 0.9882 on spot",
+    ("all_spot", 14, 100): "quality below 0.995 on all_spot; measured 0.9779 on spot",
+    ("at_limits", 5, 100): "quality below 0.995 on at_limits; measured 0.5593 on spot",
+    ("fair_share", 5, 100): "quality below 0.995 on fair_share; measured 0.8811 on reserved",
+    ("fair_share", 14, 100): "quality below 0.995 on fair_share; measured 0.9786 on reserved",
+    ("multi_machine", 5, 100): "quality below 0.995 on multi_machine; measured 0.9459 on on_demand; reserved bound below the exact optimum (class reported exact)",
+    ("multi_machine", 14, 100): "quality below 0.995 on multi_machine; measured 0.9701 on on_demand; spot bound below the exact optimum (class reported exact)",
+    ("one_huge_bid", 14, 100): "quality below 0.995 on one_huge_bid; measured 0.9057 on spot",
+    ("scarce_region", 5, 100): "quality below 0.995 on scarce_region; measured 0.9916 on on_demand; spot bound below the exact optimum (class reported exact)",
+    ("ties", 5, 100): "quality below 0.995 on ties; measured 0.9633 on spot",
+    ("ties", 14, 100): "quality below 0.995 on ties; measured 0.9500 on spot",
+    ("at_limits", 15, 150): "quality below 0.995 on at_limits; measured 0.6047 on on_demand",
+    ("fair_share", 6, 150): "quality below 0.995 on fair_share; measured 0.9402 on spot",
+    ("fair_share", 15, 150): "quality below 0.995 on fair_share; measured 0.9341 on reserved",
+    ("heavy_tailed", 15, 150): "quality below 0.995 on heavy_tailed; measured 0.9914 on reserved; spot bound below the exact optimum (class reported exact)",
+    ("multi_machine", 6, 150): "quality below 0.995 on multi_machine; measured 0.9526 on on_demand; reserved bound below the exact optimum (class reported exact)",
+    ("multi_machine", 15, 150): "quality below 0.995 on multi_machine; measured 0.8778 on spot; spot bound below the exact optimum (class reported exact)",
+    ("one_huge_bid", 6, 150): "quality below 0.995 on one_huge_bid; measured 0.9933 on on_demand",
+    ("ties", 6, 150): "quality below 0.995 on ties; measured 0.9752 on spot",
+    ("fair_share", 7, 200): "quality below 0.995 on fair_share; measured 0.8324 on spot",
+    ("fair_share", 16, 200): "quality below 0.995 on fair_share; measured 0.9263 on reserved",
+    ("heavy_tailed", 7, 200): "quality below 0.995 on heavy_tailed; measured 0.9947 on on_demand",
+    ("multi_machine", 7, 200): "quality below 0.995 on multi_machine; measured 0.9644 on on_demand; spot bound below the exact optimum (class reported exact); the exact MILP did not prove its optimum within 30 s a class on this box",
+    ("multi_machine", 16, 200): "quality below 0.995 on multi_machine; measured 0.9583 on on_demand; the exact MILP did not prove its optimum within 30 s a class on this box",
+    ("one_huge_bid", 16, 200): "quality below 0.995 on one_huge_bid; measured 0.9933 on on_demand",
+    ("scarce_region", 16, 200): "quality below 0.995 on scarce_region; measured 0.9890 on on_demand",
+    ("ties", 7, 200): "quality below 0.995 on ties; measured 0.9945 on spot",
+    ("ties", 16, 200): "quality below 0.995 on ties; measured 0.8847 on spot",
+    ("fair_share", 8, 300): "quality below 0.995 on fair_share; measured 0.9728 on reserved",
+    ("fair_share", 17, 300): "quality below 0.995 on fair_share; measured 0.9365 on reserved",
+    ("heavy_tailed", 8, 300): "quality below 0.995 on heavy_tailed; measured 0.9863 on on_demand",
+    ("multi_machine", 8, 300): "the exact MILP did not prove its optimum within 30 s a class on this box",
+    ("multi_machine", 17, 300): "the exact MILP did not prove its optimum within 30 s a class on this box",
+    ("narrow_models", 8, 300): "quality below 0.995 on narrow_models; measured 0.9945 on on_demand",
+    ("narrow_models", 17, 300): "quality below 0.995 on narrow_models; measured 0.9907 on on_demand",
+    ("scarce_region", 8, 300): "quality below 0.995 on scarce_region; measured 0.9862 on reserved",
+    ("scarce_region", 17, 300): "quality below 0.995 on scarce_region; measured 0.9941 on reserved",
+    ("ties", 8, 300): "quality below 0.995 on ties; measured 0.9796 on spot; the exact MILP did not prove its optimum within 30 s a class on this box",
+    ("ties", 17, 300): "quality below 0.995 on ties; measured 0.9385 on spot",
+}
+
+
+def _param(fam: str, seed: int, n: int) -> object:
+    marks: list[pytest.MarkDecorator] = []
+    if n > DEFAULT_MAX:
+        marks += [pytest.mark.slow, pytest.mark.skipif(not SWEEP, reason="GRIDBID_ENGINE_SWEEP=1 runs the rounds over 60 a side")]
+    why = KNOWN_SHORT.get((fam, seed, n))
+    if why is not None:
+        marks.append(pytest.mark.xfail(strict=True, reason=f"issue 29: {why}"))
+    return pytest.param(fam, seed, n, marks=marks, id=f"{fam}-{seed}-{n}")
+
+
+@pytest.mark.parametrize(("family", "seed", "n"), [_param(*r) for r in rounds()])
+def test_round_reaches_the_lexicographic_optimum_under_its_reported_bound(family: str, seed: int, n: int) -> None:
+    inp: RoundInput = FAMILIES[family](seed, n)
+    c = check_round(family, seed, n, inp)
+    assert not c.infeasible, f"trades the exact model calls infeasible: {c.infeasible[:5]}"
+    # the engine's reserved surplus cannot beat the reserved optimum: if it does, the model is
+    # wrong (HiGHS holds the optimum to about 1e-6 where scores span 12 digits, at the limits)
+    assert c.engine[0] <= c.optimum[0] * (1 + 1e-5) + 64 * c.unit, (c.engine, c.optimum)
+    problems = c.bound_short()
+    if c.quality < TARGET:
+        problems.append(f"quality {c.quality:.4f} < {TARGET} on {c.worst} (engine {c.engine}, optimum {c.optimum})")
+    # the MILP's solutions are feasible, proven optimal or not: a shortfall against one is real
+    assert not problems, f"{c.method}: " + "; ".join(problems)
+    assert c.proven, "the exact MILP hit its time limit: a pass against it proves nothing"
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_family_makes_valid_deterministic_rounds(family: str) -> None:
+    make = FAMILIES[family]
+    for n in (20, 300):
+        a, b = make(3, n), make(3, n)
+        validate(a)
+        assert a == b, "the same seed must make the same round"
+        assert len(a.offers) >= n // 2 and len(a.bids) == n
+    assert make(3, 40) != make(4, 40), "another seed must make another round"
+
+
+def test_families_stress_what_they_are_named_for() -> None:
+    spot, reserved = FAMILIES["all_spot"](1, 60), FAMILIES["all_reserved"](1, 60)
+    assert {b.klass for b in spot.bids} == {"spot"} and any(not o.spot_allowed for o in spot.offers)
+    assert {b.klass for b in reserved.bids} == {"reserved"} and any(o.reserved_only for o in reserved.offers)
+    assert FAMILIES["fair_share"](1, 60).config.fair_share_cap < 1.0
+    huge = FAMILIES["one_huge_bid"](1, 60)
+    assert max(b.gpus for b in huge.bids) * 4 >= sum(o.gpus for o in huge.offers if o.gpu_model == huge.bids[0].gpu_models[0])
+    edge = FAMILIES["at_limits"](1, 60)
+    assert any(b.max_price == limits.MAX_PRICE for b in edge.bids)
+    assert any(o.gpus == limits.MAX_GPUS for o in edge.offers)
+    assert any(b.duration_s == limits.MAX_DURATION_S for b in edge.bids)
+    assert any(b.weights.reliability == limits.MAX_WEIGHT for b in edge.bids)
+    ties = FAMILIES["ties"](1, 60)
+    assert len({o.ask for o in ties.offers}) <= 10
+    multi = FAMILIES["multi_machine"](1, 60)
+    assert sum(not b.same_machine for b in multi.bids) > len(multi.bids) // 2
