@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from contracts.merkle import receipt_leaf, settlement_message, verify_proof
+
 RECEIPT_TAG = b"GridBid.receipt.v1"
 SPEC_TAG = "GridBid job spec v1: "
 OUTPUT_LEAF_PREFIX = b"\x00"
@@ -128,8 +130,6 @@ class Receipt:
         return RECEIPT_TAG + self.digest()
 
     def leaf(self) -> bytes:
-        from contracts.merkle import receipt_leaf
-
         return receipt_leaf(self.trade_id, self.gpu_seconds, self.digest())
 
 
@@ -164,6 +164,7 @@ def receipt_sign(receipt: Receipt, bls_key: Any) -> str:
 
 def receipt_verify(receipt: Receipt, signature_hex: str, public_key_hex: str) -> bool:
     """True when the provider's key signed this receipt; False for any malformed input."""
+    # lazy: py_ecc takes a second to load, and only checking a signature needs it
     from contracts import bls
 
     try:
@@ -183,8 +184,6 @@ def cosign(*, receipt: Receipt, root: bytes, proof: Sequence[bytes], index: int,
     The leaf is rebuilt from our own receipt, so a root that commits to other
     GPU-seconds or another digest for our trade fails the proof and is refused.
     """
-    from contracts.merkle import settlement_message, verify_proof
-
     if len(root) != 32 or any(len(p) != 32 for p in proof):
         raise CosignRefused("root and proof nodes must be 32 bytes")
     if not verify_proof(receipt.leaf(), list(proof), root, index):

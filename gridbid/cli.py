@@ -23,6 +23,7 @@ def configure_or_exit() -> None:
     ctx = click.get_current_context(silent=True)
     if ctx is not None and ctx.info_name:
         os.environ.setdefault("PGAPPNAME", f"gridbid {ctx.info_name}")
+    # the settings read the environment this command has just set
     from gridbid.config import ConfigError
 
     try:
@@ -39,6 +40,7 @@ def services_or_exit() -> None:
     better than a server whose every request fails, or a worker that loops on errors."""
     from django.conf import settings
 
+    # the CLI loads what a command needs when it runs, after Django is set up
     from gridbid.health import probe_chain, probe_database, probe_redis, reason, redact
 
     cfg = settings.CONFIG
@@ -81,6 +83,7 @@ def up(host: str, port: int, demo: bool, no_worker: bool) -> None:
     """Start the marketplace: migrate, then serve HTTP and WebSocket."""
     configure_or_exit()
     services_or_exit()
+    # the CLI loads what a command needs when it runs, after Django is set up
     from gridbid.runner import serve
     from ledger.devchain import DevChainError
 
@@ -100,6 +103,7 @@ def worker(concurrency: int, queues: str) -> None:
     configure_or_exit()
     from django.conf import settings
 
+    # the CLI loads what a command needs when it runs, after Django is set up
     from gridbid.celery import Queue, app
 
     names = [q.strip() for q in queues.split(",") if q.strip()]
@@ -123,6 +127,7 @@ def beat() -> None:
     if settings.CONFIG.embedded:
         raise click.UsageError("REDIS_URL is unset: beat needs a broker. Use `gridbid up` for the embedded mode.")
     services_or_exit()
+    # the CLI loads what a command needs when it runs, after Django is set up
     from gridbid.celery import app
 
     settings.CONFIG.data_dir.mkdir(parents=True, exist_ok=True)  # beat keeps its schedule there (settings)
@@ -133,6 +138,7 @@ def beat() -> None:
 @click.pass_context
 def stream(ctx: click.Context) -> None:
     """Subscribe to the live stream and print it (see `gridbid stream --help`)."""
+    # the CLI loads what a command needs when it runs
     from gridbid.stream import main as stream_main
 
     stream_main.main(args=ctx.args, prog_name="gridbid stream")
@@ -148,6 +154,7 @@ def round_group() -> None:
 def replay(number: int) -> None:
     """Re-run stored round NUMBER from its stored inputs and report any difference."""
     configure_or_exit()
+    # the CLI loads what a command needs when it runs, after Django is set up
     from market.errors import DomainError
     from market.rounds import round_replay
 
@@ -193,6 +200,7 @@ def chain_deploy() -> None:
     configure_or_exit()
     from django.conf import settings
 
+    # the CLI loads what a command needs when it runs, after Django is set up
     from ledger.chain import ChainClient
     from ledger.devchain import deployment_ensure
 

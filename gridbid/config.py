@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from gridbid.proxies import proxy_networks_parse
+
 
 class ConfigError(Exception):
     """A setting is missing or malformed; str() is the one line to show."""
@@ -114,8 +116,6 @@ def _list(env: Mapping[str, str], name: str, default: list[str]) -> list[str]:
 
 
 def _proxies(env: Mapping[str, str], name: str) -> tuple[str, ...]:
-    from gridbid.proxies import proxy_networks_parse
-
     items = tuple(_list(env, name, []))
     try:
         proxy_networks_parse(items)

@@ -35,6 +35,7 @@ class EmbeddedCelery:
     settling batches, tracking transactions) goes on beside it on its own thread."""
 
     def __init__(self) -> None:
+        # the Celery app configures itself from Django's settings, set up by now
         from gridbid.celery import WORKER_GROUPS, app
 
         self.app = app
@@ -83,6 +84,7 @@ class EmbeddedCelery:
 
         self.app.finalize()
         if demo:
+            # the runner imports Django code only after django.setup()
             from market.demo import demo_tick_seconds
 
             tick_s = demo_tick_seconds()  # twice a round: each round finds new bids and freed GPUs
@@ -117,6 +119,7 @@ def prepare(*, demo: bool) -> None:
         call_command("migrate", interactive=False, verbosity=0)
     console.print("[green]✓[/] database ready")
     if demo:
+        # the runner imports Django code only after django.setup()
         from market.demo import demo_load
 
         with console.status("Loading the demo market…"):
@@ -132,6 +135,7 @@ def uvicorn_config(*, host: str, port: int) -> uvicorn.Config:
     """How `gridbid up` serves HTTP and WebSockets."""
     import uvicorn
 
+    # the runner imports Django code only after django.setup()
     from market.streams.consumers import MAX_MESSAGE_BYTES
 
     return uvicorn.Config("gridbid.asgi:application", host=host, port=port, lifespan="off", log_level="warning", ws="websockets-sansio",
@@ -163,6 +167,7 @@ def serve(*, host: str, port: int, demo: bool, worker: bool) -> None:
     try:
         # --- ledger: the embedded dev chain (anvil) when CHAIN_RPC_URL is unset -------------
         if settings.CONFIG.embedded:
+            # the runner imports Django code only after django.setup()
             from ledger.devchain import devchain_start
 
             with console.status("Starting the dev chain…"):
@@ -170,6 +175,7 @@ def serve(*, host: str, port: int, demo: bool, worker: bool) -> None:
             if devchain is not None:
                 console.print(f"[green]✓[/] dev chain at {devchain.url}, market {devchain.deployment.market_address}")
                 if demo:
+                    # the runner imports Django code only after django.setup()
                     from ledger.context import chain_context
                     from ledger.demo import demo_chain_setup
 

@@ -156,6 +156,7 @@ def deployment_ensure(client: ChainClient, *, rpc_url: str = "", fund: tuple[str
     upgrade of GridBid the market there is an older contract than the one this code talks
     to. Either way the old row is deactivated and the contracts are deployed again (on
     the dev chain: what the old market held stays in it)."""
+    # lazy: the Vyper compiler is slow to load, and only a first deployment needs it
     from contracts.compile import load_artifact
     from contracts.deploy import deploy_all
 

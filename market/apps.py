@@ -8,6 +8,7 @@ class MarketConfig(AppConfig):
     def ready(self) -> None:
         from django.contrib.auth.signals import user_logged_in, user_login_failed
 
+        # Django imports models and their users only once the app registry is ready
         from market import (
             audit,  # noqa: F401 - records sign-ins from Django's auth signals
             bookings,

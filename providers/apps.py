@@ -7,6 +7,7 @@ class ProvidersConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        # Django imports models and their users only once the app registry is ready
         from providers.services import catalogue_sync
 
         # the catalogue ships as data; every migrate brings the tables in step with it

@@ -12,6 +12,8 @@ from typing import Any
 
 import click
 
+from providers.agent.config import agent_home
+
 COMMANDS = {
     "init": "Create keys and the config; check the market and token.",
     "detect": "Show the GPUs this machine has, matched to the catalogue.",
@@ -51,8 +53,6 @@ class LazyGroup(click.Group):
 @click.pass_context
 def main(ctx: click.Context, home: str | None) -> None:
     """GridBid provider agent: sell this machine's GPUs on the GridBid market."""
-    from providers.agent.config import agent_home
-
     ctx.obj = {"home": agent_home(home)}
 
 

@@ -29,7 +29,7 @@ from contracts.bls import BlsKey
 from contracts.receipts import job_ports
 from providers.agent import __version__, inventory, keys
 from providers.agent.client import AuthFailed, MarketClient, Rejected, Transient, backoff_delays
-from providers.agent.config import AgentConfig
+from providers.agent.config import AgentConfig, write_private
 from providers.agent.inputs import (
     UploadError,
     fetch_inputs,
@@ -38,6 +38,8 @@ from providers.agent.inputs import (
     upload_archive,
     upload_url,
 )
+from providers.agent.offers import offers_sync
+from providers.agent.push import PushListener, push_url
 from providers.agent.runtime import (
     ContainerRuntime,
     JobPaths,
@@ -147,8 +149,6 @@ class Agent:
                     connected = True
                     log(f"connected to {self.config.market_url} as machine {self.machine_id}")
                     if self.config.websocket:
-                        from providers.agent.push import PushListener, push_url
-
                         PushListener(push_url(self.config.market_url, self.machine_id), self.config.token, self.poll_now, stop).start()
                 self.tick()
                 delays = None
@@ -180,8 +180,6 @@ class Agent:
             self.cosigns_poll()
             self.next_poll = now + self.config.poll_s
         if self.config.pricing and now >= self.next_offer_sync:
-            from providers.agent.offers import offers_sync
-
             self.next_offer_sync = now + self.config.offer_sync_s
             try:
                 for action in offers_sync(self.client, self.config, self.inventory):
@@ -328,8 +326,6 @@ class Agent:
 
     def _keys_write(self, trade: int, lines: list[str]) -> None:
         """The buyer's SSH keys, as the authorized_keys file mounted into the container."""
-        from providers.agent.config import write_private
-
         clean = [line for line in lines if isinstance(line, str) and "\n" not in line and "\r" not in line and line.strip()]
         write_private(self._keys_path(trade), ("\n".join(clean) + "\n").encode())
 

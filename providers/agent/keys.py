@@ -43,6 +43,7 @@ def create_keys(home: Path, *, password: str | None = None, kdf_iterations: int 
     """Create both keys; refuses to overwrite existing ones. Returns (eth address, BLS key)."""
     from eth_account import Account
 
+    # lazy: py_ecc takes a second to load, and only making keys needs it
     from contracts import bls
 
     d = keys_dir(home)
