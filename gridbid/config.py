@@ -12,7 +12,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from gridbid.proxies import proxy_networks_parse
 
@@ -131,17 +131,24 @@ def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str,
     return raw
 
 
-def _url(env: Mapping[str, str], name: str, schemes: tuple[str, ...]) -> str | None:
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return None
-    raw = raw.strip()
-    shown = _without_password(raw)  # errors are printed and logged: never a password in the URL
+def _split(name: str, raw: str) -> tuple[SplitResult, str]:
+    """The URL's parts, and the URL as errors show it: never with its password (errors are
+    printed and logged)."""
+    shown = _without_password(raw)
     try:
         parts = urlsplit(raw)
         parts.port  # noqa: B018 - raises ValueError on a bad port
     except ValueError as exc:
         raise ConfigError(f"{name}={shown!r} is not a valid URL ({exc})") from None
+    return parts, shown
+
+
+def _url(env: Mapping[str, str], name: str, schemes: tuple[str, ...]) -> str | None:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    raw = raw.strip()
+    parts, shown = _split(name, raw)
     if parts.scheme not in schemes:
         raise ConfigError(f"{name}={shown!r} has scheme {parts.scheme or '(none)'!r}; expected one of: {', '.join(schemes)}")
     if parts.scheme != "sqlite" and not parts.hostname:
@@ -278,12 +285,7 @@ def _without_password(url: str) -> str:
 
 def _email_url(env: Mapping[str, str]) -> str:
     raw = (env.get("EMAIL_URL") or "").strip() or "console://"
-    shown = _without_password(raw)  # errors are printed and logged: never the SMTP password
-    try:
-        parts = urlsplit(raw)
-        parts.port  # noqa: B018 - raises ValueError on a bad port
-    except ValueError as exc:
-        raise ConfigError(f"EMAIL_URL={shown!r} is not a valid URL ({exc})") from None
+    parts, shown = _split("EMAIL_URL", raw)
     if parts.scheme not in EMAIL_SCHEMES:
         raise ConfigError(f"EMAIL_URL={shown!r} has scheme {parts.scheme or '(none)'!r}; expected one of: {', '.join(s + '://' for s in EMAIL_SCHEMES)}")
     if parts.scheme.startswith("smtp") and not parts.hostname:

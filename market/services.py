@@ -30,6 +30,7 @@ from market.funding import funds_check
 from market.models import ApiToken, Bid, Job, Offer, Role, Scope, User
 from market.states import BidState, BookingState, OfferState
 from providers.models import Gpu, GpuModel, Machine, Provider, Region
+from providers.selectors import provider_of
 
 
 # --- accounts -----------------------------------------------------------------
@@ -126,10 +127,8 @@ def user_deactivate(*, user: User) -> User:
 
 # --- providers: machines --------------------------------------------------------
 def provider_for(user: User) -> Provider:
-    try:
-        return user.provider
-    except Provider.DoesNotExist:
-        raise NotAllowed("This account is not a provider. Sign up as a provider to sell GPUs.") from None
+    """The provider profile of an account that wants to sell: without one it is not allowed."""
+    return provider_of(user, refusal=NotAllowed("This account is not a provider. Sign up as a provider to sell GPUs."))
 
 
 @transaction.atomic

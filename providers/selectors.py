@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.core.cache import cache
 
-from market.errors import NotFound
+from market.errors import DomainError, NotFound
 from providers.models import Machine, Provider
 
 if TYPE_CHECKING:
@@ -16,11 +16,12 @@ if TYPE_CHECKING:
 TELEMETRY_TTL_S = 300
 
 
-def provider_of(user: User) -> Provider:
+def provider_of(user: User, *, refusal: DomainError | None = None) -> Provider:
+    """The account's provider profile; an account without one gets `refusal` (default: not found)."""
     try:
         return user.provider
     except Provider.DoesNotExist:
-        raise NotFound("This account is not a provider.") from None
+        raise (refusal or NotFound("This account is not a provider.")) from None
 
 
 def own_machine(user: User, machine_id: int, *, lock: bool = False) -> Machine:

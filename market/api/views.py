@@ -28,7 +28,18 @@ from market.api.permissions import is_operator, request_token
 from market.api.schema import ErrorSerializer
 from market.audit import AuditAction, audit_record
 from market.jobs import job_extend_recorded, job_preempt_request, job_stop_recorded
-from market.models import ApiToken, AuctionRound, AuditEvent, Bid, Job, Offer, Scope, SshKey, Trade
+from market.models import (
+    ApiToken,
+    AuctionRound,
+    AuditEvent,
+    Bid,
+    Job,
+    Offer,
+    Scope,
+    SshKey,
+    Trade,
+    User,
+)
 from market.outputs import output_open, outputs_of
 from market.ssh_keys import ssh_key_add, ssh_key_delete
 from providers.models import GpuModel, Machine, Region
@@ -79,6 +90,11 @@ class MarketsView(APIView):
 
 
 # --- accounts ------------------------------------------------------------------
+def _account(user: User) -> dict[str, Any]:
+    """An account as the API shows it to its owner (MeSerializer's fields)."""
+    return {"id": user.pk, "username": user.username, "role": user.role, "chain_address": user.chain_address}
+
+
 class SignupView(APIView):
     """Create a buyer or provider account. It does not sign a browser in (a cross-site form
     post must not sign anyone into an account of someone else's choosing): the /signup/ page
@@ -92,7 +108,7 @@ class SignupView(APIView):
         data = s.SignupSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         user = services.user_signup(**data.validated_data)
-        return Response({"id": user.pk, "username": user.username, "role": user.role, "chain_address": user.chain_address}, status=status.HTTP_201_CREATED)
+        return Response(_account(user), status=status.HTTP_201_CREATED)
 
 
 class MeView(APIView):
@@ -101,7 +117,7 @@ class MeView(APIView):
     @extend_schema(responses=s.MeSerializer)
     def get(self, request: Request) -> Response:
         u = request.user
-        return Response({"id": u.pk, "username": u.username, "role": u.role, "chain_address": u.chain_address})
+        return Response(_account(u))
 
 
 class WalletChallengeView(APIView):
@@ -125,7 +141,7 @@ class WalletLinkView(APIView):
         body = s.WalletLinkSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         u = wallet_link(user=request.user, **body.validated_data)
-        return Response({"id": u.pk, "username": u.username, "role": u.role, "chain_address": u.chain_address})
+        return Response(_account(u))
 
 
 class TokenViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
