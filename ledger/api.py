@@ -24,7 +24,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from contracts.merkle import receipt_leaf
-from ledger import selectors
+from ledger import balances, selectors
 from ledger.context import chain_context, market_min_stake
 from ledger.disputes import dispute_request, ruling_request
 from ledger.escrow import (
@@ -198,7 +198,7 @@ class EscrowView(APIView):
 
     @extend_schema(parameters=[USER_PARAM], responses=inline_serializer("Escrow", {"address": serializers.CharField(allow_null=True), "custodial": serializers.BooleanField(), "free": serializers.IntegerField(), "locked": serializers.IntegerField(), "locks": serializers.ListField(child=serializers.DictField()), "pending": serializers.ListField(child=serializers.DictField()), "chain": serializers.DictField(allow_null=True)}))
     def get(self, request: Request) -> Response:
-        return Response({**selectors.escrow_of(user=_subject(request)), "chain": selectors.chain_info()})
+        return Response({**balances.escrow_of(user=_subject(request)), "chain": selectors.chain_info()})
 
 
 class EarningsView(APIView):
@@ -225,7 +225,7 @@ class EarningsView(APIView):
             provider = Provider.objects.filter(user=request.user).first()
         if provider is None:
             raise NotFound("No provider profile here: earnings are for providers.")
-        return Response(selectors.earnings_of(provider=provider))
+        return Response(balances.earnings_of(provider=provider))
 
 
 class TradeLedgerView(APIView):

@@ -10,7 +10,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
-from ledger import selectors
+from ledger import balances, selectors
 from ledger.disputes import dispute_request, ruling_request
 from ledger.escrow import (
     ChainUnavailable,
@@ -54,7 +54,7 @@ def wallet(request: HttpRequest) -> HttpResponse:
         else:
             messages.success(request, f"{action.capitalize()} of {money.usdc(done['amount'])} sent from {done['address']}; it shows here once the chain confirms it.")
         return redirect("web:wallet")
-    escrow = selectors.escrow_of(user=request.user)
+    escrow = balances.escrow_of(user=request.user)
     prefill = ""
     try:  # ?deposit=12.50: the bid form's link when escrow fell short
         if request.GET.get("deposit"):

@@ -11,9 +11,9 @@ from django.core.cache import cache
 from django.db import connection
 from django.db.models import Count, Min, Q, QuerySet, Sum
 
+from ledger.balances import earnings_of
 from ledger.journal import reconciliation_status
 from ledger.models import JournalEntry, RecordBatch, SettleBatch
-from ledger.selectors import earnings_of
 from market.models import AuctionRound, AuditEvent, Bid, Booking, Job, Offer, Trade, User
 from market.states import BidState, BookingState, OfferState, RoundState, TradeState
 from providers.models import Machine, MachineState, Provider
@@ -253,7 +253,7 @@ def provider_sales(provider_id: int, *, trade_ids: list[int] | None = None, limi
 
 def provider_totals(provider_id: int) -> dict[str, int]:
     """What the provider sold (trades, their full locks) beside its money, which comes only
-    from confirmed chain events (`ledger.selectors.earnings_of`): paid, held in disputes,
+    from confirmed chain events (`ledger.balances.earnings_of`): paid, held in disputes,
     free to withdraw, stake."""
     agg = Trade.objects.filter(provider_id=provider_id).aggregate(
         sold=Sum("amount"),
@@ -267,7 +267,7 @@ def provider_totals(provider_id: int) -> dict[str, int]:
 
 def provider_earnings_series(provider_id: int, limit: int = 500) -> list[tuple[float, int]]:
     """(unix time, cumulative paid less held) after each confirmed chain event that moved the
-    provider's earnings, oldest first (`ledger.selectors.earnings_of`)."""
+    provider's earnings, oldest first (`ledger.balances.earnings_of`)."""
     return list(earnings_of(provider=Provider.objects.get(pk=provider_id), series_limit=limit)["series"])
 
 

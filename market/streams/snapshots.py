@@ -9,8 +9,8 @@ from typing import Any
 from django.core.cache import cache
 from django.db.models import Sum
 
+from ledger.balances import escrow_of
 from ledger.journal import account_balances
-from ledger.selectors import escrow_of
 from market import selectors
 from market.models import AuctionRound, Bid, Job, Trade, User
 from market.states import RoundState

@@ -91,11 +91,11 @@ def test_the_providers_figures_are_the_chains_to_the_unit_through_disputes_won_l
     from django.test import Client
 
     from ledger import tasks
+    from ledger.balances import earnings_of
     from ledger.chain import signer_from_hex
     from ledger.journal import journal_verify
     from ledger.models import SettleBatch
     from ledger.outbox import tx_submit
-    from ledger.selectors import earnings_of
     from market.models import Trade
     from market.rounds import round_clear
     from market.templatetags.gridbid import tokens
