@@ -32,7 +32,7 @@ TASK_QUEUES: dict[str, Queue] = {
     "market.tasks.bookings_expire": Queue.DEFAULT,
     "market.tasks.idempotency_prune": Queue.DEFAULT,
     "market.tasks.outputs_expire": Queue.DEFAULT,
-    "market.tasks.demo_tick": Queue.DEMO,
+    "demo.tasks.tick": Queue.DEMO,
     "market.tasks.webhook_deliver": Queue.NOTIFY,
     "market.tasks.webhooks_retry": Queue.NOTIFY,
     "market.tasks.email_notify": Queue.NOTIFY,
@@ -42,7 +42,7 @@ TASK_QUEUES: dict[str, Queue] = {
     "ledger.tasks.chain_txs_track": Queue.CHAIN,
     "ledger.tasks.chain_events_sync": Queue.CHAIN,
     "ledger.tasks.ledger_reconcile": Queue.CHAIN,
-    "ledger.tasks.demo_agents_tick": Queue.DEMO_AGENTS,
+    "demo.tasks.agents_tick": Queue.DEMO_AGENTS,
 }
 
 # The queues one worker serves together: the embedded mode runs one worker thread per
@@ -56,7 +56,7 @@ app = Celery("gridbid")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.task_default_queue = Queue.DEFAULT
 app.conf.task_routes = {name: {"queue": queue.value} for name, queue in TASK_QUEUES.items()}
-app.autodiscover_tasks(["market", "ledger", "providers"])
+app.autodiscover_tasks(["market", "ledger", "providers", "demo"])
 
 
 @app.on_after_finalize.connect

@@ -85,11 +85,11 @@ class EmbeddedCelery:
         self.app.finalize()
         if demo:
             # the runner imports Django code only after django.setup()
-            from market.demo import demo_tick_seconds
+            from demo.market import demo_tick_seconds
 
             tick_s = demo_tick_seconds()  # twice a round: each round finds new bids and freed GPUs
-            self.app.conf.beat_schedule["demo-tick"] = {"task": "market.tasks.demo_tick", "schedule": tick_s, "options": {"expires": tick_s * 2}}
-            self.app.conf.beat_schedule["demo-agents"] = {"task": "ledger.tasks.demo_agents_tick", "schedule": 5.0}
+            self.app.conf.beat_schedule["demo-tick"] = {"task": "demo.tasks.tick", "schedule": tick_s, "options": {"expires": tick_s * 2}}
+            self.app.conf.beat_schedule["demo-agents"] = {"task": "demo.tasks.agents_tick", "schedule": 5.0}
         self.beat = EmbeddedService(self.app, thread=True, schedule_filename=self.app.conf.beat_schedule_filename)
         self.beat.start()
 
@@ -120,7 +120,7 @@ def prepare(*, demo: bool) -> None:
     console.print("[green]✓[/] database ready")
     if demo:
         # the runner imports Django code only after django.setup()
-        from market.demo import demo_load
+        from demo.market import demo_load
 
         with console.status("Loading the demo market…"):
             summary = demo_load()
@@ -176,8 +176,8 @@ def serve(*, host: str, port: int, demo: bool, worker: bool) -> None:
                 console.print(f"[green]✓[/] dev chain at {devchain.url}, market {devchain.deployment.market_address}")
                 if demo:
                     # the runner imports Django code only after django.setup()
+                    from demo.chain import demo_chain_setup
                     from ledger.context import chain_context
-                    from ledger.demo import demo_chain_setup
 
                     ctx = chain_context()
                     if ctx is not None:

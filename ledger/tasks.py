@@ -9,8 +9,7 @@ from typing import Any
 from celery import shared_task
 
 import gridbid.celery  # noqa: F401 - binds the tasks to the configured app (eager in tests)
-from ledger.context import DEV_CHAIN_ID, chain_context
-from ledger.demo import demo_agents_act
+from ledger.context import chain_context
 from ledger.journal import reconcile
 from ledger.listener import events_sync
 from ledger.outbox import signers_of, txs_track
@@ -82,12 +81,3 @@ def ledger_reconcile() -> bool | None:
     announce(OperatorChanged())
     return bool(status["ok"])
 
-
-@shared_task(name="ledger.tasks.demo_agents_tick", **RETRY)
-def demo_agents_tick() -> dict[str, int]:
-    """Under `gridbid up --demo` only: the demo providers' simulated agents sign receipts
-    and co-sign settlement batches (ledger/demo.py)."""
-    ctx = chain_context()
-    if ctx is None or ctx.chain_id != DEV_CHAIN_ID:
-        return {}
-    return demo_agents_act(ctx=ctx)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 
 import gridbid.celery  # noqa: F401 - binds the tasks to the configured app (eager in tests), wherever .delay() is called
-from market import bookings, demo, notify, outputs, rounds, webhooks
+from market import bookings, notify, outputs, rounds, webhooks
 from market.api import idempotency
 from market.events import EmailsWanted, WebhookDeliveriesWritten
 
@@ -40,11 +40,6 @@ def round_run() -> int | None:
     comes while another round is still clearing, is a no-op (that slot is skipped)."""
     rnd = rounds.round_clear()
     return rnd.number if rnd else None
-
-
-@shared_task(name="market.tasks.demo_tick", ignore_result=True)
-def demo_tick() -> dict[str, int]:
-    return demo.demo_tick()
 
 
 # --- notifications (queue `notify`): slow receivers never hold up rounds or settlement ----------

@@ -86,8 +86,8 @@ def seed(n_bids: int, seed_value: int, n_rounds: int) -> dict[str, Any]:
     django.setup()
     from django.core.management import call_command
 
+    from demo.market import PROVIDERS, demo_load
     from market import services
-    from market.demo import PROVIDERS, demo_load
     from market.models import Bid, Role, User
     from providers.models import Machine, Region
 

@@ -157,7 +157,7 @@ def test_an_expired_bid_stops_counting_against_the_escrow(make_user, client_for)
 def test_the_demo_loads_into_an_empty_market_before_its_buyers_have_escrow():
     """`gridbid up --demo` loads the demo before the dev chain funds its buyers: it used to
     place bids there and crash with EscrowShort."""
-    from market.demo import BUYERS, PROVIDERS, demo_load
+    from demo.market import BUYERS, PROVIDERS, demo_load
     from market.models import Offer, User
 
     summary = demo_load()
@@ -168,7 +168,7 @@ def test_the_demo_loads_into_an_empty_market_before_its_buyers_have_escrow():
 
 @pytest.mark.unfunded
 def test_demo_buyers_without_escrow_wait_instead_of_failing_the_tick():
-    from market.demo import demo_load, demo_tick
+    from demo.market import demo_load, demo_tick
 
     demo_load()
     out = demo_tick(seed=1)
@@ -178,7 +178,7 @@ def test_demo_buyers_without_escrow_wait_instead_of_failing_the_tick():
 
 @pytest.mark.unfunded
 def test_funded_demo_buyers_bid_within_their_escrow_and_their_bids_expire():
-    from market.demo import BUYERS, demo_load, demo_tick
+    from demo.market import BUYERS, demo_load, demo_tick
     from market.models import User
 
     demo_load()

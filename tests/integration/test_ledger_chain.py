@@ -235,10 +235,10 @@ def test_the_demo_market_records_and_settles_its_trades_on_the_dev_chain(ctx: An
 
     from django.utils import timezone
 
+    from demo.chain import demo_agents_act, demo_chain_setup
+    from demo.market import BUYERS, PROVIDERS, demo_load, demo_tick
     from ledger import tasks
-    from ledger.demo import demo_agents_act, demo_chain_setup
     from ledger.journal import journal_verify
-    from market.demo import BUYERS, PROVIDERS, demo_load, demo_tick
     from market.models import Bid, Trade
     from market.rounds import round_clear
     from providers.models import Provider
@@ -272,7 +272,7 @@ def test_the_demo_market_records_and_settles_its_trades_on_the_dev_chain(ctx: An
 def test_the_demo_refuses_any_chain_but_the_dev_chain() -> None:
     from types import SimpleNamespace
 
-    from ledger.demo import DemoChainError, demo_agents_act, demo_chain_setup
+    from demo.chain import DemoChainError, demo_agents_act, demo_chain_setup
 
     mainnet = SimpleNamespace(chain_id=1)
     for act in (demo_chain_setup, demo_agents_act):

@@ -25,9 +25,9 @@ def interval_mining(ctx: Any) -> Iterator[Any]:
 
 
 def test_demo_buyer_deposit_lands_when_blocks_come_once_a_second(interval_mining, make_user):
+    from demo.chain import BUYER_DEPOSIT, demo_chain_setup
+    from demo.market import BUYERS
     from ledger.custody import custodial_key_get_or_create
-    from ledger.demo import BUYER_DEPOSIT, demo_chain_setup
-    from market.demo import BUYERS
 
     ctx = interval_mining
     buyer = make_user(BUYERS[0][0])

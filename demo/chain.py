@@ -23,12 +23,12 @@ from django.db import transaction
 
 from contracts import bls, receipts
 from contracts.bls import BlsKey
+from demo.market import BUYERS, PROVIDERS
 from ledger.context import DEV_CHAIN_ID, ChainContext
 from ledger.custody import custodial_key_get_or_create, custodial_signer
 from ledger.models import Cosign
 from ledger.outbox import tx_submit
 from ledger.services import cosign_submit, escrow_deposit
-from market.demo import BUYERS, PROVIDERS
 from market.models import Job, User
 
 log = logging.getLogger(__name__)
