@@ -7,7 +7,11 @@ class's surplus is at least 0.995 of the lexicographic optimum (reserved, then o
 then spot); and each class's reported upper bound is at or above the exact optimum of that
 class on the capacity the engine's classes above it left (what the bound claims to bound;
 for the reserved class, the lexicographic optimum itself). A class the engine calls exact
-reports its own surplus as its bound, so "exact" must be exact.
+reports its own surplus as its bound, so "exact" must be exact. A round's quality is its
+worst class's surplus over that class's lexicographic optimum; a class may pass its optimum
+where a class above fell short of its own. At the limits (scores spanning twelve digits)
+floating point cannot always hold a class above at its optimum while the MILP solves the
+next; such classes are left out of the quality figure (exact_milp.lexicographic says which).
 
 The rounds where the engine misses today are marked xfail(strict=True) with the figure
 measured, so the suite stays green, the gap stays recorded, and a fix that closes one makes
@@ -101,23 +105,24 @@ KNOWN_SHORT: dict[tuple[str, int, int], str] = {
     ("fair_share", 7, 200): "quality below 0.995 on fair_share; measured 0.8324 on spot",
     ("fair_share", 16, 200): "quality below 0.995 on fair_share; measured 0.9263 on reserved",
     ("heavy_tailed", 7, 200): "quality below 0.995 on heavy_tailed; measured 0.9947 on on_demand",
-    ("multi_machine", 7, 200): "quality below 0.995 on multi_machine; measured 0.9644 on on_demand; spot bound below the exact optimum (class reported exact); the exact MILP did not prove its optimum within 30 s a class on this box",
-    ("multi_machine", 16, 200): "quality below 0.995 on multi_machine; measured 0.9583 on on_demand; the exact MILP did not prove its optimum within 30 s a class on this box",
+    ("multi_machine", 7, 200): "quality below 0.995 on multi_machine; measured 0.7788 on spot; spot bound below the exact optimum (class reported exact); the exact MILP did not prove its optimum within 30 s a class on this box",
+    ("multi_machine", 16, 200): "quality below 0.995 on multi_machine; measured 0.9539 on on_demand; the exact MILP did not prove its optimum within 30 s a class on this box",
     ("one_huge_bid", 16, 200): "quality below 0.995 on one_huge_bid; measured 0.9933 on on_demand",
     ("scarce_region", 16, 200): "quality below 0.995 on scarce_region; measured 0.9890 on on_demand",
     ("ties", 7, 200): "quality below 0.995 on ties; measured 0.9945 on spot",
     ("ties", 16, 200): "quality below 0.995 on ties; measured 0.8847 on spot",
+    ("all_reserved", 8, 300): "the exact MILP did not prove its optimum within 30 s a class on this box",
+    ("all_spot", 8, 300): "the exact MILP did not prove its optimum within 30 s a class on this box",
     ("fair_share", 8, 300): "quality below 0.995 on fair_share; measured 0.9728 on reserved",
     ("fair_share", 17, 300): "quality below 0.995 on fair_share; measured 0.9365 on reserved",
     ("heavy_tailed", 8, 300): "quality below 0.995 on heavy_tailed; measured 0.9863 on on_demand",
     ("multi_machine", 8, 300): "the exact MILP did not prove its optimum within 30 s a class on this box",
-    ("multi_machine", 17, 300): "the exact MILP did not prove its optimum within 30 s a class on this box",
+    ("multi_machine", 17, 300): "quality below 0.995 on multi_machine; measured 0.5150 on spot; the exact MILP did not prove its optimum within 30 s a class on this box",
     ("narrow_models", 8, 300): "quality below 0.995 on narrow_models; measured 0.9945 on on_demand",
     ("narrow_models", 17, 300): "quality below 0.995 on narrow_models; measured 0.9907 on on_demand",
     ("scarce_region", 8, 300): "quality below 0.995 on scarce_region; measured 0.9862 on reserved",
     ("scarce_region", 17, 300): "quality below 0.995 on scarce_region; measured 0.9941 on reserved",
-    ("ties", 8, 300): "quality below 0.995 on ties; measured 0.9796 on spot; the exact MILP did not prove its optimum within 30 s a class on this box",
-    ("ties", 17, 300): "quality below 0.995 on ties; measured 0.9385 on spot",
+    ("ties", 8, 300): "quality below 0.995 on ties; measured 0.9905 on on_demand",
 }
 
 
