@@ -11,7 +11,7 @@ from market.web import urls as market_pages
 from market.web.login_limits import login_guarded
 
 # The project's URL map joins the apps' maps here, so no app imports another's views:
-# the agent's co-signing endpoints are the ledger's, and the web UI's namespace holds the
+# the agent's co-signing endpoints and the wallet link are the ledger's, and the web UI's namespace holds the
 # market's pages, the ledger's (wallet, trade) and the operator's dashboard.
 ops_pages: list[URLPattern] = [path("operator/", ops.operator_dashboard, name="operator")]
 
@@ -20,6 +20,8 @@ urlpatterns = [
     path("api/v1/agent/cosigns/<int:cosign_id>/", ledger_api.CosignSubmitView.as_view(), name="agent-cosign"),
     path("api/v1/agent/", include("providers.api.urls")),
     path("api/v1/ledger/", include("ledger.urls")),
+    path("api/v1/me/wallet/challenge/", ledger_api.WalletChallengeView.as_view(), name="wallet-challenge"),
+    path("api/v1/me/wallet/", ledger_api.WalletLinkView.as_view(), name="wallet-link"),
     path("api/v1/", include("market.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     # the split view serves Swagger UI's start-up script as a file: the CSP runs no inline script

@@ -38,8 +38,15 @@ from ledger.escrow import (
 )
 from ledger.models import BatchState, Cosign, SettleBatch, SettleItem
 from ledger.services import SettlementError, cosign_submit
+from ledger.wallet import wallet_challenge, wallet_link
 from market.api.idempotency import HEADER, idempotent
 from market.api.permissions import ScopedAccess, is_operator
+from market.api.serializers import (
+    MeSerializer,
+    WalletChallengeSerializer,
+    WalletLinkSerializer,
+    account_body,
+)
 from market.models import Scope, Trade, User
 from providers.models import Provider
 
@@ -391,3 +398,28 @@ class RulingView(APIView):
             return _accepted(ruling_request(trade=trade, key=key, actor=request.user, **data.validated_data))
         except ChainUnavailable as exc:
             raise ChainUnavailableError(str(exc)) from exc
+
+
+# --- a browser wallet as the account's escrow address (/api/v1/me/wallet/) ---------------------
+class WalletChallengeView(APIView):
+    """A one-time message for a browser wallet to sign (personal_sign), to link it."""
+
+    scopes = {"post": Scope.TRADE}
+
+    @extend_schema(request=None, responses=WalletChallengeSerializer)
+    def post(self, request: Request) -> Response:
+        return Response({"message": wallet_challenge(user=request.user)})
+
+
+class WalletLinkView(APIView):
+    """Link the wallet that signed a challenge: it becomes your escrow address and signs
+    your orders (before any custodial deposit only)."""
+
+    scopes = {"post": Scope.TRADE}
+
+    @extend_schema(request=WalletLinkSerializer, responses=MeSerializer)
+    def post(self, request: Request) -> Response:
+        body = WalletLinkSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        u = wallet_link(user=request.user, **body.validated_data)
+        return Response(account_body(u))

@@ -24,6 +24,7 @@ from market.models import (
     Scope,
     SshKey,
     Trade,
+    User,
 )
 from market.states import OfferState
 from providers.models import Gpu, GpuModel, Interconnect, Machine, Provider, Region
@@ -109,6 +110,11 @@ class SshKeySerializer(serializers.ModelSerializer):
     class Meta:
         model = SshKey
         fields = ["id", "name", "key_type", "public_key", "fingerprint", "created_at"]
+
+
+def account_body(user: User) -> dict[str, Any]:
+    """An account as the API shows it to its owner (MeSerializer's fields)."""
+    return {"id": user.pk, "username": user.username, "role": user.role, "chain_address": user.chain_address}
 
 
 class MeSerializer(serializers.Serializer):

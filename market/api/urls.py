@@ -22,8 +22,6 @@ urlpatterns = [
     path("markets/", views.MarketsView.as_view(), name="markets"),
     path("accounts/signup/", views.SignupView.as_view(), name="signup"),
     path("me/", views.MeView.as_view(), name="me"),
-    path("me/wallet/challenge/", views.WalletChallengeView.as_view(), name="wallet-challenge"),
-    path("me/wallet/", views.WalletLinkView.as_view(), name="wallet-link"),
     path("quote/", views.QuoteView.as_view(), name="quote"),
     path("providers/me/", views.ProviderMeView.as_view(), name="provider-me"),
     # before the router: a file's name may end like a format suffix (result.json)

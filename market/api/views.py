@@ -19,7 +19,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ledger.wallet import wallet_challenge, wallet_link, wallet_order, wallet_order_sign
+from ledger.wallet import wallet_order, wallet_order_sign
 from market import rounds, selectors, services
 from market.api import serializers as s
 from market.api.filters import AuditFilter, BidFilter, OfferFilter, TradeFilter
@@ -38,7 +38,6 @@ from market.models import (
     Scope,
     SshKey,
     Trade,
-    User,
 )
 from market.outputs import output_open, outputs_of
 from market.ssh_keys import ssh_key_add, ssh_key_delete
@@ -90,11 +89,6 @@ class MarketsView(APIView):
 
 
 # --- accounts ------------------------------------------------------------------
-def _account(user: User) -> dict[str, Any]:
-    """An account as the API shows it to its owner (MeSerializer's fields)."""
-    return {"id": user.pk, "username": user.username, "role": user.role, "chain_address": user.chain_address}
-
-
 class SignupView(APIView):
     """Create a buyer or provider account. It does not sign a browser in (a cross-site form
     post must not sign anyone into an account of someone else's choosing): the /signup/ page
@@ -108,7 +102,7 @@ class SignupView(APIView):
         data = s.SignupSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         user = services.user_signup(**data.validated_data)
-        return Response(_account(user), status=status.HTTP_201_CREATED)
+        return Response(s.account_body(user), status=status.HTTP_201_CREATED)
 
 
 class MeView(APIView):
@@ -117,31 +111,7 @@ class MeView(APIView):
     @extend_schema(responses=s.MeSerializer)
     def get(self, request: Request) -> Response:
         u = request.user
-        return Response(_account(u))
-
-
-class WalletChallengeView(APIView):
-    """A one-time message for a browser wallet to sign (personal_sign), to link it."""
-
-    scopes = {"post": Scope.TRADE}
-
-    @extend_schema(request=None, responses=s.WalletChallengeSerializer)
-    def post(self, request: Request) -> Response:
-        return Response({"message": wallet_challenge(user=request.user)})
-
-
-class WalletLinkView(APIView):
-    """Link the wallet that signed a challenge: it becomes your escrow address and signs
-    your orders (before any custodial deposit only)."""
-
-    scopes = {"post": Scope.TRADE}
-
-    @extend_schema(request=s.WalletLinkSerializer, responses=s.MeSerializer)
-    def post(self, request: Request) -> Response:
-        body = s.WalletLinkSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        u = wallet_link(user=request.user, **body.validated_data)
-        return Response(_account(u))
+        return Response(s.account_body(u))
 
 
 class TokenViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
