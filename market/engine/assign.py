@@ -23,10 +23,14 @@ by class in priority order:
 2. An improvement pass: an unmatched bid may take the place of matched bids
    of the same class on one machine when its score beats theirs and the
    displaced bids can move to other machines or lose less than it gains.
-3. For small rounds, an exact depth-first branch and bound over each class
-   (bids in priority order, best option first, bounded by the sum of each
-   remaining bid's best score), seeded with the greedy solution so it only
-   replaces it with a strictly better one: tie-breaks survive.
+3. For larger rounds' classes of at most 40 same-machine bids, an exact
+   depth-first branch and bound over the class (bids in priority order, best
+   option first, bounded by the sum of each remaining bid's best score), seeded
+   with the greedy solution so it only replaces it with a strictly better one:
+   tie-breaks survive.
+
+Small rounds take the exact path instead (``exact.py``): a lexicographic MIP over
+all three classes, each class started from what 0-2 find for it.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ import gc
 import threading
 from collections.abc import Callable
 
+from . import exact
 from .assign import Snapshot, Solver, State, fair_share_limits, priority_order
 from .explain import Explainer, money, trade_reason
 from .market import BidViews, Market, build_market, candidates, top_candidates
@@ -90,51 +91,22 @@ def _clear(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
     order = priority_order(mkt, cand, live)
     lap("candidates")
     unit = mkt.score_unit  # scores are counted in it; reported in base units
-    proven = True
-    bound: int | None = 0
-    class_bounds: list[str] = []
-    for k in range(3):
-        cls = [b for b in order if mkt.b_klass[b] == k]
-        if not cls:
-            continue
-        exact_ok = (
-            cfg.exact_node_limit > 0
-            and len(cls) <= EXACT_MAX_BIDS
-            and not any(cand.truncated[b] for b in cls)
-        )
-        before = solver.snapshot() if exact_ok else None
-        if exact_ok and solver.exact(cls, cfg.exact_node_limit):
-            got = _class_surplus(solver, cls)
-            if bound is not None:
-                bound += got
-            class_bounds.append(f"{CLASSES[k]} {got * unit:,} exact")
-            lap(CLASSES[k])
-            continue
-        proven = False
-        incumbent: tuple[int, Snapshot] | None = None
-        if before is not None:
-            # branch and bound ran out of nodes with its incumbent placed: the LP from
-            # here would bound only the capacity that incumbent left (a bound below the
-            # class's own surplus). Its rounding from here is kept as a candidate; the
-            # bound, and a second rounding, come from the capacity the class started with.
-            _lp_path(solver, cls, k, small, kmax)
-            incumbent = (_class_surplus(solver, cls), solver.snapshot())
-            solver.restore(before)
-        ub = _lp_path(solver, cls, k, small, kmax)
-        if incumbent is not None and incumbent[0] >= _class_surplus(solver, cls):
-            solver.restore(incumbent[1])
-        if ub is None or bound is None:
-            bound = None
-        else:
-            got = _class_surplus(solver, cls)
-            ub = max(ub, got)  # a class's bound is never below what it got
-            bound += ub
-            class_bounds.append(f"{CLASSES[k]} {got * unit:,} <= {ub * unit:,}")
-        lap(CLASSES[k])
+    plan = None
+    if small and cfg.exact_node_limit > 0 and exact.fits(mkt, cand, live):
+        plan = _exact_path(solver, order, cfg.exact_node_limit, kmax, lap)
+    if plan is not None:
+        proven, bound, class_bounds = _place_plan(plan, unit)
+        how = "lexicographic MIP (HiGHS) over every feasible pair and placement, fair-share cap included"
+        method = "exact" if proven else "mip-lexicographic"
+        if any(c.limited for c in plan.classes):
+            method += " (work limit)"
+    else:
+        proven, bound, class_bounds = _per_class(solver, order, cfg.exact_node_limit, small, kmax, unit, lap)
+        how = ("each on the capacity the classes before it left, over every feasible pair (LP relaxation "
+               "with column generation; fair-share cap relaxed)")
+        method = "exact" if proven else "lp-per-class+rounding+improve"
     assigned = solver.assigned
     surplus = sum(p[2] for parts in assigned.values() for p in parts) * unit
-    if bound is not None:
-        bound *= unit
 
     bucket_bids: dict[tuple[int, int], list[int]] = {}
     if isinstance(cand.views, BidViews):
@@ -208,14 +180,11 @@ def _clear(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
     gap: float | None = None
     scope = "none"
     if proven:
-        bound, gap, scope = surplus, 0.0, "exact per class in priority order"
+        bound, gap = surplus, 0.0
+        scope = "exact per class in priority order" + (f", {how}" if plan is not None else "")
     elif bound is not None:
         gap = 0.0 if bound <= 0 else max(0.0, round((bound - surplus) / bound, 9))
-        scope = (
-            "per class in priority order, each on the capacity the classes before it "
-            "left, over every feasible pair (LP relaxation with column generation; "
-            "fair-share cap relaxed): " + "; ".join(class_bounds)
-        )
+        scope = f"per class in priority order, {how}: " + "; ".join(class_bounds)
     stats = RoundStats(
         bids=len(mkt.bids),
         offers=len(mkt.offers),
@@ -226,7 +195,7 @@ def _clear(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
         feasible_pairs=feasible_all,
         candidate_pairs=len(cand.pair_bid),
         surplus=surplus,
-        method="exact" if proven else "lp-per-class+rounding+improve",
+        method=method,
         upper_bound=bound,
         gap=gap,
         bound_scope=scope,
@@ -238,6 +207,102 @@ def _clear(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
         preemptions=preemptions,
         stats=stats,
     )
+
+
+def _exact_path(solver: Solver, order: list[int], node_limit: int, kmax: int,
+                lap: Callable[[str], None]) -> exact.Plan:
+    """The exact path (``exact.py``): class by class, the heuristic clears the class on
+    what the MIP's classes above left, and the MIP starts from that placement. Leaves the
+    solver holding the plan."""
+    mkt = solver.mkt
+    lex = exact.Lexicographic(mkt, solver.cand, order, solver.state.limits, node_limit)
+    empty = solver.snapshot()
+    for k in lex.present:
+        solver.restore(empty)
+        for b, parts in sorted(lex.placed(k).items()):
+            solver.place(b, parts)
+        cls = [b for b in order if mkt.b_klass[b] == k]
+        _lp_path(solver, cls, k, True, kmax)
+        lex.solve_class(k, {b: solver.assigned[b] for b in cls if b in solver.assigned})
+        lap(CLASSES[k])
+    solver.restore(empty)
+    plan = lex.plan()
+    for b in sorted(plan.assigned):
+        solver.place(b, plan.assigned[b])
+    return plan
+
+
+def _place_plan(plan: exact.Plan, unit: int) -> tuple[bool, int | None, list[str]]:
+    """Per class of the exact path's plan, its surplus and bound (base units)."""
+    proven = True
+    bound: int | None = 0
+    class_bounds: list[str] = []
+    for c in plan.classes:
+        proven &= c.exact
+        if c.exact:
+            class_bounds.append(f"{CLASSES[c.klass]} {c.surplus * unit:,} exact")
+        elif c.bound is not None:
+            why = f"stopped at its work limit, {c.nodes:,} nodes" if c.limited else "HiGHS's tolerance"
+            class_bounds.append(f"{CLASSES[c.klass]} {c.surplus * unit:,} <= {c.bound * unit:,} ({why})")
+        if bound is not None and c.bound is not None:
+            bound += c.bound * unit
+        else:
+            bound = None
+    return proven, bound, class_bounds
+
+
+def _per_class(
+    solver: Solver, order: list[int], node_limit: int, small: bool, kmax: int, unit: int,
+    lap: Callable[[str], None],
+) -> tuple[bool, int | None, list[str]]:
+    """Rounds past the exact path: class by class in priority order, each on what the
+    classes before it left. Returns whether every class is proven optimal, the round's
+    bound and each class's surplus and bound (base units)."""
+    mkt = solver.mkt
+    cand = solver.cand
+    proven = True
+    bound: int | None = 0
+    class_bounds: list[str] = []
+    for k in range(3):
+        cls = [b for b in order if mkt.b_klass[b] == k]
+        if not cls:
+            continue
+        # branch and bound gives a spanning bid one option (its greedy fill): not exact
+        exact_ok = (
+            node_limit > 0
+            and len(cls) <= EXACT_MAX_BIDS
+            and not any(cand.truncated[b] or not mkt.b_same[b] for b in cls)
+        )
+        before = solver.snapshot() if exact_ok else None
+        if exact_ok and solver.exact(cls, node_limit):
+            got = _class_surplus(solver, cls)
+            if bound is not None:
+                bound += got
+            class_bounds.append(f"{CLASSES[k]} {got * unit:,} exact")
+            lap(CLASSES[k])
+            continue
+        proven = False
+        incumbent: tuple[int, Snapshot] | None = None
+        if before is not None:
+            # branch and bound ran out of nodes with its incumbent placed: the LP from
+            # here would bound only the capacity that incumbent left (a bound below the
+            # class's own surplus). Its rounding from here is kept as a candidate; the
+            # bound, and a second rounding, come from the capacity the class started with.
+            _lp_path(solver, cls, k, small, kmax)
+            incumbent = (_class_surplus(solver, cls), solver.snapshot())
+            solver.restore(before)
+        ub = _lp_path(solver, cls, k, small, kmax)
+        if incumbent is not None and incumbent[0] >= _class_surplus(solver, cls):
+            solver.restore(incumbent[1])
+        if ub is None or bound is None:
+            bound = None
+        else:
+            got = _class_surplus(solver, cls)
+            ub = max(ub, got)  # a class's bound is never below what it got
+            bound += ub
+            class_bounds.append(f"{CLASSES[k]} {got * unit:,} <= {ub * unit:,}")
+        lap(CLASSES[k])
+    return proven, None if bound is None else bound * unit, class_bounds
 
 
 def _lp_path(solver: Solver, cls: list[int], k: int, small: bool, kmax: int) -> int | None:

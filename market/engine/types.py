@@ -166,8 +166,11 @@ class RoundConfig:
     ``max_candidates`` is how many best offers each bid keeps in larger
     rounds (0 = 16); ``group_scan`` is kept for stored configs and no longer
     used. The upper bound in the statistics always covers every feasible
-    pair, kept or pruned. ``exact_node_limit`` is the branch-and-bound budget
-    that makes small rounds provably optimal. ``certify`` is kept for stored
+    pair, kept or pruned. ``exact_node_limit`` is the exact path's work limit
+    (``exact.py``): HiGHS branch-and-bound nodes per class of a small round's
+    lexicographic MIP (0 switches the exact path off), counted, never timed, so a
+    replay clears the same; larger rounds' classes of at most 40 bids use it as
+    their branch-and-bound budget. ``certify`` is kept for stored
     configs: the bound is now always certified per class (LP relaxation with
     column generation over every feasible pair).
     ``price_point`` is where in the clearing interval the uniform price sits:
@@ -181,7 +184,7 @@ class RoundConfig:
     price_point: float = 0.0
     max_candidates: int = 16
     group_scan: int = 48
-    exact_node_limit: int = 20_000
+    exact_node_limit: int = 200
     certify: bool = False
 
 

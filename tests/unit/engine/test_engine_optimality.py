@@ -80,8 +80,12 @@ def test_small_rounds_reach_the_brute_force_optimum(offers: list[Offer], bids: l
     bids = [dataclasses.replace(b, id=i + 1) for i, b in enumerate(bids)]
     inp = round_of(offers, bids)
     res = clear_round(inp)
-    assert res.stats.method == "exact"
-    assert res.stats.surplus == brute_force(inp)
+    best = brute_force(inp)
+    assert res.stats.surplus == best
+    # "exact" only where HiGHS's tolerances are under a unit of these scores; a bound anyway
+    assert res.stats.method in ("exact", "mip-lexicographic")
+    assert res.stats.upper_bound is not None and res.stats.upper_bound >= best
+    assert res.stats.method != "exact" or res.stats.upper_bound == best
 
 
 def exact_milp(inp: RoundInput) -> float:

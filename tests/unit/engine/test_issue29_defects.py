@@ -9,7 +9,7 @@ import re
 import pytest
 
 from market.engine import EngineInputError, Region, RoundInput, Weights, clear_round, limits
-from tests.bench.instances import make_round
+from tests.bench.instances import FAMILIES, make_round
 from tests.unit.engine.engine_builders import LATENCY, REGIONS, bid, offer, round_of, with_config
 from tests.unit.engine.test_engine_optimality import exact_milp, one_class, one_class_same_machine
 
@@ -211,12 +211,20 @@ def class_bounds(scope: str) -> dict[str, tuple[int, int]]:
 
 
 def test_a_class_whose_branch_and_bound_ran_out_reports_a_bound_above_its_surplus() -> None:
+    """The exact path (a MIP) proves the ladder optimal; past its work limit (one node a
+    class) it keeps a feasible solution and reports a bound at or above it."""
     res = clear_round(ladder())
     assert res.stats.surplus == 14_120_000
     assert res.stats.upper_bound is not None and res.stats.upper_bound >= 14_120_000
-    per_class = class_bounds(res.stats.bound_scope)
-    assert per_class and all(u >= s for s, u in per_class.values())
-    assert res.stats.gap == round((res.stats.upper_bound - res.stats.surplus) / res.stats.upper_bound, 9)
+    assert res.stats.method in ("exact", "mip-lexicographic")
+    cut = clear_round(with_config(ladder(), exact_node_limit=1))
+    assert cut.stats.surplus <= 14_120_000
+    assert cut.stats.upper_bound is not None and cut.stats.upper_bound >= 14_120_000
+    per_class = class_bounds(cut.stats.bound_scope)
+    assert all(u >= s for s, u in per_class.values())
+    if cut.stats.method != "exact":
+        assert per_class, cut.stats.bound_scope
+        assert cut.stats.gap == round((cut.stats.upper_bound - cut.stats.surplus) / cut.stats.upper_bound, 9)
 
 
 @pytest.mark.parametrize("nodes", [1, 50, 2_000])
@@ -241,3 +249,59 @@ def test_a_class_whose_branch_and_bound_ran_out_does_no_worse_than_without_it(se
     assert with_bnb.stats.method != "exact"
     assert with_bnb.stats.surplus >= lp_only.stats.surplus
     assert with_bnb.stats.upper_bound is not None and with_bnb.stats.upper_bound >= with_bnb.stats.surplus
+
+
+# 7. the exact path: a MIP over every class, spanning bids and lower classes included -------
+
+
+def test_a_spanning_bid_leaves_the_big_machine_to_the_bid_that_needs_it() -> None:
+    """Offers A (8 GPUs at 1.00) and B (4 at 1.50); a bid for 4 GPUs that may span machines
+    (max 3.00) and one for 8 on one machine (max 2.00). Branch and bound gave the spanning bid
+    one option, its greedy fill on A, and the 8-GPU bid nothing: 8,000,000 of 14,000,000."""
+    offers = [offer(1, gpus=8, ask=1_000_000), offer(2, gpus=4, ask=1_500_000)]
+    bids = [bid(1, gpus=4, same_machine=False, max_price=3_000_000, weights=FLAT),
+            bid(2, gpus=8, max_price=2_000_000, weights=FLAT)]
+    res = clear_round(round_of(offers, bids))
+    assert res.stats.surplus == 14_000_000
+    assert sorted((t.bid_id, t.offer_id, t.gpus) for t in res.trades) == [(1, 2, 4), (2, 1, 8)]
+    assert res.stats.upper_bound is not None and res.stats.upper_bound >= 14_000_000
+
+
+def test_a_tie_in_a_higher_class_goes_the_way_that_serves_the_class_below() -> None:
+    """A reserved and an on-demand 1-GPU bid, the on-demand one needing reliability 0.95;
+    offers of reliability 0.90 and 0.99 at one ask. The reserved bid is worth the same on
+    either, so it takes the 0.90 one and leaves the 0.99 one to the on-demand bid."""
+    offers = [offer(1, gpus=1, reliability=0.99), offer(2, gpus=1, reliability=0.90)]
+    bids = [bid(1, klass="reserved", weights=FLAT), bid(2, min_reliability=0.95, weights=FLAT)]
+    res = clear_round(round_of(offers, bids))
+    assert sorted((t.bid_id, t.offer_id) for t in res.trades) == [(1, 2), (2, 1)]
+
+
+def test_a_round_stopped_at_its_work_limit_is_feasible_and_says_so() -> None:
+    """One node a class: the round still clears, at least as well as the heuristic alone
+    (the exact path switched off), and its statistics say which class stopped short and
+    what bounds it."""
+    inp = with_config(FAMILIES["ties"](3, 60), exact_node_limit=1)
+    res = clear_round(inp)
+    assert res.stats.method == "mip-lexicographic (work limit)"
+    assert "stopped at its work limit" in res.stats.bound_scope
+    assert res.stats.upper_bound is not None and res.stats.upper_bound >= res.stats.surplus
+    for s, u in class_bounds(res.stats.bound_scope).values():
+        assert u >= s
+    kl = {b.id: b.klass for b in inp.bids}
+    heuristic = clear_round(with_config(inp, exact_node_limit=0))
+    for k in ("reserved", "on_demand"):  # spot may lose what a class above gained
+        got = sum(t.score for t in res.trades if kl[t.bid_id] == k)
+        alone = sum(t.score for t in heuristic.trades if kl[t.bid_id] == k)
+        assert got >= alone, k
+        if got > alone:
+            break
+
+
+@pytest.mark.parametrize("family", ["multi_machine", "fair_share", "ties"])
+def test_the_exact_path_clears_the_same_round_the_same_way_whatever_the_order(family: str) -> None:
+    inp = FAMILIES[family](3, 60)
+    first = clear_round(inp)
+    again = clear_round(dataclasses.replace(inp, bids=tuple(reversed(inp.bids)), offers=tuple(reversed(inp.offers))))
+    assert first == again
+    assert first.stats.method.startswith(("exact", "mip-lexicographic"))
