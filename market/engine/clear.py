@@ -91,9 +91,16 @@ def _clear(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
     order = priority_order(mkt, cand, live)
     lap("candidates")
     unit = mkt.score_unit  # scores are counted in it; reported in base units
-    plan = None
+    plan: exact.Plan | None = None
+    failed = ""
     if small and cfg.exact_node_limit > 0 and exact.fits(mkt, cand, live):
-        plan = _exact_path(solver, order, cfg.exact_node_limit, kmax, lap)
+        empty = solver.snapshot()
+        try:
+            plan = _exact_path(solver, order, cfg.exact_node_limit, kmax, lap)
+        except (RuntimeError, ValueError, ArithmeticError, MemoryError) as e:
+            # HiGHS or its binding failing (none seen): the round clears by the LP path, and says so
+            solver.restore(empty)
+            failed = f"the exact path failed ({type(e).__name__}: {e}), so "
     if plan is not None:
         proven, bound, class_bounds = _place_plan(plan, unit)
         how = "lexicographic MIP (HiGHS) over every feasible pair and placement, fair-share cap included"
@@ -102,9 +109,11 @@ def _clear(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
             method += " (work limit)"
     else:
         proven, bound, class_bounds = _per_class(solver, order, cfg.exact_node_limit, small, kmax, unit, lap)
-        how = ("each on the capacity the classes before it left, over every feasible pair (LP relaxation "
+        how = (failed + "each on the capacity the classes before it left, over every feasible pair (LP relaxation "
                "with column generation; fair-share cap relaxed)")
         method = "exact" if proven else "lp-per-class+rounding+improve"
+        if failed:
+            method += " (exact path failed)"
     assigned = solver.assigned
     surplus = sum(p[2] for parts in assigned.values() for p in parts) * unit
 
@@ -181,7 +190,7 @@ def _clear(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
     scope = "none"
     if proven:
         bound, gap = surplus, 0.0
-        scope = "exact per class in priority order" + (f", {how}" if plan is not None else "")
+        scope = "exact per class in priority order" + (f", {how}" if plan is not None or failed else "")
     elif bound is not None:
         gap = 0.0 if bound <= 0 else max(0.0, round((bound - surplus) / bound, 9))
         scope = f"per class in priority order, {how}: " + "; ".join(class_bounds)

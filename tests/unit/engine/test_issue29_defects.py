@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from market.engine import EngineInputError, Region, RoundInput, Weights, clear_round, limits
+from market.engine import EngineInputError, Region, RoundInput, Weights, clear_round, exact, limits
 from tests.bench.instances import FAMILIES, make_round
 from tests.unit.engine.engine_builders import LATENCY, REGIONS, bid, offer, round_of, with_config
 from tests.unit.engine.test_engine_optimality import exact_milp, one_class, one_class_same_machine
@@ -305,3 +305,18 @@ def test_the_exact_path_clears_the_same_round_the_same_way_whatever_the_order(fa
     again = clear_round(dataclasses.replace(inp, bids=tuple(reversed(inp.bids)), offers=tuple(reversed(inp.offers))))
     assert first == again
     assert first.stats.method.startswith(("exact", "mip-lexicographic"))
+
+
+def test_a_round_whose_solver_raises_clears_by_the_lp_path_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    inp = FAMILIES["multi_machine"](3, 60)
+    lp_path = clear_round(with_config(inp, exact_node_limit=0))
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("HiGHS ran out of memory")
+
+    monkeypatch.setattr(exact._Model, "solve", broken)
+    res = clear_round(inp)
+    assert res.stats.method == "lp-per-class+rounding+improve (exact path failed)"
+    assert "the exact path failed (RuntimeError: HiGHS ran out of memory)" in res.stats.bound_scope
+    assert [(t.bid_id, t.offer_id, t.gpus) for t in res.trades] == [(t.bid_id, t.offer_id, t.gpus) for t in lp_path.trades]
+    assert res.stats.upper_bound is not None and res.stats.upper_bound >= res.stats.surplus
