@@ -30,7 +30,9 @@ equal surplus, ``tie_break`` gives a place to the bid first in priority order.
 Work is bounded by counts, never by time, on one thread with a fixed seed, so a replay gives
 the same trades: per class, ``RoundConfig.exact_node_limit`` branch-and-bound nodes and
 ``CHECKPOINTS`` of HiGHS's interrupt checks (it makes them between the steps of its search,
-root heuristics and cut rounds included). Each class reports HiGHS's dual bound, padded for
+root heuristics and cut rounds included; 15 to 250 a second were seen, so they bound work
+only roughly: a 200-a-side reserved round ran 64 s with 2,000 of them and 2.4 s with 600,
+for 0.99985 of the optimum; the 20-60-a-side rounds need up to 460 to prove theirs). Each class reports HiGHS's dual bound, padded for
 its tolerances (``PAD``), at or above its optimum given the classes above at their floors;
 it is exact where that padded bound meets its surplus.
 
@@ -38,9 +40,9 @@ The exact path takes rounds whose models are small (``fits``: up to ``EXACT_MAX_
 columns and ``EXACT_MAX_SPANS`` bucket choices of spanning bids, in rounds of at most
 ``clear.SMALL_PAIRS`` bid x offer pairs; the others take the LP path). Measured over the 209 rounds of
 the quality sweep (tests/unit/engine/test_issue29_quality.py, this 2-core box, HiGHS 1.12 as
-scipy ships it), the exact path's median round took 0.03 s at 20-60 orders a side (0.5 s at
-most), 0.10 s at 80-100 (1.2 s), 0.5 s at 150-200 (7.2 s) and 7 s for the two 300-a-side
-fair-share rounds small enough for it. Where it is slow the time is HiGHS's root: cut
+scipy ships it), the exact path's median round took 0.035 s at 20-60 orders a side (0.57 s
+at most), 0.13 s at 80-100 (4.7 s), 0.63 s at 150-200 (7.6 s) and 7.7 s for the two
+300-a-side fair-share rounds small enough for it. Where it is slow the time is HiGHS's root: cut
 rounds and its sub-MIP heuristics (RENS and RINS, seconds between two checkpoints on the
 multi-machine family at 150 a side). Without those heuristics the root takes a third of
 that, and multi-machine rounds fall to 0.97 of the optimum: they find the placements of
@@ -77,7 +79,7 @@ EXACT_MAX_COLUMNS = 7_000  # the exact path's largest model; rounds above it tak
 EXACT_MAX_SPANS = 500  # ... and its most (spanning bid, bucket) choices: each makes the root's cuts dearer
 
 PAD = 1e-7  # of a class's largest option, per bid: what its bound adds for HiGHS's tolerances
-CHECKPOINTS = 2_000  # per class solve: how many times HiGHS may stop to ask whether to go on
+CHECKPOINTS = 500  # per class solve: how many times HiGHS may stop to ask whether to go on
 KIND_WHOLE, KIND_BUCKET, KIND_PART = 0, 1, 2
 
 
