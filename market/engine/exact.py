@@ -94,6 +94,7 @@ class Columns:
     kind: I64
     upper: F64
     worth: F64
+    score: I64  # a whole pair's score, exactly (``worth`` is its float, which past 2**53 is not)
 
     def __len__(self) -> int:
         return len(self.bid)
@@ -133,6 +134,7 @@ def columns(mkt: Market, cand: Candidates, live: Sequence[int]) -> Columns:
     kind: list[int] = []
     upper: list[float] = []
     worth: list[float] = []
+    score: list[int] = []
     for b in live:
         g = int(mkt.b_gpus[b])
         if mkt.b_same[b]:
@@ -145,6 +147,7 @@ def columns(mkt: Market, cand: Candidates, live: Sequence[int]) -> Columns:
                 kind.append(KIND_WHOLE)
                 upper.append(1.0)
                 worth.append(float(s))
+                score.append(s)
             continue
         hours = float(mkt.b_hours[b])
         for m, r, t in cand.views[b]:
@@ -162,6 +165,7 @@ def columns(mkt: Market, cand: Candidates, live: Sequence[int]) -> Columns:
             kind.append(KIND_BUCKET)
             upper.append(1.0)
             worth.append(0.0)
+            score.append(0)
             for o, val in zip(offs.tolist(), vals.tolist(), strict=True):
                 bid.append(b)
                 off.append(o)
@@ -169,12 +173,13 @@ def columns(mkt: Market, cand: Candidates, live: Sequence[int]) -> Columns:
                 kind.append(KIND_PART)
                 upper.append(float(min(g, int(mkt.o_gpus[o]))))
                 worth.append(hours * val)
+                score.append(0)
 
     def i64(xs: list[int]) -> I64:
         return np.asarray(xs, dtype=np.int64)
 
     return Columns(i64(bid), i64(off), i64(bkt), i64(kind), np.asarray(upper, dtype=np.float64),
-                   np.asarray(worth, dtype=np.float64))
+                   np.asarray(worth, dtype=np.float64), i64(score))
 
 
 def size_of(mkt: Market, cand: Candidates, live: Sequence[int]) -> tuple[int, int]:
@@ -351,7 +356,7 @@ def _parts(mkt: Market, cols: Columns, x: F64) -> dict[int, list[Part]]:
     for i in on.tolist():
         b, o, kind = int(cols.bid[i]), int(cols.offer[i]), int(cols.kind[i])
         if kind == KIND_WHOLE:
-            out[b] = [(o, int(mkt.b_gpus[b]), int(round(cols.worth[i])))]
+            out[b] = [(o, int(mkt.b_gpus[b]), int(cols.score[i]))]
         elif kind == KIND_PART:
             t = int(x[i])
             v = mkt.value(b, o)
