@@ -27,6 +27,7 @@ from .validate import materialised, validate
 
 SMALL_PAIRS = 50_000  # below this many bid x offer pairs nothing is pruned
 EXACT_MAX_BIDS = 40  # per class; branch and bound above this rarely finishes
+BNB_NODES = 20_000  # the LP path's branch and bound (pure Python: a node is a few microseconds)
 
 
 class _CollectorPause:
@@ -108,7 +109,8 @@ def _clear(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
         if any(c.limited for c in plan.classes):
             method += " (work limit)"
     else:
-        proven, bound, class_bounds = _per_class(solver, order, cfg.exact_node_limit, small, kmax, unit, lap)
+        bnb = BNB_NODES if cfg.exact_node_limit > 0 else 0
+        proven, bound, class_bounds = _per_class(solver, order, bnb, small, kmax, unit, lap)
         how = (failed + "each on the capacity the classes before it left, over every feasible pair (LP relaxation "
                "with column generation; fair-share cap relaxed)")
         method = "exact" if proven else "lp-per-class+rounding+improve"

@@ -169,8 +169,9 @@ class RoundConfig:
     pair, kept or pruned. ``exact_node_limit`` is the exact path's work limit
     (``exact.py``): HiGHS branch-and-bound nodes per class of a small round's
     lexicographic MIP (0 switches the exact path off), counted, never timed, so a
-    replay clears the same; larger rounds' classes of at most 40 bids use it as
-    their branch-and-bound budget. ``certify`` is kept for stored
+    replay clears the same; larger rounds' classes of at most 40 same-machine
+    bids get a branch and bound of ``clear.BNB_NODES`` unless it is 0.
+    ``certify`` is kept for stored
     configs: the bound is now always certified per class (LP relaxation with
     column generation over every feasible pair).
     ``price_point`` is where in the clearing interval the uniform price sits:
