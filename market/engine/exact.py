@@ -42,7 +42,8 @@ columns and ``EXACT_MAX_SPANS`` bucket choices of spanning bids, in rounds of at
 the quality sweep (tests/unit/engine/test_issue29_quality.py, this 2-core box, HiGHS 1.12 as
 scipy ships it), the exact path's median round took 0.035 s at 20-60 orders a side (0.57 s
 at most), 0.13 s at 80-100 (4.7 s), 0.63 s at 150-200 (7.6 s) and 7.7 s for the two
-300-a-side fair-share rounds small enough for it. Where it is slow the time is HiGHS's root: cut
+300-a-side fair-share rounds small enough for it (with 7,000 columns at most; at 12,000 the
+two 200-a-side ties rounds join it, 1.7 and 3.3 s, both at the optimum, from 0.88 and 0.97). Where it is slow the time is HiGHS's root: cut
 rounds and its sub-MIP heuristics (RENS and RINS, seconds between two checkpoints on the
 multi-machine family at 150 a side). Without those heuristics the root takes a third of
 that, and multi-machine rounds fall to 0.97 of the optimum: they find the placements of
@@ -75,7 +76,7 @@ AVAILABLE = _highs is not None
 
 Part = tuple[int, int, int]  # offer index, GPUs, score
 
-EXACT_MAX_COLUMNS = 7_000  # the exact path's largest model; rounds above it take the LP path
+EXACT_MAX_COLUMNS = 12_000  # the exact path's largest model; rounds above it take the LP path
 EXACT_MAX_SPANS = 500  # ... and its most (spanning bid, bucket) choices: each makes the root's cuts dearer
 
 PAD = 1e-7  # of a class's largest option, per bid: what its bound adds for HiGHS's tolerances

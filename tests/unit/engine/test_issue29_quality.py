@@ -56,8 +56,6 @@ KNOWN_SHORT: dict[tuple[str, int, int], str] = {
     ("multi_machine", 15, 150): "quality below 0.995 on multi_machine; measured 0.8836 on spot (LP path)",
     ("multi_machine", 7, 200): "quality below 0.995 on multi_machine; measured 0.8286 on spot (LP path); the exact MILP did not prove its optimum within 30 s a class on this box",
     ("multi_machine", 16, 200): "quality below 0.995 on multi_machine; measured 0.9303 on on_demand (LP path)",
-    ("ties", 7, 200): "quality below 0.995 on ties; measured 0.9696 on spot (LP path)",
-    ("ties", 16, 200): "quality below 0.995 on ties; measured 0.8847 on spot (LP path)",
     ("heavy_tailed", 8, 300): "quality below 0.995 on heavy_tailed; measured 0.9863 on on_demand (LP path)",
     ("multi_machine", 8, 300): "the exact MILP did not prove its optimum within 30 s a class on this box",
     ("multi_machine", 17, 300): "quality below 0.995 on multi_machine; measured 0.5150 on spot (LP path); the exact MILP did not prove its optimum within 30 s a class on this box",
