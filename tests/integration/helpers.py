@@ -61,8 +61,10 @@ def register_provider(ctx: Any, provider_user: Any, index: int = 0) -> Any:
     key = BlsKey(sk, bls.public_key(sk), bls.pop_prove(sk))
     stake = 100 * TOKENS
     mint(ctx, account.address, stake)
-    tx_submit(client=ctx.client, signer=account, key=f"approve-stake:{account.address}", purpose="approve",
-              call=ctx.token.functions.approve(ctx.deployment.market_address, stake))
+    approve = tx_submit(client=ctx.client, signer=account, key=f"approve-stake:{account.address}", purpose="approve",
+                        call=ctx.token.functions.approve(ctx.deployment.market_address, stake))
+    # the register's gas estimate runs against the chain as it is: the approve must be mined first
+    assert ctx.client.wait(approve.tx_hash).succeeded
     tx = tx_submit(client=ctx.client, signer=account, key=f"register:{account.address}", purpose="register",
                    call=ctx.market.functions.register(bls.g1_to_eip2537(key.public_key), bls.g2_to_eip2537(key.proof_of_possession), stake))
     assert ctx.client.wait(tx.tx_hash).succeeded

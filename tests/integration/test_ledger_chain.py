@@ -340,7 +340,9 @@ def test_a_wallet_buyers_trade_is_recorded_only_with_its_wallets_signature(ctx: 
     address = _link_wallet(client)
     wallet = signer_from_hex(WALLET_KEY)
     mint(ctx, address, 1000 * TOKENS)
-    tx_submit(client=ctx.client, signer=wallet, key="w-approve", purpose="approve", call=ctx.token.functions.approve(ctx.deployment.market_address, 1000 * TOKENS))
+    approve = tx_submit(client=ctx.client, signer=wallet, key="w-approve", purpose="approve", call=ctx.token.functions.approve(ctx.deployment.market_address, 1000 * TOKENS))
+    # the deposit's gas estimate runs against the chain as it is: the approve must be mined first
+    assert ctx.client.wait(approve.tx_hash).succeeded
     tx = tx_submit(client=ctx.client, signer=wallet, key="w-deposit", purpose="deposit", call=ctx.market.functions.deposit(1000 * TOKENS))
     assert ctx.client.wait(tx.tx_hash).succeeded
     sync_chain(ctx)
