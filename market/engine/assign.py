@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .bound import NO_FILLS, Fills, class_lp, lagrange_bound, milp_pick
-from .market import F64, I64, BidViews, Candidates, Market, top_candidates, unfillable
+from .market import F64, I64, BidViews, Candidates, Market, multi_offers, top_candidates, unfillable
 from .types import CLASSES, no_lap
 
 Part = tuple[int, int, int]  # offer index, GPUs, score
@@ -253,7 +253,7 @@ class Solver:
                 continue
             if need is None and not st.fair_ok(self.buyer[b], (key[0], key[1]), g):
                 continue
-            offs, v = self._multi_offers(b, key)
+            offs, v = multi_offers(self.mkt, b, key)
             room = np.fromiter((st.free[o] for o in offs.tolist()), dtype=np.int64, count=len(offs))
             if int(room.sum()) < g:
                 continue
@@ -270,17 +270,6 @@ class Solver:
             if total > 0 and (best is None or total > best[0]):
                 best = (total, parts)
         return None if best is None else best[1]
-
-    def _multi_offers(self, b: int, key: tuple[int, int, int]) -> tuple[I64, F64]:
-        """The offers of view ``key`` a multi-machine bid may take parts on
-        (within its price, its other hard constraints, positive value), with
-        their value per GPU-hour, in the view's order (ask, then id)."""
-        mkt = self.mkt
-        view = mkt.views[key]
-        view = view[: int(np.searchsorted(mkt.o_ask[view], int(mkt.b_maxp[b]), side="right"))]
-        v, ok = mkt.values(b, view)
-        ok &= v > 0
-        return view[ok], v[ok]
 
     def option(self, b: int) -> list[Part] | None:
         return self.best_single(b) if self.mkt.b_same[b] else self.best_multi(b)
@@ -526,7 +515,7 @@ class Solver:
         bucket = (key[0], key[1])
         if not st.fair_ok(self.buyer[b], bucket, g):
             return None
-        offs = set(self._multi_offers(b, key)[0].tolist())
+        offs = set(multi_offers(self.mkt, b, key)[0].tolist())
         room = sum(st.free[o] for o in offs)
         if not offs or room >= g:  # nothing to move (best_multi already had its chance)
             return None

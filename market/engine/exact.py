@@ -66,7 +66,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.sparse import coo_matrix
 
-from .market import CUT_TIERS, F64, I64, Candidates, Market, cut_caps, size_tier
+from .market import CUT_TIERS, F64, I64, Candidates, Market, cut_caps, multi_offers, size_tier
 
 try:  # the HiGHS that scipy ships, as bound.py drives it
     from scipy.optimize._highspy import _core as _highs
@@ -152,11 +152,7 @@ def columns(mkt: Market, cand: Candidates, live: Sequence[int]) -> Columns:
             continue
         hours = float(mkt.b_hours[b])
         for m, r, t in cand.views[b]:
-            view = mkt.views[(m, r, t)]
-            view = view[: int(np.searchsorted(mkt.o_ask[view], int(mkt.b_maxp[b]), side="right"))]
-            v, ok = mkt.values(b, view)
-            ok &= v > 0
-            offs, vals = view[ok], v[ok]
+            offs, vals = multi_offers(mkt, b, (m, r, t))
             if int(mkt.o_gpus[offs].sum()) < g:
                 continue
             k = m * nr + r
@@ -281,9 +277,6 @@ class _Model:
         h.changeObjectiveSense(_highs.ObjSense.kMaximize)
         h.changeColsIntegrality(n, np.arange(n, dtype=np.int32), np.full(n, _highs.HighsVarType.kInteger, dtype=np.uint8))
         self.h = h
-        self.rows = top
-        self.checkpoints = CHECKPOINTS
-        self.seen = 0
         self.klass = mkt.b_klass[b]
         # a class's objective in units of its largest option, so HiGHS's tolerances fit it
         self.scale = np.ones(3)
@@ -313,7 +306,7 @@ class _Model:
 
         def checkpoint(kind: int, message: str, out: object, into: object, data: object) -> None:
             seen[0] += 1
-            if seen[0] > self.checkpoints:
+            if seen[0] > CHECKPOINTS:
                 into.user_interrupt = True  # type: ignore[attr-defined]
 
         h.setCallback(checkpoint, None)
@@ -322,7 +315,6 @@ class _Model:
             h.run()
         finally:
             h.stopCallback(_highs.cb.HighsCallbackType.kCallbackMipInterrupt)
-        self.seen = seen[0]
         status = h.modelStatusToString(h.getModelStatus())
         info = h.getInfo()
         nodes = int(info.mip_node_count)
@@ -338,7 +330,6 @@ class _Model:
         got = float(w[nz] @ x[nz])
         self.h.addRows(1, np.asarray([got - 0.5 / self.scale[k]]), np.asarray([np.inf]), len(nz),
                        np.zeros(1, dtype=np.int32), nz.astype(np.int32), w[nz])
-        self.rows += 1
 
     def fix(self, sel: I64, x: F64) -> None:
         """Fix the columns ``sel`` at their values in ``x``."""
@@ -427,6 +418,7 @@ class Lexicographic:
         mkt, cols, model = self.mkt, self.cols, self.model
         above = [c for c in self.present if c < k]
         start = self._start(k, heuristic)
+        from_start = _parts(mkt, cols, start)
         found, dual, nodes, status = model.solve(k, start)
         parts = _parts(mkt, cols, found) if found is not None else None
         if parts is None or any(_surplus(mkt, parts, c) < self.got[c] for c in above):
@@ -439,9 +431,9 @@ class Lexicographic:
             parts = _parts(mkt, cols, found) if found is not None else None
             if parts is None or any(_surplus(mkt, parts, c) < self.got[c] for c in above):
                 found, dual, status = start, math.inf, "HiGHS failed: " + status  # the heuristic's placement
-                parts = _parts(mkt, cols, start)
-        if _surplus(mkt, parts, k) < _surplus(mkt, _parts(mkt, cols, start), k):
-            found, parts = start, _parts(mkt, cols, start)  # never below the heuristic (a work limit)
+                parts = from_start
+        if _surplus(mkt, parts, k) < _surplus(mkt, from_start, k):
+            found, parts = start, from_start  # never below the heuristic (a work limit)
         assert found is not None
         self.x = found
         got = self.got[k] = _surplus(mkt, parts, k)

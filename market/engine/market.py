@@ -654,6 +654,17 @@ def top_candidates(
     )
 
 
+def multi_offers(mkt: Market, b: int, key: tuple[int, int, int]) -> tuple[I64, F64]:
+    """The offers of view ``key`` a multi-machine bid ``b`` may take parts on (within
+    its price, its other hard constraints, positive value), with their value per
+    GPU-hour, in the view's order (ask, then id)."""
+    view = mkt.views[key]
+    view = view[: int(np.searchsorted(mkt.o_ask[view], int(mkt.b_maxp[b]), side="right"))]
+    v, ok = mkt.values(b, view)
+    ok &= v > 0
+    return view[ok], v[ok]
+
+
 def unfillable(
     mkt: Market, bids: list[int], cap: I64, views: Sequence[list[tuple[int, int, int]]] | BidViews
 ) -> dict[tuple[int, int], I64]:
