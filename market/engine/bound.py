@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, linprog, milp
@@ -82,6 +83,31 @@ def milp_pick(
     return np.flatnonzero(x > 0.5).astype(np.int64)
 
 
+MIP_CHECKPOINTS = 500  # per MIP: how many times HiGHS may stop to ask whether to go on (``run_counted``)
+
+
+def run_counted(h: Any, checkpoints: int) -> None:
+    """Run HiGHS model ``h`` (a MIP), stopping it at its ``checkpoints``-th interrupt
+    check: HiGHS makes one between the steps of its search (nodes, cut rounds, root
+    heuristics), so the count bounds a solve's work where its node limit alone does not
+    (a 1,000-a-side ties round's fractional-rest MILP ran for many minutes at its root
+    without reaching a node). A count, not a clock: a replay stops where the first run
+    did. The solve keeps its best solution so far."""
+    seen = [0]
+
+    def checkpoint(kind: int, message: str, out: object, into: object, data: object) -> None:
+        seen[0] += 1
+        if seen[0] > checkpoints:
+            into.user_interrupt = True  # type: ignore[attr-defined]
+
+    h.setCallback(checkpoint, None)
+    h.startCallback(_highs.cb.HighsCallbackType.kCallbackMipInterrupt)
+    try:
+        h.run()
+    finally:
+        h.stopCallback(_highs.cb.HighsCallbackType.kCallbackMipInterrupt)
+
+
 def _mip(a: csc_matrix, obj: F64, ub: F64, lo: F64, hi: F64, node_limit: int, rel_gap: float) -> F64 | None:
     """Maximise ``obj @ x`` over integers ``0 <= x <= ub``, ``lo <= a @ x <= hi``
     (``a`` in CSC) with HiGHS, single-threaded, seeded and node-limited so the
@@ -106,7 +132,7 @@ def _mip(a: csc_matrix, obj: F64, ub: F64, lo: F64, hi: F64, node_limit: int, re
     h.addCols(n, obj, np.zeros(n), ub, a.nnz, a.indptr[:-1].astype(np.int32), a.indices.astype(np.int32), a.data)
     h.changeObjectiveSense(_highs.ObjSense.kMaximize)
     h.changeColsIntegrality(n, np.arange(n, dtype=np.int32), np.full(n, _highs.HighsVarType.kInteger, dtype=np.uint8))
-    h.run()
+    run_counted(h, MIP_CHECKPOINTS)
     sol = np.asarray(h.getSolution().col_value, dtype=np.float64)
     if len(sol) != n or not h.getSolution().value_valid:
         return None

@@ -6,10 +6,12 @@ import gc
 import threading
 from collections.abc import Callable
 
+import numpy as np
+
 from . import exact
 from .assign import Snapshot, Solver, State, fair_share_limits, priority_order
 from .explain import Explainer, money, trade_reason
-from .market import BidViews, Market, build_market, candidates, top_candidates
+from .market import BidViews, Candidates, Market, build_market, candidates, top_candidates
 from .pricing import bucket_prices
 from .types import (
     CLASSES,
@@ -25,7 +27,8 @@ from .types import (
 )
 from .validate import materialised, validate
 
-SMALL_PAIRS = 50_000  # below this many bid x offer pairs nothing is pruned
+SMALL_PAIRS = 50_000  # at most this many feasible bid x offer pairs: nothing is pruned
+FULL_SCAN_PAIRS = 250_000  # at most this many bid x offer pairs: every one is scored to count the feasible
 EXACT_MAX_BIDS = 40  # per class; branch and bound above this rarely finishes
 BNB_NODES = 20_000  # the LP path's branch and bound (pure Python: a node is a few microseconds)
 
@@ -83,9 +86,11 @@ def _clear(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
     mkt = build_market(inp)
     lap("market")
     cfg = inp.config
-    small = len(mkt.bids) * len(mkt.offers) <= SMALL_PAIRS
     kmax = cfg.max_candidates if cfg.max_candidates > 0 else 16
-    cand = candidates(mkt, 0, 0) if small else top_candidates(mkt, kmax)
+    cand = _all_candidates(mkt)
+    small = cand is not None
+    if cand is None:
+        cand = top_candidates(mkt, kmax)
     state = State(free=mkt.o_gpus.tolist(), limits=fair_share_limits(mkt, cand, cfg.fair_share_cap))
     solver = Solver(mkt, cand, state, scan_fallback=small, lap=lap)
     live = [b for b in range(len(mkt.bids)) if cand.offers[b] or cand.truncated[b]]
@@ -109,11 +114,13 @@ def _clear(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
         if any(c.limited for c in plan.classes):
             method += " (work limit)"
     else:
-        bnb = BNB_NODES if cfg.exact_node_limit > 0 else 0
-        proven, bound, class_bounds = _per_class(solver, order, bnb, small, kmax, unit, lap)
+        mip = cfg.exact_node_limit if small and not failed else 0
+        proven, bound, class_bounds, mips = _per_class(solver, order, cfg.exact_node_limit, mip, small, kmax, unit, lap)
         how = (failed + "each on the capacity the classes before it left, over every feasible pair (LP relaxation "
                "with column generation; fair-share cap relaxed)")
-        method = "exact" if proven else "lp-per-class+rounding+improve"
+        if mips:
+            how += f"; {', '.join(mips)} by a MIP (HiGHS) over every feasible pair and placement of the class"
+        method = "exact" if proven else "mip-per-class" if mips else "lp-per-class+rounding+improve"
         if failed:
             method += " (exact path failed)"
     assigned = solver.assigned
@@ -220,6 +227,19 @@ def _clear(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
     )
 
 
+def _all_candidates(mkt: Market) -> Candidates | None:
+    """Every feasible pair of a small round, or None where the round is not small: more
+    than ``SMALL_PAIRS`` feasible pairs. What counts is the feasible pairs, not bids x
+    offers: a 300-a-side round has 90,000 of those and often under 10,000 feasible (narrow
+    model sets, a scarce region), which the exact path clears whole. Scoring every pair
+    costs about what the pruned scan does up to ``FULL_SCAN_PAIRS`` (10-30 ms at 300 and
+    500 a side on the instance families); past it the round is taken as large unscored."""
+    if len(mkt.bids) * len(mkt.offers) > FULL_SCAN_PAIRS:
+        return None
+    cand = candidates(mkt, 0, 0)
+    return cand if len(cand.pair_bid) <= SMALL_PAIRS else None
+
+
 def _exact_path(solver: Solver, order: list[int], node_limit: int, kmax: int,
                 lap: Callable[[str], None]) -> exact.Plan:
     """The exact path (``exact.py``): class by class, the heuristic clears the class on
@@ -263,29 +283,47 @@ def _place_plan(plan: exact.Plan, unit: int) -> tuple[bool, int | None, list[str
 
 
 def _per_class(
-    solver: Solver, order: list[int], node_limit: int, small: bool, kmax: int, unit: int,
+    solver: Solver, order: list[int], node_limit: int, mip_limit: int, small: bool, kmax: int, unit: int,
     lap: Callable[[str], None],
-) -> tuple[bool, int | None, list[str]]:
+) -> tuple[bool, int | None, list[str], list[str]]:
     """Rounds past the exact path: class by class in priority order, each on what the
     classes before it left. Returns whether every class is proven optimal, the round's
-    bound and each class's surplus and bound (base units)."""
+    bound, each class's surplus and bound (base units) and the classes a MIP cleared.
+
+    In a small round whose classes are each small enough for ``exact.fits`` (the whole
+    round is not), each class's heuristic placement is the start of that class's MIP on
+    what the classes above left (``mip_limit`` nodes, 0 for none): the classes above stay
+    where they are, so a tie among them is not broken for the classes below."""
     mkt = solver.mkt
     cand = solver.cand
     proven = True
     bound: int | None = 0
     class_bounds: list[str] = []
+    mips: list[str] = []
     for k in range(3):
         cls = [b for b in order if mkt.b_klass[b] == k]
         if not cls:
             continue
+        if mip_limit > 0 and exact.fits(mkt, cand, cls, exact.CLASS_MAX_SPANS):
+            got, ub, done, note = _class_mip(solver, cls, k, mip_limit, kmax)
+            mips.append(note)
+            proven &= done
+            if bound is not None and ub is not None:
+                bound += ub
+                class_bounds.append(f"{CLASSES[k]} {got * unit:,} " + ("exact" if done else f"<= {ub * unit:,}"))
+            else:
+                bound = None
+            lap(CLASSES[k])
+            continue
         # branch and bound gives a spanning bid one option (its greedy fill): not exact
         exact_ok = (
             node_limit > 0
+            and BNB_NODES > 0
             and len(cls) <= EXACT_MAX_BIDS
             and not any(cand.truncated[b] or not mkt.b_same[b] for b in cls)
         )
         before = solver.snapshot() if exact_ok else None
-        if exact_ok and solver.exact(cls, node_limit):
+        if exact_ok and solver.exact(cls, BNB_NODES):
             got = _class_surplus(solver, cls)
             if bound is not None:
                 bound += got
@@ -313,7 +351,37 @@ def _per_class(
             bound += ub
             class_bounds.append(f"{CLASSES[k]} {got * unit:,} <= {ub * unit:,}")
         lap(CLASSES[k])
-    return proven, None if bound is None else bound * unit, class_bounds
+    return proven, None if bound is None else bound * unit, class_bounds, mips
+
+
+def _class_mip(solver: Solver, cls: list[int], k: int, node_limit: int,
+               kmax: int) -> tuple[int, int | None, bool, str]:
+    """Class ``k`` (bids ``cls``) by its MIP (``exact.Lexicographic`` of this class alone)
+    on what is free, from the heuristic's placement; returns its surplus, its bound (the
+    lower of the MIP's and the LP relaxation's, None if neither), whether it is proven
+    and how the scope names it."""
+    mkt = solver.mkt
+    st = solver.state
+    free = np.asarray(st.free, dtype=np.int64)
+    used = {key: v for key, v in st.used.items() if v}
+    before = solver.snapshot()
+    lp = _lp_path(solver, cls, k, True, kmax)
+    heuristic = {b: solver.assigned[b] for b in cls if b in solver.assigned}
+    try:
+        lex = exact.Lexicographic(mkt, solver.cand, cls, st.limits, node_limit, free=free, used=used)
+        res = lex.solve_class(k, heuristic)
+        plan = lex.plan()
+    except (RuntimeError, ValueError, ArithmeticError, MemoryError) as e:
+        # HiGHS or its binding failing (none seen): the class keeps the heuristic's placement
+        got = _class_surplus(solver, cls)
+        return got, None if lp is None else max(got, lp), False, f"{CLASSES[k]} (its MIP failed: {type(e).__name__})"
+    solver.restore(before)
+    for b in sorted(plan.assigned):
+        solver.place(b, plan.assigned[b])
+    got = _class_surplus(solver, cls)
+    ubs = [u for u in (lp, res.bound) if u is not None]
+    ub = max(got, min(ubs)) if ubs else None
+    return got, ub, res.exact or (ub is not None and ub <= got), CLASSES[k]
 
 
 def _lp_path(solver: Solver, cls: list[int], k: int, small: bool, kmax: int) -> int | None:

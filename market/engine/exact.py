@@ -38,7 +38,7 @@ it is exact where that padded bound meets its surplus.
 
 The exact path takes rounds whose models are small (``fits``: up to ``EXACT_MAX_COLUMNS``
 columns and ``EXACT_MAX_SPANS`` bucket choices of spanning bids, in rounds of at most
-``clear.SMALL_PAIRS`` bid x offer pairs; the others take the LP path). Measured over the 209 rounds of
+``clear.SMALL_PAIRS`` feasible bid x offer pairs; the others take the LP path). Measured over the 209 rounds of
 the quality sweep (tests/unit/engine/test_issue29_quality.py, this 2-core box, HiGHS 1.12 as
 scipy ships it), the exact path's median round took 0.035 s at 20-60 orders a side (0.57 s
 at most), 0.13 s at 80-100 (4.7 s), 0.63 s at 150-200 (7.6 s) and 7.7 s for the two
@@ -50,6 +50,19 @@ that, and multi-machine rounds fall to 0.97 of the optimum: they find the placem
 spanning bids the heuristic misses. Multi-machine rounds with more than ``EXACT_MAX_SPANS``
 bucket choices took 6-30 s (150 a side) and 756 s (200, 20,000 nodes): they stay on the
 LP path until the spanning bids have a stronger formulation.
+
+A round too big for one model whose classes each fit (``clear._per_class``) builds this
+model once per class: that class's bids alone, on the GPUs the classes above left
+(``free``) and the fair-share room their buyers have left (``used``). The classes above
+stay where they are, so a tie among them is not broken for the classes below; each class
+is exact on what it was left (at its work limit, near it). Without floor rows a class's
+model takes twice the bucket choices (``CLASS_MAX_SPANS``): the on-demand class of a
+multi-machine round at 200 a side, 645 of them, reached 0.9985 of its optimum in 9.8 s.
+Over the quality sweep's 110 rounds of 80-300 a side, this and counting a round's feasible
+pairs (``clear.SMALL_PAIRS``) left 4 of them below 0.995 of the lexicographic optimum (13
+with engine 1.4.0): a multi-machine class of 17,000 columns on the LP path (0.979), one
+class at its work limit (0.9935), and two where a class above, exact on what it was left,
+broke its ties against the classes below (0.87 and 0.96 on spot).
 
 Why HiGHS (``scipy.optimize._highspy``, the copy scipy ships: no new wheel): the engine's
 LP bound already runs on it, it takes a start solution, a node limit and an interrupt
@@ -66,6 +79,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.sparse import coo_matrix
 
+from .bound import run_counted
 from .market import CUT_TIERS, F64, I64, Candidates, Market, cut_caps, multi_offers, size_tier
 
 try:  # the HiGHS that scipy ships, as bound.py drives it
@@ -78,6 +92,7 @@ Part = tuple[int, int, int]  # offer index, GPUs, score
 
 EXACT_MAX_COLUMNS = 12_000  # the exact path's largest model; rounds above it take the LP path
 EXACT_MAX_SPANS = 500  # ... and its most (spanning bid, bucket) choices: each makes the root's cuts dearer
+CLASS_MAX_SPANS = 1_000  # ... and in a class's model of its own (no floor rows)
 
 PAD = 1e-7  # of a class's largest option, per bid: what its bound adds for HiGHS's tolerances
 CHECKPOINTS = 500  # per class solve: how many times HiGHS may stop to ask whether to go on
@@ -124,11 +139,12 @@ class Plan:
     classes: tuple[ClassResult, ...]
 
 
-def columns(mkt: Market, cand: Candidates, live: Sequence[int]) -> Columns:
+def columns(mkt: Market, cand: Candidates, live: Sequence[int], free: I64 | None = None) -> Columns:
     """Every option of the live bids: a same-machine bid's feasible pairs (the
     candidates, all of them in a small round) and a spanning bid's buckets with their
-    offers."""
+    offers; with ``free``, the options that fit those GPUs per offer."""
     nr = len(mkt.region_ids)
+    cap = mkt.o_gpus if free is None else free
     bid: list[int] = []
     off: list[int] = []
     bkt: list[int] = []
@@ -140,7 +156,7 @@ def columns(mkt: Market, cand: Candidates, live: Sequence[int]) -> Columns:
         g = int(mkt.b_gpus[b])
         if mkt.b_same[b]:
             for o, s in zip(cand.offers[b], cand.scores[b], strict=True):
-                if int(mkt.o_gpus[o]) < g:
+                if int(cap[o]) < g:
                     continue
                 bid.append(b)
                 off.append(o)
@@ -153,7 +169,9 @@ def columns(mkt: Market, cand: Candidates, live: Sequence[int]) -> Columns:
         hours = float(mkt.b_hours[b])
         for m, r, t in cand.views[b]:
             offs, vals = multi_offers(mkt, b, (m, r, t))
-            if int(mkt.o_gpus[offs].sum()) < g:
+            room = cap[offs] > 0
+            offs, vals = offs[room], vals[room]
+            if int(cap[offs].sum()) < g:
                 continue
             k = m * nr + r
             bid.append(b)
@@ -168,7 +186,7 @@ def columns(mkt: Market, cand: Candidates, live: Sequence[int]) -> Columns:
                 off.append(o)
                 bkt.append(k)
                 kind.append(KIND_PART)
-                upper.append(float(min(g, int(mkt.o_gpus[o]))))
+                upper.append(float(min(g, int(cap[o]))))
                 worth.append(hours * val)
                 score.append(0)
 
@@ -193,16 +211,17 @@ def size_of(mkt: Market, cand: Candidates, live: Sequence[int]) -> tuple[int, in
     return n, spans
 
 
-def fits(mkt: Market, cand: Candidates, live: Sequence[int]) -> bool:
-    """Whether a round's model is small enough for the exact path."""
+def fits(mkt: Market, cand: Candidates, live: Sequence[int], max_spans: int | None = None) -> bool:
+    """Whether a round's model (or one class's: ``CLASS_MAX_SPANS``) is small enough for the exact path."""
     n, spans = size_of(mkt, cand, live)
-    return AVAILABLE and n <= EXACT_MAX_COLUMNS and spans <= EXACT_MAX_SPANS
+    return AVAILABLE and n <= EXACT_MAX_COLUMNS and spans <= (EXACT_MAX_SPANS if max_spans is None else max_spans)
 
 
 class _Model:
     """The round's MIP in one live HiGHS model."""
 
-    def __init__(self, mkt: Market, cols: Columns, limits: dict[tuple[int, int], int], node_limit: int) -> None:
+    def __init__(self, mkt: Market, cols: Columns, limits: dict[tuple[int, int], int], node_limit: int,
+                 free: I64, used: dict[tuple[int, int, int], int]) -> None:
         self.mkt, self.cols = mkt, cols
         n = len(cols)
         nr = len(mkt.region_ids)
@@ -233,16 +252,16 @@ class _Model:
         sel = np.flatnonzero(kind != KIND_BUCKET)
         uo, local = np.unique(o[sel], return_inverse=True)
         per = np.where(kind[sel] == KIND_WHOLE, g[sel], 1.0)
-        caps = cut_caps(mkt.o_gpus[uo])
+        caps = cut_caps(free[uo])
         add(local, sel, per, np.full(len(uo), -inf), caps[:, 0].astype(np.float64))
         jp = np.where(kind == KIND_WHOLE, size_tier(mkt.b_gpus[b], np.ones(n, dtype=np.bool_)), 0)
         for j in range(1, CUT_TIERS):
             cut = sel[(jp[sel] >= j) & (caps[local, j] < caps[local, 0])]
             if not len(cut):
                 continue
-            used, loc2 = np.unique(o[cut], return_inverse=True)
-            at = np.searchsorted(uo, used)
-            add(loc2, cut, g[cut], np.full(len(used), -inf), caps[at, j].astype(np.float64))
+            cut_o, loc2 = np.unique(o[cut], return_inverse=True)
+            at = np.searchsorted(uo, cut_o)
+            add(loc2, cut, g[cut], np.full(len(cut_o), -inf), caps[at, j].astype(np.float64))
         # a spanning bid's parts fill the bucket it chose
         sel = np.flatnonzero(kind != KIND_WHOLE)
         if len(sel):
@@ -260,7 +279,8 @@ class _Model:
                 pairs = np.stack([buyer[sel], cols.bucket[sel]], axis=1)
                 uk2, local = np.unique(pairs, axis=0, return_inverse=True)
                 local = local.reshape(-1)
-                lim = np.asarray([limits[(int(k) // nr, int(k) % nr)] for k in uk2[:, 1].tolist()], dtype=np.float64)
+                lim = np.asarray([limits[(int(k) // nr, int(k) % nr)] - used.get((int(u), int(k) // nr, int(k) % nr), 0)
+                                  for u, k in uk2.tolist()], dtype=np.float64)
                 add(local, sel, g[sel], np.full(len(uk2), -inf), lim)
         a = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cidx))), shape=(top, n)).tocsc()
         h = _highs._Highs()
@@ -302,19 +322,7 @@ class _Model:
             sol.col_value = start.tolist()
             sol.value_valid = True
             h.setSolution(sol)
-        seen = [0]
-
-        def checkpoint(kind: int, message: str, out: object, into: object, data: object) -> None:
-            seen[0] += 1
-            if seen[0] > CHECKPOINTS:
-                into.user_interrupt = True  # type: ignore[attr-defined]
-
-        h.setCallback(checkpoint, None)
-        h.startCallback(_highs.cb.HighsCallbackType.kCallbackMipInterrupt)
-        try:
-            h.run()
-        finally:
-            h.stopCallback(_highs.cb.HighsCallbackType.kCallbackMipInterrupt)
+        run_counted(h, CHECKPOINTS)
         status = h.modelStatusToString(h.getModelStatus())
         info = h.getInfo()
         nodes = int(info.mip_node_count)
@@ -369,11 +377,17 @@ class Lexicographic:
     start is feasible, so HiGHS begins from it and only has to better and prove it."""
 
     def __init__(self, mkt: Market, cand: Candidates, order: Sequence[int],
-                 limits: dict[tuple[int, int], int], node_limit: int) -> None:
+                 limits: dict[tuple[int, int], int], node_limit: int,
+                 free: I64 | None = None, used: dict[tuple[int, int, int], int] | None = None) -> None:
+        """The model of the bids ``order`` on the round's offers, or on ``free`` GPUs per
+        offer with ``used`` GPUs per (buyer, model, region) already taken towards the
+        fair-share cap (a class on what the classes above it left)."""
         self.mkt, self.cand, self.order, self.limits = mkt, cand, order, limits
-        cols = columns(mkt, cand, order)
+        self.used = {} if used is None else used
+        cap = mkt.o_gpus if free is None else free
+        cols = columns(mkt, cand, order, cap)
         self.cols = cols
-        self.model = _Model(mkt, cols, limits, node_limit)
+        self.model = _Model(mkt, cols, limits, node_limit, cap, self.used)
         self.x: F64 = np.zeros(len(cols))
         self.done: list[ClassResult] = []
         self.got = [0, 0, 0]
@@ -455,12 +469,13 @@ class Lexicographic:
         return result
 
     def plan(self) -> Plan:
-        return Plan(tie_break(self.mkt, self.cand, _parts(self.mkt, self.cols, self.x), self.order, self.limits),
-                    tuple(self.done))
+        return Plan(tie_break(self.mkt, self.cand, _parts(self.mkt, self.cols, self.x), self.order, self.limits,
+                              self.used), tuple(self.done))
 
 
 def tie_break(mkt: Market, cand: Candidates, parts: dict[int, list[Part]], order: Sequence[int],
-              limits: dict[tuple[int, int], int]) -> dict[int, list[Part]]:
+              limits: dict[tuple[int, int], int],
+              taken: dict[tuple[int, int, int], int] | None = None) -> dict[int, list[Part]]:
     """Among solutions of equal surplus, the documented tie-breaks: a waiting same-machine
     bid earlier in ``order`` (``assign.priority_order``: higher max price, older, lower id
     among equals) takes the place of a later one of its class and size whose offer it
@@ -468,6 +483,8 @@ def tie_break(mkt: Market, cand: Candidates, parts: dict[int, list[Part]], order
     rank = {b: i for i, b in enumerate(order)}
     nr = len(mkt.region_ids)
     used: dict[tuple[int, int], int] = {}  # (buyer, bucket) -> GPUs
+    for (buyer, m, r), gpus in (taken or {}).items():  # by bids outside ``parts``
+        used[(buyer, m * nr + r)] = used.get((buyer, m * nr + r), 0) + gpus
     for b, q in parts.items():
         key = (mkt.bids[b].buyer_id, int(mkt.o_model[q[0][0]]) * nr + int(mkt.o_region[q[0][0]]))
         used[key] = used.get(key, 0) + sum(p[1] for p in q)

@@ -243,7 +243,9 @@ def test_bound_and_surplus_against_the_milp_with_multi_machine_bids(seed: int) -
     opt, how = optimum(inp, res)
     assert opt is not None and "time limit" not in how
     assert res.stats.upper_bound is not None
-    assert res.stats.surplus <= opt + 1
+    # the reference MILP stops within scipy's default relative gap (1e-4): since a 300-a-side
+    # round counts its feasible pairs and clears by a MIP, the engine beats it by up to that
+    assert res.stats.surplus <= opt * (1 + 1e-4) + 1
     assert res.stats.upper_bound >= opt - 1
     assert res.stats.surplus >= 0.995 * opt
 

@@ -5,11 +5,25 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Any
 
+import numpy as np
 import pytest
+from scipy.sparse import csc_matrix
 
-from market.engine import EngineInputError, Region, RoundInput, Weights, clear_round, exact, limits
+from market.engine import (
+    EngineInputError,
+    Region,
+    RoundInput,
+    Weights,
+    bound,
+    clear,
+    clear_round,
+    exact,
+    limits,
+)
 from tests.bench.instances import FAMILIES, make_round
+from tests.unit.engine import exact_milp as milp_check
 from tests.unit.engine.engine_builders import LATENCY, REGIONS, bid, offer, round_of, with_config
 from tests.unit.engine.test_engine_optimality import exact_milp, one_class, one_class_same_machine
 
@@ -320,3 +334,87 @@ def test_a_round_whose_solver_raises_clears_by_the_lp_path_and_says_so(monkeypat
     assert "the exact path failed (RuntimeError: HiGHS ran out of memory)" in res.stats.bound_scope
     assert [(t.bid_id, t.offer_id, t.gpus) for t in res.trades] == [(t.bid_id, t.offer_id, t.gpus) for t in lp_path.trades]
     assert res.stats.upper_bound is not None and res.stats.upper_bound >= res.stats.surplus
+
+
+# 8. work bounded by counts on every path ------------------------------------------------
+
+
+def knapsack_model() -> Any:
+    """A 0/1 knapsack of 40 items with awkward weights, presolve off: HiGHS checks in at its
+    interrupt many times before it proves the optimum."""
+    h = bound._highs._Highs()
+    for name, value in (("output_flag", False), ("threads", 1), ("random_seed", 0), ("presolve", "off")):
+        h.setOptionValue(name, value)
+    n = 40
+    w = np.asarray([1_000 + 37 * i + (i * i) % 53 for i in range(n)], dtype=np.float64)
+    v = w + np.asarray([(i * 7919) % 97 for i in range(n)], dtype=np.float64)
+    h.addRows(1, np.asarray([-np.inf]), np.asarray([w.sum() / 2 + 0.5]), 0, np.zeros(0, dtype=np.int32),
+              np.zeros(0, dtype=np.int32), np.zeros(0))
+    h.addCols(n, v, np.zeros(n), np.ones(n), n, np.arange(n, dtype=np.int32), np.zeros(n, dtype=np.int32), w)
+    h.changeObjectiveSense(bound._highs.ObjSense.kMaximize)
+    h.changeColsIntegrality(n, np.arange(n, dtype=np.int32), np.full(n, bound._highs.HighsVarType.kInteger, dtype=np.uint8))
+    return h
+
+
+def test_a_mip_stops_at_its_checkpoint_count_with_its_best_solution_so_far() -> None:
+    """The LP path's MILPs had a node limit and nothing else: a 1,000-a-side ties round's
+    fractional rest ran for many minutes at its root, where no node is counted. Every MIP the
+    engine runs now stops at a count of HiGHS's interrupt checks, as the exact path's did."""
+    whole = knapsack_model()
+    bound.run_counted(whole, 10**9)
+    assert whole.modelStatusToString(whole.getModelStatus()) == "Optimal"
+    cut = knapsack_model()
+    bound.run_counted(cut, 2)
+    assert cut.modelStatusToString(cut.getModelStatus()) == "Interrupted by user"
+    again = knapsack_model()
+    bound.run_counted(again, 2)  # a count, not a clock: the same stop, the same solution
+    assert list(again.getSolution().col_value) == list(cut.getSolution().col_value)
+
+
+def test_the_lp_paths_milp_runs_under_its_checkpoint_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    counts: list[int] = []
+    real = bound.run_counted
+
+    def spy(h: Any, checkpoints: int) -> None:
+        counts.append(checkpoints)
+        real(h, checkpoints)
+
+    monkeypatch.setattr(bound, "run_counted", spy)
+    a = csc_matrix(np.ones((1, 3)))
+    x = bound._mip(a, np.asarray([3.0, 2.0, 1.0]), np.ones(3), np.asarray([-np.inf]), np.asarray([2.0]), 10, 0.0)
+    assert x is not None and x.tolist() == [1.0, 1.0, 0.0]
+    assert counts == [bound.MIP_CHECKPOINTS]
+
+
+# 9. rounds past one model: small by their feasible pairs, and a MIP per class ------------
+
+
+def test_a_round_of_many_orders_but_few_feasible_pairs_is_small_and_takes_the_exact_path() -> None:
+    """230 orders a side are 52,900 bid x offer pairs, past ``clear.SMALL_PAIRS``; but with
+    each bid held to its few models and regions only 1,443 can trade. Counting bid x offer
+    pairs sent such rounds to the LP path (narrow_models and scarce_region at 300 a side:
+    0.986-0.994 of the optimum); counting the feasible ones clears them whole."""
+    inp = FAMILIES["catalogue"](3, 230)
+    res = clear_round(inp)
+    assert len(inp.bids) * len(inp.offers) > clear.SMALL_PAIRS > res.stats.feasible_pairs
+    assert res.stats.method.startswith(("exact", "mip-lexicographic")), res.stats.method
+    c = milp_check.check_round("catalogue", 3, 230, inp, result=res)
+    assert c.quality >= 0.995 and not c.bound_short(), (c.engine, c.optimum, c.bound_short())
+
+
+def test_a_round_too_big_for_one_model_clears_each_class_by_its_own_mip(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A round whose whole model is past ``exact.fits`` (here 250 bucket choices of spanning
+    bids, over a limit of 200) but whose classes each fit: each class is a MIP on what the
+    classes above left, from the heuristic's placement, and is at that class's optimum there
+    (multi-machine rounds of 150-300 a side were 0.51-0.96 of it on the LP path)."""
+    inp = FAMILIES["multi_machine"](3, 60)
+    monkeypatch.setattr(exact, "EXACT_MAX_SPANS", 200)
+    res = clear_round(inp)
+    assert res.stats.method in ("exact", "mip-per-class"), res.stats.method
+    assert "reserved, on_demand, spot by a MIP" in res.stats.bound_scope, res.stats.bound_scope
+    c = milp_check.check_round("multi_machine", 3, 60, inp, result=res)
+    assert not c.infeasible
+    for k, (got, best, ub) in enumerate(zip(c.engine, c.conditional, c.bounds, strict=True)):
+        assert best is not None and ub is not None, k
+        assert got >= best * 0.9999, (k, got, best)  # the class's optimum on what the classes above left
+        assert ub >= best, (k, ub, best)
