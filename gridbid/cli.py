@@ -4,6 +4,7 @@
     gridbid worker          a Celery worker (production)
     gridbid beat            the Celery scheduler (production; run exactly one)
     gridbid round replay N  re-run a stored auction round and compare
+    gridbid simulate        replay a real GPU cluster trace under several policies (docs/simulate.md)
     gridbid manage ...      any Django management command
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import click
 
@@ -213,6 +215,69 @@ def chain_deploy() -> None:
 
 
 # --- end ledger ------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--trace", "trace_name", default="alibaba-gpu-2023", show_default=True,
+              help="A trace shipped with GridBid (market/simulate/data).")
+@click.option("--pods", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="A pod list in the trace's CSV format, instead of the shipped one.")
+@click.option("--nodes", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="A node list in the trace's CSV format, instead of the shipped one.")
+@click.option("--days", type=click.FloatRange(0, 365, min_open=True), default=None,
+              help="Replay a window of this many days: the busiest one, or the one from --start. Default: the whole trace.")
+@click.option("--start", type=click.FloatRange(0), default=None, help="The window's start, in the trace's seconds (with --days).")
+@click.option("--load", type=click.FloatRange(0, 1, min_open=True), default=None,
+              help="Compress arrival times so the offered load averages this (0-1], durations kept.")
+@click.option("--policies", default="static,static-sized,fifo,best-fit", show_default=True,
+              help="Comma-separated policies to compare on the same jobs.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seeds regions, teams and the capacity search.")
+@click.option("--teams", type=click.IntRange(1, 64), default=12, show_default=True, help="Teams the static policies split the cluster into.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("simulate-report"), show_default=True,
+              help="The report folder (summary.json).")
+def simulate(trace_name: str, pods: Path | None, nodes: Path | None, days: float | None, start: float | None,
+             load: float | None, policies: str, seed: int, teams: int, out: Path) -> None:
+    """Replay a real GPU cluster trace under each policy and write what each buys (docs/simulate.md)."""
+    # the CLI loads what a command needs when it runs; the simulator needs no Django
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from market.simulate import report, trace
+    from market.simulate.policies import POLICIES
+
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    unknown = [p for p in names if p not in POLICIES]
+    if not names or unknown:
+        raise click.BadParameter(f"unknown policy {', '.join(unknown) or '(none given)'}: choose from {', '.join(POLICIES)}",
+                                 param_hint="'--policies'")
+    if start is not None and days is None:
+        raise click.BadParameter("--start needs --days: the window's length", param_hint="'--start'")
+    try:
+        tr = trace.load(trace=trace_name, pods=pods, nodes=nodes, days=days, start=start, load=load, seed=seed, teams=teams)
+    except trace.TraceError as exc:
+        click.echo(f"gridbid simulate: {exc}", err=True)
+        sys.exit(2)
+    console = _console()
+    console.print(f"{tr.name}: {len(tr.pods):,} GPU pods over {tr.window_s / 86400:.2f} days on {len(tr.nodes):,} nodes "
+                  f"({sum(n.gpus for n in tr.nodes):,} GPUs); left out: "
+                  + (", ".join(f"{k} {v:,}" for k, v in sorted(tr.left_out.items())) or "none"))
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=True) as bar:
+        task = bar.add_task("simulating", total=None)
+
+        def step(what: str) -> None:
+            bar.update(task, description=f"simulating: {what}")
+
+        summary = report.summarise(tr, names, seed=seed, progress=step)
+    path = report.write(summary, out)
+    click.echo(f"{'policy':<14}{'util':>8}{'util@SLO':>10}{'GPUs@SLO':>10}{'JCT mean s':>12}{'queue p95 s':>13}{'$/GPU-h':>9}{'unsched':>9}")
+    for name, f in summary["policies"].items():
+        def show(x: object, fmt: str) -> str:
+            return "-" if x is None else format(x, fmt)
+        click.echo(f"{name:<14}{show(f['utilisation'], '.4f'):>8}{show(f['utilisation_at_slo'], '.3f'):>10}"
+                   f"{show(f['capacity_at_slo_gpus'], ','):>10}{show(f['jct_mean_s'], ',.0f'):>12}"
+                   f"{show(f['queue_p95_s'], ',.0f'):>13}{show(f['cost_per_gpu_hour'], '.2f'):>9}{f['unscheduled']:>9,}")
+    click.echo(f"wrote {path}")
+
+
 def _console():  # type: ignore[no-untyped-def]
     from rich.console import Console
 

@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from typing import Any
 
 REFERENCE_TFLOPS = 312.0  # A100 SXM 80GB, dense BF16
 REFERENCE_BANDWIDTH_TBS = 2.039
@@ -56,8 +57,9 @@ class RegionSpec:
     carbon_g_per_kwh: float
 
 
-def _read(name: str) -> dict:
-    return json.loads(resources.files("providers").joinpath("data", name).read_text())
+def _read(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(resources.files("providers").joinpath("data", name).read_text())
+    return data
 
 
 @cache

@@ -1,0 +1,98 @@
+"""What a policy's runs come to: the figures of ``summary.json``, each defined in
+docs/simulate.md. Money is in USD at the catalogue's hourly rates
+(``providers.catalogue``), carbon at each GPU model's TDP and the region's intensity."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from providers import catalogue
+
+from .policies import PolicyResult
+from .sim import F64
+from .trace import Node, Pod
+
+
+def _r(x: float | None, digits: int = 6) -> float | None:
+    """A float as JSON writes it the same on every run: rounded, and None for NaN."""
+    if x is None or not np.isfinite(x):
+        return None
+    return round(float(x), digits)
+
+
+def work_gpu_s(pods: Sequence[Pod]) -> float:
+    """The window's work: GPUs x runtime of every pod that arrived in it."""
+    return float(sum(p.gpus * p.runtime for p in pods))
+
+
+def rate_per_hour(nodes: Sequence[Node], idx: Sequence[int]) -> float:
+    """What the nodes ``idx`` cost an hour, owned, at the catalogue's rate per GPU-hour."""
+    models = catalogue.gpu_models()
+    return float(sum(nodes[j].gpus * models[nodes[j].model].usd_per_hour for j in idx))
+
+
+def jain(xs: Sequence[float]) -> float | None:
+    """Jain's fairness index of ``xs``: 1 when all are equal, 1/n when one takes everything."""
+    a = np.asarray(xs, dtype=np.float64)
+    if not len(a) or float((a * a).sum()) == 0.0:
+        return None
+    return float(a.sum() ** 2 / (len(a) * (a * a).sum()))
+
+
+def figures(res: PolicyResult, pods: Sequence[Pod], nodes: Sequence[Node], window_s: float) -> dict[str, Any]:
+    """One policy's entry of ``summary.json``."""
+    o = res.outcome
+    arrival: F64 = np.asarray([p.arrival for p in pods], dtype=np.float64)
+    runtime: F64 = np.asarray([p.runtime for p in pods], dtype=np.float64)
+    started = ~np.isnan(o.start)
+    queue = (o.start - arrival)[started]
+    jct = (o.finish - arrival)[started]
+    capacity = sum(n.gpus for n in nodes)
+    hours = window_s / 3600
+    cap = res.capacity
+    useful_h = (cap.alloc_gpu_s if cap is not None else o.alloc_gpu_s) / 3600  # GPU-hours held within the window
+    owned = cap.nodes if cap is not None else tuple(range(len(nodes)))
+    owned_cost = rate_per_hour(nodes, owned) * hours
+    models = catalogue.gpu_models()
+    regions = catalogue.regions()
+    kg = 0.0
+    for i in np.flatnonzero(started).tolist():
+        nd = nodes[int(res.nodes[i])]
+        kwh = pods[i].gpus * models[nd.model].tdp_watts / 1000 * pods[i].runtime / 3600
+        kg += kwh * regions[nd.region].carbon_g_per_kwh / 1000
+    slow: dict[int, list[float]] = {}
+    for i in np.flatnonzero(started).tolist():
+        slow.setdefault(pods[i].team, []).append(float((o.finish[i] - arrival[i]) / runtime[i]))
+    team_slowdown = [float(np.mean(v)) for _, v in sorted(slow.items())]
+
+    def pct(a: F64, q: float) -> float | None:
+        return float(np.percentile(a, q)) if len(a) else None
+
+    return {
+        "utilisation": _r(o.alloc_gpu_s / (capacity * window_s)),
+        "busy_utilisation": _r(o.busy_gpu_s / (capacity * window_s)),
+        "capacity_at_slo_gpus": None if cap is None else cap.gpus,
+        "capacity_at_slo_fraction": None if cap is None else _r(cap.fraction),
+        "utilisation_at_slo": None if cap is None else _r(cap.alloc_gpu_s / (cap.gpus * window_s)),
+        "jct_mean_s": _r(float(jct.mean()) if len(jct) else None, 3),
+        "jct_p50_s": _r(pct(jct, 50), 3),
+        "jct_p95_s": _r(pct(jct, 95), 3),
+        "queue_mean_s": _r(float(queue.mean()) if len(queue) else None, 3),
+        "queue_p95_s": _r(pct(queue, 95), 3),
+        "unscheduled": o.unscheduled,
+        "cost_per_gpu_hour": _r(owned_cost / useful_h if useful_h else None),
+        "cost_basis": "owned capacity at the SLO (the whole cluster where the SLO is not met) over the window, at catalogue rates, "
+                      "idle time included, per GPU-hour held on it within the window",
+        "provider_revenue": None,
+        "kg_co2": _r(kg, 6),
+        "preemptions": 0,
+        "work_lost_gpu_s": 0.0,
+        "jain": _r(jain(team_slowdown)),
+        "worst_team_slowdown": _r(max(team_slowdown) if team_slowdown else None),
+        "stranded_gpu_fraction": _r(o.stranded_gpu_s / (capacity * window_s)),
+        "prediction_mape": None,
+        "utilisation_over_time": [_r(x / capacity, 5) for x in o.timeline.tolist()],
+    }

@@ -1,0 +1,65 @@
+"""`gridbid simulate` as a person runs it: a real process, a real trace, a report folder."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from market.simulate import report, trace
+
+
+def simulate(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gridbid.cli", "simulate", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=300, check=False)
+
+
+def test_a_day_of_the_shipped_trace_writes_its_summary(tmp_path: Path) -> None:
+    done = simulate("--days", "1", "--out", str(tmp_path / "r"), cwd=Path.cwd())
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["trace"] == "alibaba-gpu-2023"
+    assert set(summary["policies"]) == {"static", "static-sized", "fifo", "best-fit"}
+    assert summary["cluster"]["gpus"] == 6212 and summary["window"]["days"] == 1
+    for name, f in summary["policies"].items():
+        assert 0 < f["utilisation"] <= 1, name
+        assert f["utilisation_at_slo"] is not None and 0 < f["utilisation_at_slo"] <= 1, name
+        assert f["capacity_at_slo_gpus"] <= 6212
+    # the shared pool needs no more capacity than the silos at the same SLO
+    pol = summary["policies"]
+    assert pol["fifo"]["capacity_at_slo_gpus"] <= pol["static"]["capacity_at_slo_gpus"]
+    assert "fifo" in done.stdout and "wrote" in done.stdout
+
+
+def test_the_same_seed_gives_the_same_summary_byte_for_byte(tmp_path: Path) -> None:
+    tr = trace.load(days=1, seed=5)
+    a = report.write(report.summarise(tr, seed=5), tmp_path / "a").read_bytes()
+    b = report.write(report.summarise(trace.load(days=1, seed=5), seed=5), tmp_path / "b").read_bytes()
+    assert a == b
+
+
+def test_a_malformed_pod_list_is_refused_with_its_line(tmp_path: Path) -> None:
+    pods = tmp_path / "pods.csv"
+    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"
+                    "p0,1000,1024,1,1000,,LS,Running,0,100,0\n"
+                    "p1,1000,1024,one,1000,,LS,Running,10,100,10\n")
+    done = simulate("--pods", str(pods), "--out", str(tmp_path / "r"), cwd=Path.cwd())
+    assert done.returncode == 2
+    assert "line 3" in done.stderr and "num_gpu" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_pod_list_without_times_is_refused(tmp_path: Path) -> None:
+    pods = tmp_path / "pods.csv"
+    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos\np0,1000,1024,1,1000,,LS\n")
+    done = simulate("--pods", str(pods), cwd=tmp_path)
+    assert done.returncode == 2 and "creation_time" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_an_unknown_policy_or_a_start_without_days_is_refused(tmp_path: Path) -> None:
+    done = simulate("--policies", "fifo,gang", cwd=tmp_path)
+    assert done.returncode == 2 and "unknown policy gang" in done.stderr
+    done = simulate("--start", "100", cwd=tmp_path)
+    assert done.returncode == 2 and "--start needs --days" in done.stderr
