@@ -229,7 +229,7 @@ def chain_deploy() -> None:
 @click.option("--start", type=click.FloatRange(0), default=None, help="The window's start, in the trace's seconds (with --days).")
 @click.option("--load", type=click.FloatRange(0, 1, min_open=True), default=None,
               help="Compress arrival times so the offered load averages this (0-1], durations kept.")
-@click.option("--policies", default="static,static-sized,fifo,best-fit", show_default=True,
+@click.option("--policies", default="static,static-sized,fifo,best-fit,gridbid", show_default=True,
               help="Comma-separated policies to compare on the same jobs.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds regions, teams and the capacity search.")
 @click.option("--teams", type=click.IntRange(1, 64), default=12, show_default=True, help="Teams the static policies split the cluster into.")

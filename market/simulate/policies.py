@@ -13,9 +13,8 @@ capacity each needs to meet the SLO.
 a seeded order (``removal_order``): a cluster of ``k`` nodes keeps the first ``k`` of that
 order, in the cluster's own order. A policy meets the SLO on a cluster when every pod that
 fits some node of the trace's whole cluster starts, and the 95th percentile of their
-queueing delay is at most ``SLO_QUEUE_P95_S``. The fewest such nodes are found by bisection
-over ``k`` (meeting the SLO is taken to be monotone in ``k``; the first probe is the whole
-cluster): to one node, finer than the issue's 2% (at the trace's own timing a day's demand
+queueing delay is at most ``SLO_QUEUE_P95_S``. The fewest such nodes are found by doubling
+``k`` from 1, then bisection (meeting the SLO is taken to be monotone in ``k``): to one node, finer than the issue's 2% (at the trace's own timing a day's demand
 needs about 2% of the cluster, so 2% steps could not tell the policies apart). The fraction
 reported is the GPUs kept over the cluster's. For static-sized it is the sum of each team's
 smallest slice, found the same way on that team's pods alone.
@@ -28,11 +27,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import auction
 from .sim import F64, I64, TIMELINE_BINS, BoolA, Outcome, fits_somewhere, run
 from .trace import Node, Pod
 
 SLO_QUEUE_P95_S = 600.0  # seconds: the queueing delay 95% of the pods that fit must start within
-POLICIES = ("static", "static-sized", "fifo", "best-fit")
+POLICIES = ("static", "static-sized", "fifo", "best-fit", "gridbid")
 
 Progress = Callable[[str], None]
 
@@ -58,6 +58,8 @@ class PolicyResult:
     outcome: Outcome  # on the trace's own cluster (static-sized: each team on its own slice)
     nodes: tuple[int, ...]  # per pod's ``outcome.node``: the trace node index it ran on (-1 none)
     capacity: Capacity | None  # None: the SLO is not met even on the whole cluster
+    paid: float | None = None  # USD the market's rounds charged (gridbid), None for owned capacity
+    rounds: int = 0  # the market's rounds on the trace's own cluster
 
 
 def removal_order(nodes: Sequence[Node], seed: int) -> I64:
@@ -133,6 +135,9 @@ class Simulation:
         self.must = fits_somewhere(pods, nodes)  # the pods the SLO counts: they fit the whole cluster
         self.capacity = sum(n.gpus for n in nodes)
         self.team_of = np.asarray([p.team for p in pods], dtype=np.int64)
+        self.asks = auction.asks(nodes, seed)
+        self.limits = auction.limits(pods, nodes, seed)
+        self.market: auction.Market | None = None  # the last market run
 
     def slo_ok(self, o: Outcome, among: BoolA) -> bool:
         must = self.must & among
@@ -160,7 +165,15 @@ class Simulation:
             parts.append((mine, np.asarray(s, dtype=np.int64), o))
         return merge(len(self.pods), parts, self.window_s, sum(self.nodes[j].gpus for j in keep.tolist()))
 
+    def auction(self, keep: I64) -> tuple[Outcome, I64]:
+        nodes = [self.nodes[j] for j in keep.tolist()]
+        self.market = auction.Market(self.pods, nodes, [self.asks[j] for j in keep.tolist()], self.limits)
+        o = run(self.pods, nodes, "first", self.window_s, chooser=self.market)
+        return o, np.where(o.node >= 0, keep[np.maximum(o.node, 0)], -1)
+
     def at(self, name: str, keep: I64) -> tuple[Outcome, I64]:
+        if name == "gridbid":
+            return self.auction(keep)
         if name == "static":
             return self.static(keep)
         if name == "fifo":
@@ -172,12 +185,20 @@ class Simulation:
     # -- capacity at the SLO ---------------------------------------------------------------
 
     def smallest(self, ok: Callable[[I64], bool]) -> int | None:
-        """The fewest nodes (a prefix of ``removal_order``) whose cluster ``ok`` accepts, by
-        bisection over the count: to one node."""
+        """The fewest nodes (a prefix of ``removal_order``) whose cluster ``ok`` accepts, to one
+        node: doubling from one node until a cluster meets it (the whole cluster last), then
+        bisection between the last two. At the trace's own timing the answer is a few percent
+        of the cluster, and small clusters are quick to simulate: ~10 small runs, where
+        bisection from the whole cluster down spends its first runs on the largest."""
         n = len(self.order)
-        if not ok(np.sort(self.order)):
-            return None
-        lo, hi = 0, n
+        hi = 1
+        while hi < n and not ok(np.sort(self.order[:hi])):
+            hi *= 2
+        if hi >= n:
+            hi = n
+            if not ok(np.sort(self.order)):
+                return None
+        lo = hi // 2  # known to fail (or 0)
         while hi - lo > 1:
             mid = (lo + hi) // 2
             if ok(np.sort(self.order[:mid])):
@@ -192,6 +213,7 @@ class Simulation:
         self.progress(f"{name}: the trace's cluster")
         full = np.arange(len(self.nodes), dtype=np.int64)
         o, node = self.at(name, full)
+        mkt = self.market if name == "gridbid" else None
         everyone = np.ones(len(self.pods), dtype=np.bool_)
 
         def ok(keep: I64) -> bool:
@@ -205,6 +227,8 @@ class Simulation:
             gpus = sum(self.nodes[j].gpus for j in keep.tolist())
             there = o if k == len(self.nodes) else self.at(name, keep)[0]
             cap = Capacity(round(gpus / self.capacity, 6), tuple(keep.tolist()), gpus, there.alloc_gpu_s)
+        if mkt is not None:
+            return PolicyResult(name, o, tuple(node.tolist()), cap, mkt.paid, mkt.rounds)
         return PolicyResult(name, o, tuple(node.tolist()), cap)
 
     def static_sized(self) -> PolicyResult:

@@ -27,6 +27,7 @@ import heapq
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -63,6 +64,13 @@ class Outcome:
         return int(np.isnan(self.start).sum())
 
 
+class Chooser(Protocol):
+    """A policy that decides for itself (the market): at ``clock``, given the waiting pods
+    (indices, in arrival order) and each node's free GPUs, the (pod, node) pairs to start."""
+
+    def __call__(self, clock: float, waiting: list[int], free: I64) -> list[tuple[int, int]]: ...
+
+
 def allowed_nodes(pods: Sequence[Pod], nodes: Sequence[Node]) -> list[BoolA | None]:
     """Per pod, the nodes of a model it may run on (None: any model)."""
     models = np.asarray([n.model for n in nodes])
@@ -87,8 +95,11 @@ def fits_somewhere(pods: Sequence[Pod], nodes: Sequence[Node]) -> BoolA:
     return out
 
 
-def run(pods: Sequence[Pod], nodes: Sequence[Node], placement: str, window_s: float) -> Outcome:
-    """Replay ``pods`` (sorted by arrival) on ``nodes`` with ``placement`` (``PLACEMENTS``)."""
+def run(pods: Sequence[Pod], nodes: Sequence[Node], placement: str, window_s: float,
+        chooser: Chooser | None = None) -> Outcome:
+    """Replay ``pods`` (sorted by arrival) on ``nodes`` with ``placement`` (``PLACEMENTS``),
+    or, with a ``chooser``, as it decides: after the events of each instant with pods
+    waiting, it is asked which to start where (a pair that does not fit is refused)."""
     if placement not in PLACEMENTS:
         raise ValueError(f"unknown placement {placement!r}: choose from {', '.join(PLACEMENTS)}")
     n = len(pods)
@@ -142,7 +153,6 @@ def run(pods: Sequence[Pod], nodes: Sequence[Node], placement: str, window_s: fl
                     bins[k] += held * (right - left)
 
     def place(i: int) -> bool:
-        nonlocal held, busy, waiting
         room = free >= gpus[i]
         ok = allowed[i]
         if ok is not None:
@@ -155,13 +165,37 @@ def run(pods: Sequence[Pod], nodes: Sequence[Node], placement: str, window_s: fl
         start[i] = clock
         finish[i] = clock + runtime[i]
         where[i] = j
+        add(i)
+        return True
+
+    def choose() -> None:
+        nonlocal waiting
+        assert chooser is not None
+        queued = sorted((i for q in queues.values() for i in q), key=lambda i: (arrival[i], i))
+        for i, j in chooser(clock, queued, free.copy()):
+            ok = allowed[i]
+            if not np.isnan(start[i]) or free[j] < gpus[i] or (ok is not None and not ok[j]):
+                raise ValueError(f"the policy started pod {pods[i].id} on node {nodes[j].id}, where it does not fit")
+            free[j] -= gpus[i]
+            start[i] = clock
+            finish[i] = clock + runtime[i]
+            where[i] = j
+            add(i)
+            queues[(int(gpus[i]), pods[i].models)].remove(i)
+            waiting -= 1
+
+    def add(i: int) -> None:
+        nonlocal held, busy
         held += int(gpus[i])
         busy += gpus[i] * share[i]
         heapq.heappush(done, (float(finish[i]), i))
-        return True
 
     def schedule() -> None:
         nonlocal waiting
+        if chooser is not None:
+            if waiting:
+                choose()
+            return
         blocked: set[tuple[int, tuple[str, ...]]] = set()
         while waiting:
             most = int(free.max()) if len(free) else 0

@@ -130,3 +130,29 @@ def test_an_unknown_placement_or_policy_is_refused() -> None:
         sim.run(PODS, NODES, "worst", WINDOW)
     with pytest.raises(ValueError, match="unknown policy 'gang'"):
         Simulation(PODS, NODES, WINDOW, teams=2, seed=0).policy("gang")
+
+
+def test_the_market_clears_each_instant_through_the_real_engine() -> None:
+    """At 40 s p3 (1 GPU) and p4 (2 GPUs) wait, with A (2 free) and B (1 free): the engine
+    maximises the round's surplus, so p4 takes A and p3 B, and both start at 40 (first fit
+    gave p3 A and made p4 wait until 60)."""
+    s = Simulation(PODS, NODES, WINDOW, teams=2, seed=0)
+    res = s.policy("gridbid")
+    assert res.outcome.start.tolist() == [0, 10, 40, 40]
+    assert list(res.nodes) == [0, 1, 1, 0]
+    assert res.rounds == 3  # at 0, 10 and 40 (at 20 and 30 no offer has free GPUs)
+    assert res.paid is not None and res.paid > 0
+    f = metrics.figures(res, PODS, NODES, WINDOW)
+    assert f["provider_revenue"] == pytest.approx(res.paid, abs=0.01)
+    held_h = (2 * 40 + 30 + 20 + 2 * 50) / 3600
+    assert f["cost_per_gpu_hour"] == pytest.approx(res.paid / held_h, rel=1e-5)
+    # T4 asks are 0.15 USD x [0.8, 1.2]; a buyer pays the clearing price, at most its limit
+    assert 0.12 <= f["cost_per_gpu_hour"] <= 0.15 * 1.5
+
+
+def test_a_market_that_starts_a_pod_where_it_does_not_fit_is_an_error() -> None:
+    def greedy(clock: float, waiting: list[int], free: np.ndarray) -> list[tuple[int, int]]:
+        return [(i, 1) for i in waiting]  # B has one GPU: p1 needs two
+
+    with pytest.raises(ValueError, match="started pod p1 on node n1, where it does not fit"):
+        sim.run(PODS, NODES, "first", WINDOW, chooser=greedy)
