@@ -234,7 +234,7 @@ def chain_deploy() -> None:
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds regions, teams and the capacity search.")
 @click.option("--teams", type=click.IntRange(1, 64), default=12, show_default=True, help="Teams the static policies split the cluster into.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("simulate-report"), show_default=True,
-              help="The report folder (summary.json).")
+              help="The report folder: summary.json, report.html and the charts as PNG.")
 def simulate(trace_name: str, pods: Path | None, nodes: Path | None, days: float | None, start: float | None,
              load: float | None, policies: str, seed: int, teams: int, out: Path) -> None:
     """Replay a real GPU cluster trace under each policy and write what each buys (docs/simulate.md)."""
@@ -266,8 +266,10 @@ def simulate(trace_name: str, pods: Path | None, nodes: Path | None, days: float
         def step(what: str) -> None:
             bar.update(task, description=f"simulating: {what}")
 
-        summary = report.summarise(tr, names, seed=seed, progress=step)
-    path = report.write(summary, out)
+        results = report.simulate(tr, names, seed=seed, progress=step)
+        step("charts and report")
+        summary = report.summary(tr, results, seed)
+        path = report.write_report(tr, results, summary, out)
     click.echo(f"{'policy':<14}{'util':>8}{'util@SLO':>10}{'GPUs@SLO':>10}{'JCT mean s':>12}{'queue p95 s':>13}{'$/GPU-h':>9}{'unsched':>9}")
     for name, f in summary["policies"].items():
         def show(x: object, fmt: str) -> str:
@@ -275,7 +277,7 @@ def simulate(trace_name: str, pods: Path | None, nodes: Path | None, days: float
         click.echo(f"{name:<14}{show(f['utilisation'], '.4f'):>8}{show(f['utilisation_at_slo'], '.3f'):>10}"
                    f"{show(f['capacity_at_slo_gpus'], ','):>10}{show(f['jct_mean_s'], ',.0f'):>12}"
                    f"{show(f['queue_p95_s'], ',.0f'):>13}{show(f['cost_per_gpu_hour'], '.2f'):>9}{f['unscheduled']:>9,}")
-    click.echo(f"wrote {path}")
+    click.echo(f"wrote {path} (and summary.json and {len(report.CHARTS)} charts beside it)")
 
 
 def _console():  # type: ignore[no-untyped-def]

@@ -11,18 +11,26 @@ from pathlib import Path
 from typing import Any
 
 from .metrics import figures, work_gpu_s
-from .policies import POLICIES, Progress, Simulation, _quiet
+from .policies import POLICIES, PolicyResult, Progress, Simulation, _quiet
 from .trace import Trace, load_inside, offered_load
 
 
-def summarise(trace: Trace, policies: Sequence[str] = POLICIES, seed: int = 0, progress: Progress = _quiet) -> dict[str, Any]:
+def simulate(trace: Trace, policies: Sequence[str] = POLICIES, seed: int = 0,
+             progress: Progress = _quiet) -> dict[str, PolicyResult]:
+    """Each policy of ``policies`` run over ``trace``, in that order."""
     unknown = [p for p in policies if p not in POLICIES]
     if unknown or not policies:
         raise ValueError(f"unknown policy {', '.join(unknown) or '(none given)'}: choose from {', '.join(POLICIES)}")
     sim = Simulation(trace.pods, trace.nodes, trace.window_s, trace.teams, seed, progress)
-    out: dict[str, Any] = {}
-    for name in policies:
-        out[name] = figures(sim.policy(name), trace.pods, trace.nodes, trace.window_s)
+    return {name: sim.policy(name) for name in policies}
+
+
+def summarise(trace: Trace, policies: Sequence[str] = POLICIES, seed: int = 0, progress: Progress = _quiet) -> dict[str, Any]:
+    return summary(trace, simulate(trace, policies, seed, progress), seed)
+
+
+def summary(trace: Trace, results: dict[str, PolicyResult], seed: int) -> dict[str, Any]:
+    out = {name: figures(res, trace.pods, trace.nodes, trace.window_s) for name, res in results.items()}
     models: dict[str, int] = {}
     regions: dict[str, int] = {}
     for n in trace.nodes:
@@ -58,4 +66,144 @@ def write(summary: dict[str, Any], out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "summary.json"
     path.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+CHARTS = ("utilisation.png", "jct_cdf.png", "queue_cdf.png", "cost_carbon.png", "capacity.png")
+
+
+def charts(trace: Trace, results: dict[str, PolicyResult], summary: dict[str, Any], out: Path) -> list[Path]:
+    """The report's charts as PNG files in ``out`` (matplotlib, no display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    names = list(results)
+    pol = summary["policies"]
+    arrival = np.asarray([p.arrival for p in trace.pods], dtype=np.float64)
+    days = trace.window_s / 86400
+    paths: list[Path] = []
+
+    def save(fig: Any, name: str) -> None:
+        fig.tight_layout()
+        path = out / name
+        fig.savefig(path, dpi=110, metadata={"Software": None})
+        plt.close(fig)
+        paths.append(path)
+
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    for name in names:
+        y = np.asarray(pol[name]["utilisation_over_time"], dtype=np.float64) * 100
+        x = (np.arange(len(y)) + 0.5) * days / len(y)
+        ax.plot(x, y, label=name, lw=1.3)
+    ax.set_xlabel("day of the window")
+    ax.set_ylabel("GPUs held, % of the trace's cluster")
+    ax.set_title("Utilisation over time, on the trace's own cluster")
+    ax.legend(fontsize=8)
+    save(fig, CHARTS[0])
+
+    for chart, what, title in ((CHARTS[1], "jct", "Job completion time"), (CHARTS[2], "queue", "Queueing delay")):
+        fig, ax = plt.subplots(figsize=(6.4, 3.8))
+        for name in names:
+            o = results[name].outcome
+            ran = ~np.isnan(o.start)
+            v = (o.finish - arrival)[ran] if what == "jct" else (o.start - arrival)[ran]
+            v = np.sort(np.maximum(v, 1.0))
+            ax.step(v, np.arange(1, len(v) + 1) / max(1, len(v)), where="post", label=name, lw=1.3)
+        ax.set_xscale("log")
+        ax.set_xlabel("seconds (log)")
+        ax.set_ylabel("share of pods")
+        ax.set_title(f"{title}, CDF")
+        ax.legend(fontsize=8)
+        save(fig, chart)
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.6))
+    cost = [pol[n]["cost_per_gpu_hour"] or 0.0 for n in names]
+    kg = [pol[n]["kg_co2"] or 0.0 for n in names]
+    a1.bar(names, cost, color="#3b7dd8")
+    a1.set_title("USD per GPU-hour")
+    a2.bar(names, kg, color="#5a9e5a")
+    a2.set_title("kg CO2")
+    for a in (a1, a2):
+        a.tick_params(axis="x", rotation=30, labelsize=8)
+    save(fig, CHARTS[3])
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.6))
+    gpus = [pol[n]["capacity_at_slo_gpus"] or 0 for n in names]
+    util = [(pol[n]["utilisation_at_slo"] or 0.0) * 100 for n in names]
+    a1.bar(names, gpus, color="#c0504d")
+    a1.set_title("GPUs needed for p95 queueing <= 10 min")
+    a2.bar(names, util, color="#8064a2")
+    a2.set_title("Utilisation at that capacity, %")
+    for a in (a1, a2):
+        a.tick_params(axis="x", rotation=30, labelsize=8)
+    save(fig, CHARTS[4])
+    return paths
+
+
+ROWS = (
+    ("utilisation_at_slo", "utilisation at the SLO", "{:.1%}"),
+    ("capacity_at_slo_gpus", "GPUs needed at the SLO", "{:,}"),
+    ("utilisation", "utilisation, trace's cluster", "{:.2%}"),
+    ("busy_utilisation", "busy utilisation (GPU share)", "{:.2%}"),
+    ("jct_mean_s", "job time, mean (s)", "{:,.0f}"),
+    ("jct_p95_s", "job time, p95 (s)", "{:,.0f}"),
+    ("queue_mean_s", "queueing, mean (s)", "{:,.1f}"),
+    ("queue_p95_s", "queueing, p95 (s)", "{:,.1f}"),
+    ("unscheduled", "never started", "{:,}"),
+    ("cost_per_gpu_hour", "USD per GPU-hour", "{:.3f}"),
+    ("provider_revenue", "provider revenue (USD)", "{:,.2f}"),
+    ("kg_co2", "kg CO2", "{:,.1f}"),
+    ("jain", "Jain's index, team slowdown", "{:.3f}"),
+    ("worst_team_slowdown", "worst team slowdown", "{:.2f}"),
+    ("stranded_gpu_fraction", "stranded GPUs", "{:.3%}"),
+)
+
+
+def html(summary: dict[str, Any], images: Sequence[Path]) -> str:
+    """A self-contained report: the figures as a table, the charts inline (base64 PNG)."""
+    import base64
+    from html import escape
+
+    pol = summary["policies"]
+    names = list(pol)
+    w, c = summary["window"], summary["cluster"]
+
+    def cell(v: object, fmt: str) -> str:
+        return "–" if v is None else escape(fmt.format(v))
+
+    head = "".join(f"<th>{escape(n)}</th>" for n in names)
+    rows = "".join(
+        f"<tr><th>{escape(label)}</th>" + "".join(f"<td>{cell(pol[n].get(key), fmt)}</td>" for n in names) + "</tr>"
+        for key, label, fmt in ROWS
+    )
+    imgs = "".join(
+        f'<figure><img alt="{escape(p.stem)}" src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}"></figure>'
+        for p in images
+    )
+    left = ", ".join(f"{k} {v:,}" for k, v in w["left_out"].items()) or "none"
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>gridbid simulate: {escape(summary['trace'])}</title>
+<style>body{{font:14px system-ui,sans-serif;margin:2rem auto;max-width:980px;color:#222}}
+table{{border-collapse:collapse;margin:1rem 0}}th,td{{padding:.3rem .7rem;border-bottom:1px solid #ddd;text-align:right}}
+th:first-child{{text-align:left}}img{{max-width:100%}}figure{{margin:1rem 0}}.note{{color:#555}}</style></head>
+<body><h1>What a shared, scheduled pool buys: {escape(summary['trace'])}</h1>
+<p>{w['pods']:,} GPU pods over {w['days']:g} days (window from trace second {w['start_s']:g}{'' if w['load'] is None else f", compressed to offered load {w['load']:g}"}),
+on {c['nodes']:,} nodes with {c['gpus']:,} GPUs, {c['teams']} teams, seed {c['seed']}. Offered load {w['offered_load']:.4f}
+({w['load_inside']:.4f} inside the window). Left out: {escape(left)}.</p>
+<p class="note">The SLO: every pod that fits the cluster starts, with the 95th percentile of queueing delay at most 10 minutes.
+"Utilisation at the SLO" is the utilisation of the smallest cluster on which each policy meets it: what a fleet costs.
+Every figure is defined in docs/simulate.md; the numbers are those of summary.json beside this file.</p>
+<table><tr><th></th>{head}</tr>{rows}</table>{imgs}</body></html>
+"""
+
+
+def write_report(trace: Trace, results: dict[str, PolicyResult], summary: dict[str, Any], out: Path) -> Path:
+    """summary.json, the charts and report.html in ``out``; returns the report's path."""
+    write(summary, out)
+    images = charts(trace, results, summary, out)
+    path = out / "report.html"
+    path.write_text(html(summary, images))
     return path

@@ -35,6 +35,11 @@ def test_a_day_of_the_shipped_trace_writes_its_summary(tmp_path: Path) -> None:
     assert 0 < gb["cost_per_gpu_hour"] < 6
     assert gb["capacity_at_slo_gpus"] <= pol["static"]["capacity_at_slo_gpus"]
     assert "gridbid" in done.stdout and "wrote" in done.stdout
+    page = (tmp_path / "r" / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == len(report.CHARTS)  # self-contained
+    assert "utilisation at the SLO" in page and "gridbid" in page
+    for chart in report.CHARTS:
+        assert (tmp_path / "r" / chart).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_the_same_seed_gives_the_same_summary_byte_for_byte(tmp_path: Path) -> None:
