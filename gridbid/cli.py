@@ -233,10 +233,11 @@ def chain_deploy() -> None:
               help="Comma-separated policies to compare on the same jobs.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds regions, teams and the capacity search.")
 @click.option("--teams", type=click.IntRange(1, 64), default=12, show_default=True, help="Teams the static policies split the cluster into.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("simulate-report"), show_default=True,
-              help="The report folder: summary.json, report.html and the charts as PNG.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="The report folder: summary.json, report.html and the charts as PNG. "
+                   "Default: $GRIDBID_DATA_DIR/simulate, which the operator page links.")
 def simulate(trace_name: str, pods: Path | None, nodes: Path | None, days: float | None, start: float | None,
-             load: float | None, policies: str, seed: int, teams: int, out: Path) -> None:
+             load: float | None, policies: str, seed: int, teams: int, out: Path | None) -> None:
     """Replay a real GPU cluster trace under each policy and write what each buys (docs/simulate.md)."""
     # the CLI loads what a command needs when it runs; the simulator needs no Django
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -256,6 +257,8 @@ def simulate(trace_name: str, pods: Path | None, nodes: Path | None, days: float
     except trace.TraceError as exc:
         click.echo(f"gridbid simulate: {exc}", err=True)
         sys.exit(2)
+    if out is None:  # where the server's operator page looks (gridbid/views.py simulate_report_path)
+        out = Path(os.environ.get("GRIDBID_DATA_DIR", "./.gridbid")).expanduser().resolve() / "simulate"
     console = _console()
     console.print(f"{tr.name}: {len(tr.pods):,} GPU pods over {tr.window_s / 86400:.2f} days on {len(tr.nodes):,} nodes "
                   f"({sum(n.gpus for n in tr.nodes):,} GPUs); left out: "

@@ -13,7 +13,10 @@ from market.web.login_limits import login_guarded
 # The project's URL map joins the apps' maps here, so no app imports another's views:
 # the agent's co-signing endpoints and the wallet link are the ledger's, and the web UI's namespace holds the
 # market's pages, the ledger's (wallet, trade) and the operator's dashboard.
-ops_pages: list[URLPattern] = [path("operator/", ops.operator_dashboard, name="operator")]
+ops_pages: list[URLPattern] = [
+    path("operator/", ops.operator_dashboard, name="operator"),
+    path("operator/simulate/", ops.simulate_report, name="simulate-report"),
+]
 
 urlpatterns = [
     path("api/v1/agent/cosigns/", ledger_api.CosignListView.as_view(), name="agent-cosigns"),

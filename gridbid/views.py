@@ -11,6 +11,8 @@ scraper holding METRICS_TOKEN.
 from __future__ import annotations
 
 import secrets
+from datetime import UTC, datetime
+from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
@@ -106,4 +108,28 @@ def operator_dashboard(request: HttpRequest) -> HttpResponse:
         return render(request, "market/operator.html", {"forbidden": True}, status=403)
 
     # the same checks as /readyz (bounded, cached for a second): what is wrong shows here first
-    return render(request, "market/operator.html", {"o": selectors.operator_overview(), "health": readiness()})
+    report = simulate_report_path()
+    written = datetime.fromtimestamp(report.stat().st_mtime, tz=UTC) if report.is_file() else None
+    return render(request, "market/operator.html",
+                  {"o": selectors.operator_overview(), "health": readiness(), "simulate_written": written})
+
+
+def simulate_report_path() -> Path:
+    """Where `gridbid simulate` writes its report by default (`$GRIDBID_DATA_DIR/simulate`)."""
+    return settings.CONFIG.data_dir / "simulate" / "report.html"
+
+
+@login_required
+@require_safe
+def simulate_report(request: HttpRequest) -> HttpResponse:
+    """The latest `gridbid simulate` report on this host, for operators: a self-contained page
+    (inline style, charts as data: images), served as written."""
+    if not request.user.is_operator:
+        return render(request, "market/operator.html", {"forbidden": True}, status=403)
+    path = simulate_report_path()
+    if not path.is_file():
+        return HttpResponse(
+            "<!doctype html><title>No simulation report</title><p>No simulation report on this host yet. "
+            "Run <code>gridbid simulate</code> here: it writes <code>$GRIDBID_DATA_DIR/simulate/report.html</code>, "
+            "which this page shows (docs/simulate.md).</p>", status=404, content_type="text/html; charset=utf-8")
+    return HttpResponse(path.read_bytes(), content_type="text/html; charset=utf-8")

@@ -226,3 +226,23 @@ def test_operator_page_shows_the_settlement_queue_with_chain_batches(operator):
     c.force_login(operator)
     html = c.get("/operator/").content.decode()
     assert "Record batches" in html and 'state-submitted">submitted' in html and "No rounds yet" in html and "Every machine is online" in html
+
+
+def test_the_operator_page_links_the_latest_simulation_report(buyer, operator, tmp_path, monkeypatch):
+    from gridbid import views
+
+    report = tmp_path / "simulate" / "report.html"
+    monkeypatch.setattr(views, "simulate_report_path", lambda: report)
+    c = Client()
+    c.force_login(operator)
+    assert "no report on this host yet" in c.get("/operator/").content.decode()
+    missing = c.get("/operator/simulate/")
+    assert missing.status_code == 404 and "gridbid simulate" in missing.content.decode()
+    report.parent.mkdir()
+    report.write_text("<!doctype html><title>r</title><h1>What a shared, scheduled pool buys</h1>")
+    page = c.get("/operator/").content.decode()
+    assert 'href="/operator/simulate/"' in page and "the latest <code>gridbid simulate</code> report" in page
+    shown = c.get("/operator/simulate/")
+    assert shown.status_code == 200 and b"What a shared, scheduled pool buys" in shown.content
+    c.force_login(buyer)
+    assert c.get("/operator/simulate/").status_code == 403
