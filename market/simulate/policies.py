@@ -13,8 +13,9 @@ capacity each needs to meet the SLO.
 a seeded order (``removal_order``): a cluster of ``k`` nodes keeps the first ``k`` of that
 order, in the cluster's own order. A policy meets the SLO on a cluster when every pod that
 fits some node of the trace's whole cluster starts, and the 95th percentile of their
-queueing delay is at most ``SLO_QUEUE_P95_S``. The fewest such nodes are found by doubling
-``k`` from 1, then bisection (meeting the SLO is taken to be monotone in ``k``): to one node, finer than the issue's 2% (at the trace's own timing a day's demand
+queueing delay is at most ``SLO_QUEUE_P95_S``. The fewest such nodes are found by steps
+that double, then bisection (``smallest``; meeting the SLO is taken to be monotone in
+``k``): to one node, finer than the issue's 2% (at the trace's own timing a day's demand
 needs about 2% of the cluster, so 2% steps could not tell the policies apart). The fraction
 reported is the GPUs kept over the cluster's. For static-sized it is the sum of each team's
 smallest slice, found the same way on that team's pods alone.
@@ -138,6 +139,7 @@ class Simulation:
         self.asks = auction.asks(nodes, seed)
         self.limits = auction.limits(pods, nodes, seed)
         self.market: auction.Market | None = None  # the last market run
+        self.found: dict[str, int] = {}  # per policy run so far, the nodes it needs at the SLO
 
     def slo_ok(self, o: Outcome, among: BoolA) -> bool:
         must = self.must & among
@@ -184,24 +186,42 @@ class Simulation:
 
     # -- capacity at the SLO ---------------------------------------------------------------
 
-    def smallest(self, ok: Callable[[I64], bool]) -> int | None:
+    def smallest(self, ok: Callable[[I64], bool], hint: int | None = None) -> int | None:
         """The fewest nodes (a prefix of ``removal_order``) whose cluster ``ok`` accepts, to one
-        node: doubling from one node until a cluster meets it (the whole cluster last), then
-        bisection between the last two. At the trace's own timing the answer is a few percent
-        of the cluster, and small clusters are quick to simulate: ~10 small runs, where
-        bisection from the whole cluster down spends its first runs on the largest."""
+        node. From ``hint`` (another policy's answer: the market's is usually within a few
+        nodes of the pools', and each of its runs clears a round per event through the
+        engine), steps of 1, 2, 4, ... down while it is met or up until it is, then
+        bisection between the last two; without one, from a single node up. At the trace's own
+        timing the answer is a few percent of the cluster, and small clusters are quick to
+        simulate. Either way the answer is a k that meets the SLO next to k - 1 that does not
+        (or the whole cluster, or None where even that fails)."""
         n = len(self.order)
-        hi = 1
-        while hi < n and not ok(np.sort(self.order[:hi])):
-            hi *= 2
-        if hi >= n:
-            hi = n
-            if not ok(np.sort(self.order)):
-                return None
-        lo = hi // 2  # known to fail (or 0)
-        while hi - lo > 1:
+
+        def test(k: int) -> bool:
+            return ok(np.sort(self.order[:k]))
+
+        if hint is None or not 1 <= hint <= n:
+            hint = 1
+        step = 1
+        if test(hint):
+            hi, lo = hint, hint - step  # lo: not yet known to fail
+            while lo >= 1 and test(lo):
+                hi, step = lo, step * 2
+                lo = hi - step
+            lo = max(lo, 0)
+        else:
+            lo = hint
+            hi = hint + step
+            while hi < n and not test(hi):
+                lo, step = hi, step * 2
+                hi = lo + step
+            if hi >= n:
+                hi = n
+                if not test(n):
+                    return None
+        while hi - lo > 1:  # test(hi) holds; test(lo) fails, or lo is 0
             mid = (lo + hi) // 2
-            if ok(np.sort(self.order[:mid])):
+            if test(mid):
                 hi = mid
             else:
                 lo = mid
@@ -220,7 +240,10 @@ class Simulation:
             self.progress(f"{name}: {len(keep)} nodes")
             return self.slo_ok(self.at(name, keep)[0], everyone)
 
-        k = self.smallest(ok)
+        hint = next((self.found[p] for p in ("best-fit", "fifo", "static") if p in self.found), None) if name == "gridbid" else None
+        k = self.smallest(ok, hint)
+        if k is not None:
+            self.found[name] = k
         cap = None
         if k is not None:
             keep = np.sort(self.order[:k])

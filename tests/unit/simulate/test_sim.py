@@ -156,3 +156,19 @@ def test_a_market_that_starts_a_pod_where_it_does_not_fit_is_an_error() -> None:
 
     with pytest.raises(ValueError, match="started pod p1 on node n1, where it does not fit"):
         sim.run(PODS, NODES, "first", WINDOW, chooser=greedy)
+
+
+@pytest.mark.parametrize("hint", [None, 1, 5, 18, 19, 20, 33, 50])
+def test_the_capacity_search_finds_the_same_answer_from_any_start(hint: int | None) -> None:
+    nodes = [node(i, 1) for i in range(50)]
+    pods = [pod(i, 0.0, 10_000.0, 1) for i in range(20)]
+    s = Simulation(pods, nodes, 86_400.0, teams=1, seed=3)
+    tried: list[int] = []
+
+    def ok(keep: np.ndarray) -> bool:
+        tried.append(len(keep))
+        return len(keep) >= 19
+
+    assert s.smallest(ok, hint) == 19
+    assert 19 in tried and 18 in tried  # the answer is proven from both sides
+    assert s.smallest(lambda keep: False, hint) is None
