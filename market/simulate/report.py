@@ -119,27 +119,18 @@ def charts(trace: Trace, results: dict[str, PolicyResult], summary: dict[str, An
         ax.legend(fontsize=8)
         save(fig, chart)
 
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.6))
-    cost = [pol[n]["cost_per_gpu_hour"] or 0.0 for n in names]
-    kg = [pol[n]["kg_co2"] or 0.0 for n in names]
-    a1.bar(names, cost, color="#3b7dd8")
-    a1.set_title("USD per GPU-hour")
-    a2.bar(names, kg, color="#5a9e5a")
-    a2.set_title("kg CO2")
-    for a in (a1, a2):
-        a.tick_params(axis="x", rotation=30, labelsize=8)
-    save(fig, CHARTS[3])
+    def bars(name: str, left: tuple[str, str, list[float]], right: tuple[str, str, list[float]]) -> None:
+        fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+        for ax, (title, colour, values) in zip(axes, (left, right), strict=True):
+            ax.bar(names, values, color=colour)
+            ax.set_title(title)
+            ax.tick_params(axis="x", rotation=30, labelsize=8)
+        save(fig, name)
 
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.6))
-    gpus = [pol[n]["capacity_at_slo_gpus"] or 0 for n in names]
-    util = [(pol[n]["utilisation_at_slo"] or 0.0) * 100 for n in names]
-    a1.bar(names, gpus, color="#c0504d")
-    a1.set_title("GPUs needed for p95 queueing <= 10 min")
-    a2.bar(names, util, color="#8064a2")
-    a2.set_title("Utilisation at that capacity, %")
-    for a in (a1, a2):
-        a.tick_params(axis="x", rotation=30, labelsize=8)
-    save(fig, CHARTS[4])
+    bars(CHARTS[3], ("USD per GPU-hour", "#3b7dd8", [pol[n]["cost_per_gpu_hour"] or 0.0 for n in names]),
+         ("kg CO2", "#5a9e5a", [pol[n]["kg_co2"] or 0.0 for n in names]))
+    bars(CHARTS[4], ("GPUs needed for p95 queueing <= 10 min", "#c0504d", [pol[n]["capacity_at_slo_gpus"] or 0 for n in names]),
+         ("Utilisation at that capacity, %", "#8064a2", [(pol[n]["utilisation_at_slo"] or 0.0) * 100 for n in names]))
     return paths
 
 
