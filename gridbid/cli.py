@@ -240,7 +240,14 @@ def simulate(trace_name: str, pods: Path | None, nodes: Path | None, days: float
              load: float | None, policies: str, seed: int, teams: int, out: Path | None) -> None:
     """Replay a real GPU cluster trace under each policy and write what each buys (docs/simulate.md)."""
     # the CLI loads what a command needs when it runs; the simulator needs no Django
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     from market.simulate import report, trace
     from market.simulate.policies import POLICIES
@@ -263,11 +270,15 @@ def simulate(trace_name: str, pods: Path | None, nodes: Path | None, days: float
     console.print(f"{tr.name}: {len(tr.pods):,} GPU pods over {tr.window_s / 86400:.2f} days on {len(tr.nodes):,} nodes "
                   f"({sum(n.gpus for n in tr.nodes):,} GPUs); left out: "
                   + (", ".join(f"{k} {v:,}" for k, v in sorted(tr.left_out.items())) or "none"))
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=True) as bar:
-        task = bar.add_task("simulating", total=None)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as bar:
+        task = bar.add_task("simulating", total=len(names) + 1)
 
         def step(what: str) -> None:
-            bar.update(task, description=f"simulating: {what}")
+            # one step of the bar per policy, and one for the report; the text says which run
+            policy = what.split(":")[0]
+            done = names.index(policy) if policy in names else len(names)
+            bar.update(task, completed=done, description=f"simulating: {what}")
 
         results = report.simulate(tr, names, seed=seed, progress=step)
         step("charts and report")

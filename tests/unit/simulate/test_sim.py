@@ -22,10 +22,10 @@ def pod(i: int, arrival: float, runtime: float, gpus: int, team: int = 0, milli:
 
 
 # A (2 GPUs, us-east) and B (1 GPU, us-west); four pods:
-#   p1 at 0 for 40 s, 2 GPUs (team 0)    p2 at 10 for 30 s, 1 GPU (team 1)
+#   p1 at 0 for 40 s, 2 GPUs (team 0)    p2 at 10 for 30 s, 1 GPU used at half (team 1)
 #   p3 at 20 for 20 s, 1 GPU (team 0)    p4 at 30 for 50 s, 2 GPUs (team 1)
 NODES = [node(0, 2), node(1, 1, "us-west")]
-PODS = [pod(1, 0, 40, 2, 0), pod(2, 10, 30, 1, 1), pod(3, 20, 20, 1, 0), pod(4, 30, 50, 2, 1)]
+PODS = [pod(1, 0, 40, 2, 0), pod(2, 10, 30, 1, 1, milli=500), pod(3, 20, 20, 1, 0), pod(4, 30, 50, 2, 1)]
 
 
 def test_first_fit_by_hand() -> None:
@@ -57,7 +57,9 @@ def test_every_figure_of_the_four_job_case_by_hand() -> None:
     s = Simulation(PODS, NODES, WINDOW, teams=2, seed=0)
     f = metrics.figures(s.policy("fifo"), PODS, NODES, WINDOW)
     assert f["utilisation"] == pytest.approx(0.7)
-    assert f["busy_utilisation"] == pytest.approx(0.7)
+    assert f["busy_utilisation"] == pytest.approx((80 + 0.5 * 30 + 20 + 80) / 300, abs=1e-6)
+    assert f["queue_p95_s"] == pytest.approx(28.5)  # 95th percentile of 0, 0, 20, 30: 20 + 0.85 x 10
+    assert f["jct_p95_s"] == pytest.approx(74)  # of 30, 40, 40, 80: 40 + 0.85 x 40
     assert f["queue_mean_s"] == pytest.approx(12.5)  # 0, 0, 20, 30
     assert f["jct_mean_s"] == pytest.approx(47.5)  # 40, 30, 40, 80
     assert f["jct_p50_s"] == pytest.approx(40)
