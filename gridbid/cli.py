@@ -229,15 +229,22 @@ def chain_deploy() -> None:
 @click.option("--start", type=click.FloatRange(0), default=None, help="The window's start, in the trace's seconds (with --days).")
 @click.option("--load", type=click.FloatRange(0, 1, min_open=True), default=None,
               help="Compress arrival times so the offered load averages this (0-1], durations kept.")
-@click.option("--policies", default="static,static-sized,fifo,best-fit,gridbid", show_default=True,
-              help="Comma-separated policies to compare on the same jobs.")
+@click.option("--policies", default=None,
+              help="Comma-separated policies to compare on the same jobs (static, static-sized, fifo, best-fit, gridbid, "
+                   "gridbid-no-preempt). Default: all, gridbid-no-preempt only with --inference-share.")
+@click.option("--inference-share", type=click.FloatRange(0, 0.9), default=0.0, show_default=True,
+              help="A tidal inference service (the alibaba-genai-2026 requests) owns this share of the GPUs; "
+                   "gridbid lends what it does not need to spot pods and preempts them when the tide rises.")
+@click.option("--checkpoint-s", type=click.FloatRange(1, 86400), default=1800.0, show_default=True,
+              help="How often a spot pod checkpoints: a preempted pod loses the work since its last one.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds regions, teams and the capacity search.")
 @click.option("--teams", type=click.IntRange(1, 64), default=12, show_default=True, help="Teams the static policies split the cluster into.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="The report folder: summary.json, report.html and the charts as PNG. "
                    "Default: $GRIDBID_DATA_DIR/simulate, which the operator page links.")
 def simulate(trace_name: str, pods: Path | None, nodes: Path | None, days: float | None, start: float | None,
-             load: float | None, policies: str, seed: int, teams: int, out: Path | None) -> None:
+             load: float | None, policies: str | None, inference_share: float, checkpoint_s: float, seed: int, teams: int,
+             out: Path | None) -> None:
     """Replay a real GPU cluster trace under each policy and write what each buys (docs/simulate.md)."""
     # the CLI loads what a command needs when it runs; the simulator needs no Django
     from rich.progress import (
@@ -250,8 +257,10 @@ def simulate(trace_name: str, pods: Path | None, nodes: Path | None, days: float
     )
 
     from market.simulate import report, trace
-    from market.simulate.policies import POLICIES
+    from market.simulate.policies import DEFAULT_POLICIES, POLICIES
 
+    if policies is None:
+        policies = ",".join(POLICIES if inference_share > 0 else DEFAULT_POLICIES)
     names = [p.strip() for p in policies.split(",") if p.strip()]
     unknown = [p for p in names if p not in POLICIES]
     if not names or unknown:
@@ -280,9 +289,10 @@ def simulate(trace_name: str, pods: Path | None, nodes: Path | None, days: float
             done = names.index(policy) if policy in names else len(names)
             bar.update(task, completed=done, description=f"simulating: {what}")
 
-        results = report.simulate(tr, names, seed=seed, progress=step)
+        results, sim = report.simulate(tr, names, seed=seed, progress=step, inference_share=inference_share,
+                                       checkpoint_s=checkpoint_s)
         step("charts and report")
-        summary = report.summary(tr, results, seed)
+        summary = report.summary(tr, results, seed, sim)
         path = report.write_report(tr, results, summary, out)
     click.echo(f"{'policy':<14}{'util':>8}{'util@SLO':>10}{'GPUs@SLO':>10}{'JCT mean s':>12}{'queue p95 s':>13}{'$/GPU-h':>9}{'unsched':>9}")
     for name, f in summary["policies"].items():

@@ -81,6 +81,8 @@ class Market:
     nodes: Sequence[Node]
     asks: Sequence[int]
     limits: Sequence[int]
+    spot_only: frozenset[int] = frozenset()  # nodes whose GPUs sell to spot bids only (a service's, lent)
+    closed: frozenset[int] = frozenset()  # nodes never offered (a service's, not lent)
     paid: float = 0.0  # USD charged by the rounds
     rounds: int = 0
     trades: int = 0
@@ -114,7 +116,7 @@ class Market:
                           deadline=None, klass=KLASS.get(p.qos, "on_demand"), min_reliability=0.0,
                           weights=engine.DEFAULT_WEIGHTS, created_at=EPOCH + int(p.arrival))
 
-    def book(self, waiting: list[int], free: I64) -> list[int]:
+    def book(self, waiting: list[int], free: I64, among: frozenset[int] | None = None) -> list[int]:
         """The nodes whose offers are in the round's book: per bucket (model x region) and
         per size ``g`` of a waiting bid, the cheapest nodes (by ask, then index) with at least
         ``g`` GPUs free, one more than the bids of ``g`` GPUs or more. Every waiting bid can
@@ -126,6 +128,8 @@ class Market:
         at_least = {g: sum(1 for i in waiting if self.pods[i].gpus >= g) for g in sizes}
         buckets: dict[tuple[str, str], list[int]] = {}
         for j in np.flatnonzero(free > 0).tolist():
+            if j in self.closed or (among is not None and j not in among) or (among is None and j in self.spot_only):
+                continue
             n = self.nodes[j]
             buckets.setdefault((n.model, n.region), []).append(j)
         keep: set[int] = set()
@@ -137,10 +141,25 @@ class Market:
         return sorted(keep)
 
     def __call__(self, clock: float, waiting: list[int], free: I64) -> list[tuple[int, int]]:
+        """One round over the open offers; where a service lends its idle GPUs, a second
+        round sells them to the spot bids still waiting (the engine has no spot-only offer,
+        so the lent GPUs are a book of their own)."""
+        out = self.round(clock, waiting, free, None)
+        if self.spot_only:
+            free = free.copy()
+            for i, j in out:
+                free[j] -= self.pods[i].gpus
+            taken = {i for i, _ in out}
+            spot = [i for i in waiting if i not in taken and KLASS.get(self.pods[i].qos) == "spot"]
+            if spot:
+                out += self.round(clock, spot, free, self.spot_only)
+        return out
+
+    def round(self, clock: float, waiting: list[int], free: I64, among: frozenset[int] | None) -> list[tuple[int, int]]:
         import time
 
-        offers = tuple(self.offer(j, int(free[j])) for j in self.book(waiting, free))
-        if not offers:
+        offers = tuple(self.offer(j, int(free[j])) for j in self.book(waiting, free, among))
+        if not offers or not waiting:
             return []
         inp = engine.RoundInput(now=EPOCH + int(clock), offers=offers, bids=tuple(self.bid(i) for i in waiting),
                                 gpu_models=self.models, regions=self.regions, latency_ms=self.latency,

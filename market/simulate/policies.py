@@ -28,12 +28,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import auction
-from .sim import F64, I64, TIMELINE_BINS, BoolA, Outcome, fits_somewhere, run
+from . import auction, tides
+from .sim import F64, I64, TIMELINE_BINS, BoolA, Outcome, Service, fits_somewhere, run
 from .trace import Node, Pod
 
 SLO_QUEUE_P95_S = 600.0  # seconds: the queueing delay 95% of the pods that fit must start within
-POLICIES = ("static", "static-sized", "fifo", "best-fit", "gridbid")
+POLICIES = ("static", "static-sized", "fifo", "best-fit", "gridbid", "gridbid-no-preempt")
+DEFAULT_POLICIES = POLICIES[:5]  # gridbid-no-preempt is gridbid's twin unless an inference service lends
 
 Progress = Callable[[str], None]
 
@@ -99,15 +100,18 @@ def slices(pods: Sequence[Pod], nodes: Sequence[Node], keep: I64, teams: int) ->
     return [sorted(s) for s in out]
 
 
-def merge(n: int, parts: Sequence[tuple[I64, I64, Outcome]], window_s: float, capacity: int) -> tuple[Outcome, I64]:
+def merge(n: int, parts: Sequence[tuple[I64, I64, Outcome]], window_s: float, capacity: int,
+          service_gpu_s: float = 0.0) -> tuple[Outcome, I64]:
     """One outcome from runs over disjoint pod sets: ``parts`` holds each run's pod indices,
-    its node indices (into the trace's nodes) and its outcome. Returns it and, per pod, the
-    trace node it ran on."""
+    its node indices (into the trace's nodes) and its outcome; ``service_gpu_s`` is what an
+    inference service held beside them in the window. Returns it and, per pod, the trace node
+    it ran on."""
     start = np.full(n, np.nan)
     finish = np.full(n, np.nan)
     node = np.full(n, -1, dtype=np.int64)
     timeline = np.zeros(TIMELINE_BINS)
-    alloc = busy = stranded = waiting = end = 0.0
+    alloc = busy = service_gpu_s
+    stranded = waiting = end = 0.0
     for pods_i, nodes_i, o in parts:
         start[pods_i] = o.start
         finish[pods_i] = o.finish
@@ -128,12 +132,22 @@ class Simulation:
     """The policies over one trace: ``pods`` (sorted by arrival) on ``nodes``."""
 
     def __init__(self, pods: Sequence[Pod], nodes: Sequence[Node], window_s: float, teams: int, seed: int,
-                 progress: Progress = _quiet) -> None:
+                 progress: Progress = _quiet, inference_share: float = 0.0, checkpoint_s: float = 1800.0) -> None:
+        """With ``inference_share`` > 0, a tidal inference service (``tides.py``) owns that
+        share of the cluster's GPUs in every policy; only ``gridbid`` lends what it does not
+        need to spot pods and preempts them when the tide rises (checkpoints every
+        ``checkpoint_s``). Its nodes are never removed by the capacity search."""
         self.pods, self.nodes, self.window_s, self.teams = pods, nodes, window_s, teams
         self.progress = progress
-        self.order = removal_order(nodes, seed)
+        self.checkpoint_s = checkpoint_s
+        self.owned: tuple[int, ...] = tides.owned_nodes(nodes, inference_share, seed) if inference_share > 0 else ()
+        self.tide = tides.tide(nodes, self.owned) if self.owned else None
+        self.service_gpu_s = self.tide.gpu_hours(window_s) * 3600 if self.tide is not None else 0.0
+        mine = set(self.owned)
+        self.order = np.asarray([j for j in removal_order(nodes, seed).tolist() if j not in mine], dtype=np.int64)
         self.arrival: F64 = np.asarray([p.arrival for p in pods], dtype=np.float64)
-        self.must = fits_somewhere(pods, nodes)  # the pods the SLO counts: they fit the whole cluster
+        # the pods the SLO counts: they fit the cluster outside the service's nodes
+        self.must = fits_somewhere(pods, [nodes[j] for j in self.order.tolist()])
         self.capacity = sum(n.gpus for n in nodes)
         self.team_of = np.asarray([p.team for p in pods], dtype=np.int64)
         self.asks = auction.asks(nodes, seed)
@@ -150,32 +164,48 @@ class Simulation:
             return False
         return float(np.percentile(s - self.arrival[must], 95)) <= SLO_QUEUE_P95_S
 
+    def cluster(self, k: int) -> I64:
+        """The first ``k`` nodes of the removal order and the service's, in cluster order."""
+        return np.sort(np.concatenate([self.order[:k], np.asarray(self.owned, dtype=np.int64)]))
+
+    def service(self, keep: I64, lend: bool) -> Service | None:
+        if self.tide is None:
+            return None
+        at = {j: i for i, j in enumerate(keep.tolist())}
+        return Service(tuple(at[j] for j in self.owned), self.tide.need, lend, self.checkpoint_s)
+
     # -- one run of each policy on a set of nodes ----------------------------------------
 
     def shared(self, keep: I64, placement: str) -> tuple[Outcome, I64]:
-        o = run(self.pods, [self.nodes[j] for j in keep.tolist()], placement, self.window_s)
+        o = run(self.pods, [self.nodes[j] for j in keep.tolist()], placement, self.window_s,
+                service=self.service(keep, lend=False))
         node = np.where(o.node >= 0, keep[np.maximum(o.node, 0)], -1)
         return o, node
 
     def static(self, keep: I64) -> tuple[Outcome, I64]:
         parts = []
-        for t, s in enumerate(slices(self.pods, self.nodes, keep, self.teams)):
+        open_nodes = keep[~np.isin(keep, np.asarray(self.owned, dtype=np.int64))]
+        for t, s in enumerate(slices(self.pods, self.nodes, open_nodes, self.teams)):
             mine = np.flatnonzero(self.team_of == t)
             if not len(mine):
                 continue
             o = run([self.pods[i] for i in mine.tolist()], [self.nodes[j] for j in s], "first", self.window_s)
             parts.append((mine, np.asarray(s, dtype=np.int64), o))
-        return merge(len(self.pods), parts, self.window_s, sum(self.nodes[j].gpus for j in keep.tolist()))
+        return merge(len(self.pods), parts, self.window_s, sum(self.nodes[j].gpus for j in keep.tolist()),
+                     self.service_gpu_s)
 
-    def auction(self, keep: I64) -> tuple[Outcome, I64]:
+    def auction(self, keep: I64, lend: bool) -> tuple[Outcome, I64]:
         nodes = [self.nodes[j] for j in keep.tolist()]
-        self.market = auction.Market(self.pods, nodes, [self.asks[j] for j in keep.tolist()], self.limits)
-        o = run(self.pods, nodes, "first", self.window_s, chooser=self.market)
+        svc = self.service(keep, lend)
+        owned = frozenset(svc.owned) if svc is not None else frozenset()
+        self.market = auction.Market(self.pods, nodes, [self.asks[j] for j in keep.tolist()], self.limits,
+                                     spot_only=owned if lend else frozenset(), closed=frozenset() if lend else owned)
+        o = run(self.pods, nodes, "first", self.window_s, chooser=self.market, service=svc)
         return o, np.where(o.node >= 0, keep[np.maximum(o.node, 0)], -1)
 
     def at(self, name: str, keep: I64) -> tuple[Outcome, I64]:
-        if name == "gridbid":
-            return self.auction(keep)
+        if name in ("gridbid", "gridbid-no-preempt"):
+            return self.auction(keep, lend=name == "gridbid")
         if name == "static":
             return self.static(keep)
         if name == "fifo":
@@ -198,7 +228,7 @@ class Simulation:
         n = len(self.order)
 
         def test(k: int) -> bool:
-            return ok(np.sort(self.order[:k]))
+            return ok(self.cluster(k))
 
         if hint is None or not 1 <= hint <= n:
             hint = 1
@@ -233,22 +263,23 @@ class Simulation:
         self.progress(f"{name}: the trace's cluster")
         full = np.arange(len(self.nodes), dtype=np.int64)
         o, node = self.at(name, full)
-        mkt = self.market if name == "gridbid" else None
+        mkt = self.market if name.startswith("gridbid") else None
         everyone = np.ones(len(self.pods), dtype=np.bool_)
 
         def ok(keep: I64) -> bool:
             self.progress(f"{name}: {len(keep)} nodes")
             return self.slo_ok(self.at(name, keep)[0], everyone)
 
-        hint = next((self.found[p] for p in ("best-fit", "fifo", "static") if p in self.found), None) if name == "gridbid" else None
+        hint = next((self.found[p] for p in ("best-fit", "fifo", "static") if p in self.found), None) \
+            if name.startswith("gridbid") else None
         k = self.smallest(ok, hint)
         if k is not None:
             self.found[name] = k
         cap = None
         if k is not None:
-            keep = np.sort(self.order[:k])
+            keep = self.cluster(k)
             gpus = sum(self.nodes[j].gpus for j in keep.tolist())
-            there = o if k == len(self.nodes) else self.at(name, keep)[0]
+            there = o if len(keep) == len(self.nodes) else self.at(name, keep)[0]
             cap = Capacity(round(gpus / self.capacity, 6), tuple(keep.tolist()), gpus, there.alloc_gpu_s)
         if mkt is not None:
             return PolicyResult(name, o, tuple(node.tolist()), cap, mkt.paid, mkt.rounds)
@@ -260,7 +291,7 @@ class Simulation:
         parts = []
         owned: list[int] = []
         met = True
-        n = len(self.nodes)
+        n = len(self.order)
         for t in range(self.teams):
             mine = np.flatnonzero(self.team_of == t)
             if not len(mine):
@@ -271,7 +302,7 @@ class Simulation:
             among[mine] = True
 
             def outcome(k: int, pods: list[Pod] = pods) -> tuple[Outcome, I64]:
-                keep = np.sort(self.order[:k])
+                keep = np.sort(self.order[:k])  # the team's own slice: never the service's nodes
                 return run(pods, [self.nodes[j] for j in keep.tolist()], "first", self.window_s), keep
 
             def ok(k: int, mine: I64 = mine, among: BoolA = among, outcome: Callable[[int], tuple[Outcome, I64]] = outcome) -> bool:
@@ -297,7 +328,8 @@ class Simulation:
             o, keep = outcome(k)
             parts.append((mine, keep, o))
             owned.extend(keep.tolist())
-        merged, node = merge(len(self.pods), parts, self.window_s, self.capacity)
+        merged, node = merge(len(self.pods), parts, self.window_s, self.capacity, self.service_gpu_s)
+        owned.extend(self.owned)  # the service keeps its slice
         cap = Capacity(round(sum(self.nodes[j].gpus for j in owned) / self.capacity, 6), tuple(owned),
                        sum(self.nodes[j].gpus for j in owned), merged.alloc_gpu_s) if met else None
         return PolicyResult("static-sized", merged, tuple(node.tolist()), cap)

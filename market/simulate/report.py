@@ -11,26 +11,48 @@ from pathlib import Path
 from typing import Any
 
 from .metrics import figures, work_gpu_s
-from .policies import POLICIES, PolicyResult, Progress, Simulation, _quiet
+from .policies import DEFAULT_POLICIES, POLICIES, PolicyResult, Progress, Simulation, _quiet
 from .trace import Trace, load_inside, offered_load
 
 
-def simulate(trace: Trace, policies: Sequence[str] = POLICIES, seed: int = 0,
-             progress: Progress = _quiet) -> dict[str, PolicyResult]:
+def simulate(trace: Trace, policies: Sequence[str] = DEFAULT_POLICIES, seed: int = 0,
+             progress: Progress = _quiet, inference_share: float = 0.0,
+             checkpoint_s: float = 1800.0) -> tuple[dict[str, PolicyResult], Simulation]:
     """Each policy of ``policies`` run over ``trace``, in that order."""
     unknown = [p for p in policies if p not in POLICIES]
     if unknown or not policies:
         raise ValueError(f"unknown policy {', '.join(unknown) or '(none given)'}: choose from {', '.join(POLICIES)}")
-    sim = Simulation(trace.pods, trace.nodes, trace.window_s, trace.teams, seed, progress)
-    return {name: sim.policy(name) for name in policies}
+    sim = Simulation(trace.pods, trace.nodes, trace.window_s, trace.teams, seed, progress,
+                     inference_share=inference_share, checkpoint_s=checkpoint_s)
+    return {name: sim.policy(name) for name in policies}, sim
 
 
-def summarise(trace: Trace, policies: Sequence[str] = POLICIES, seed: int = 0, progress: Progress = _quiet) -> dict[str, Any]:
-    return summary(trace, simulate(trace, policies, seed, progress), seed)
+def summarise(trace: Trace, policies: Sequence[str] = DEFAULT_POLICIES, seed: int = 0, progress: Progress = _quiet,
+              inference_share: float = 0.0, checkpoint_s: float = 1800.0) -> dict[str, Any]:
+    results, sim = simulate(trace, policies, seed, progress, inference_share, checkpoint_s)
+    return summary(trace, results, seed, sim)
 
 
-def summary(trace: Trace, results: dict[str, PolicyResult], seed: int) -> dict[str, Any]:
+def summary(trace: Trace, results: dict[str, PolicyResult], seed: int, sim: Simulation | None = None) -> dict[str, Any]:
     out = {name: figures(res, trace.pods, trace.nodes, trace.window_s) for name, res in results.items()}
+    service: dict[str, Any] | None = None
+    if sim is not None and sim.tide is not None:
+        t = sim.tide
+        service = {
+            "trace": "alibaba-genai-2026",
+            "share": round(t.owned_gpus / sum(n.gpus for n in trace.nodes), 6),
+            "owned_nodes": len(sim.owned),
+            "owned_gpus": t.owned_gpus,
+            "gpu_hours": round(sim.service_gpu_s / 3600, 3),
+            "peak_gpus": max(t.hourly_gpus),
+            "mean_gpus": round(float(sum(t.hourly_gpus)) / len(t.hourly_gpus), 3),
+            "requests": sum(t.requests_per_hour),
+            "mean_exec_s": round(t.mean_exec_s, 3),
+            "requests_per_gpu_hour": round(t.throughput, 3),
+            "checkpoint_s": sim.checkpoint_s,
+            # preemption is immediate on the hour: the service always holds what it needs
+            "short_gpu_s": 0.0,
+        }
     models: dict[str, int] = {}
     regions: dict[str, int] = {}
     for n in trace.nodes:
@@ -59,6 +81,7 @@ def summary(trace: Trace, results: dict[str, PolicyResult], seed: int) -> dict[s
             "seed": seed,
         },
         "policies": out,
+        "inference_service": service,
     }
 
 

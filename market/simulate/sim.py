@@ -24,8 +24,9 @@ static sized to the SLO, FIFO, best fit) are built from runs in ``policies``.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -58,6 +59,9 @@ class Outcome:
     waiting_s: float  # seconds within the window during which some pod waited
     timeline: F64  # GPUs held, averaged over each of TIMELINE_BINS bins of the window
     end_s: float  # when the last pod finished
+    preemptions: int = 0
+    work_lost_gpu_s: float = 0.0  # GPU-seconds of work preempted pods lost since their last checkpoint
+    lent_gpu_s: float = 0.0  # GPU-seconds pods held on a service's nodes within the window
 
     @property
     def unscheduled(self) -> int:
@@ -95,77 +99,185 @@ def fits_somewhere(pods: Sequence[Pod], nodes: Sequence[Node]) -> BoolA:
     return out
 
 
+@dataclass(frozen=True)
+class Service:
+    """A tidal inference service that owns nodes of the run (``tides.py``): it holds
+    ``need(t)`` GPUs of them, changing on the hour. With ``lend``, the GPUs it does not need
+    are sold to preemptible pods (``PREEMPTIBLE_QOS``) only, and when the tide rises the
+    pods on them are preempted, most recently started first: each keeps the work up to its
+    last checkpoint (every ``checkpoint_s`` of its run), loses the rest, and waits again for
+    the runtime it has left. Without ``lend`` the owned nodes are the service's alone."""
+
+    owned: tuple[int, ...]  # indices into the run's nodes
+    need: Callable[[float], int]
+    lend: bool
+    checkpoint_s: float = 1800.0
+
+
+PREEMPTIBLE_QOS = ("BE",)  # the trace's best-effort pods: spot, and may be preempted
+HORIZON_S = 400 * 86400.0  # a run stops here whatever still waits (a bound on the loop)
+
+
 def run(pods: Sequence[Pod], nodes: Sequence[Node], placement: str, window_s: float,
-        chooser: Chooser | None = None) -> Outcome:
+        chooser: Chooser | None = None, service: Service | None = None) -> Outcome:
     """Replay ``pods`` (sorted by arrival) on ``nodes`` with ``placement`` (``PLACEMENTS``),
     or, with a ``chooser``, as it decides: after the events of each instant with pods
-    waiting, it is asked which to start where (a pair that does not fit is refused)."""
+    waiting, it is asked which to start where (a pair that does not fit is refused). With a
+    ``service``, the inference tide holds part of the owned nodes, hour by hour."""
     if placement not in PLACEMENTS:
         raise ValueError(f"unknown placement {placement!r}: choose from {', '.join(PLACEMENTS)}")
     n = len(pods)
     cap = np.asarray([nd.gpus for nd in nodes], dtype=np.int64)
     free = cap.copy()
     allowed = allowed_nodes(pods, nodes)
-    start = np.full(n, np.nan)
+    start = np.full(n, np.nan)  # the first start
     finish = np.full(n, np.nan)
     where = np.full(n, -1, dtype=np.int64)
     arrival = np.asarray([p.arrival for p in pods], dtype=np.float64)
     gpus = np.asarray([p.gpus for p in pods], dtype=np.int64)
     share = np.asarray([p.gpu_milli / 1000.0 for p in pods], dtype=np.float64)
-    runtime = np.asarray([p.runtime for p in pods], dtype=np.float64)
+    left = np.asarray([p.runtime for p in pods], dtype=np.float64)  # run time still to do
+    since = np.full(n, np.nan)  # when the current stretch of running began
+    gen = np.zeros(n, dtype=np.int64)  # a preempted pod's completion events go stale
+    owned = np.zeros(len(nodes), dtype=np.bool_)
+    if service is not None:
+        owned[list(service.owned)] = True
+    lend = service is not None and service.lend
+    preemptible = np.asarray([p.qos in PREEMPTIBLE_QOS for p in pods], dtype=np.bool_)
+    svc = np.zeros(len(nodes), dtype=np.int64)  # GPUs the service holds, per node
 
-    schedulable = np.zeros(n, dtype=np.bool_)
-    for i in range(n):
-        room = cap >= gpus[i]
+    def usable(i: int) -> npt.NDArray[np.bool_]:
+        """The nodes pod ``i`` may ever run on."""
         ok = allowed[i]
-        if ok is not None:
-            room &= ok
-        schedulable[i] = bool(room.any())
+        room = np.ones(len(nodes), dtype=np.bool_) if ok is None else ok.copy()
+        if service is not None and not (lend and preemptible[i]):
+            room &= ~owned
+        return room
 
-    queues: dict[tuple[int, tuple[str, ...]], deque[int]] = {}
-    done: list[tuple[float, int]] = []  # (finish, pod)
-    held = 0  # GPUs held now
-    busy = 0.0  # ... weighted by share
+    usable_of = [usable(i) for i in range(n)]
+    schedulable = np.asarray([bool(((cap >= gpus[i]) & usable_of[i]).any()) for i in range(n)], dtype=np.bool_)
+
+    queues: dict[tuple[int, tuple[str, ...], bool], deque[int]] = {}
+    done: list[tuple[float, int, int]] = []  # (finish, pod, generation)
+    held = 0  # GPUs held now, by pods and the service
+    busy = 0.0  # ... weighted by share (the service's count whole)
     waiting = 0  # schedulable pods waiting now
+    running: set[int] = set()
     clock = 0.0
-    alloc_s = busy_s = stranded_s = waiting_s = 0.0
+    alloc_s = busy_s = stranded_s = waiting_s = lent_s = 0.0
+    preemptions = 0
+    lost_gpu_s = 0.0
     bins = np.zeros(TIMELINE_BINS)
     width = window_s / TIMELINE_BINS if window_s > 0 else 1.0
     total = int(cap.sum())
 
+    def key_of(i: int) -> tuple[int, tuple[str, ...], bool]:
+        return int(gpus[i]), pods[i].models, bool(lend and preemptible[i])
+
     def advance(to: float) -> None:
         """Integrate the state from ``clock`` to ``to`` (within the window only)."""
-        nonlocal alloc_s, busy_s, stranded_s, waiting_s
+        nonlocal alloc_s, busy_s, stranded_s, waiting_s, lent_s
         a, b = min(clock, window_s), min(to, window_s)
         if b <= a:
             return
         span = b - a
         alloc_s += held * span
         busy_s += busy * span
+        if lend:
+            lent_s += sum(int(gpus[i]) for i in running if owned[where[i]]) * span
         if waiting:
             stranded_s += (total - held) * span
             waiting_s += span
         if held:  # spread over the timeline's bins
             lo, hi = int(a // width), min(int(np.ceil(b / width)), TIMELINE_BINS)
             for k in range(lo, hi):
-                left, right = max(a, k * width), min(b, (k + 1) * width)
-                if right > left:
-                    bins[k] += held * (right - left)
+                lft, rgt = max(a, k * width), min(b, (k + 1) * width)
+                if rgt > lft:
+                    bins[k] += held * (rgt - lft)
+
+    def begin(i: int, j: int) -> None:
+        nonlocal held, busy
+        free[j] -= gpus[i]
+        if np.isnan(start[i]):
+            start[i] = clock
+        since[i] = clock
+        finish[i] = clock + left[i]
+        where[i] = j
+        held += int(gpus[i])
+        busy += gpus[i] * share[i]
+        running.add(i)
+        heapq.heappush(done, (float(finish[i]), i, int(gen[i])))
+
+    def stop(i: int) -> None:
+        nonlocal held, busy
+        free[where[i]] += gpus[i]
+        held -= int(gpus[i])
+        busy -= gpus[i] * share[i]
+        running.discard(i)
+
+    def enqueue(i: int) -> None:
+        nonlocal waiting
+        q = queues.setdefault(key_of(i), deque())
+        q.append(i)
+        if len(q) > 1 and (arrival[q[-2]], q[-2]) > (arrival[i], i):  # a preempted pod goes back in its place
+            queues[key_of(i)] = deque(sorted(q, key=lambda x: (arrival[x], x)))
+        waiting += 1
+
+    def preempt(i: int) -> None:
+        nonlocal preemptions, lost_gpu_s
+        ran = clock - since[i]
+        kept = math.floor(ran / service.checkpoint_s) * service.checkpoint_s if service else 0.0
+        left[i] -= kept
+        lost_gpu_s += float(gpus[i]) * (ran - kept)
+        preemptions += 1
+        gen[i] += 1
+        stop(i)
+        finish[i] = np.nan
+        where[i] = -1
+        enqueue(i)
+
+    def tide() -> None:
+        """The service takes or gives back GPUs to hold ``need(clock)`` on its nodes."""
+        nonlocal held, busy
+        assert service is not None
+        want = min(int(service.need(clock)), int(cap[owned].sum()))
+        have = int(svc.sum())
+        nodes_in = list(service.owned)
+        if want < have:
+            for j in reversed(nodes_in):
+                give = min(int(svc[j]), have - want)
+                svc[j] -= give
+                free[j] += give
+                have -= give
+        if want > have:
+            for j in nodes_in:
+                take = min(int(free[j]), want - have)
+                svc[j] += take
+                free[j] -= take
+                have += take
+            victims = sorted((i for i in running if owned[where[i]]), key=lambda i: (-since[i], -i))
+            for i in victims:
+                if have >= want:
+                    break
+                j = int(where[i])
+                preempt(i)
+                take = min(int(free[j]), want - have)
+                svc[j] += take
+                free[j] -= take
+                have += take
+        held += have - int(held_svc[0])
+        busy += have - int(held_svc[0])
+        held_svc[0] = have
+
+    held_svc = [0]
 
     def place(i: int) -> bool:
-        room = free >= gpus[i]
-        ok = allowed[i]
-        if ok is not None:
-            room &= ok
+        room = (free >= gpus[i]) & usable_of[i]
         idx = np.flatnonzero(room)
         if not len(idx):
             return False
         j = int(idx[0]) if placement == "first" else int(idx[np.argmin(free[idx])])
-        free[j] -= gpus[i]
-        start[i] = clock
-        finish[i] = clock + runtime[i]
-        where[i] = j
-        add(i)
+        begin(i, j)
         return True
 
     def choose() -> None:
@@ -173,22 +285,11 @@ def run(pods: Sequence[Pod], nodes: Sequence[Node], placement: str, window_s: fl
         assert chooser is not None
         queued = sorted((i for q in queues.values() for i in q), key=lambda i: (arrival[i], i))
         for i, j in chooser(clock, queued, free.copy()):
-            ok = allowed[i]
-            if not np.isnan(start[i]) or free[j] < gpus[i] or (ok is not None and not ok[j]):
+            if i in running or free[j] < gpus[i] or not usable_of[i][j]:
                 raise ValueError(f"the policy started pod {pods[i].id} on node {nodes[j].id}, where it does not fit")
-            free[j] -= gpus[i]
-            start[i] = clock
-            finish[i] = clock + runtime[i]
-            where[i] = j
-            add(i)
-            queues[(int(gpus[i]), pods[i].models)].remove(i)
+            queues[key_of(i)].remove(i)
             waiting -= 1
-
-    def add(i: int) -> None:
-        nonlocal held, busy
-        held += int(gpus[i])
-        busy += gpus[i] * share[i]
-        heapq.heappush(done, (float(finish[i]), i))
+            begin(i, j)
 
     def schedule() -> None:
         nonlocal waiting
@@ -196,10 +297,10 @@ def run(pods: Sequence[Pod], nodes: Sequence[Node], placement: str, window_s: fl
             if waiting:
                 choose()
             return
-        blocked: set[tuple[int, tuple[str, ...]]] = set()
+        blocked: set[tuple[int, tuple[str, ...], bool]] = set()
         while waiting:
             most = int(free.max()) if len(free) else 0
-            best: tuple[float, int, tuple[int, tuple[str, ...]]] | None = None
+            best: tuple[float, int, tuple[int, tuple[str, ...], bool]] | None = None
             for key, q in queues.items():
                 if q and key not in blocked and key[0] <= most:
                     head = q[0]
@@ -215,21 +316,26 @@ def run(pods: Sequence[Pod], nodes: Sequence[Node], placement: str, window_s: fl
                 blocked.add(key)
 
     nxt = 0
-    while nxt < n or done:
+    hour = 0.0
+    if service is not None:
+        tide()
+    while (nxt < n or done or (service is not None and (waiting or clock < window_s))) and clock < HORIZON_S:
         t_arr = arrival[nxt] if nxt < n else np.inf
         t_done = done[0][0] if done else np.inf
-        t = float(min(t_arr, t_done))
+        t_hour = hour + 3600.0 if service is not None else np.inf
+        t = float(min(t_arr, t_done, t_hour))
         advance(t)
         clock = t
         while done and done[0][0] <= t:
-            _, i = heapq.heappop(done)
-            free[where[i]] += gpus[i]
-            held -= int(gpus[i])
-            busy -= gpus[i] * share[i]
+            _, i, g = heapq.heappop(done)
+            if g == gen[i] and i in running:
+                stop(i)
+        if t >= t_hour:
+            hour = t_hour
+            tide()
         while nxt < n and arrival[nxt] <= t:
             if schedulable[nxt]:
-                queues.setdefault((int(gpus[nxt]), pods[nxt].models), deque()).append(nxt)
-                waiting += 1
+                enqueue(nxt)
             nxt += 1
         schedule()
     advance(max(clock, window_s))
@@ -237,4 +343,5 @@ def run(pods: Sequence[Pod], nodes: Sequence[Node], placement: str, window_s: fl
     end = float(np.nanmax(finish)) if np.isfinite(finish).any() else 0.0
     return Outcome(start=start, finish=finish, node=where, window_s=window_s, capacity_gpus=total,
                    alloc_gpu_s=alloc_s, busy_gpu_s=busy_s, stranded_gpu_s=stranded_s, waiting_s=waiting_s,
-                   timeline=timeline, end_s=end)
+                   timeline=timeline, end_s=end, preemptions=preemptions, work_lost_gpu_s=lost_gpu_s,
+                   lent_gpu_s=lent_s)

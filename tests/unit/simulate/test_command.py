@@ -73,3 +73,17 @@ def test_an_unknown_policy_or_a_start_without_days_is_refused(tmp_path: Path) ->
     assert done.returncode == 2 and "unknown policy gang" in done.stderr
     done = simulate("--start", "100", cwd=tmp_path)
     assert done.returncode == 2 and "--start needs --days" in done.stderr
+
+
+def test_an_inference_service_lends_its_tide_in_the_market_and_the_summary_says_so(tmp_path: Path) -> None:
+    done = simulate("--days", "0.25", "--inference-share", "0.2", "--policies", "best-fit,gridbid,gridbid-no-preempt",
+                    "--out", str(tmp_path / "r"), cwd=Path.cwd())
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    svc = summary["inference_service"]
+    assert svc["trace"] == "alibaba-genai-2026" and 0.2 <= svc["share"] < 0.25
+    assert svc["peak_gpus"] == svc["owned_gpus"] and svc["gpu_hours"] > 0
+    pol = summary["policies"]
+    assert pol["gridbid-no-preempt"]["lent_gpu_hours"] == 0 and pol["gridbid-no-preempt"]["preemptions"] == 0
+    # the service's GPUs count in every policy's utilisation
+    assert pol["best-fit"]["utilisation"] >= svc["gpu_hours"] / (summary["cluster"]["gpus"] * 6)

@@ -1,0 +1,132 @@
+"""The tidal inference service and spot preemption in the simulator, worked out by hand."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from market.simulate import sim, tides
+from market.simulate.trace import Node, Pod, TraceError
+
+HOUR = 3600.0
+
+
+def node(i: int, gpus: int) -> Node:
+    return Node(id=f"n{i}", gpus=gpus, model="T4-16GB", trace_model="T4", region="us-east", cpu_milli=1, memory_mib=1)
+
+
+def pod(i: int, arrival: float, runtime: float, gpus: int, qos: str) -> Pod:
+    return Pod(id=f"p{i}", arrival=arrival, runtime=runtime, gpus=gpus, gpu_milli=1000, models=(), qos=qos, team=0,
+               scheduled_in_trace=True)
+
+
+def need(t: float) -> int:
+    """No GPUs in hour 0, both of S in hour 1, none after."""
+    return 2 if HOUR <= t < 2 * HOUR else 0
+
+
+# S (node 0, 2 GPUs) belongs to the service; N (node 1, 1 GPU) does not.
+NODES = [node(0, 2), node(1, 1)]
+# q1: best effort (spot), 2 GPUs for 5,000 s; q2: latency-sensitive, 1 GPU for 100 s
+PODS = [pod(1, 0, 5000, 2, "BE"), pod(2, 0, 100, 1, "LS")]
+
+
+def test_a_spot_pod_on_lent_gpus_is_preempted_by_the_tide_and_resumes_from_its_checkpoint() -> None:
+    """q1 takes S's idle GPUs at 0. At 3,600 s the tide wants both: q1 is preempted after
+    3,600 s of running, keeps the 3,000 s up to its last checkpoint (every 1,000 s) and loses
+    600 s on 2 GPUs. At 7,200 s the tide ebbs and q1 runs its last 2,000 s: done at 9,200."""
+    svc = sim.Service(owned=(0,), need=need, lend=True, checkpoint_s=1000.0)
+    o = sim.run(PODS, NODES, "first", 10_000.0, service=svc)
+    assert o.start.tolist() == [0, 0]
+    assert o.finish.tolist() == [9200, 100]
+    assert o.node.tolist() == [0, 1]
+    assert o.preemptions == 1
+    assert o.work_lost_gpu_s == pytest.approx(1200)
+    assert o.lent_gpu_s == pytest.approx(2 * 3600 + 2 * 2000)
+    # held: q1 2 x (3,600 + 2,000), q2 100, the service 2 x 3,600
+    assert o.alloc_gpu_s == pytest.approx(2 * 5600 + 100 + 2 * 3600)
+
+
+def test_without_lending_the_services_gpus_stay_idle_and_the_spot_pod_never_fits() -> None:
+    svc = sim.Service(owned=(0,), need=need, lend=False, checkpoint_s=1000.0)
+    o = sim.run(PODS, NODES, "first", 10_000.0, service=svc)
+    assert np.isnan(o.start[0]) and o.start[1] == 0
+    assert o.preemptions == 0 and o.lent_gpu_s == 0
+    assert o.alloc_gpu_s == pytest.approx(100 + 2 * 3600)
+
+
+def test_a_pod_that_is_not_preemptible_never_runs_on_lent_gpus() -> None:
+    svc = sim.Service(owned=(0,), need=lambda t: 0, lend=True)
+    o = sim.run([pod(1, 0, 50, 2, "LS")], NODES, "first", 100.0, service=svc)
+    assert np.isnan(o.start[0])  # only S holds 2 GPUs, and S sells to spot work only
+
+
+def test_the_shipped_tide_peaks_at_the_gpus_the_service_owns() -> None:
+    nodes = [node(i, 8) for i in range(10)]
+    owned = tides.owned_nodes(nodes, 0.2, seed=0)
+    assert sum(nodes[j].gpus for j in owned) == 16 and len(owned) == 2
+    t = tides.tide(nodes, owned)
+    assert max(t.hourly_gpus) == 16 and min(t.hourly_gpus) >= 0
+    assert sum(t.requests_per_hour) == 26_823
+    assert t.mean_exec_s == pytest.approx(28.666, abs=1e-3)
+    assert t.throughput == pytest.approx(0.6 * 3600 / t.mean_exec_s)
+    # a tide: the quietest hours need a small share of the busiest
+    assert np.percentile(t.hourly_gpus, 10) <= 0.25 * 16
+    assert t.need(0) == t.hourly_gpus[0] and t.need(len(t.hourly_gpus) * HOUR) == t.hourly_gpus[0]
+
+
+def write(tmp_path: Path, body: str) -> Path:
+    p = tmp_path / "requests.csv.gz"
+    p.write_bytes(gzip.compress(body.encode()))
+    return p
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    ("gmt_create,exec_time_seconds\n2024-11-15 16:57:50,32\n2024-13-01 00:00:00,3\n", "line 3: gmt_create"),
+    ("gmt_create,exec_time_seconds\n2024-11-15 16:57:50,-1\n", "line 2: exec_time_seconds"),
+    ("gmt_create,exec_time_seconds\n2024-11-15 16:57:50,fast\n", "line 2: exec_time_seconds"),
+    ("created,seconds\n2024-11-15 16:57:50,3\n", "lacks gmt_create, exec_time_seconds"),
+    ("gmt_create,exec_time_seconds\n", "no rows"),
+])
+def test_a_bad_request_trace_is_refused_with_its_line(tmp_path: Path, body: str, says: str) -> None:
+    with pytest.raises(TraceError, match=says):
+        tides.read_requests(write(tmp_path, body))
+
+
+def test_a_share_outside_zero_to_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="inference share"):
+        tides.owned_nodes([node(0, 8)], 1.0, seed=0)
+
+
+def test_the_market_lends_the_services_idle_gpus_to_spot_pods_only_and_takes_them_back() -> None:
+    """Ten 8-GPU nodes, two of them the inference service's (20%): 24 best-effort pods and
+    6 latency-sensitive ones, 8 GPUs each for 20 hours, arriving an hour apart (1,000 s past
+    each hour, so a preemption on the hour loses 200 s since a 600 s checkpoint).
+    The market lends the service's idle GPUs to spot pods only, preempts them as the tide
+    rises, and needs no more capacity for that; without lending the service's GPUs never
+    serve a pod."""
+    from market.simulate import metrics, policies
+
+    nodes = [node(i, 8) for i in range(10)]
+    pods = [pod(i, i * HOUR + 1000, 20 * HOUR, 8, "LS" if i % 5 == 0 else "BE") for i in range(30)]
+    s = policies.Simulation(pods, nodes, 2 * 86400.0, teams=1, seed=0, inference_share=0.2, checkpoint_s=600.0)
+    assert len(s.owned) == 2 and s.tide is not None
+    lend = s.policy("gridbid")
+    keep = s.policy("gridbid-no-preempt")
+    owned = set(s.owned)
+    for i, j in enumerate(lend.nodes):
+        if j in owned:
+            assert pods[i].qos == "BE", "only spot pods run on the service's GPUs"
+    assert all(j not in owned for j in keep.nodes)
+    f_lend = metrics.figures(lend, pods, nodes, s.window_s)
+    f_keep = metrics.figures(keep, pods, nodes, s.window_s)
+    assert f_lend["lent_gpu_hours"] > 0 and f_keep["lent_gpu_hours"] == 0
+    assert f_lend["preemptions"] > 0 and f_lend["work_lost_gpu_s"] > 0
+    # each preemption loses less than one checkpoint interval on its 8 GPUs
+    assert f_lend["work_lost_gpu_s"] <= f_lend["preemptions"] * 8 * 600
+    assert f_keep["preemptions"] == 0
+    assert f_lend["utilisation"] > f_keep["utilisation"]
+    assert f_lend["jct_mean_s"] < f_keep["jct_mean_s"]
