@@ -39,7 +39,7 @@ import numpy as np
 from market import engine
 from providers import catalogue
 
-from .sim import I64
+from .sim import F64, I64
 from .trace import Node, Pod
 
 EPOCH = 1_700_000_000  # the simulation's second 0 on the engine's clock (unix seconds)
@@ -83,13 +83,14 @@ class Market:
     limits: Sequence[int]
     spot_only: frozenset[int] = frozenset()  # nodes whose GPUs sell to spot bids only (a service's, lent)
     closed: frozenset[int] = frozenset()  # nodes never offered (a service's, not lent)
-    paid: float = 0.0  # USD charged by the rounds
+    paid: float = 0.0  # USD charged by the rounds (a preempted trade pro rata)
     rounds: int = 0
     trades: int = 0
     engine_s: float = 0.0
     models: tuple[engine.GpuModel, ...] = ()
     regions: tuple[engine.Region, ...] = ()
     latency: tuple[tuple[str, str, float], ...] = field(default=())
+    charged: dict[int, tuple[int, int]] = field(default_factory=dict)  # pod -> (its trade's price, duration)
 
     def __post_init__(self) -> None:
         rates = catalogue.gpu_models()
@@ -107,12 +108,13 @@ class Market:
                             available_from=0, available_until=None, spot_allowed=True, reserved_only=False,
                             reliability=RELIABILITY, created_at=EPOCH)
 
-    def bid(self, i: int) -> engine.Bid:
+    def bid(self, i: int, left: float) -> engine.Bid:
+        """Pod ``i``'s bid for the ``left`` seconds it still has to run."""
         p = self.pods[i]
         return engine.Bid(id=i + 1, buyer_id=p.team + 1, gpus=p.gpus, gpu_models=p.models, min_memory_gib=0,
                           min_compute_units=0.0, vendor=None, same_machine=True, allowed_regions=(),
                           preferred_regions=(), location_region=None, max_latency_ms=None,
-                          max_price=self.limits[i], duration_s=min(engine.limits.MAX_DURATION_S, max(1, math.ceil(p.runtime))),
+                          max_price=self.limits[i], duration_s=min(engine.limits.MAX_DURATION_S, max(1, math.ceil(left))),
                           deadline=None, klass=KLASS.get(p.qos, "on_demand"), min_reliability=0.0,
                           weights=engine.DEFAULT_WEIGHTS, created_at=EPOCH + int(p.arrival))
 
@@ -140,11 +142,18 @@ class Market:
                 keep.update(room[: at_least[g] + 1])
         return sorted(keep)
 
-    def __call__(self, clock: float, waiting: list[int], free: I64) -> list[tuple[int, int]]:
+    def preempted(self, pod: int, ran: float) -> None:
+        """A trade stopped after ``ran`` seconds is billed for those only, as the live market
+        bills a preempted job by the GPU-seconds of its signed receipt."""
+        price, duration = self.charged.pop(pod)
+        unrun = max(0.0, duration - ran)
+        self.paid -= price * self.pods[pod].gpus * unrun / 3600 / 1_000_000
+
+    def __call__(self, clock: float, waiting: list[int], free: I64, left: F64) -> list[tuple[int, int]]:
         """One round over the open offers; where a service lends its idle GPUs, a second
         round sells them to the spot bids still waiting (the engine has no spot-only offer,
         so the lent GPUs are a book of their own)."""
-        out = self.round(clock, waiting, free, None)
+        out = self.round(clock, waiting, free, left, None)
         if self.spot_only:
             free = free.copy()
             for i, j in out:
@@ -152,16 +161,17 @@ class Market:
             taken = {i for i, _ in out}
             spot = [i for i in waiting if i not in taken and KLASS.get(self.pods[i].qos) == "spot"]
             if spot:
-                out += self.round(clock, spot, free, self.spot_only)
+                out += self.round(clock, spot, free, left, self.spot_only)
         return out
 
-    def round(self, clock: float, waiting: list[int], free: I64, among: frozenset[int] | None) -> list[tuple[int, int]]:
+    def round(self, clock: float, waiting: list[int], free: I64, left: F64,
+              among: frozenset[int] | None) -> list[tuple[int, int]]:
         import time
 
         offers = tuple(self.offer(j, int(free[j])) for j in self.book(waiting, free, among))
         if not offers or not waiting:
             return []
-        inp = engine.RoundInput(now=EPOCH + int(clock), offers=offers, bids=tuple(self.bid(i) for i in waiting),
+        inp = engine.RoundInput(now=EPOCH + int(clock), offers=offers, bids=tuple(self.bid(i, float(left[i])) for i in waiting),
                                 gpu_models=self.models, regions=self.regions, latency_ms=self.latency,
                                 running=(), config=engine.RoundConfig())
         t = time.perf_counter()
@@ -172,5 +182,6 @@ class Market:
         for tr in res.trades:
             out.append((tr.bid_id - 1, tr.offer_id - 1))
             self.paid += tr.amount / 1_000_000
+            self.charged[tr.bid_id - 1] = (tr.price, tr.duration_s)
             self.trades += 1
         return out

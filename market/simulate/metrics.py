@@ -54,7 +54,7 @@ def figures(res: PolicyResult, pods: Sequence[Pod], nodes: Sequence[Node], windo
     hours = window_s / 3600
     cap = res.capacity
     useful_h = (cap.alloc_gpu_s if cap is not None else o.alloc_gpu_s) / 3600  # GPU-hours held within the window
-    bought_h = float(sum(pods[i].gpus * pods[i].runtime for i in np.flatnonzero(~np.isnan(o.start)).tolist())) / 3600
+    bought_h = o.pod_gpu_s / 3600  # GPU-hours the pods held, preempted stretches included
     owned = cap.nodes if cap is not None else tuple(range(len(nodes)))
     owned_cost = rate_per_hour(nodes, owned) * hours
     models = catalogue.gpu_models()
@@ -86,7 +86,8 @@ def figures(res: PolicyResult, pods: Sequence[Pod], nodes: Sequence[Node], windo
         "unscheduled": o.unscheduled,
         "cost_per_gpu_hour": _r(res.paid / bought_h if bought_h else None) if res.paid is not None
         else _r(owned_cost / useful_h if useful_h else None),
-        "cost_basis": "what the market's rounds charged, per GPU-hour the pods held" if res.paid is not None
+        "cost_basis": "what the market's rounds charged (a preempted trade pro rata), per GPU-hour the pods held"
+        if res.paid is not None
         else "owned capacity at the SLO (the whole cluster where the SLO is not met) over the window, at catalogue rates, "
              "idle time included, per GPU-hour held on it within the window",
         "provider_revenue": _r(res.paid, 2) if res.paid is not None else None,

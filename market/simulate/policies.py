@@ -111,7 +111,7 @@ def merge(n: int, parts: Sequence[tuple[I64, I64, Outcome]], window_s: float, ca
     node = np.full(n, -1, dtype=np.int64)
     timeline = np.zeros(TIMELINE_BINS)
     alloc = busy = service_gpu_s
-    stranded = waiting = end = 0.0
+    stranded = waiting = end = pod_gpu_s = 0.0
     for pods_i, nodes_i, o in parts:
         start[pods_i] = o.start
         finish[pods_i] = o.finish
@@ -120,11 +120,12 @@ def merge(n: int, parts: Sequence[tuple[I64, I64, Outcome]], window_s: float, ca
         alloc += o.alloc_gpu_s
         busy += o.busy_gpu_s
         stranded += o.stranded_gpu_s
+        pod_gpu_s += o.pod_gpu_s
         waiting = max(waiting, o.waiting_s)
         end = max(end, o.end_s)
     out = Outcome(start=start, finish=finish, node=node, window_s=window_s, capacity_gpus=capacity,
                   alloc_gpu_s=alloc, busy_gpu_s=busy, stranded_gpu_s=stranded, waiting_s=waiting,
-                  timeline=timeline, end_s=end)
+                  timeline=timeline, end_s=end, pod_gpu_s=pod_gpu_s)
     return out, node
 
 

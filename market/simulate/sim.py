@@ -62,6 +62,7 @@ class Outcome:
     preemptions: int = 0
     work_lost_gpu_s: float = 0.0  # GPU-seconds of work preempted pods lost since their last checkpoint
     lent_gpu_s: float = 0.0  # GPU-seconds pods held on a service's nodes within the window
+    pod_gpu_s: float = 0.0  # GPU-seconds pods held in all, window or not, preempted stretches included
 
     @property
     def unscheduled(self) -> int:
@@ -70,9 +71,13 @@ class Outcome:
 
 class Chooser(Protocol):
     """A policy that decides for itself (the market): at ``clock``, given the waiting pods
-    (indices, in arrival order) and each node's free GPUs, the (pod, node) pairs to start."""
+    (indices, in arrival order), each node's free GPUs and each pod's runtime still to do,
+    the (pod, node) pairs to start. ``preempted`` hears of a pod stopped after ``ran``
+    seconds of the stretch it was started for (to bill it pro rata)."""
 
-    def __call__(self, clock: float, waiting: list[int], free: I64) -> list[tuple[int, int]]: ...
+    def __call__(self, clock: float, waiting: list[int], free: I64, left: F64) -> list[tuple[int, int]]: ...
+
+    def preempted(self, pod: int, ran: float) -> None: ...
 
 
 def allowed_nodes(pods: Sequence[Pod], nodes: Sequence[Node]) -> list[BoolA | None]:
@@ -166,7 +171,7 @@ def run(pods: Sequence[Pod], nodes: Sequence[Node], placement: str, window_s: fl
     clock = 0.0
     alloc_s = busy_s = stranded_s = waiting_s = lent_s = 0.0
     preemptions = 0
-    lost_gpu_s = 0.0
+    lost_gpu_s = pod_gpu_s = 0.0
     bins = np.zeros(TIMELINE_BINS)
     width = window_s / TIMELINE_BINS if window_s > 0 else 1.0
     total = int(cap.sum())
@@ -209,7 +214,8 @@ def run(pods: Sequence[Pod], nodes: Sequence[Node], placement: str, window_s: fl
         heapq.heappush(done, (float(finish[i]), i, int(gen[i])))
 
     def stop(i: int) -> None:
-        nonlocal held, busy
+        nonlocal held, busy, pod_gpu_s
+        pod_gpu_s += float(gpus[i]) * (clock - since[i])
         free[where[i]] += gpus[i]
         held -= int(gpus[i])
         busy -= gpus[i] * share[i]
@@ -231,6 +237,8 @@ def run(pods: Sequence[Pod], nodes: Sequence[Node], placement: str, window_s: fl
         lost_gpu_s += float(gpus[i]) * (ran - kept)
         preemptions += 1
         gen[i] += 1
+        if chooser is not None:
+            chooser.preempted(i, ran)
         stop(i)
         finish[i] = np.nan
         where[i] = -1
@@ -284,7 +292,7 @@ def run(pods: Sequence[Pod], nodes: Sequence[Node], placement: str, window_s: fl
         nonlocal waiting
         assert chooser is not None
         queued = sorted((i for q in queues.values() for i in q), key=lambda i: (arrival[i], i))
-        for i, j in chooser(clock, queued, free.copy()):
+        for i, j in chooser(clock, queued, free.copy(), left.copy()):
             if i in running or free[j] < gpus[i] or not usable_of[i][j]:
                 raise ValueError(f"the policy started pod {pods[i].id} on node {nodes[j].id}, where it does not fit")
             queues[key_of(i)].remove(i)
@@ -344,4 +352,4 @@ def run(pods: Sequence[Pod], nodes: Sequence[Node], placement: str, window_s: fl
     return Outcome(start=start, finish=finish, node=where, window_s=window_s, capacity_gpus=total,
                    alloc_gpu_s=alloc_s, busy_gpu_s=busy_s, stranded_gpu_s=stranded_s, waiting_s=waiting_s,
                    timeline=timeline, end_s=end, preemptions=preemptions, work_lost_gpu_s=lost_gpu_s,
-                   lent_gpu_s=lent_s)
+                   lent_gpu_s=lent_s, pod_gpu_s=pod_gpu_s)

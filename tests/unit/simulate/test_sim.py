@@ -153,11 +153,11 @@ def test_the_market_clears_each_instant_through_the_real_engine() -> None:
 
 
 def test_a_market_that_starts_a_pod_where_it_does_not_fit_is_an_error() -> None:
-    def greedy(clock: float, waiting: list[int], free: np.ndarray) -> list[tuple[int, int]]:
+    def greedy(clock: float, waiting: list[int], free: np.ndarray, left: np.ndarray) -> list[tuple[int, int]]:
         return [(i, 1) for i in waiting]  # B has one GPU: p1 needs two
 
     with pytest.raises(ValueError, match="started pod p1 on node n1, where it does not fit"):
-        sim.run(PODS, NODES, "first", WINDOW, chooser=greedy)
+        sim.run(PODS, NODES, "first", WINDOW, chooser=greedy)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("hint", [None, 1, 5, 18, 19, 20, 33, 50])

@@ -130,3 +130,19 @@ def test_the_market_lends_the_services_idle_gpus_to_spot_pods_only_and_takes_the
     assert f_keep["preemptions"] == 0
     assert f_lend["utilisation"] > f_keep["utilisation"]
     assert f_lend["jct_mean_s"] < f_keep["jct_mean_s"]
+
+
+def test_a_preempted_trade_is_billed_for_the_time_it_ran_and_its_resumption_for_the_rest() -> None:
+    """The market's q1: preempted at 3,600 s of a 5,000 s trade, billed 3,600 s; it resumes
+    at 7,200 s with 2,000 s left and is billed those: 5,600 s on 2 GPUs in all, at the
+    clearing prices (the lone bid in each round pays the bottom of the interval, the ask)."""
+    from market.simulate import auction
+
+    svc = sim.Service(owned=(0,), need=need, lend=True, checkpoint_s=1000.0)
+    asks = [150_000, 150_000]
+    m = auction.Market(PODS, NODES, asks, [10_000_000, 10_000_000], spot_only=frozenset({0}))
+    o = sim.run(PODS, NODES, "first", 10_000.0, chooser=m, service=svc)
+    assert o.finish.tolist() == [9200, 100] and o.preemptions == 1
+    assert o.pod_gpu_s == pytest.approx(2 * 5600 + 100)
+    # a trade's amount is whole base units (10^-6 USD), rounded down: a few units apart
+    assert m.paid == pytest.approx(0.15 * (2 * 5600 + 100) / 3600, abs=1e-5)
