@@ -63,6 +63,7 @@ class Outcome:
     work_lost_gpu_s: float = 0.0  # GPU-seconds of work preempted pods lost since their last checkpoint
     lent_gpu_s: float = 0.0  # GPU-seconds pods held on a service's nodes within the window
     pod_gpu_s: float = 0.0  # GPU-seconds pods held in all, window or not, preempted stretches included
+    waited: F64 | None = None  # per pod, seconds spent waiting in all (again after each preemption); NaN: never done
 
     @property
     def unscheduled(self) -> int:
@@ -172,6 +173,7 @@ def run(pods: Sequence[Pod], nodes: Sequence[Node], placement: str, window_s: fl
     alloc_s = busy_s = stranded_s = waiting_s = lent_s = 0.0
     preemptions = 0
     lost_gpu_s = pod_gpu_s = 0.0
+    lost_s = np.zeros(n)  # per pod, run time lost to preemptions
     bins = np.zeros(TIMELINE_BINS)
     width = window_s / TIMELINE_BINS if window_s > 0 else 1.0
     total = int(cap.sum())
@@ -235,6 +237,7 @@ def run(pods: Sequence[Pod], nodes: Sequence[Node], placement: str, window_s: fl
         kept = math.floor(ran / service.checkpoint_s) * service.checkpoint_s if service else 0.0
         left[i] -= kept
         lost_gpu_s += float(gpus[i]) * (ran - kept)
+        lost_s[i] += ran - kept
         preemptions += 1
         gen[i] += 1
         if chooser is not None:
@@ -349,7 +352,9 @@ def run(pods: Sequence[Pod], nodes: Sequence[Node], placement: str, window_s: fl
     advance(max(clock, window_s))
     timeline = bins / width
     end = float(np.nanmax(finish)) if np.isfinite(finish).any() else 0.0
+    runtime = np.asarray([p.runtime for p in pods], dtype=np.float64)
+    waited = finish - arrival - runtime - lost_s  # NaN where the pod never finished
     return Outcome(start=start, finish=finish, node=where, window_s=window_s, capacity_gpus=total,
                    alloc_gpu_s=alloc_s, busy_gpu_s=busy_s, stranded_gpu_s=stranded_s, waiting_s=waiting_s,
                    timeline=timeline, end_s=end, preemptions=preemptions, work_lost_gpu_s=lost_gpu_s,
-                   lent_gpu_s=lent_s, pod_gpu_s=pod_gpu_s)
+                   lent_gpu_s=lent_s, pod_gpu_s=pod_gpu_s, waited=waited)

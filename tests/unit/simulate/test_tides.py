@@ -45,6 +45,8 @@ def test_a_spot_pod_on_lent_gpus_is_preempted_by_the_tide_and_resumes_from_its_c
     assert o.node.tolist() == [0, 1]
     assert o.preemptions == 1
     assert o.work_lost_gpu_s == pytest.approx(1200)
+    # q1 waited from its preemption at 3,600 s to 7,200 s: the SLO counts that wait too
+    assert o.waited is not None and o.waited.tolist() == [3600, 0]
     assert o.lent_gpu_s == pytest.approx(2 * 3600 + 2 * 2000)
     # held: q1 2 x (3,600 + 2,000), q2 100, the service 2 x 3,600
     assert o.alloc_gpu_s == pytest.approx(2 * 5600 + 100 + 2 * 3600)
