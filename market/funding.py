@@ -100,7 +100,7 @@ def funds_check(*, user: User, max_price: int, gpus: int, duration_s: int) -> Fu
         raise EscrowShort(
             f"This bid may cost up to {usdc(cost)} (max price x GPUs x hours) but your escrow has {usdc(max(funds.available, 0))} free to commit "
             f"({usdc(funds.free)} deposited and unlocked, {usdc(funds.committed)} promised to your open bids and unrecorded trades). "
-            f"Deposit at least {usdc(cost - funds.available)} more (Wallet page, or POST /api/v1/ledger/escrow/deposit/), or bid for less.",
+            f"Deposit at least {usdc(cost - funds.available)} more (Wallet page, or POST /api/v1/ledger/deposit/), or bid for less.",
             cost=cost, available=funds.available, free=funds.free, committed=funds.committed,
         )
     return funds
