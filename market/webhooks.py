@@ -78,6 +78,10 @@ def _addresses(host: str, port: int) -> list[ipaddress.IPv4Address | ipaddress.I
     return [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
 
 
+# how an operator allows private addresses, named in each refusal that it would lift
+ALLOW_PRIVATE = " (an operator of a closed network or a test server may set WEBHOOK_ALLOW_PRIVATE_URLS=true)."
+
+
 def url_refusal(url: str, *, allow_private: bool | None = None) -> str | None:
     """Why this URL may not be a webhook (a sentence saying how to fix it), or None."""
     if allow_private is None:
@@ -101,14 +105,15 @@ def url_refusal(url: str, *, allow_private: bool | None = None) -> str | None:
     if allow_private:
         return None
     if host == "localhost" or host.endswith((".localhost", ".local", ".internal")):
-        return f"{host} is a local name; webhooks must call a public address."
+        return f"{host} is a local name; webhooks must call a public address{ALLOW_PRIVATE}"
     try:
         addresses = _addresses(host, port)
     except (OSError, UnicodeError):
         return f"The host {host} does not resolve; check the URL."
     private = [str(ip) for ip in addresses if not _address_public(ip)]
     if private or not addresses:
-        return f"{host} resolves to a private, loopback or reserved address ({', '.join(private)}); webhooks must call a public address."
+        return (f"{host} resolves to a private, loopback or reserved address ({', '.join(private)}); "
+                f"webhooks must call a public address{ALLOW_PRIVATE}")
     return None
 
 

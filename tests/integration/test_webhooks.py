@@ -236,6 +236,8 @@ def test_a_private_or_loopback_url_is_refused_without_the_setting(buyer, client_
     assert r.status_code == 400, r.content
     error = r.json()["error"]
     assert "url" in error["fields"] and "public address" in error["fields"]["url"][0]
+    # the refusal names the setting a closed network or a test sets to allow it (issue 32)
+    assert "WEBHOOK_ALLOW_PRIVATE_URLS=true" in error["fields"]["url"][0]
 
 
 @pytest.mark.parametrize(
