@@ -31,6 +31,7 @@ cluster's.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -166,8 +167,6 @@ class Market:
 
     def round(self, clock: float, waiting: list[int], free: I64, left: F64,
               among: frozenset[int] | None) -> list[tuple[int, int]]:
-        import time
-
         offers = tuple(self.offer(j, int(free[j])) for j in self.book(waiting, free, among))
         if not offers or not waiting:
             return []

@@ -48,8 +48,7 @@ def figures(res: PolicyResult, pods: Sequence[Pod], nodes: Sequence[Node], windo
     arrival: F64 = np.asarray([p.arrival for p in pods], dtype=np.float64)
     runtime: F64 = np.asarray([p.runtime for p in pods], dtype=np.float64)
     started = ~np.isnan(o.start)
-    waited = o.waited if o.waited is not None else o.start - arrival
-    queue = waited[started & ~np.isnan(waited)]  # all the time waiting, again after each preemption
+    queue = o.waited[started & ~np.isnan(o.waited)]  # all the time waiting, again after each preemption
     jct = (o.finish - arrival)[started]
     capacity = sum(n.gpus for n in nodes)
     hours = window_s / 3600

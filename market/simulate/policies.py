@@ -115,7 +115,7 @@ def merge(n: int, parts: Sequence[tuple[I64, I64, Outcome]], window_s: float, ca
     stranded = waiting = end = pod_gpu_s = 0.0
     waited = np.full(n, np.nan)
     for pods_i, nodes_i, o in parts:
-        waited[pods_i] = delays(o)
+        waited[pods_i] = o.waited
         start[pods_i] = o.start
         finish[pods_i] = o.finish
         node[pods_i] = np.where(o.node >= 0, nodes_i[np.maximum(o.node, 0)] if len(nodes_i) else -1, -1)
@@ -131,11 +131,6 @@ def merge(n: int, parts: Sequence[tuple[I64, I64, Outcome]], window_s: float, ca
                   timeline=timeline, end_s=end, pod_gpu_s=pod_gpu_s, waited=waited)
     return out, node
 
-
-def delays(o: Outcome) -> F64:
-    """Per pod, the seconds it spent waiting in all (NaN where it never finished)."""
-    assert o.waited is not None
-    return o.waited
 
 
 class Simulation:
@@ -280,7 +275,7 @@ class Simulation:
 
         def ok(keep: I64) -> bool:
             self.progress(f"{name}: {len(keep)} nodes")
-            return self.slo_ok(delays(self.at(name, keep)[0]), everyone)
+            return self.slo_ok(self.at(name, keep)[0].waited, everyone)
 
         hint = next((self.found[p] for p in ("best-fit", "fifo", "static") if p in self.found), None) \
             if name.startswith("gridbid") else None
@@ -320,7 +315,7 @@ class Simulation:
             def ok(k: int, mine: I64 = mine, among: BoolA = among, outcome: Callable[[int], tuple[Outcome, I64]] = outcome) -> bool:
                 o, _ = outcome(k)
                 full = np.full(len(self.pods), np.nan)
-                full[mine] = delays(o)
+                full[mine] = o.waited
                 return self.slo_ok(full, among)
 
             if ok(n):

@@ -132,8 +132,7 @@ def charts(trace: Trace, results: dict[str, PolicyResult], summary: dict[str, An
         for name in names:
             o = results[name].outcome
             ran = ~np.isnan(o.start)
-            waited = o.waited if o.waited is not None else o.start - arrival
-            v = (o.finish - arrival)[ran] if what == "jct" else waited[ran]
+            v = (o.finish - arrival)[ran] if what == "jct" else o.waited[ran]
             v = v[~np.isnan(v)]
             v = np.sort(np.maximum(v, 1.0))
             ax.step(v, np.arange(1, len(v) + 1) / max(1, len(v)), where="post", label=name, lw=1.3)

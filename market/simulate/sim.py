@@ -57,13 +57,13 @@ class Outcome:
     busy_gpu_s: float  # ... weighted by each pod's gpu_milli share
     stranded_gpu_s: float  # free GPU-seconds while some schedulable pod waited, within the window
     waiting_s: float  # seconds within the window during which some pod waited
+    waited: F64  # per pod, seconds spent waiting in all (again after each preemption); NaN: never done
     timeline: F64  # GPUs held, averaged over each of TIMELINE_BINS bins of the window
     end_s: float  # when the last pod finished
     preemptions: int = 0
     work_lost_gpu_s: float = 0.0  # GPU-seconds of work preempted pods lost since their last checkpoint
     lent_gpu_s: float = 0.0  # GPU-seconds pods held on a service's nodes within the window
     pod_gpu_s: float = 0.0  # GPU-seconds pods held in all, window or not, preempted stretches included
-    waited: F64 | None = None  # per pod, seconds spent waiting in all (again after each preemption); NaN: never done
 
     @property
     def unscheduled(self) -> int:
@@ -152,13 +152,18 @@ def run(pods: Sequence[Pod], nodes: Sequence[Node], placement: str, window_s: fl
     preemptible = np.asarray([p.qos in PREEMPTIBLE_QOS for p in pods], dtype=np.bool_)
     svc = np.zeros(len(nodes), dtype=np.int64)  # GPUs the service holds, per node
 
+    shared: dict[tuple[tuple[str, ...], bool], npt.NDArray[np.bool_]] = {}
+
     def usable(i: int) -> npt.NDArray[np.bool_]:
-        """The nodes pod ``i`` may ever run on."""
-        ok = allowed[i]
-        room = np.ones(len(nodes), dtype=np.bool_) if ok is None else ok.copy()
-        if service is not None and not (lend and preemptible[i]):
-            room &= ~owned
-        return room
+        """The nodes pod ``i`` may ever run on: one mask per (models, may use lent GPUs)."""
+        key = (pods[i].models, bool(lend and preemptible[i]))
+        if key not in shared:
+            ok = allowed[i]
+            room = np.ones(len(nodes), dtype=np.bool_) if ok is None else ok.copy()
+            if service is not None and not key[1]:
+                room &= ~owned
+            shared[key] = room
+        return shared[key]
 
     usable_of = [usable(i) for i in range(n)]
     schedulable = np.asarray([bool(((cap >= gpus[i]) & usable_of[i]).any()) for i in range(n)], dtype=np.bool_)
@@ -252,7 +257,7 @@ def run(pods: Sequence[Pod], nodes: Sequence[Node], placement: str, window_s: fl
         nonlocal held, busy
         assert service is not None
         want = min(int(service.need(clock)), int(cap[owned].sum()))
-        have = int(svc.sum())
+        have = before = int(svc.sum())
         nodes_in = list(service.owned)
         if want < have:
             for j in reversed(nodes_in):
@@ -276,11 +281,8 @@ def run(pods: Sequence[Pod], nodes: Sequence[Node], placement: str, window_s: fl
                 svc[j] += take
                 free[j] -= take
                 have += take
-        held += have - int(held_svc[0])
-        busy += have - int(held_svc[0])
-        held_svc[0] = have
-
-    held_svc = [0]
+        held += have - before
+        busy += have - before
 
     def place(i: int) -> bool:
         room = (free >= gpus[i]) & usable_of[i]
