@@ -61,7 +61,7 @@ from providers.models import Provider
 log = logging.getLogger("gridbid.ledger")
 
 ORDER_TTL_S = 24 * 3600  # an order without a bid deadline can be recorded for a day after the match
-FINISHED_JOBS = (JobState.COMPLETED, JobState.FAILED, JobState.PREEMPTED)
+FINISHED_JOBS = (JobState.COMPLETED, JobState.FAILED, JobState.PREEMPTED, JobState.STOPPED)
 
 
 class SettlementError(Exception):

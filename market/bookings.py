@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 
 # the states in which a job may still hold its GPUs
 ACTIVE_JOB_STATES = (JobState.ASSIGNED, JobState.RUNNING, JobState.CHECKPOINTED)
-JOB_END_REASON = {JobState.COMPLETED: ReleaseReason.COMPLETED, JobState.FAILED: ReleaseReason.FAILED, JobState.PREEMPTED: ReleaseReason.PREEMPTED}
+JOB_END_REASON = {JobState.COMPLETED: ReleaseReason.COMPLETED, JobState.FAILED: ReleaseReason.FAILED, JobState.PREEMPTED: ReleaseReason.PREEMPTED,
+                  JobState.STOPPED: ReleaseReason.STOPPED}
 
 
 class CapacityGone(Exception):

@@ -171,7 +171,7 @@ def job_stop(*, user: User, job_id: int) -> Job:
     meta.update(stop_requested=True, preempt_requested=True, preempt_reason="stopped by the buyer", stop_requested_at=timezone.now().isoformat())
     job.checkpoint = meta
     if job.state == JobState.ASSIGNED:
-        states.advance("job", job, JobState.PREEMPTED)
+        states.advance("job", job, JobState.STOPPED)
         job.ended_at = timezone.now()
         meta["reason"] = "Stopped by the buyer before it started; nothing ran, nothing is billed."
         job.save()
@@ -277,6 +277,8 @@ def job_event(*, user: User, job_id: int, event: str, at: int | None = None, pro
         announce(JobsChanged(job_ids=(job.pk,)))
         return job
     target = EVENT_TARGET[event]
+    if target == JobState.PREEMPTED and meta.get("stop_requested"):
+        target = JobState.STOPPED  # the agent stops a job the same way either way; its buyer asked for this one
     if checkpoint:
         meta["latest_checkpoint"] = checkpoint
         meta["checkpoints"] = [*meta.get("checkpoints", []), checkpoint][-20:]
@@ -319,7 +321,7 @@ def job_event(*, user: User, job_id: int, event: str, at: int | None = None, pro
             job.checkpoint = {**meta, "continued_by_bid": follow.pk}
             job.save(update_fields=["checkpoint", "updated_at"])
     if not resumed:  # running after a checkpoint is not news: its parties heard it start
-        announce(JobReached(job_id=job.pk))  # running, completed, failed, preempted: webhooks and emails
+        announce(JobReached(job_id=job.pk))  # running, completed, failed, preempted, stopped: webhooks and emails
     announce(JobsChanged(job_ids=(job.pk,)))
     announce(OperatorChanged())  # jobs by state
     return job
@@ -361,7 +363,9 @@ def job_receipt_submit(*, user: User, job_id: int, receipt: dict[str, Any], sign
             if held["digest"] == digest:
                 return job
             raise Conflict("This job already has a different receipt.")
-        if job.state != OUTCOME_STATE[r.outcome]:
+        # the agent signs a stopped job's receipt as preempted: it ends both the same way
+        states_ok = {OUTCOME_STATE[r.outcome]} | ({JobState.STOPPED} if r.outcome == "preempted" else set())
+        if job.state not in states_ok:
             raise Conflict(f"The receipt says {r.outcome} but the job is {job.state}; report the outcome event first.")
         meta["receipt"] = {"body": r.body(), "signature": signature, "digest": digest, "leaf": r.leaf().hex(), "outputs": outputs or [], "received_at": timezone.now().isoformat()}
         if outputs_archive:

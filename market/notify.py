@@ -29,6 +29,7 @@ JOB_EVENTS = {
     JobState.COMPLETED: "job.completed",
     JobState.FAILED: "job.failed",
     JobState.PREEMPTED: "job.preempted",
+    JobState.STOPPED: "job.stopped",
 }
 TRADE_FIELDS = ("id", "bid_id", "offer_id", "gpu_model_id", "region_id", "price", "gpus", "duration_s", "amount", "state", "buyer_id", "provider__user_id")
 

@@ -54,7 +54,8 @@ class JobState(models.TextChoices):
     ASSIGNED = "assigned"
     RUNNING = "running"
     CHECKPOINTED = "checkpointed"
-    PREEMPTED = "preempted"
+    PREEMPTED = "preempted"  # taken back for a higher class or by the operator: resumes from its checkpoint
+    STOPPED = "stopped"  # its buyer stopped it: billed for what ran, never resumed
     COMPLETED = "completed"
     FAILED = "failed"
     REFUNDED = "refunded"
@@ -89,10 +90,11 @@ TRANSITIONS: Mapping[str, Mapping[str, frozenset[str]]] = {
         BookingState.RELEASED: frozenset(),
     },
     "job": {
-        JobState.ASSIGNED: frozenset({JobState.RUNNING, JobState.FAILED, JobState.REFUNDED, JobState.PREEMPTED}),
-        JobState.RUNNING: frozenset({JobState.CHECKPOINTED, JobState.PREEMPTED, JobState.COMPLETED, JobState.FAILED}),
-        JobState.CHECKPOINTED: frozenset({JobState.RUNNING, JobState.PREEMPTED, JobState.COMPLETED, JobState.FAILED}),
+        JobState.ASSIGNED: frozenset({JobState.RUNNING, JobState.FAILED, JobState.REFUNDED, JobState.PREEMPTED, JobState.STOPPED}),
+        JobState.RUNNING: frozenset({JobState.CHECKPOINTED, JobState.PREEMPTED, JobState.STOPPED, JobState.COMPLETED, JobState.FAILED}),
+        JobState.CHECKPOINTED: frozenset({JobState.RUNNING, JobState.PREEMPTED, JobState.STOPPED, JobState.COMPLETED, JobState.FAILED}),
         JobState.PREEMPTED: frozenset({JobState.REFUNDED}),
+        JobState.STOPPED: frozenset({JobState.REFUNDED}),
         JobState.COMPLETED: frozenset(),
         JobState.FAILED: frozenset({JobState.REFUNDED}),
         JobState.REFUNDED: frozenset(),

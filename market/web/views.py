@@ -236,7 +236,7 @@ def job_stop(request: HttpRequest, job_id: int) -> HttpResponse:
     if request.method == "POST":
         try:
             job = job_stop_recorded(user=request.user, job_id=job_id, request=request)
-            messages.success(request, f"Job #{job_id} stopped before it started: nothing is billed." if job.state == "preempted" else
+            messages.success(request, f"Job #{job_id} stopped before it started: nothing is billed." if job.state == "stopped" else
                              f"Job #{job_id} is stopping: its agent checkpoints and ends it; you pay for the GPU-seconds it ran and the rest is refunded.")
         except DomainError as exc:
             messages.error(request, exc.message)

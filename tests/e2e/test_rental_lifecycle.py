@@ -95,7 +95,7 @@ def test_a_rental_from_refused_bid_to_stop_early_settles_on_chain_and_frees_the_
         log_in(page, base, buyer)
         page.goto(base + "/account/")
         page.fill("#webhooks input[name=url]", receiver.url)
-        for event in ("bid.matched", "job.running", "job.preempted"):
+        for event in ("bid.matched", "job.running", "job.stopped"):
             page.check(f"#webhooks input[name=events][value='{event}']")
         page.click("#webhooks button:has-text('Add webhook')")
         secret = page.inner_text("#new-webhook-secret").strip()
@@ -171,7 +171,7 @@ def test_a_rental_from_refused_bid_to_stop_early_settles_on_chain_and_frees_the_
 
         def stopped() -> Any:
             j = httpx.get(f"{base}/api/v1/jobs/{job['id']}/", headers=auth).json()
-            return j if j["state"] == "preempted" and "receipt" in j["checkpoint"] else None
+            return j if j["state"] == "stopped" and "receipt" in j["checkpoint"] else None
 
         done = wait_for("the job stopped with a signed receipt", stopped, seconds=60, logs=logs, seen=jobs_seen)
         used = done["checkpoint"]["receipt"]["body"]["gpu_seconds"]
@@ -195,8 +195,8 @@ def test_a_rental_from_refused_bid_to_stop_early_settles_on_chain_and_frees_the_
         assert httpx.get(f"{base}/api/v1/jobs/{job['id']}/outputs/result.txt", headers=stranger).status_code == 404
 
         # and the webhook heard it all, signed with the secret shown once
-        got = wait_for_events(receiver, ["bid.matched", "job.running", "job.preempted"], seconds=30)
-        assert got == ["bid.matched", "job.failed", "bid.matched", "job.running", "job.preempted"], got  # the SSH job's two first
+        got = wait_for_events(receiver, ["bid.matched", "job.running", "job.stopped"], seconds=30)
+        assert got == ["bid.matched", "job.failed", "bid.matched", "job.running", "job.stopped"], got  # the SSH job's two first
         bodies = [verify(secret, request) for request in receiver.requests]
         assert bodies[1]["data"]["job"]["id"] == sshjob["id"] and bodies[4]["data"]["job"]["id"] == job["id"], bodies
 

@@ -132,6 +132,6 @@ def test_a_container_agent_publishes_a_jobs_port_and_the_buyer_reaches_it(server
 
         wait_for("the published port answering", reached, seconds=60, logs=logs)
         assert httpx.post(f"{server}/api/v1/jobs/{job['id']}/stop/", headers=auth).status_code == 200
-        wait_for("the job stopped", lambda: the_job(server, auth, r.json()["id"])["state"] == "preempted", seconds=90, logs=logs)
+        wait_for("the job stopped", lambda: the_job(server, auth, r.json()["id"])["state"] == "stopped", seconds=90, logs=logs)
     finally:
         stop_daemons(daemons)

@@ -46,7 +46,7 @@ def test_a_buyer_stops_a_running_job_and_its_gpus_come_back_without_a_continuati
 
     def stopped() -> bool:
         j = Job.objects.get(pk=job.pk)
-        return j.state == "preempted" and "receipt" in j.checkpoint
+        return j.state == "stopped" and "receipt" in j.checkpoint
 
     drive(agent, stopped)
     job.refresh_from_db()
@@ -64,7 +64,7 @@ def test_stopping_a_job_its_agent_has_not_started_frees_its_gpus_at_once_and_the
     job.refresh_from_db()
     offer = job.trade.offer
     offer.refresh_from_db()
-    assert job.state == "preempted" and offer.gpus_free == 2
+    assert job.state == "stopped" and offer.gpus_free == 2
     machine = offer.machine
     assert client_for(provider_user, ["provide"]).get(f"/api/v1/agent/machines/{machine.pk}/assignments/").json()["assignments"] == []
 
@@ -204,7 +204,7 @@ def test_the_job_page_extends_at_the_ask_shown_and_stops_behind_a_confirmation(p
     assert "stopped before it started: nothing is billed" in r.content.decode()
     job.refresh_from_db()
     offer.refresh_from_db()
-    assert job.state == "preempted" and offer.gpus_free == 2
+    assert job.state == "stopped" and offer.gpus_free == 2
     assert 'id="stop-zone"' not in r.content.decode() and 'id="extend-form"' not in r.content.decode()
 
 
@@ -233,7 +233,7 @@ def test_an_extension_bought_before_a_late_start_keeps_its_time_and_follows_the_
     # stopping the extension's job stops the job it extends; both end, nothing ran
     r = client_for(buyer).post(f"/api/v1/jobs/{ext_job.pk}/stop/")
     assert r.status_code == 200 and r.json()["id"] == job.pk
-    assert set(Job.objects.filter(pk__in=[job.pk, ext_job.pk]).values_list("state", flat=True)) == {"preempted"}
+    assert set(Job.objects.filter(pk__in=[job.pk, ext_job.pk]).values_list("state", flat=True)) == {"stopped"}
 
 
 def test_an_expiry_listed_before_an_extension_committed_does_not_release_the_extended_booking(provider_user, buyer, client_for, make_job):

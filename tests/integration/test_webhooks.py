@@ -165,6 +165,27 @@ def test_only_the_events_a_webhook_names_are_sent_to_it(private_urls, receiver, 
     assert receiver.events() == ["job.completed"]
 
 
+def test_a_job_its_buyer_stops_is_stopped_not_preempted_and_a_preempted_one_is_preempted(
+        private_urls, receiver, buyer, provider_user, client_for, make_job):
+    # issue 32, defect 3: stopped and preempted are different states with different events
+    hook_for(client_for(buyer), receiver.url, ["job.stopped", "job.preempted"])
+    stopped, running, taken = make_job(provider_user), make_job(provider_user), make_job(provider_user)
+    assert client_for(buyer).post(f"/api/v1/jobs/{stopped.pk}/stop/").status_code == 200  # before it started
+    job_event(user=provider_user, job_id=running.pk, event="started")
+    assert client_for(buyer).post(f"/api/v1/jobs/{running.pk}/stop/").status_code == 200
+    job_event(user=provider_user, job_id=running.pk, event="preempted", gpu_seconds=5)  # how its agent ends it
+    job_event(user=provider_user, job_id=taken.pk, event="started")
+    job_event(user=provider_user, job_id=taken.pk, event="preempted", gpu_seconds=5)  # the operator's preemption
+    states = dict(Job.objects.filter(pk__in=[stopped.pk, running.pk, taken.pk]).values_list("pk", "state"))
+    assert states == {stopped.pk: "stopped", running.pk: "stopped", taken.pk: "preempted"}
+    jobs = [(e, json.loads(r["body"])["data"]["job"]["id"]) for e, r in zip(receiver.events(), receiver.requests, strict=True)]
+    assert jobs == [("job.stopped", stopped.pk), ("job.stopped", running.pk), ("job.preempted", taken.pk)]
+    web = Client()
+    web.force_login(buyer)
+    page = web.get(f"/jobs/{stopped.pk}/").content.decode()
+    assert "stopped" in page and ">preempted<" not in page
+
+
 def test_the_provider_is_told_too_and_a_stranger_is_not(private_urls, receiver, buyer, stranger, provider_user, client_for, make_job):
     other = Receiver()
     try:
