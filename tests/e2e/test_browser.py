@@ -121,6 +121,23 @@ def test_a_bad_bid_shows_errors_a_person_understands(page, embedded_server):
     assert "latency limit needs your location" in page.inner_text("main")
 
 
+def test_the_live_quote_takes_an_empty_image_as_the_form_does(page, embedded_server):
+    # issue 32, defect 2: the help says the image may be empty (a plain process) and placing
+    # works, so the quote must not call it an error
+    sign_up(page, embedded_server, "q")
+    page.goto(embedded_server + "/bids/new/")
+    page.fill("#id_image", "")
+    page.fill("#id_command", "python train.py")
+    wait_for_js(page, "!document.getElementById('quote').classList.contains('pending')")
+    image_error = page.locator("[data-error-for=image]")
+    assert image_error.is_hidden(), image_error.inner_text()
+    assert "error" not in (page.get_attribute("#quote", "class") or ""), page.inner_text("#quote")
+    # with neither an image nor a command, the quote says what the form says
+    page.fill("#id_command", "")
+    wait_for_js(page, "document.getElementById('quote').classList.contains('error')")
+    assert "image" in page.inner_text("#quote").lower() and "command" in page.inner_text("#quote").lower()
+
+
 def place_a100_bid(page: Any, base: str) -> None:
     """One A100 for an hour at up to 9.00/h, once the live quote says it would match; then
     the orders page."""
