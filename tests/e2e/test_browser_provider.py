@@ -130,7 +130,7 @@ def test_the_demo_provider_sees_its_sales_and_earnings_chart(page, embedded_serv
     page.evaluate("window.__stillHere = true")
     page.wait_for_selector("tr[data-sale]", timeout=60_000)  # the demo's buyers keep bidding
     page.wait_for_selector("#earnings-chart.has-plot canvas", timeout=60_000)
-    assert page.inner_text("[data-kpi=sold]") != "0.00"
+    assert page.inner_text("[data-kpi=sold]") != "0.00 USDC"
     assert page.evaluate("window.__stillHere === true")
     shot(page, "provider-demo")
 

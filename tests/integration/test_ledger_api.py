@@ -9,6 +9,8 @@ last tests, which deposit and withdraw on a real one.
 
 from __future__ import annotations
 
+import re
+
 import sys
 import types
 from typing import Any
@@ -243,8 +245,10 @@ def test_the_provider_page_shows_what_the_chain_paid_not_what_was_sold(buyer, pr
     c = Client()
     c.force_login(provider_user)
     html = c.get("/provider/").content.decode()
-    assert '<dd class="bid" data-kpi="paid">0.0014</dd>' in html, html[html.find("kpis"):html.find("kpis") + 900]
-    assert '<dd data-kpi="held">0.0004</dd>' in html
+    assert '<dd class="bid" data-kpi="paid">0.0014 USDC</dd>' in html, html[html.find("kpis"):html.find("kpis") + 900]
+    assert '<dd data-kpi="held">0.0004 USDC</dd>' in html
+    for kpi in ("sold", "pending", "free", "stake"):  # every money card says its unit
+        assert re.search(rf'data-kpi="{kpi}">-?[\d,]+\.\d+ USDC</dd>', html), kpi
     assert '<td class="num" data-field="paid">0.0014</td>' in html, "the sale shows what the chain paid beside its lock"
     assert f"{trade.amount / 1e6:.2f}" not in html[html.find('data-kpi="paid"'):html.find("</dl>")]
 

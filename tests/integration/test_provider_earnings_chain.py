@@ -149,4 +149,4 @@ def test_the_providers_figures_are_the_chains_to_the_unit_through_disputes_won_l
     page.force_login(provider_user)
     html = page.get("/provider/").content.decode()
     for kpi in ("paid", "held", "free", "stake"):
-        assert f'data-kpi="{kpi}">{tokens(chain[kpi])}</dd>' in html, kpi
+        assert f'data-kpi="{kpi}">{tokens(chain[kpi])} USDC</dd>' in html, kpi  # issue 32: money with its unit

@@ -239,7 +239,7 @@
       if (utilChart) utilChart.set([xs, ...ys], ms.map((m) => m.name));
     };
     const earnings = charts.earnings.slice();
-    const earnChart = lineChart(document.getElementById("earnings-chart"), { yFmt: (v) => "$" + v.toLocaleString("en-US", { maximumFractionDigits: Math.abs(v) < 100 ? 2 : 0 }) });
+    const earnChart = lineChart(document.getElementById("earnings-chart"), { yFmt: (v) => v.toLocaleString("en-US", { maximumFractionDigits: Math.abs(v) < 100 ? 2 : 0 }) + " USDC" });
     const drawEarnings = () => earnChart && earnChart.set([earnings.map((p) => p[0]), earnings.map((p) => p[1] / 1e6)], ["paid on chain, less held"]);
     drawUtil(); drawEarnings();
 
@@ -306,8 +306,7 @@
     }
     watch("sales", (d, isSnapshot) => {
       const totals = d.totals || {};
-      ["sold", "pending"].forEach((k) => setText(document.querySelector(`[data-kpi=${k}]`), money(totals[k] || 0)));
-      ["paid", "held", "free", "stake"].forEach((k) => setText(document.querySelector(`[data-kpi=${k}]`), tokens(totals[k] || 0)));
+      ["sold", "pending", "paid", "held", "free", "stake"].forEach((k) => setText(document.querySelector(`[data-kpi=${k}]`), usdc(totals[k] || 0)));
       (isSnapshot ? d.sales.slice().reverse() : [d.sale]).forEach((t) => renderSale(t));
       // the chart follows the chain: a point when a confirmed settlement or ruling moved the earnings
       const value = (totals.paid || 0) - (totals.held || 0), lastPoint = earnings[earnings.length - 1];
@@ -321,8 +320,8 @@
     watch("balances", (d) => {
       const b = d.balances;
       if (!b || !b.provider_address) return;
-      setText(document.querySelector("[data-kpi=free]"), tokens(b.earnings_free || 0));
-      setText(document.querySelector("[data-kpi=stake]"), tokens(b.stake || 0));
+      setText(document.querySelector("[data-kpi=free]"), usdc(b.earnings_free || 0));
+      setText(document.querySelector("[data-kpi=stake]"), usdc(b.stake || 0));
     });
   }
 
