@@ -118,11 +118,18 @@ def rounds_recover(*, now: datetime | None = None) -> int:
     return failed
 
 
+def _span(seconds: int) -> str:
+    """A length of time as a buyer reads it: '24 h', '90 min', '45 s'."""
+    if seconds % 3600 == 0:
+        return f"{seconds // 3600} h"
+    return f"{seconds // 60} min" if seconds % 60 == 0 else f"{seconds} s"
+
+
 def _expiry_reason(bid: Bid, *, now: datetime) -> str | None:
     """Why an open bid leaves the book now, or None while it may still trade."""
     if bid.expires_at <= now:
         return (f"This bid expired unmatched at {bid.expires_at:%Y-%m-%d %H:%M:%S} UTC and left the book; its escrow is no longer held for it. "
-                f"Place a new bid, with a later expires_at (at most BID_TTL_MAX_S ahead), if you still want the GPUs.")
+                f"Place a new bid if you still want the GPUs; a bid waits in the book for at most {_span(settings.CONFIG.bid_ttl_max_s)}.")
     if bid.deadline is not None and bid.deadline <= now + timedelta(seconds=bid.duration_s):
         return (f"This bid's deadline ({bid.deadline:%Y-%m-%d %H:%M:%S} UTC) can no longer be met for its {bid.duration_s} s duration, so it left "
                 f"the book; its escrow is no longer held for it. Place a new bid with a later deadline if you still want the GPUs.")

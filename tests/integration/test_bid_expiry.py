@@ -5,7 +5,7 @@ against the buyer's escrow. The demo market loads without escrow and keeps biddi
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, timedelta
 
 import pytest
 from django.conf import settings
@@ -101,6 +101,11 @@ def test_a_round_expires_a_bid_past_its_expiry_with_a_reason_the_owner_sees(buye
     assert web.login(username=buyer.username, password=PASSWORD)
     page = web.get("/orders/").content.decode()
     assert "expired" in page and "place a new bid" in page.lower()
+    # issue 32, defect 6: the moment is a <time> the page shows in the reader's zone, as every
+    # other time on the page, and a buyer is not sent to a server setting
+    at = stale.expires_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert f'<time class="ts" datetime="{at}">' in page, page[page.find('data-field="why"'):][:600]
+    assert "BID_TTL" not in reason and "BID_TTL" not in page
 
 
 def test_a_round_with_only_expired_bids_expires_them_and_writes_no_round(buyer, make_bid):

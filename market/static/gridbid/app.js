@@ -28,7 +28,12 @@
   });
   localTimes(document);
   new MutationObserver(() => localTimes(document)).observe(document.body || document.documentElement, { childList: true, subtree: true });
-  window.GridBidTime = { stamp };
+  // a server's text ("expired unmatched at 2026-12-04 13:25:07 UTC") with its moments in the reader's zone
+  const localStamps = (text) => String(text).replace(/(\d{4}-\d{2}-\d{2}) (\d{2}:\d{2}:\d{2}) UTC/g, (all, d, t) => {
+    const at = new Date(`${d}T${t}Z`);
+    return isNaN(at) ? all : stamp(at);
+  });
+  window.GridBidTime = { stamp, localStamps };
 
   // The header menu on narrow screens: the links fold behind one button
   const menu = document.getElementById("menu-toggle"), topbar = document.querySelector(".topbar");
@@ -209,7 +214,7 @@
         const pill = row.querySelector(".pill");
         if (pill && pill.textContent !== o.state) { pill.textContent = o.state; pill.className = "pill state-" + o.state; flash(row); }
         const why = row.querySelector("[data-field=why]");
-        if (why && (o.state === "open" || o.state === "expired") && o.explanation && o.explanation.reasons) setText(why, o.explanation.reasons.join("; "));
+        if (why && (o.state === "open" || o.state === "expired") && o.explanation && o.explanation.reasons) setText(why, localStamps(o.explanation.reasons.join("; ")));
         const expiry = row.querySelector("[data-field=expires]");
         if (expiry && o.state !== "open") expiry.remove();
         if (o.state === "matched" && why && !row.dataset.matched) { row.dataset.matched = "1"; setText(why, "matched: " + ((o.explanation && o.explanation.reasons) || []).join("; ")); }
