@@ -266,11 +266,18 @@ class Agent:
     def _extend(self, job: dict[str, Any], total: int, extensions: list[dict[str, Any]]) -> None:
         """The buyer bought more time on these GPUs: the job may run to the new total."""
         trade = job["trade_id"]
+        before, seen = int(job.get("duration_s") or 0), {int(e["trade"]) for e in job.get("extensions") or []}
         self.state.job_update(trade, duration_s=total, extensions=extensions)
         sup = self.running.get(trade)
         if sup is not None and not job["spec"].get("time_limit_s"):
             sup.limits = dataclasses.replace(sup.limits, time_limit_s=float(total))
-        log(f"trade {trade}: extended to {total} s in all ({len(extensions)} extension(s))")
+        # each step once: an extension bought (still waiting for its money on chain), then run
+        for e in extensions:
+            if int(e["trade"]) not in seen and not self._runs(e):
+                log(f"trade {trade}: an extension of {int(e['duration_s'])} s was bought; it runs once its trade is recorded on chain")
+        if total != before:
+            n = sum(1 for e in extensions if self._runs(e))
+            log(f"trade {trade}: extended to {total} s in all ({n} extension{'' if n == 1 else 's'})")
 
     def refusal(self, a: dict[str, Any]) -> str | None:
         """Why this assignment must not run here, or None."""

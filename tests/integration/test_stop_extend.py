@@ -78,7 +78,7 @@ def test_only_the_buyer_stops_its_own_active_job(provider_user, buyer, stranger,
     assert r.status_code == 409 and "completed" in r.json()["error"]["message"]
 
 
-def test_a_buyer_extends_a_running_job_as_a_trade_of_its_own_and_each_trade_gets_its_signed_receipt(provider_user, buyer, client_for, make_job, agent_for):
+def test_a_buyer_extends_a_running_job_as_a_trade_of_its_own_and_each_trade_gets_its_signed_receipt(provider_user, buyer, client_for, make_job, agent_for, capsys):
     job = make_job(provider_user, gpus=2, count=2, duration_s=600, job_spec=spec(WAIT_FOR_GO))
     agent = agent_for(provider_user, job.trade.offer.machine)
     agent.connect()
@@ -126,6 +126,11 @@ def test_a_buyer_extends_a_running_job_as_a_trade_of_its_own_and_each_trade_gets
     assert second["gpu_seconds"] == 0, "it ended inside the first trade's time: the extension bills nothing and is refunded"
     booking.refresh_from_db()
     assert booking.state == "released"
+    # issue 32: the agent's log tells each step of one extension once, counted right
+    said = [m for m in (line.split(" ", 1)[-1] for line in capsys.readouterr().out.splitlines())
+            if m.startswith(f"trade {job.trade_id}: ") and "exten" in m]
+    assert said == [f"trade {job.trade_id}: an extension of 1800 s was bought; it runs once its trade is recorded on chain",
+                    f"trade {job.trade_id}: extended to 2400 s in all (1 extension)"], said
 
 
 @pytest.mark.parametrize(("change", "body", "status", "words"), [
