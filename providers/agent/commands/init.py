@@ -75,4 +75,7 @@ def command(ctx: click.Context, market: str, token: str, machine_name: str, regi
         address, _ = keys.create_keys(home, password=password, kdf_iterations=kdf_iterations)
         out.print(f"Created an Ethereum account and a BLS12-381 key with proof of possession in {keys.keys_dir(home)} (0600).")
     path = save_config(home, config)
-    out.print(f"Provider address {address}\nConfig written to {path}\nNext: `gridbid-agent detect`, then `gridbid-agent register`.")
+    out.print(f"Provider address {address}\nConfig written to {path}\n"
+              "Next: `gridbid-agent detect` (your GPUs), `gridbid-agent faucet` (on a market's dev chain: test tokens and gas "
+              "for the stake), `gridbid-agent register` (machine, keys and stake), `gridbid-agent price set MODEL --floor USDC` "
+              "(your offers), then `gridbid-agent run`.")

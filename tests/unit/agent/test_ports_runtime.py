@@ -173,6 +173,10 @@ def test_init_keeps_the_public_host_and_port_range_and_refuses_bad_ones(tmp_path
     base = ["--home", str(tmp_path), "init", "--market", "http://m.invalid", "--token", "gb_x_y", "--no-check", "--kdf-iterations", "2", "--runtime", "docker"]
     r = CliRunner().invoke(main, [*base, "--public-host", "gpu1.example.net", "--host-ports", "42000-42099"])
     assert r.exit_code == 0, r.output
+    # issue 32: the hint names every step to a running agent, in the README's order, the faucet included
+    steps = ["gridbid-agent detect", "gridbid-agent faucet", "gridbid-agent register", "gridbid-agent price set", "gridbid-agent run"]
+    hint = r.output[r.output.index("Next:"):].replace("\n", " ")
+    assert all(s in hint for s in steps) and sorted(steps, key=hint.index) == steps, hint
     c = load_config(tmp_path)
     assert (c.public_host, c.host_port_min, c.host_port_max, c.runtime) == ("gpu1.example.net", 42000, 42099, "docker")
     r = CliRunner().invoke(main, [*base, "--host-ports", "42000"])
