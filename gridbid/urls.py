@@ -31,6 +31,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),
     path("admin/login/", login_guarded(admin.site.login)),  # the admin's own log-in, behind the failure limit
     path("admin/", admin.site.urls),
+    path("favicon.ico", ops.favicon, name="favicon"),
     path("healthz", ops.healthz, name="healthz"),
     path("readyz", ops.readyz, name="readyz"),
     path("metrics", ops.metrics, name="metrics"),

@@ -30,6 +30,18 @@ from market.api.permissions import credential_scopes
 from market.models import Scope
 
 
+_FAVICON = Path(__file__).resolve().parent.parent / "market" / "static" / "gridbid" / "favicon.ico"
+
+
+@require_safe
+def favicon(request: HttpRequest) -> HttpResponse:
+    """/favicon.ico, which browsers and bookmark tools ask for whatever the page links (the
+    pages link the same file under /static/)."""
+    response = HttpResponse(_FAVICON.read_bytes(), content_type="image/x-icon")
+    response["Cache-Control"] = "public, max-age=86400"
+    return response
+
+
 @never_cache
 @require_safe
 def healthz(request: HttpRequest) -> HttpResponse:

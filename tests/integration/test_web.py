@@ -246,3 +246,17 @@ def test_the_operator_page_links_the_latest_simulation_report(buyer, operator, t
     assert shown.status_code == 200 and b"What a shared, scheduled pool buys" in shown.content
     c.force_login(buyer)
     assert c.get("/operator/simulate/").status_code == 403
+
+
+def test_the_favicon_is_served_where_browsers_ask_for_it_and_linked_from_every_page():
+    # issue 32: /favicon.ico was a 404
+    from io import BytesIO
+
+    from PIL import Image
+
+    c = Client()
+    r = c.get("/favicon.ico")
+    assert r.status_code == 200 and r["Content-Type"] == "image/x-icon"
+    assert Image.open(BytesIO(r.content)).format == "ICO"
+    page = c.get("/").content.decode()
+    assert 'rel="icon" href="/static/gridbid/favicon.ico"' in page
