@@ -260,3 +260,17 @@ def test_the_favicon_is_served_where_browsers_ask_for_it_and_linked_from_every_p
     assert Image.open(BytesIO(r.content)).format == "ICO"
     page = c.get("/").content.decode()
     assert 'rel="icon" href="/static/gridbid/favicon.ico"' in page
+
+
+def test_a_job_that_ended_without_output_does_not_say_nothing_yet(buyer, provider_user, make_job):
+    # issue 32: a completed job's Output card said "(nothing yet)"
+    from market.jobs import job_event
+
+    job = make_job(provider_user)
+    c = Client()
+    c.force_login(buyer)
+    assert "(nothing yet)" in c.get(f"/jobs/{job.pk}/").content.decode()
+    job_event(user=provider_user, job_id=job.pk, event="started")
+    job_event(user=provider_user, job_id=job.pk, event="completed", exit_code=0, gpu_seconds=10)
+    page = c.get(f"/jobs/{job.pk}/").content.decode()
+    assert "(nothing yet)" not in page and "wrote nothing to stdout or stderr" in page
