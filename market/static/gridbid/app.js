@@ -26,8 +26,19 @@
     const d = new Date(el.getAttribute("datetime"));
     if (!isNaN(d)) { el.textContent = stamp(d); el.dataset.local = "1"; el.title = el.getAttribute("datetime"); }
   });
+  // On a phone every table becomes one card per row (app.css, under 700 px), each cell labelled
+  // with its column's heading; rows added live get their labels too
+  const cardTables = (root) => root.querySelectorAll("table.grid").forEach((t) => {
+    const heads = Array.from(t.querySelectorAll("thead th")).map((th) => th.textContent.trim());
+    if (!heads.length) return;
+    t.classList.add("cards");
+    t.querySelectorAll("tbody tr").forEach((tr) => Array.from(tr.children).forEach((td, i) => {
+      if (!td.dataset.label && heads[i] && td.colSpan === 1) td.dataset.label = heads[i];
+    }));
+  });
   localTimes(document);
-  new MutationObserver(() => localTimes(document)).observe(document.body || document.documentElement, { childList: true, subtree: true });
+  cardTables(document);
+  new MutationObserver(() => { localTimes(document); cardTables(document); }).observe(document.body || document.documentElement, { childList: true, subtree: true });
   // a server's text ("expired unmatched at 2026-12-04 13:25:07 UTC") with its moments in the reader's zone
   const localStamps = (text) => String(text).replace(/(\d{4}-\d{2}-\d{2}) (\d{2}:\d{2}:\d{2}) UTC/g, (all, d, t) => {
     const at = new Date(`${d}T${t}Z`);
