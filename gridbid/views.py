@@ -29,7 +29,6 @@ from market.api.errors import error_body
 from market.api.permissions import credential_scopes
 from market.models import Scope
 
-
 _FAVICON = Path(__file__).resolve().parent.parent / "market" / "static" / "gridbid" / "favicon.ico"
 
 

@@ -53,6 +53,19 @@ def bids_visible(user: User, *, operator: bool = False) -> QuerySet[Bid]:
     return qs if operator else qs.filter(buyer=user)
 
 
+def bids_search(qs: QuerySet[Bid], text: str) -> QuerySet[Bid]:
+    """Bids a buyer's search finds: by id ("123" or "#123"), or a part of the client order id,
+    a GPU model or the job's image, in any case."""
+    text = text.strip()
+    if not text:
+        return qs
+    found = Q(client_order_id__icontains=text) | Q(gpu_models__icontains=text) | Q(job_spec__image__icontains=text)
+    number = text.removeprefix("#")
+    if number.isdigit() and len(number) <= 18:
+        found |= Q(pk=int(number))
+    return qs.filter(found)
+
+
 def trades_visible(user: User, *, operator: bool = False) -> QuerySet[Trade]:
     qs = Trade.objects.select_related("bid", "offer", "provider", "round")
     return qs if operator else qs.filter(Q(buyer=user) | Q(provider__user=user))

@@ -1,3 +1,5 @@
+from typing import Any
+
 from django_filters import rest_framework as filters
 
 from market.models import AuditAction, AuditEvent, Bid, Offer, Trade
@@ -24,6 +26,15 @@ class BidFilter(filters.FilterSet):
     state = filters.ChoiceFilter(choices=Bid._meta.get_field("state").choices)
     klass = filters.ChoiceFilter(choices=Bid._meta.get_field("klass").choices)
     client_order_id = filters.CharFilter()
+    since = filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte", help_text="Placed at or after: ISO 8601, e.g. 2026-01-31T00:00:00Z")
+    until = filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt", help_text="Placed before: ISO 8601")
+    q = filters.CharFilter(method="search", max_length=100,
+                           help_text="Search: a bid id (123 or #123), or part of its client_order_id, a GPU model or its job's image")
+
+    def search(self, qs: Any, name: str, value: str) -> Any:
+        from market.selectors import bids_search
+
+        return bids_search(qs, value)
 
     class Meta:
         model = Bid

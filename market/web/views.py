@@ -13,6 +13,7 @@ from django import forms
 from django.contrib import messages
 from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
@@ -26,7 +27,7 @@ from market.funding import EscrowShort
 from market.jobs import job_access, job_extend_recorded, job_log_tail, job_stop_recorded
 from market.models import ApiToken, AuctionRound, Bid, Booking, Offer, Scope, Trade
 from market.ssh_keys import ssh_key_add, ssh_key_delete
-from market.states import InvalidTransition, OfferState
+from market.states import BidState, InvalidTransition, OfferState
 from market.webhooks import EVENT_TYPES, WebhookDelivery
 from providers import catalogue
 from providers.models import GpuModel, Region
@@ -188,10 +189,48 @@ def rounds(request: HttpRequest) -> HttpResponse:
     return render(request, "market/rounds.html", {"rounds": recent})
 
 
+ORDERS_PER_PAGE = 25
+
+
+class OrdersFilter(forms.Form):
+    """My orders' filters: a state, the days placed (in UTC) and a search."""
+
+    state = forms.ChoiceField(choices=[("", "any"), *BidState.choices], required=False, label="State")
+    since = forms.DateField(required=False, label="Placed from", widget=forms.DateInput(attrs={"type": "date"}),
+                            error_messages={"invalid": "Placed from: give a date like 2026-12-31."})
+    until = forms.DateField(required=False, label="to", widget=forms.DateInput(attrs={"type": "date"}),
+                            error_messages={"invalid": "to: give a date like 2026-12-31."})
+    q = forms.CharField(required=False, max_length=100, label="Search",
+                        widget=forms.TextInput(attrs={"placeholder": "bid id, order id, GPU, image", "type": "search"}))
+
+    def clean(self) -> dict[str, Any]:
+        d = super().clean() or {}
+        if d.get("since") and d.get("until") and d["until"] < d["since"]:
+            raise forms.ValidationError("The 'to' date is before the 'from' date: swap them.")
+        return d
+
+
 @login_required
 def my_orders(request: HttpRequest) -> HttpResponse:
-    bids = selectors.bids_visible(request.user).filter(buyer=request.user).prefetch_related("trades", "trades__job")[:100]
-    return render(request, "market/orders.html", {"bids": bids})
+    """The buyer's bids, newest first, a page at a time, filtered by state, day placed and a search."""
+    form = OrdersFilter(request.GET)
+    bids = selectors.bids_visible(request.user).filter(buyer=request.user)
+    filtered = False
+    if form.is_valid():
+        d = form.cleaned_data
+        if d["state"]:
+            bids = bids.filter(state=d["state"])
+        if d["since"]:
+            bids = bids.filter(created_at__date__gte=d["since"])
+        if d["until"]:
+            bids = bids.filter(created_at__date__lte=d["until"])
+        bids = selectors.bids_search(bids, d["q"])
+        filtered = any(d.values())
+    page = Paginator(bids.order_by("-created_at", "-id").prefetch_related("trades", "trades__job"), ORDERS_PER_PAGE).get_page(request.GET.get("page"))
+    keep = request.GET.copy()
+    keep.pop("page", None)
+    return render(request, "market/orders.html", {"bids": page.object_list, "page": page, "filters": form, "filtered": filtered,
+                                                  "query": keep.urlencode(), "live_new": page.number == 1 and not filtered})
 
 
 @login_required

@@ -10,7 +10,6 @@ last tests, which deposit and withdraw on a real one.
 from __future__ import annotations
 
 import re
-
 import sys
 import types
 from typing import Any
