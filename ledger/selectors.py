@@ -7,6 +7,7 @@ even when no node is reachable.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from contracts.merkle import MerkleTree, receipt_leaf, verify_proof
@@ -17,6 +18,7 @@ from ledger.models import (
     ChainTx,
     ChainTxState,
     Cosign,
+    JournalEntry,
     RecordItem,
     SettleItem,
 )
@@ -86,6 +88,34 @@ def trade_ledger(*, trade: Trade) -> dict[str, Any]:
             "cosigned": signed, "cosigners": settle.batch.cosigns.count(),
         }
     return out
+
+
+@dataclass(frozen=True)
+class TradeMoney:
+    """A trade's money as the chain moved it (confirmed journal legs, token base units):
+    locked from the buyer's escrow when recorded; at settlement, paid to the provider for
+    the GPU-time used and the rest refunded (a dispute the buyer wins refunds what was paid)."""
+
+    locked: int = 0
+    paid: int = 0
+    refunded: int = 0
+
+    @property
+    def open(self) -> int:
+        """Still locked: neither paid nor refunded yet."""
+        return max(0, self.locked - self.paid - self.refunded)
+
+
+def trades_money(trade_ids: list[int]) -> dict[int, TradeMoney]:
+    """Per trade, what the journal says was locked, paid and refunded (absent: nothing yet)."""
+    sums: dict[int, dict[str, int]] = {}
+    rows = JournalEntry.objects.filter(trade_id__in=trade_ids, kind__in=("lock", "pay", "refund")).values_list("trade_id", "kind", "credit", "amount")
+    for trade_id, kind, credit, amount in rows:
+        k = sums.setdefault(int(trade_id), {"lock": 0, "pay": 0, "refund": 0})
+        k[kind] += int(amount)
+        if kind == "refund" and str(credit).startswith("held:"):
+            k["pay"] -= int(amount)  # a dispute the buyer won: what was paid came back
+    return {t: TradeMoney(locked=k["lock"], paid=k["pay"], refunded=k["refund"]) for t, k in sums.items()}
 
 
 def trade_visible(*, user: User, trade: Trade, operator: bool) -> bool:

@@ -92,7 +92,7 @@ def trade_page(request: HttpRequest, trade_id: int) -> HttpResponse:
                         "proof": s["proof"], "index": s["index"], "root": s["root"]}
     pending = dispute["pending"]
     return render(request, "ledger/trade.html", {
-        "trade": trade, "ledger": ledger, "proof_inputs": proof_inputs, "nonce": uuid.uuid4().hex, "dispute": dispute, "confirm": confirm,
+        "trade": trade, "money": selectors.trades_money([trade.pk]).get(trade.pk), "ledger": ledger, "proof_inputs": proof_inputs, "nonce": uuid.uuid4().hex, "dispute": dispute, "confirm": confirm,
         "can_dispute": trade.state == TradeState.SETTLED and trade.buyer_id == request.user.pk and not pending,
         "can_rule": trade.state == TradeState.DISPUTED and request.user.is_operator and not pending,
         "wallet_buyer": is_wallet_buyer(request.user),

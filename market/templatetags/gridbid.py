@@ -91,6 +91,20 @@ def when(value: object, default: str = "—") -> SafeString:
     return format_html('<time class="ts" datetime="{}">{}</time>', at.isoformat().replace("+00:00", "Z"), at.strftime(TS_FORMAT))
 
 
+@register.simple_tag
+def trade_money(money_: object) -> SafeString:
+    """A trade's money in three figures, as the chain moved it: locked, paid, refunded
+    (``ledger.selectors.TradeMoney``; None: nothing locked on chain yet)."""
+    if money_ is None or not getattr(money_, "locked", 0):
+        return mark_safe('<span class="money-line" data-locked="0">nothing locked on chain yet</span>')  # noqa: S308 - a constant
+    locked, paid, refunded = money_.locked, money_.paid, money_.refunded  # type: ignore[attr-defined]
+    if not paid and not refunded:
+        return format_html('<span class="money-line" data-locked="{}" data-paid="0" data-refunded="0">locked <b>{}</b>, not settled yet</span>',
+                           locked, m.usdc(locked))
+    return format_html('<span class="money-line" data-locked="{}" data-paid="{}" data-refunded="{}">locked <b>{}</b> · paid <b>{}</b> · refunded <b>{}</b></span>',
+                       locked, paid, refunded, m.usdc(locked), m.usdc(paid), m.usdc(refunded))
+
+
 _STAMP = re.compile(r"(\d{4}-\d{2}-\d{2}) (\d{2}:\d{2}:\d{2}) UTC")
 
 

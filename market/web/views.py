@@ -18,6 +18,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
 from contracts.receipts import job_ports
+from ledger import selectors as ledger_selectors
 from market import money, selectors, services, webhooks
 from market.api.errors import _flatten
 from market.api.serializers import BidCreateSerializer, output_download_url
@@ -192,6 +193,19 @@ def rounds(request: HttpRequest) -> HttpResponse:
 ORDERS_PER_PAGE = 25
 
 
+def _money_lines(bids: Any) -> None:
+    """Give each bid ``lines``: per trade, the trade, its money (locked, paid, refunded, from
+    the journal) and its extensions with theirs."""
+    trades = [t for b in bids for t in b.trades.all()]
+    extensions: dict[int, list[Trade]] = {}
+    for e in Trade.objects.filter(extends_id__in=[t.pk for t in trades]).order_by("id"):
+        extensions.setdefault(e.extends_id, []).append(e)
+    money_ = ledger_selectors.trades_money([t.pk for t in trades] + [e.pk for es in extensions.values() for e in es])
+    for b in bids:
+        b.lines = [{"t": t, "money": money_.get(t.pk), "extensions": [{"t": e, "money": money_.get(e.pk)} for e in extensions.get(t.pk, [])]}
+                   for t in b.trades.all()]
+
+
 class OrdersFilter(forms.Form):
     """My orders' filters: a state, the days placed (in UTC) and a search."""
 
@@ -214,7 +228,8 @@ class OrdersFilter(forms.Form):
 def my_orders(request: HttpRequest) -> HttpResponse:
     """The buyer's bids, newest first, a page at a time, filtered by state, day placed and a search."""
     form = OrdersFilter(request.GET)
-    bids = selectors.bids_visible(request.user).filter(buyer=request.user)
+    # an extension is bought as a bid of its own, but it is shown under the job it extends
+    bids = selectors.bids_visible(request.user).filter(buyer=request.user).exclude(trades__extends__isnull=False)
     filtered = False
     if form.is_valid():
         d = form.cleaned_data
@@ -227,6 +242,7 @@ def my_orders(request: HttpRequest) -> HttpResponse:
         bids = selectors.bids_search(bids, d["q"])
         filtered = any(d.values())
     page = Paginator(bids.order_by("-created_at", "-id").prefetch_related("trades", "trades__job"), ORDERS_PER_PAGE).get_page(request.GET.get("page"))
+    _money_lines(page.object_list)
     keep = request.GET.copy()
     keep.pop("page", None)
     return render(request, "market/orders.html", {"bids": page.object_list, "page": page, "filters": form, "filtered": filtered,
@@ -241,7 +257,7 @@ def job_page(request: HttpRequest, job_id: int) -> HttpResponse:
     if job is None:
         raise Http404("No such job of yours")
     meta = job.checkpoint or {}
-    return render(request, "market/job.html", {"job": job, "log_tail": job_log_tail(job), "receipt": (meta.get("receipt") or {}).get("body"),
+    return render(request, "market/job.html", {"job": job, "money": ledger_selectors.trades_money([job.trade_id]).get(job.trade_id), "log_tail": job_log_tail(job), "receipt": (meta.get("receipt") or {}).get("body"),
                                                "outputs": _output_rows(request, job), "archive": meta.get("outputs_archive"),
                                                "outputs_expired_at": meta.get("outputs_expired_at"),
                                                "continued_by": meta.get("continued_by_bid"), "resume_from": meta.get("resume_from"),
@@ -257,9 +273,10 @@ def _rental(user: Any, job: Any) -> dict[str, Any] | None:
         return None
     booking = Booking.objects.filter(trade=trade).first()
     extensions = list(Trade.objects.filter(extends=trade).order_by("id"))
+    money_ = ledger_selectors.trades_money([trade.pk] + [e.pk for e in extensions])
     active = job.state in ACTIVE_JOB_STATES and not (job.checkpoint or {}).get("stop_requested")
     offer = trade.offer
-    return {"booking": booking, "extensions": extensions, "ask": offer.price, "offer_open": offer.state == "open",
+    return {"booking": booking, "extensions": [{"t": e, "money": money_.get(e.pk)} for e in extensions], "money": money_.get(trade.pk), "ask": offer.price, "offer_open": offer.state == "open",
             "booked_s": trade.duration_s + sum(t.duration_s for t in extensions), "max_duration_s": offer.max_duration_s,
             "can_stop": active, "can_extend": active and booking is not None and booking.state == "held" and offer.state == "open",
             "stopping": bool((job.checkpoint or {}).get("stop_requested")) and job.state in ACTIVE_JOB_STATES}

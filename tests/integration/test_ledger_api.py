@@ -468,3 +468,45 @@ def test_escrow_promised_to_open_bids_and_unrecorded_trades_cannot_be_withdrawn(
     assert r.status_code == 400, r.content
     message = r.json()["error"]["message"]
     assert "4.00 USDC" in message and "6.00 USDC" in message and "open bids" in message, message
+
+
+def test_locked_paid_and_refunded_are_three_figures_and_an_extension_shows_under_its_job(buyer, provider_user, make_job, deployment, client_for):
+    """Issue 32, defect 4: the trade said "amount 0.40 USDC" (its lock) while 0.013666 was
+    paid, an extension's row said "0.20 USDC settled" when nothing was paid, and an extension
+    was an order of its own with no link to the job it extends."""
+    from django.test import Client
+
+    from ledger.custody import custodial_key_get_or_create
+    from ledger.journal import Leg
+    from market import money
+    from market.models import Bid, Trade
+    from tests.conftest import escrow_credit
+
+    job = make_job(provider_user, gpus=1, duration_s=1200)
+    trade = job.trade
+    escrow_credit(buyer, trade.price)  # the extension's lock
+    r = client_for(buyer).post(f"/api/v1/jobs/{job.pk}/extend/", {"duration_s": 600}, format="json")
+    assert r.status_code == 201, r.content
+    ext = Trade.objects.get(pk=r.json()["id"])
+    buyer_at, provider_at = custodial_key_get_or_create(user=buyer).address, trade.provider.chain_address
+    lock, used = trade.amount, trade.amount * 41 // 1200  # 41 s of 1,200 used
+    _journal(Leg("lock", f"locked:{buyer_at}", f"free:{buyer_at}", lock, trade.pk), Leg("lock", f"locked:{buyer_at}", f"free:{buyer_at}", ext.amount, ext.pk),
+             tx="0x" + "03" * 32)
+    _journal(Leg("pay", f"free:{provider_at}", f"locked:{buyer_at}", used, trade.pk), Leg("refund", f"free:{buyer_at}", f"locked:{buyer_at}", lock - used, trade.pk),
+             Leg("refund", f"free:{buyer_at}", f"locked:{buyer_at}", ext.amount, ext.pk), tx="0x" + "04" * 32)
+
+    c = Client()
+    c.force_login(buyer)
+    page = c.get(f"/trades/{trade.pk}/").content.decode()
+    line = f"locked <b>{money.usdc(lock)}</b> · paid <b>{money.usdc(used)}</b> · refunded <b>{money.usdc(lock - used)}</b>"
+    assert line in page and "amount " + money.usdc(lock) not in page
+    page = c.get(f"/trades/{ext.pk}/").content.decode()
+    assert f"locked <b>{money.usdc(ext.amount)}</b> · paid <b>0.00 USDC</b> · refunded <b>{money.usdc(ext.amount)}</b>" in page
+    assert f'extends <a href="/trades/{trade.pk}/">trade #{trade.pk}</a>' in page
+    page = c.get(f"/jobs/{job.pk}/").content.decode()
+    assert line in page and f'data-extension="{ext.pk}"' in page and "paid <b>0.00 USDC</b>" in page
+
+    orders = c.get("/orders/").content.decode()
+    assert re.findall(r'data-order="(\d+)"', orders) == [str(trade.bid_id)], "the extension is not an order of its own"
+    assert Bid.objects.filter(buyer=buyer).count() == 2
+    assert line in orders and f'data-extension="{ext.pk}"' in orders and f"+ extension <a href=\"/trades/{ext.pk}/\">" in orders
