@@ -208,6 +208,47 @@ class EscrowView(APIView):
         return Response({**balances.escrow_of(user=_subject(request)), "chain": selectors.chain_info()})
 
 
+class StatementView(APIView):
+    """Your escrow's statement, from the journal (confirmed chain events only): every
+    deposit, lock, payment, refund, withdrawal and dispute hold, each with its transaction,
+    block and your free and locked balances after it; `?month=YYYY-MM` for one month (its
+    opening and closing balances around it), `?as=csv` for a CSV download (amounts in USDC
+    with six decimals). Token base units in JSON."""
+
+    permission_classes = [ScopedAccess]
+    scopes = {"get": Scope.READ}
+
+    @extend_schema(parameters=[USER_PARAM, OpenApiParameter("month", str, description="YYYY-MM: that month only"),
+                               OpenApiParameter("as", str, enum=["json", "csv"], description="csv: a CSV file")],
+                   responses=inline_serializer("Statement", {"address": serializers.CharField(allow_null=True), "month": serializers.CharField(allow_null=True),
+                                                             "opening": serializers.DictField(), "closing": serializers.DictField(),
+                                                             "lines": serializers.ListField(child=serializers.DictField()), "totals": serializers.DictField(),
+                                                             "months": serializers.ListField(child=serializers.CharField())}))
+    def get(self, request: Request) -> Any:
+        try:
+            month = balances.month_check(request.query_params.get("month"))
+        except ValueError as exc:
+            raise serializers.ValidationError({"month": [str(exc)]}) from None
+        fmt = request.query_params.get("as", "json")
+        if fmt not in ("json", "csv"):
+            raise serializers.ValidationError({"as": [f"Expected json or csv, got {fmt[:20]!r}."]})
+        address = balances.escrow_of(user=_subject(request))["address"]
+        statement = balances.statement_of(address=address, month=month)
+        if fmt == "csv":
+            return statement_download(statement)
+        return Response({**statement, "months": balances.statement_months(address)})
+
+
+def statement_download(statement: dict[str, Any]) -> Any:
+    """The statement as a CSV attachment named for its address and month."""
+    from django.http import HttpResponse
+
+    name = f"gridbid-statement-{(statement['address'] or 'none')[:10]}-{statement['month'] or 'all'}.csv"
+    response = HttpResponse(balances.statement_csv(statement), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    return response
+
+
 class EarningsView(APIView):
     """A provider's money from confirmed chain events only, in token base units: `settled`
     (what settlements paid for the GPU-time used; the rest of each lock went back to the

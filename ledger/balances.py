@@ -121,3 +121,106 @@ def earnings_of(*, provider: Provider, series_limit: int = 500) -> dict[str, Any
                 series.append((t, running))
         out["series"] = series[-series_limit:]
     return out
+
+
+# --- statement ---------------------------------------------------------------------------------
+STATEMENT_KINDS = {
+    # journal kind -> what the line says, for the account whose statement it is
+    "deposit": "deposit from your wallet",
+    "withdraw": "withdrawal to your wallet",
+    "lock": "locked for trade #{trade}",
+    "pay": "paid for trade #{trade}",
+    "refund": "refunded from trade #{trade}",
+    "hold": "held in the dispute over trade #{trade}",
+    "release": "released from the dispute over trade #{trade}",
+    "slash": "slashed in the dispute over trade #{trade}",
+    "stake": "staked",
+    "unstake": "stake returned",
+}
+STATEMENT_COLUMNS = ("seq", "at", "kind", "what", "trade", "free_change", "locked_change", "free_after", "locked_after", "tx_hash", "block")
+
+
+def statement_months(address: str | None) -> list[str]:
+    """The months (YYYY-MM, newest first) in which the journal moved this address's money."""
+    if not address:
+        return []
+    mine = _statement_q(address)
+    return sorted({at.strftime("%Y-%m") for at in JournalEntry.objects.filter(mine).values_list("created_at", flat=True)}, reverse=True)
+
+
+def _statement_q(address: str) -> Q:
+    free, locked = f"free:{address}", f"locked:{address}"
+    return Q(debit__iexact=free) | Q(credit__iexact=free) | Q(debit__iexact=locked) | Q(credit__iexact=locked)
+
+
+def month_check(month: str | None) -> str | None:
+    """``YYYY-MM`` as given, or None for none; ValueError saying what to send otherwise."""
+    if month is None or month == "":
+        return None
+    import re
+
+    if not re.fullmatch(r"\d{4}-(0[1-9]|1[0-2])", month):
+        raise ValueError(f"month: expected YEAR-MONTH like 2026-12, got {month[:20]!r}")
+    return month
+
+
+def statement_of(*, address: str | None, month: str | None = None) -> dict[str, Any]:
+    """Every movement of an address's escrow (its free and locked balances) in journal order:
+    deposits, locks, payments, refunds, withdrawals, dispute holds and releases, each with
+    its transaction, block and the balances after it. Built from the journal (confirmed
+    chain events only), so the closing balances are the contract's. With ``month``
+    (``YYYY-MM``, by when the journal confirmed each), that month's lines between its
+    opening and closing balances. Token base units."""
+    out: dict[str, Any] = {"address": address, "month": month, "opening": {"free": 0, "locked": 0}, "closing": {"free": 0, "locked": 0},
+                           "lines": [], "totals": {}}
+    if not address:
+        return out
+    free_acct, locked_acct = f"free:{address}".lower(), f"locked:{address}".lower()
+    free = locked = 0
+    totals: dict[str, int] = defaultdict(int)
+    rows = (JournalEntry.objects.filter(_statement_q(address)).order_by("seq")
+            .values_list("seq", "created_at", "kind", "debit", "credit", "amount", "trade_id", "tx_hash", "block_number"))
+    for seq, at, kind, debit, credit, amount, trade, tx, block in rows:
+        d, c = debit.lower(), credit.lower()
+        dfree = (amount if d == free_acct else 0) - (amount if c == free_acct else 0)
+        dlocked = (amount if d == locked_acct else 0) - (amount if c == locked_acct else 0)
+        this_month = at.strftime("%Y-%m")
+        if month is not None and this_month < month:
+            free, locked = free + dfree, locked + dlocked
+            out["opening"] = {"free": free, "locked": locked}
+            continue
+        if month is not None and this_month > month:
+            break
+        free, locked = free + dfree, locked + dlocked
+        if kind == "pay" and d == free_acct:
+            what = "earned from trade #{trade}"  # the provider's side of a payment
+        elif kind == "slash" and d == free_acct:
+            what = "from the provider's stake: the dispute over trade #{trade} went your way"
+        else:
+            what = STATEMENT_KINDS.get(kind, kind)
+        totals[kind] += amount
+        out["lines"].append({"seq": seq, "at": at.isoformat().replace("+00:00", "Z"), "kind": kind, "what": what.format(trade=trade),
+                             "trade": trade, "free_change": dfree, "locked_change": dlocked, "free_after": free, "locked_after": locked,
+                             "tx_hash": tx, "block": block})
+    out["closing"] = {"free": free, "locked": locked}
+    out["totals"] = dict(totals)
+    return out
+
+
+def statement_csv(statement: dict[str, Any]) -> str:
+    """The statement as CSV: one row per line, amounts in USDC with every digit (6 decimals)."""
+    import csv
+    import io
+
+    def usdc(v: int) -> str:
+        sign = "-" if v < 0 else ""
+        whole, frac = divmod(abs(v), 10**6)
+        return f"{sign}{whole}.{frac:06d}"
+
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(STATEMENT_COLUMNS)
+    for line in statement["lines"]:
+        w.writerow([usdc(line[c]) if c in ("free_change", "locked_change", "free_after", "locked_after") else ("" if line[c] is None else line[c])
+                    for c in STATEMENT_COLUMNS])
+    return buf.getvalue()

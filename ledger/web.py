@@ -4,6 +4,7 @@ in the browser with ledger/static/ledger/keccak.js)."""
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -61,10 +62,45 @@ def wallet(request: HttpRequest) -> HttpResponse:
             prefill = money.figure(money.parse_usdc(request.GET["deposit"])).replace(",", "")
     except ValueError:
         prefill = ""
+    months = balances.statement_months(escrow.get("address"))
+    month, month_error = request.GET.get("month") or (months[0] if months else None), None
+    try:
+        month = balances.month_check(month)
+    except ValueError as exc:
+        month, month_error = None, str(exc)
+    statement = balances.statement_of(address=escrow.get("address"), month=month)
     return render(request, "ledger/wallet.html", {
         "escrow": escrow, "chain": selectors.chain_info(), "nonce": uuid.uuid4().hex,
         "faucet": faucet_available(), "held": tokens_held(escrow.get("address")), "deposit_prefill": prefill,
+        "statement": statement, "statement_lines": list(reversed(statement["lines"]))[:STATEMENT_SHOWN], "months": months,
+        "month_error": month_error, "spend": _spend_per_day(statement),
     })
+
+
+STATEMENT_SHOWN = 200  # lines on the page, newest first; the CSV has them all
+
+
+def _spend_per_day(statement: dict[str, Any]) -> list[list[Any]]:
+    """[day, USDC paid to providers that day] over the statement's lines, for the chart."""
+    days: dict[str, int] = {}
+    for line in statement["lines"]:
+        if line["kind"] == "pay" and line["locked_change"] < 0:
+            day = line["at"][:10]
+            days[day] = days.get(day, 0) - line["locked_change"]
+    return [[d, v] for d, v in sorted(days.items())]
+
+
+@login_required
+def wallet_statement_csv(request: HttpRequest) -> HttpResponse:
+    """The wallet's statement as CSV (all of it, or ``?month=YYYY-MM``)."""
+    from ledger.api import statement_download
+
+    try:
+        month = balances.month_check(request.GET.get("month"))
+    except ValueError as exc:
+        return HttpResponse(f"{exc}\n", status=400, content_type="text/plain; charset=utf-8")
+    escrow = balances.escrow_of(user=request.user)
+    return statement_download(balances.statement_of(address=escrow.get("address"), month=month))
 
 
 @login_required

@@ -510,3 +510,58 @@ def test_locked_paid_and_refunded_are_three_figures_and_an_extension_shows_under
     assert re.findall(r'data-order="(\d+)"', orders) == [str(trade.bid_id)], "the extension is not an order of its own"
     assert Bid.objects.filter(buyer=buyer).count() == 2
     assert line in orders and f'data-extension="{ext.pk}"' in orders and f"+ extension <a href=\"/trades/{ext.pk}/\">" in orders
+
+
+def test_the_wallet_statement_lists_every_movement_by_month_with_balances_and_as_csv(buyer, stranger, provider_user, make_job, deployment, client_for):
+    """Issue 32, cost everywhere: a statement of the buyer's escrow from the journal; the
+    chain check of the same figures is in test_provider_earnings_chain.py."""
+    import csv
+    import io
+    from datetime import timedelta
+
+    from django.test import Client
+    from django.utils import timezone
+
+    from ledger.custody import custodial_key_get_or_create
+    from ledger.journal import Leg
+    from ledger.models import JournalEntry
+
+    job = make_job(provider_user)
+    me, provider = custodial_key_get_or_create(user=buyer).address, job.trade.provider.chain_address
+    _journal(Leg("deposit", f"free:{me}", f"wallet:{me}", 5_000_000), tx="0x" + "11" * 32, block=11)
+    _journal(Leg("lock", f"locked:{me}", f"free:{me}", 1_200_000, job.trade_id), tx="0x" + "12" * 32, block=12)
+    _journal(Leg("pay", f"free:{provider}", f"locked:{me}", 13_666, job.trade_id),
+             Leg("refund", f"free:{me}", f"locked:{me}", 1_186_334, job.trade_id), tx="0x" + "13" * 32, block=13)
+    _journal(Leg("withdraw", f"wallet:{me}", f"free:{me}", 1_000_000), tx="0x" + "14" * 32, block=14)
+    _journal(Leg("deposit", f"free:{provider}", f"wallet:{provider}", 7), tx="0x" + "15" * 32, block=15)  # someone else's
+    # the first two a month earlier
+    JournalEntry.objects.filter(block_number__in=(11, 12)).update(created_at=timezone.now() - timedelta(days=40))
+    earlier, now = (timezone.now() - timedelta(days=40)).strftime("%Y-%m"), timezone.now().strftime("%Y-%m")
+
+    api = client_for(buyer)
+    whole = api.get("/api/v1/ledger/statement/").json()
+    assert [(x["kind"], x["free_change"], x["locked_change"], x["free_after"], x["locked_after"]) for x in whole["lines"]] == [
+        ("deposit", 5_000_000, 0, 5_000_000, 0), ("lock", -1_200_000, 1_200_000, 3_800_000, 1_200_000),
+        ("pay", 0, -13_666, 3_800_000, 1_186_334), ("refund", 1_186_334, -1_186_334, 4_986_334, 0), ("withdraw", -1_000_000, 0, 3_986_334, 0)]
+    assert whole["closing"] == {"free": 3_986_334, "locked": 0} and whole["months"] == [now, earlier]
+    assert whole["lines"][2]["what"] == f"paid for trade #{job.trade_id}" and whole["lines"][2]["tx_hash"] == "0x" + "13" * 32
+    month = api.get("/api/v1/ledger/statement/", {"month": now}).json()
+    assert month["opening"] == {"free": 3_800_000, "locked": 1_200_000} and [x["kind"] for x in month["lines"]] == ["pay", "refund", "withdraw"]
+    assert month["totals"] == {"pay": 13_666, "refund": 1_186_334, "withdraw": 1_000_000}
+    rows = list(csv.DictReader(io.StringIO(api.get("/api/v1/ledger/statement/", {"as": "csv", "month": now}).content.decode())))
+    assert [(r["kind"], r["free_change"], r["locked_after"]) for r in rows] == [("pay", "0.000000", "1.186334"), ("refund", "1.186334", "0.000000"),
+                                                                              ("withdraw", "-1.000000", "0.000000")]
+    for bad, field in (({"month": "2026-13"}, "month"), ({"month": "last"}, "month"), ({"as": "xml"}, "as")):
+        r = api.get("/api/v1/ledger/statement/", bad)
+        assert r.status_code == 400 and field in r.json()["error"]["fields"], r.content
+    assert client_for(stranger).get("/api/v1/ledger/statement/").json()["lines"] == []
+
+    page = Client()
+    page.force_login(buyer)
+    html = page.get("/wallet/").content.decode()
+    assert "free 3.80 USDC · locked 1.20 USDC" in html and 'id="spend-data"' in html  # this month's opening, and its payments per day
+    assert "withdrawal to your wallet" in html and f'href="/trades/{job.trade_id}/">paid for trade #{job.trade_id}' in html
+    assert "expected YEAR-MONTH" in page.get("/wallet/", {"month": "soon"}).content.decode()
+    download = page.get("/wallet/statement.csv")
+    assert download["Content-Disposition"].startswith('attachment; filename="gridbid-statement-') and len(download.content.decode().splitlines()) == 6
+    assert page.get("/wallet/statement.csv", {"month": "x"}).status_code == 400

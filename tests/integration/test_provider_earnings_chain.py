@@ -5,6 +5,8 @@ unit."""
 
 from __future__ import annotations
 
+import csv
+import io
 from typing import Any
 
 import pytest
@@ -150,3 +152,60 @@ def test_the_providers_figures_are_the_chains_to_the_unit_through_disputes_won_l
     html = page.get("/provider/").content.decode()
     for kpi in ("paid", "held", "free", "stake"):
         assert f'data-kpi="{kpi}">{tokens(chain[kpi])} USDC</dd>' in html, kpi  # issue 32: money with its unit
+
+    # issue 32: the buyer's statement (API, CSV and wallet page) is the chain's events for
+    # that buyer, to the unit: its deposits, the locks its trades were recorded with, what
+    # settlements paid and refunded, what the lost dispute gave back; and it closes at the
+    # contract's own balances
+    buyer_chain = buyer_rebuilt_from_chain(ctx, ledger_address(buyer))
+    statement = client_for(buyer).get("/api/v1/ledger/statement/").json()
+    totals = statement["totals"]
+    assert (totals.get("deposit", 0), totals["lock"], totals["pay"], totals["refund"], totals.get("slash", 0)) == (
+        buyer_chain["deposited"], buyer_chain["locked"], buyer_chain["paid"], buyer_chain["refunded"], buyer_chain["slashed_to_me"])
+    assert statement["closing"] == {"free": buyer_chain["free"], "locked": buyer_chain["locked_now"]}
+    assert [line["kind"] for line in statement["lines"]][:1] == ["deposit"] and statement["months"]
+    csv_rows = list(csv.DictReader(io.StringIO(client_for(buyer).get("/api/v1/ledger/statement/", {"as": "csv"}).content.decode())))
+    assert [(int(r["seq"]), r["kind"], r["tx_hash"]) for r in csv_rows] == [(x["seq"], x["kind"], x["tx_hash"]) for x in statement["lines"]]
+    assert sum(round(float(r["free_change"]) * 10**6) for r in csv_rows) == buyer_chain["free"]
+    page.force_login(buyer)
+    html = page.get("/wallet/").content.decode()
+    assert f"free {tokens(buyer_chain['free'])} USDC · locked {tokens(buyer_chain['locked_now'])} USDC" in html
+    assert page.get("/wallet/statement.csv", {"month": statement["months"][0]}).content.decode().splitlines()[1:] == \
+        [line for line in client_for(buyer).get("/api/v1/ledger/statement/", {"as": "csv", "month": statement["months"][0]}).content.decode().splitlines()[1:]]
+
+
+def ledger_address(user: Any) -> str:
+    from ledger.balances import escrow_of
+
+    return str(escrow_of(user=user)["address"])
+
+
+def buyer_rebuilt_from_chain(ctx: Any, address: str) -> dict[str, int]:
+    """A lone buyer's money from the market contract's logs alone: its deposits, the locks of
+    the record batches (every trade here is its), what settlements paid and refunded, and
+    what disputes it won gave back; checked against the contract's views."""
+    events = ctx.client.events(ctx.market, ctx.deployment.deployed_block, ctx.client.block_number())
+    me = address.lower()
+    out = {"deposited": 0, "withdrawn": 0, "locked": 0, "paid": 0, "refunded": 0, "won_back": 0, "trade_refunds": 0, "slashed_to_me": 0}
+    for e in events:
+        a = e.args
+        if e.name == "Deposited" and a["buyer"].lower() == me:
+            out["deposited"] += int(a["amount"])
+        elif e.name == "Withdrawn" and a["account"].lower() == me:
+            out["withdrawn"] += int(a["amount"])
+        elif e.name == "TradesRecorded":
+            out["locked"] += int(a["locked"])
+        elif e.name == "BatchSettled":
+            out["paid"] += int(a["paid"])
+            out["refunded"] += int(a["refunded"])
+        elif e.name == "TradeRefunded" and a["buyer"].lower() == me:
+            out["trade_refunds"] += int(a["amount"])
+        elif e.name == "DisputeResolved" and not a["provider_paid"]:
+            out["won_back"] += int(a["amount"])
+            out["slashed_to_me"] += int(a["slashed"])
+    out["refunded"] += out["won_back"] + out["trade_refunds"]
+    out["locked_now"] = out["locked"] - int(out["paid"]) - (out["refunded"] - out["won_back"])
+    out["free"] = out["deposited"] - out["withdrawn"] - out["locked"] + out["refunded"] + out["slashed_to_me"]
+    assert int(ctx.client.view(ctx.market, "balance_of", address)) == out["free"]
+    assert int(ctx.client.view(ctx.market, "total_locked")) == out["locked_now"]
+    return out

@@ -107,13 +107,13 @@
   const cssVar = (name) => getComputedStyle(document.documentElement).getPropertyValue(name).trim();
   const PALETTE = ["--accent", "--accent2", "--warn", "--ask"];
   const CHART_HEIGHT = 220;
-  function lineChart(el, { yFmt, rounds = false, yRange = null, minSpan = rounds ? 4 : 120 }) {
+  function lineChart(el, { yFmt, rounds = false, days = false, yRange = null, minSpan = rounds ? 4 : days ? 3 * 86400 : 120 }) {
     if (!el || !window.uPlot) return null;
     let plot = null;
     const width = () => Math.max(240, el.clientWidth);
     const axis = () => ({ stroke: cssVar("--muted"), grid: { stroke: cssVar("--line"), width: 1 }, ticks: { stroke: cssVar("--line"), width: 1 } });
     function build(data, labels) {
-      const clock = (v) => new Date(v * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" });
+      const clock = days ? (v) => new Date(v * 1000).toISOString().slice(0, 10) : (v) => new Date(v * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" });
       const x = rounds ? { ...axis(), incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000], values: (u, vals) => vals.map((v) => "#" + v) } : { ...axis(), space: 80, values: (u, vals) => vals.map(clock) };
       return new window.uPlot({
         width: width(), height: CHART_HEIGHT,
@@ -122,7 +122,7 @@
         // or one round, still get a readable axis
         scales: { x: { time: !rounds, range: (u) => { const xs = u.data[0], lo = xs[0], hi = xs[xs.length - 1]; return hi - lo < minSpan ? [hi - minSpan, hi + minSpan / 20] : [lo, hi]; } }, y: yRange ? { range: yRange } : {} },
         axes: [x, { ...axis(), size: 64, values: (u, vals) => vals.map(yFmt) }],
-        series: [{ label: rounds ? "round" : "time", value: (u, v) => (v === null ? "—" : rounds ? "#" + v : stamp(new Date(v * 1000))) },
+        series: [{ label: rounds ? "round" : days ? "day" : "time", value: (u, v) => (v === null ? "—" : rounds ? "#" + v : days ? clock(v) : stamp(new Date(v * 1000))) },
           ...labels.map((label, i) => ({ label, stroke: cssVar(PALETTE[i % PALETTE.length]), width: 2, spanGaps: true, points: { size: 5 }, value: (u, v) => (v === null ? "—" : yFmt(v)) }))],
       }, data, el);
     }
@@ -339,6 +339,13 @@
       setText(document.querySelector("[data-kpi=free]"), usdc(b.earnings_free || 0));
       setText(document.querySelector("[data-kpi=stake]"), usdc(b.stake || 0));
     });
+  }
+
+  // Wallet: what the buyer paid providers per day (from its statement: confirmed payments)
+  const spend = readJSON("spend-data");
+  if (spend && spend.length) {
+    const chart = lineChart(document.getElementById("spend-chart"), { days: true, yFmt: (v) => v.toLocaleString("en-US", { maximumFractionDigits: 6 }) + " USDC" });
+    if (chart) chart.set([spend.map((p) => Date.parse(p[0] + "T00:00:00Z") / 1000), spend.map((p) => p[1] / 1e6)], ["paid to providers"]);
   }
 
   // Operator: rounds, the settlement queue, jobs by state, machines offline
