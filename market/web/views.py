@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import math
 from collections.abc import Callable
 from decimal import Decimal
@@ -425,14 +426,28 @@ AUDIT_RECENT = 20  # account page; the whole log is at /api/v1/audit/
 
 USD = 1_000_000
 
+# Job templates on the bid form: what each fills in (image, command, ports, SSH) and what it
+# needs from a provider. Ports and SSH need a container runtime: a machine whose agent runs
+# jobs as plain processes cannot publish them.
+JOB_TEMPLATES: dict[str, dict[str, Any]] = {
+    "pytorch": {"name": "PyTorch training", "image": "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime", "command": "python train.py",
+                "ports": "", "ssh": False, "needs": "a container runtime (docker or podman) and CUDA 12.4 drivers; writes what train.py saves in outputs/"},
+    "vllm": {"name": "vLLM inference server", "image": "vllm/vllm-openai:v0.6.4", "command": "--model Qwen/Qwen2.5-7B-Instruct --port 8000",
+             "ports": "8000", "ssh": False, "needs": "a container runtime to publish port 8000 (an OpenAI-compatible API), 24 GiB of GPU memory for a 7B model"},
+    "jupyter": {"name": "Jupyter (PyTorch notebook)", "image": "quay.io/jupyter/pytorch-notebook:cuda12-latest", "command": "",
+                "ports": "8888", "ssh": True, "needs": "a container runtime to publish port 8888 and SSH; your account's SSH keys"},
+}
+
 
 class BidForm(forms.Form):
+    template = forms.ChoiceField(required=False, label="Template", help_text="Fills in the image, command and ports; change them as you like.")
     gpu_model = forms.ChoiceField(label="GPU model")
     gpus = forms.IntegerField(min_value=1, max_value=64, initial=1, label="GPUs")
     # Decimal bounds: a float 0.1 is 0.1000000000000000055..., and the form refused "0.1"
     max_price_usd = forms.DecimalField(min_value=Decimal("0.01"), max_value=Decimal(1000), decimal_places=2, initial=Decimal("2.50"), label="Max price (USDC/GPU-h)")
     hours = forms.DecimalField(min_value=Decimal("0.1"), max_value=Decimal(720), decimal_places=1, initial=Decimal(1), label="Duration (hours)")
     location_region = forms.ChoiceField(required=False, label="Your location")
+    preferred_region = forms.ChoiceField(required=False, label="Preferred region", help_text="Offers here win ties; others still match.")
     max_latency_ms = forms.IntegerField(required=False, min_value=1, max_value=10000, label="Max latency (ms)")
     klass = forms.ChoiceField(choices=[("on_demand", "on-demand"), ("reserved", "reserved"), ("spot", "spot (cheapest, may be preempted)")], initial="on_demand", label="Class")
     image = forms.CharField(max_length=255, required=False, initial="ghcr.io/acme/train:latest", label="Container image",
@@ -461,6 +476,9 @@ class BidForm(forms.Form):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.fields["gpu_model"].choices = [(m.id, f"{m.name} · {m.memory_gib} GiB · {m.compute_units:.0f} CU") for m in GpuModel.objects.all()]
         self.fields["location_region"].choices = [("", "anywhere")] + [(r.id, r.name) for r in Region.objects.all()]
+        self.fields["preferred_region"].choices = [("", "none")] + [(r.id, r.name) for r in Region.objects.all()]
+        self.fields["template"].choices = [("", "none: my own")] + [(k, t["name"]) for k, t in JOB_TEMPLATES.items()]
+        self.fields["template"].widget.attrs["data-templates"] = json.dumps(JOB_TEMPLATES)
 
     def api_body(self) -> dict[str, object]:
         d = self.cleaned_data
@@ -482,6 +500,8 @@ class BidForm(forms.Form):
             body["location_region"] = d["location_region"]
         if d.get("max_latency_ms"):
             body["max_latency_ms"] = d["max_latency_ms"]
+        if d.get("preferred_region"):
+            body["preferred_regions"] = [d["preferred_region"]]
         return body
 
 
@@ -490,7 +510,9 @@ def bid_new(request: HttpRequest) -> HttpResponse:
     """Place a bid: validated by the same serializer and service as the API, with a live quote."""
     from rest_framework.exceptions import ValidationError
 
-    form = BidForm(request.POST or None, initial={"gpu_model": request.GET.get("gpu_model", "H100-SXM-80GB")})
+    initial: dict[str, object] = {"gpu_model": request.GET.get("gpu_model", "H100-SXM-80GB")}
+    renting = _rent_offer(request, initial)
+    form = BidForm(request.POST or None, initial=initial)
     shortfall: dict[str, object] | None = None
     if request.method == "POST" and form.is_valid():
         data = BidCreateSerializer(data=form.api_body())
@@ -509,7 +531,23 @@ def bid_new(request: HttpRequest) -> HttpResponse:
         else:
             messages.success(request, f"Bid #{bid.id} placed: it takes part in the next round.")
             return redirect("web:orders")
-    return render(request, "market/bid_new.html", {"form": form, "shortfall": shortfall})
+    return render(request, "market/bid_new.html", {"form": form, "shortfall": shortfall, "renting": renting})
+
+
+def _rent_offer(request: HttpRequest, initial: dict[str, object]) -> Offer | None:
+    """``?offer=ID`` (an offer's *Rent this*): the form starts from that offer, its model,
+    its region preferred, its ask as the max price (to the cent above) and all the GPUs it
+    has free. An offer that is gone or not open says so and changes nothing."""
+    raw = request.GET.get("offer")
+    if not raw:
+        return None
+    offer = Offer.objects.filter(pk=int(raw) if raw.isdigit() and len(raw) < 19 else -1, state=OfferState.OPEN).select_related("machine").first()
+    if offer is None or offer.gpus_free < 1:
+        messages.warning(request, f"Offer #{raw[:20]} is not open or has no GPU free now; place the bid as you like.")
+        return None
+    initial.update(gpu_model=offer.gpu_model_id, preferred_region=offer.machine.region_id, gpus=min(offer.gpus_free, 64),
+                   max_price_usd=Decimal(math.ceil(offer.price / (USD // 100))) / 100)
+    return offer
 
 
 @login_required

@@ -138,6 +138,23 @@ def test_the_live_quote_takes_an_empty_image_as_the_form_does(page, embedded_ser
     assert "image" in page.inner_text("#quote").lower() and "command" in page.inner_text("#quote").lower()
 
 
+def test_rent_this_opens_the_bid_form_from_the_offer_and_a_template_fills_the_job(page, embedded_server):
+    # issue 32, features 3 and 5, as a new buyer would: an offer's *Rent this*, a quote at
+    # once, then a template
+    sign_up(page, embedded_server, "r")
+    page.goto(embedded_server + "/offers/?gpu_model=A100-SXM-80GB")
+    page.click("a[data-rent] >> nth=0")
+    page.wait_for_selector("#renting")
+    assert page.input_value("#id_gpu_model") == "A100-SXM-80GB" and page.input_value("#id_preferred_region")
+    wait_for_js(page, "!document.getElementById('quote').classList.contains('pending')")
+    assert "error" not in (page.get_attribute("#quote", "class") or ""), page.inner_text("#quote")
+    page.select_option("#id_template", "jupyter")
+    assert page.input_value("#id_image").startswith("quay.io/jupyter/") and page.input_value("#id_ports") == "8888" and page.is_checked("#id_ssh")
+    assert "container runtime" in page.inner_text("#template-needs")
+    wait_for_js(page, "!document.getElementById('quote').classList.contains('pending')")
+    shot(page, "rent-this-template")
+
+
 def place_a100_bid(page: Any, base: str) -> None:
     """One A100 for an hour at up to 9.00/h, once the live quote says it would match; then
     the orders page."""

@@ -274,3 +274,31 @@ def test_a_job_that_ended_without_output_does_not_say_nothing_yet(buyer, provide
     job_event(user=provider_user, job_id=job.pk, event="completed", exit_code=0, gpu_seconds=10)
     page = c.get(f"/jobs/{job.pk}/").content.decode()
     assert "(nothing yet)" not in page and "wrote nothing to stdout or stderr" in page
+
+
+def test_rent_this_starts_the_bid_form_from_the_offer_with_its_region_preferred(buyer, provider_user, make_offer):
+    # issue 32, features 3 and 5: *Rent this* on an offer, and job templates on the bid form
+    import json
+    import re
+
+    from market.models import Bid
+
+    offer = make_offer(provider_user, model="A100-SXM-80GB", region="eu-west", count=4, price=1_212_000)
+    c = Client()
+    c.force_login(buyer)
+    listed = c.get("/offers/").content.decode()
+    assert f'href="/bids/new/?offer={offer.pk}"' in listed
+    page = c.get(f"/bids/new/?offer={offer.pk}").content.decode()
+    assert f"Renting offer <b>#{offer.pk}</b>" in page
+    assert re.search(r'<option value="A100-SXM-80GB"[^>]*selected', page) and re.search(r'name="preferred_region"[\s\S]*?<option value="eu-west" selected', page)
+    assert 'name="gpus" value="4"' in page and 'name="max_price_usd" value="1.22"' in page, "its ask, to the cent above"
+    body = {"gpu_model": "A100-SXM-80GB", "gpus": 4, "max_price_usd": "1.22", "hours": "1", "klass": "on_demand", "image": "img:1",
+            "command": "python x.py", "preferred_region": "eu-west"}
+    assert c.post(f"/bids/new/?offer={offer.pk}", body).status_code == 302
+    assert Bid.objects.get(buyer=buyer).preferred_regions == ["eu-west"]
+    for gone in ("999999", "abc", "1" * 40):
+        page = c.get(f"/bids/new/?offer={gone}").content.decode()
+        assert "is not open or has no GPU free now" in page and "Renting offer" not in page
+    templates = json.loads(re.search(r'data-templates="([^"]*)"', c.get("/bids/new/").content.decode()).group(1).replace("&quot;", '"'))
+    assert {t["name"] for t in templates.values()} == {"PyTorch training", "vLLM inference server", "Jupyter (PyTorch notebook)"}
+    assert all(t["image"] and "needs" in t for t in templates.values()) and templates["jupyter"]["ports"] == "8888"
