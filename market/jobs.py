@@ -32,7 +32,7 @@ from market.services import bid_continue, spec_signature_custodial
 from market.ssh_keys import authorized_keys
 from market.states import BidState, BookingState, JobState, OfferState
 from providers.push import machine_wake
-from providers.selectors import log_key, own_machine, provider_of
+from providers.selectors import job_telemetry_live, log_key, own_machine, provider_of
 
 EVENT_TARGET = {
     "started": JobState.RUNNING,
@@ -80,6 +80,14 @@ def _access_check(job: Job, access: dict[str, Any]) -> dict[str, Any]:
     if len({h for _, h in got}) != len(got):
         raise DomainError("Two container ports are mapped to the same host port.", fields={"access.ports": ["Each host port once."]})
     return {"host": access["host"], "ports": [{"container": c, "host": h} for c, h in sorted(got)], "ssh": bool(spec.get("ssh"))}
+
+
+def job_telemetry(job: Job) -> list[list[float]]:
+    """Its GPUs over time from its agent's heartbeats, oldest first: [unix time, mean
+    utilisation %, memory used MiB, memory total MiB] (``JOB_TELEMETRY_COLUMNS``); kept with
+    the job once it ended, live from the heartbeats until then."""
+    kept = (job.checkpoint or {}).get("telemetry")
+    return list(kept) if kept else job_telemetry_live(job.pk)
 
 
 def job_log_tail(job: Job) -> str:
@@ -308,6 +316,9 @@ def job_event(*, user: User, job_id: int, event: str, at: int | None = None, pro
             meta["reason"] = reason[:500]
         if log_tail:
             meta["log_tail"] = log_tail
+        series = job_telemetry_live(job.pk)
+        if series:
+            meta["telemetry"] = series  # its GPUs over its run, kept with the job once it ends
         if event == "completed":
             job.progress = 1.0
     job.checkpoint = meta

@@ -20,12 +20,17 @@ from django.utils import timezone
 
 from market.errors import Conflict, DomainError
 from market.events import JobsChanged, MachinesChanged, announce
-from market.models import Job, Offer, User
+from market.models import Booking, Job, Offer, User
 from market.states import JobState, OfferState
 from providers.models import MachineState, Provider
 from providers.selectors import (
+    JOB_TELEMETRY_TTL_S,
     TELEMETRY_HISTORY_POINTS,
     TELEMETRY_TTL_S,
+    job_telemetry_append,
+    job_telemetry_key,
+    job_telemetry_live,
+    job_telemetry_point,
     log_key,
     own_machine,
     provider_of,
@@ -38,10 +43,16 @@ CHALLENGE_SALT = "gridbid.agent.challenge"
 CHALLENGE_MAX_AGE_S = 300
 
 
-def _telemetry_store(machine_id: int, snapshot: dict[str, Any], at: datetime) -> None:
-    """The latest figures, and a short history of mean GPU utilisation for the dashboard's chart."""
+def _telemetry_store(machine_id: int, snapshot: dict[str, Any], at: datetime, jobs: dict[int, list[int]] | None = None) -> None:
+    """The latest figures, a short history of mean GPU utilisation for the dashboard's chart,
+    and per running job (``jobs``: job id -> its GPU indexes) a point of its own GPUs' series,
+    which its job page draws and its end keeps (``market.jobs.job_event``)."""
     cache.set(telemetry_key(machine_id), snapshot, TELEMETRY_TTL_S)
     gpus = snapshot["gpus"]
+    for job_id, indexes in (jobs or {}).items():
+        point = job_telemetry_point(gpus, list(indexes), at.timestamp())
+        if point is not None:
+            cache.set(job_telemetry_key(job_id), job_telemetry_append(job_telemetry_live(job_id), point), JOB_TELEMETRY_TTL_S)
     if gpus:
         point = [round(at.timestamp(), 3), round(sum(float(g.get("utilisation", 0)) for g in gpus) / len(gpus), 1)]
         history = [*(cache.get(telemetry_history_key(machine_id)) or []), point][-TELEMETRY_HISTORY_POINTS:]
@@ -78,7 +89,8 @@ def machine_heartbeat(*, user: User, machine_id: int, gpus: list[dict[str, Any]]
     announce(JobsChanged(job_ids=tuple(moved)))  # progress bars on the buyer's page follow the heartbeats
     snapshot = {"at": machine.last_heartbeat.isoformat(), "agent_version": agent_version, "gpus": gpus}
     at = machine.last_heartbeat
-    transaction.on_commit(lambda: _telemetry_store(machine.pk, snapshot, at))
+    held = dict(Booking.objects.filter(trade__job__id__in=moved).values_list("trade__job__id", "gpu_indexes")) if moved and gpus else {}
+    transaction.on_commit(lambda: _telemetry_store(machine.pk, snapshot, at, held))
     announce(MachinesChanged(machine_ids=(machine.pk,), states_changed=came_back))  # after the telemetry is stored
     return {"machine": machine.pk, "state": machine.state, "reopened_offers": reopened, "jobs_updated": updated, "next_heartbeat_s": HEARTBEAT_INTERVAL_S}
 

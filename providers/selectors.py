@@ -45,6 +45,37 @@ def telemetry_history_key(machine_id: int) -> str:
 
 
 TELEMETRY_HISTORY_POINTS = 120  # ten minutes at the default heartbeat
+JOB_TELEMETRY_POINTS = 720  # a job's series: an hour at the heartbeat, then every other older point goes
+JOB_TELEMETRY_COLUMNS = ("t", "gpu_util_pct", "memory_used_mib", "memory_total_mib")
+JOB_TELEMETRY_TTL_S = 7 * 24 * 3600  # a running job's series (its end copies it to the job)
+
+
+def job_telemetry_key(job_id: int) -> str:
+    return f"gridbid:job:{job_id}:telemetry"
+
+
+def job_telemetry_point(gpus: list[dict[str, Any]], indexes: list[int], at: float) -> list[float] | None:
+    """One point of a job's series from a heartbeat's GPUs: [unix time, mean utilisation %
+    of the job's GPUs, their memory used and total in MiB]; None if none of them reported."""
+    mine = [g for g in gpus if g.get("index") in set(indexes)]
+    if not mine:
+        return None
+    return [round(at, 3), round(sum(float(g.get("utilisation", 0)) for g in mine) / len(mine), 1),
+            sum(int(g.get("memory_used_mib", 0)) for g in mine), sum(int(g.get("memory_total_mib", 0)) for g in mine)]
+
+
+def job_telemetry_append(series: list[list[float]], point: list[float]) -> list[list[float]]:
+    """The series with ``point`` added, kept within ``JOB_TELEMETRY_POINTS``: when full, the
+    older half keeps every other point, so a long job's whole run stays, coarser further back."""
+    out = [*series, point]
+    if len(out) > JOB_TELEMETRY_POINTS:
+        half = len(out) // 2
+        out = out[:half:2] + out[half:]
+    return out
+
+
+def job_telemetry_live(job_id: int) -> list[list[float]]:
+    return list(cache.get(job_telemetry_key(job_id)) or [])
 
 
 def machine_telemetry(machine_id: int) -> dict[str, Any] | None:

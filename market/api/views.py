@@ -11,8 +11,13 @@ from django.db import transaction
 from django.http import FileResponse, StreamingHttpResponse
 from django.utils.http import content_disposition_header
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import mixins, status, viewsets
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    inline_serializer,
+)
+from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.generics import get_object_or_404
 from rest_framework.request import Request
@@ -27,7 +32,13 @@ from market.api.idempotency import idempotent
 from market.api.permissions import is_operator, request_token
 from market.api.schema import ErrorSerializer
 from market.audit import AuditAction, audit_record
-from market.jobs import job_extend_recorded, job_preempt_request, job_stop_recorded
+from market.jobs import (
+    job_extend_recorded,
+    job_log_tail,
+    job_preempt_request,
+    job_stop_recorded,
+    job_telemetry,
+)
 from market.models import (
     ApiToken,
     AuctionRound,
@@ -42,6 +53,7 @@ from market.models import (
 from market.outputs import output_open, outputs_of
 from market.ssh_keys import ssh_key_add, ssh_key_delete
 from providers.models import GpuModel, Machine, Region
+from providers.selectors import JOB_TELEMETRY_COLUMNS
 
 IDEMPOTENCY_PARAM = OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False, description="Retry-safe POST: the same key and body return the first response for 24 h.")
 
@@ -360,7 +372,7 @@ class JobViewSet(viewsets.ReadOnlyModelViewSet):
     """Jobs running your trades, with progress from the provider's heartbeats."""
 
     scopes = {"list": Scope.READ, "retrieve": Scope.READ, "preempt": Scope.OPERATE, "stop": Scope.TRADE, "extend": Scope.TRADE,
-              "outputs": Scope.READ}
+              "outputs": Scope.READ, "telemetry": Scope.READ}
 
     @extend_schema(responses=s.JobOutputsSerializer)
     @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
@@ -369,6 +381,18 @@ class JobViewSet(viewsets.ReadOnlyModelViewSet):
         checked against the job's signed receipt, with download links (kept OUTPUTS_TTL_S)."""
         view = outputs_of(user=request.user, job_id=int(pk), operator=is_operator(request))
         return Response(s.JobOutputsSerializer(view).data)
+
+    @extend_schema(responses=inline_serializer("JobTelemetry", {
+        "job": serializers.IntegerField(), "state": serializers.CharField(), "columns": serializers.ListField(child=serializers.CharField()),
+        "points": serializers.ListField(child=serializers.ListField(child=serializers.FloatField())), "log_tail": serializers.CharField()}))
+    @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
+    def telemetry(self, request: Request, pk: str) -> Response:
+        """Its GPUs over time, from its agent's heartbeats (every 5 s; an hour at that rate,
+        then older points thin out): per point [unix time, mean utilisation % of its GPUs,
+        their memory used and total in MiB]; and the end of its output. Kept after it ends."""
+        job = self.get_object()
+        return Response({"job": job.pk, "state": job.state, "columns": list(JOB_TELEMETRY_COLUMNS), "points": job_telemetry(job),
+                         "log_tail": job_log_tail(job)})
 
     @extend_schema(request=s.JobExtendSerializer, responses={201: s.TradeSerializer})
     @action(detail=True, methods=["post"])

@@ -26,7 +26,13 @@ from market.api.serializers import BidCreateSerializer, output_download_url
 from market.bookings import ACTIVE_JOB_STATES
 from market.errors import DomainError
 from market.funding import EscrowShort
-from market.jobs import job_access, job_extend_recorded, job_log_tail, job_stop_recorded
+from market.jobs import (
+    job_access,
+    job_extend_recorded,
+    job_log_tail,
+    job_stop_recorded,
+    job_telemetry,
+)
 from market.models import ApiToken, AuctionRound, Bid, Booking, Offer, Scope, Trade
 from market.ssh_keys import ssh_key_add, ssh_key_delete
 from market.states import BidState, InvalidTransition, OfferState
@@ -258,7 +264,8 @@ def job_page(request: HttpRequest, job_id: int) -> HttpResponse:
     if job is None:
         raise Http404("No such job of yours")
     meta = job.checkpoint or {}
-    return render(request, "market/job.html", {"job": job, "money": ledger_selectors.trades_money([job.trade_id]).get(job.trade_id), "log_tail": job_log_tail(job), "receipt": (meta.get("receipt") or {}).get("body"),
+    return render(request, "market/job.html", {"job": job, "money": ledger_selectors.trades_money([job.trade_id]).get(job.trade_id), "log_tail": job_log_tail(job),
+                                               "telemetry": job_telemetry(job), "receipt": (meta.get("receipt") or {}).get("body"),
                                                "outputs": _output_rows(request, job), "archive": meta.get("outputs_archive"),
                                                "outputs_expired_at": meta.get("outputs_expired_at"),
                                                "continued_by": meta.get("continued_by_bid"), "resume_from": meta.get("resume_from"),

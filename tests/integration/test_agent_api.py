@@ -72,6 +72,52 @@ def test_heartbeat_carries_job_progress(provider_user, client_for, make_job):
     assert job.progress == 0.25
 
 
+def test_heartbeats_draw_a_jobs_own_gpus_over_time_and_the_job_keeps_them_when_it_ends(
+        provider_user, buyer, client_for, make_job, django_capture_on_commit_callbacks):
+    # issue 32, live job monitoring: the job's GPUs (its booking's), not the machine's
+    from django.core.cache import cache
+    from django.test import Client
+
+    from market.jobs import job_event
+    from market.models import Booking
+    from providers.selectors import job_telemetry_key
+
+    job = make_job(provider_user, gpus=2, count=4)
+    job_event(user=provider_user, job_id=job.pk, event="started")
+    mine = Booking.objects.get(trade=job.trade).gpu_indexes
+    assert len(mine) == 2
+    machine_id = job.trade.offer.machine_id
+    agent = client_for(provider_user)
+    for busy in (40.0, 90.0):
+        gpus = [telemetry(i, utilisation=busy if i in mine else 0.0, memory_used_mib=20_000 if i in mine else 7) for i in range(4)]
+        with django_capture_on_commit_callbacks(execute=True):
+            r = agent.post(f"/api/v1/agent/machines/{machine_id}/heartbeat/", {"gpus": gpus, "jobs": [{"job": job.id, "progress": 0.5}]}, format="json")
+        assert r.status_code == 200, r.content
+    body = client_for(buyer).get(f"/api/v1/jobs/{job.pk}/telemetry/").json()
+    assert body["columns"] == ["t", "gpu_util_pct", "memory_used_mib", "memory_total_mib"]
+    assert [p[1:] for p in body["points"]] == [[40.0, 40_000, 2 * 81559], [90.0, 40_000, 2 * 81559]]
+    assert body["points"][0][0] <= body["points"][1][0]
+    assert client_for(provider_user).get(f"/api/v1/jobs/{job.pk}/telemetry/").status_code == 200
+    job_event(user=provider_user, job_id=job.pk, event="completed", exit_code=0, gpu_seconds=20, log_tail="epoch 3 loss 0.1\n")
+    cache.delete(job_telemetry_key(job.pk))  # the live series expires; the ended job keeps its own
+    body = client_for(buyer).get(f"/api/v1/jobs/{job.pk}/telemetry/").json()
+    assert len(body["points"]) == 2 and body["state"] == "completed" and body["log_tail"] == "epoch 3 loss 0.1\n"
+    page = Client()
+    page.force_login(buyer)
+    html = page.get(f"/jobs/{job.pk}/").content.decode()
+    assert 'id="job-telemetry"' in html and "2 readings of the job" in html
+
+
+def test_a_long_jobs_series_stays_bounded_and_keeps_its_start():
+    from providers.selectors import JOB_TELEMETRY_POINTS, job_telemetry_append
+
+    series: list[list[float]] = []
+    for t in range(5 * JOB_TELEMETRY_POINTS):
+        series = job_telemetry_append(series, [float(t), 1.0, 0, 0])
+    assert len(series) <= JOB_TELEMETRY_POINTS and series[0][0] == 0.0 and series[-1][0] == 5 * JOB_TELEMETRY_POINTS - 1
+    assert [p[0] for p in series] == sorted(p[0] for p in series)
+
+
 @pytest.mark.parametrize("gpu,field", [
     (telemetry(7), "gpus"),
     (telemetry(0, utilisation=150), "gpus[0].utilisation"),

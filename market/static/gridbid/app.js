@@ -341,6 +341,8 @@
     });
   }
 
+  window.GridBidChart = { lineChart };  // the job page's own script draws with it
+
   // Wallet: what the buyer paid providers per day (from its statement: confirmed payments)
   const spend = readJSON("spend-data");
   if (spend && spend.length) {
