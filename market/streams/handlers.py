@@ -63,7 +63,7 @@ def jobs_changed(event: JobsChanged) -> None:
         ids += list(Job.objects.filter(trade_id__in=event.trade_ids).values_list("pk", flat=True))
     sold: dict[int, list[int]] = {}
     for job in Job.objects.filter(pk__in=ids).select_related("trade", "trade__provider").order_by("id"):
-        publish("jobs", {"job": snapshots.job_private(job)}, user_id=job.trade.buyer_id)
+        publish("jobs", {"job": snapshots.job_private(job, log=True)}, user_id=job.trade.buyer_id)
         sold.setdefault(job.trade.provider.user_id, []).append(job.trade_id)
     _send_sales(sold)
 

@@ -88,9 +88,16 @@ def orders(user: User) -> dict[str, Any]:
     return {"orders": [bid_private(b) for b in Bid.objects.filter(buyer=user).order_by("-id")[:100]]}
 
 
-def job_private(j: Job) -> dict[str, Any]:
-    return {"id": j.pk, "trade": j.trade_id, "state": j.state, "progress": j.progress, "gpu_seconds": j.gpu_seconds,
-            "trade_state": j.trade.state}
+def job_private(j: Job, *, log: bool = False) -> dict[str, Any]:
+    """A job for its buyer's ``jobs`` channel; an update (``log``) carries the end of its
+    output too (at most 8 KiB: what its agent last reported, kept after it ends)."""
+    out = {"id": j.pk, "trade": j.trade_id, "state": j.state, "progress": j.progress, "gpu_seconds": j.gpu_seconds,
+           "trade_state": j.trade.state}
+    if log:
+        from market.jobs import job_log_tail
+
+        out["log_tail"] = job_log_tail(j)
+    return out
 
 
 def jobs(user: User) -> dict[str, Any]:

@@ -246,9 +246,11 @@ async def test_a_jobs_progress_from_heartbeats_reaches_its_buyer_and_nobody_else
         await comm.send_json_to({"type": "subscribe", "channel": "jobs"})
         assert (await recv(comm))["type"] == "snapshot"
     await sync_to_async(job_event)(user=provider_user, job_id=job.pk, event="started")
-    await sync_to_async(machine_heartbeat)(user=provider_user, machine_id=offer.machine_id, gpus=[], jobs=[{"job": job.pk, "progress": 0.4}])
+    await sync_to_async(machine_heartbeat)(user=provider_user, machine_id=offer.machine_id, gpus=[],
+                                           jobs=[{"job": job.pk, "progress": 0.4, "log_tail": "epoch 1 loss 0.9\n"}])
     started, progress = (await recv(mine))["data"]["job"], (await recv(mine))["data"]["job"]
     assert (started["state"], progress["progress"], progress["trade_state"]) == ("running", 0.4, "pending")
+    assert progress["log_tail"] == "epoch 1 loss 0.9\n", "the log's end, live on the socket (issue 32)"
     assert await theirs.receive_nothing(timeout=0.3)
     await mine.disconnect()
     await theirs.disconnect()

@@ -215,6 +215,18 @@
       .finally(() => setTimeout(() => refreshing.delete(id), 2000));
   }
 
+  // A running job's page: the end of its output, live on the buyer's jobs channel
+  const jobLog = document.querySelector("[data-job-live]");
+  if (jobLog) {
+    watch("jobs", (d, isSnapshot) => {
+      const j = d.job;
+      if (isSnapshot || !j || String(j.id) !== jobLog.dataset.jobLive || !j.log_tail || jobLog.textContent === j.log_tail) return;
+      const atEnd = jobLog.scrollTop + jobLog.clientHeight >= jobLog.scrollHeight - 4;
+      jobLog.textContent = j.log_tail;
+      if (atEnd) jobLog.scrollTop = jobLog.scrollHeight;
+    });
+  }
+
   // My orders: states, explanations, job progress
   if (document.querySelector("[data-orders]")) {
     watch("orders", (d, isSnapshot) => {
