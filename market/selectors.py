@@ -176,6 +176,36 @@ _EMPTY = {"postgresql": "jsonb_array_length(b.{col}) = 0", "sqlite": "json_array
 _MODEL_MENTION = "CAST(b.id AS text) || '/' || CAST(m.key AS text)"  # one per bid and place in its model list
 
 
+_MENTIONS = {
+    "postgresql": "EXISTS (SELECT 1 FROM jsonb_array_elements_text(b.{col}) AS x(value) WHERE x.value = %s)",
+    "sqlite": "EXISTS (SELECT 1 FROM json_each(b.{col}) AS x WHERE x.value = %s)",
+}
+
+
+def bucket_bid_depth(gpu_model: str, region: str) -> list[dict[str, int]]:
+    """Bid depth by price level for one market: the GPUs open bids that could trade here
+    (naming this model and region, or any) ask for at each max price, highest first, with
+    the cumulative GPUs wanted at or above it. Prices and GPUs only: whose bids they are
+    stays sealed."""
+    vendor = connection.vendor
+    if vendor not in _MENTIONS:
+        raise NotImplementedError(f"bid depth needs PostgreSQL or SQLite, not {vendor}")
+    mention = _MENTIONS[vendor]
+    no_models, no_regions = _EMPTY[vendor].format(col="gpu_models"), _EMPTY[vendor].format(col="allowed_regions")
+    sql = (f"SELECT b.max_price, SUM(b.gpus) FROM {Bid._meta.db_table} b WHERE b.state = %s "
+           f"AND ({no_models} OR {mention.format(col='gpu_models')}) AND ({no_regions} OR {mention.format(col='allowed_regions')}) "
+           "GROUP BY b.max_price ORDER BY b.max_price DESC")
+    with connection.cursor() as cur:
+        cur.execute(sql, [BidState.OPEN.value, gpu_model, region])
+        levels = [(int(price), int(gpus)) for price, gpus in cur.fetchall()]
+    peak = max((g for _, g in levels), default=0)
+    out, total = [], 0
+    for price, gpus in levels:
+        total += gpus
+        out.append({"price": price, "gpus": gpus, "cumulative": total, "pct": int(100 * gpus / peak) if peak else 0})
+    return out
+
+
 def _open_bids_per_bucket(keys: list[tuple[str, str]]) -> dict[tuple[str, str], tuple[int, int | None]]:
     """(open bids, best bid price) for each (gpu_model, region) in `keys`."""
     vendor = connection.vendor
@@ -202,15 +232,23 @@ def _open_bids_per_bucket(keys: list[tuple[str, str]]) -> dict[tuple[str, str], 
     return out
 
 
-def bucket_price_history(gpu_model: str, region: str, limit: int = 100) -> list[tuple[int, int]]:
-    """(round number, clearing price) for one bucket, oldest first."""
-    out = []
-    rows = AuctionRound.objects.filter(state=RoundState.CLEARED).exclude(prices=[]).order_by("-number").values_list("number", "prices")[:limit]
-    for number, prices in rows:
+def bucket_price_history(gpu_model: str, region: str, limit: int = 100) -> list[tuple[float, int]]:
+    """(unix time the round cleared, clearing price) for one bucket, oldest first: over the
+    last ``limit`` rounds with any price."""
+    return bucket_price_histories(limit).get((gpu_model, region), [])
+
+
+def bucket_price_histories(limit: int = 100) -> dict[tuple[str, str], list[tuple[float, int]]]:
+    """Per (model, region), (unix time cleared, clearing price) over the last ``limit``
+    rounds with any price, oldest first: one read for the markets list's sparklines."""
+    out: dict[tuple[str, str], list[tuple[float, int]]] = {}
+    rows = (AuctionRound.objects.filter(state=RoundState.CLEARED, cleared_at__isnull=False).exclude(prices=[])
+            .order_by("-number").values_list("cleared_at", "prices")[:limit])
+    for cleared_at, prices in reversed(list(rows)):
         for p in prices:
-            if p["gpu_model"] == gpu_model and p["region"] == region and p.get("price") is not None:
-                out.append((number, p["price"]))
-    return out[::-1]
+            if p.get("price") is not None:
+                out.setdefault((p["gpu_model"], p["region"]), []).append((round(cleared_at.timestamp(), 3), p["price"]))
+    return out
 
 
 def offer_stats() -> dict[str, int]:

@@ -72,19 +72,24 @@ def signup(request: HttpRequest) -> HttpResponse:
     return render(request, "market/signup.html", {"form": form})
 
 
+SPARK_ROUNDS = 60  # the markets list's sparklines: clearing prices over the last rounds with any
+
+
 def markets(request: HttpRequest) -> HttpResponse:
     buckets = selectors.market_buckets()
+    trends = selectors.bucket_price_histories(SPARK_ROUNDS)
 
     @functools.cache
     def rows() -> list[dict[str, Any]]:  # called by the template only when the table is not cached
         models = {m.id: m for m in GpuModel.objects.all()}
         regions = {r.id: r for r in Region.objects.all()}
-        return [{"b": b, "model": models.get(b.gpu_model), "region": regions.get(b.region)} for b in buckets]
+        return [{"b": b, "model": models.get(b.gpu_model), "region": regions.get(b.region),
+                 "trend": [p for _, p in trends.get((b.gpu_model, b.region), [])]} for b in buckets]
 
-    # the table shows the markets list and the catalogue's names, nothing of the viewer's:
-    # it is rendered once per list and kept under the list's digest (rendering its rows
-    # was ~60% of the page's CPU), so it is exactly as fresh as the list
-    table_key = hashlib.sha256(repr(buckets).encode()).hexdigest()[:32]
+    # the table shows the markets list, its price trends and the catalogue's names, nothing
+    # of the viewer's: it is rendered once per list and kept under the digest of both
+    # (rendering its rows was ~60% of the page's CPU), so it is exactly as fresh as they are
+    table_key = hashlib.sha256(repr((buckets, trends)).encode()).hexdigest()[:32]
     return render(request, "market/markets.html", {"rows": rows, "table_key": table_key, "stats": selectors.offer_stats()})
 
 
@@ -99,12 +104,13 @@ def market_detail(request: HttpRequest, gpu_model: str, region: str) -> HttpResp
         offers = offers.filter(gpus_free__gte=int(min_gpus))
     buckets = selectors.market_buckets(gpu_model=model.id, region=reg.id)
     depth = _depth(offers)
+    bid_depth = selectors.bucket_bid_depth(model.id, reg.id)
     history = selectors.bucket_price_history(model.id, reg.id)
     recent = Trade.objects.filter(gpu_model=model, region=reg).select_related("round").order_by("-id")[:20]
     return render(
         request,
         "market/market_detail.html",
-        {"model": model, "region": reg, "offers": offers[:200], "bucket": buckets[0] if buckets else None, "depth": depth, "history": history, "history_prices": [p for _, p in history], "recent": recent, "min_gpus": min_gpus},
+        {"model": model, "region": reg, "offers": offers[:200], "bucket": buckets[0] if buckets else None, "depth": depth, "bid_depth": bid_depth, "history": history, "history_prices": [p for _, p in history], "recent": recent, "min_gpus": min_gpus},
     )
 
 

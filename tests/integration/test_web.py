@@ -302,3 +302,37 @@ def test_rent_this_starts_the_bid_form_from_the_offer_with_its_region_preferred(
     templates = json.loads(re.search(r'data-templates="([^"]*)"', c.get("/bids/new/").content.decode()).group(1).replace("&quot;", '"'))
     assert {t["name"] for t in templates.values()} == {"PyTorch training", "vLLM inference server", "Jupyter (PyTorch notebook)"}
     assert all(t["image"] and "needs" in t for t in templates.values()) and templates["jupyter"]["ports"] == "8888"
+
+
+def test_markets_show_a_price_trend_and_a_market_its_bid_depth_and_prices_over_time(buyer, provider_user, make_offer, make_bid):
+    # issue 32, charts: a sparkline per market, bid depth beside ask depth, price against time
+    import json
+    import re
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from market.models import AuctionRound
+
+    make_offer(provider_user, model="A100-SXM-80GB", region="us-east", count=8, price=1_500_000)
+    start = timezone.now() - timedelta(minutes=10)
+    for i, price in enumerate((1_400_000, 1_450_000, 1_520_000)):
+        AuctionRound.objects.create(number=900 + i, scheduled_for=start, state="cleared", cleared_at=start + timedelta(minutes=i),
+                                    prices=[{"gpu_model": "A100-SXM-80GB", "region": "us-east", "price": price}])
+    html = Client().get("/").content.decode()
+    row = html[html.index('data-bucket="A100-SXM-80GB.us-east"'):]
+    row = row[:row.index("</tr>")]
+    assert '<svg class="spark up"' in row, row
+
+    make_bid(buyer, gpus=2, gpu_models=["A100-SXM-80GB"], max_price=1_600_000)
+    make_bid(buyer, gpus=3, gpu_models=["A100-SXM-80GB"], max_price=1_600_000)
+    make_bid(buyer, gpus=1, gpu_models=[], max_price=1_300_000)  # any model
+    make_bid(buyer, gpus=4, gpu_models=["H100-SXM-80GB"], max_price=3_000_000)  # another market
+    make_bid(buyer, gpus=4, gpu_models=["A100-SXM-80GB"], allowed_regions=["eu-west"], max_price=2_000_000)  # another region
+    page = Client().get("/markets/A100-SXM-80GB/us-east/").content.decode()
+    depth = page[page.index('id="bid-depth"'):page.index("</table>", page.index('id="bid-depth"'))]
+    levels = re.findall(r'<td class="num bid">([^<]+)</td><td class="num">(\d+)</td><td class="num">(\d+)</td>', depth)
+    assert levels == [("1.60 USDC/GPU-h", "5", "5"), ("1.30 USDC/GPU-h", "1", "6")], levels
+    history = json.loads(re.search(r'<script id="price-history" type="application/json">(.*?)</script>', page).group(1))
+    assert [p for _, p in history] == [1_400_000, 1_450_000, 1_520_000]
+    assert history[1][0] - history[0][0] == 60, "against the time each round cleared"

@@ -171,17 +171,19 @@
       tr.innerHTML = `<td data-label="Round">#${t.round}</td><td class="num" data-label="Price">${price(t.price)}</td><td class="num" data-label="GPUs">${t.gpus}</td><td class="num" data-label="Hours">${(t.duration_s / 3600).toFixed(1)} h</td><td class="reason" data-label="Why">live</td>`;
       body.prepend(tr); flash(tr);
     });
-    // clearing price per round: the server's history, then each new round's price for this market
+    // clearing price over time: the server's history ([unix time cleared, price]), then each
+    // new round's price for this market at the time it cleared
     const history = readJSON("price-history") || [];
-    const rounds = history.map((h) => h[0]), prices = history.map((h) => h[1] / 1e6);
-    const priceChart = lineChart(document.getElementById("price-chart"), { yFmt: (v) => v.toFixed(2), rounds: true });
+    const rounds = history.map((h) => h[0]), prices = history.map((h) => h[1] / 1e6), seen = new Set();
+    const priceChart = lineChart(document.getElementById("price-chart"), { yFmt: (v) => v.toFixed(2) });
     const drawPrices = () => priceChart && priceChart.set([rounds, prices], ["clearing price"]);
     drawPrices();
     watch("rounds", (d, isSnapshot) => {
-      if (isSnapshot || !d.round) return;
+      if (isSnapshot || !d.round || !d.round.cleared_at) return;
       const p = (d.round.prices || []).find((x) => x.gpu_model === model && x.region === region && x.price);
-      if (!p || rounds.includes(d.round.number)) return;
-      rounds.push(d.round.number); prices.push(p.price / 1e6);
+      const at = Date.parse(d.round.cleared_at) / 1000;
+      if (!p || seen.has(d.round.number) || (rounds.length && at <= rounds[rounds.length - 1])) return;
+      seen.add(d.round.number); rounds.push(at); prices.push(p.price / 1e6);
       if (rounds.length > 100) { rounds.shift(); prices.shift(); }
       drawPrices();
       setText(document.querySelector("[data-field=history-note]"), `${rounds.length} round${rounds.length === 1 ? "" : "s"} with trades · USDC per GPU-hour`);
