@@ -17,6 +17,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.utils import timezone
 
 from contracts.receipts import job_ports
 from ledger import selectors as ledger_selectors
@@ -262,6 +263,18 @@ def my_orders(request: HttpRequest) -> HttpResponse:
                                                   "query": keep.urlencode(), "live_new": page.number == 1 and not filtered})
 
 
+def _running_cost(job: Any) -> dict[str, int] | None:
+    """A running job's cost so far (its GPUs x the time since it started x the price, as
+    its receipt will bill it) and if it runs its whole booked time, extensions included."""
+    if job.state not in ACTIVE_JOB_STATES or job.started_at is None:
+        return None
+    trade = job.trade
+    booked = trade.duration_s + sum(Trade.objects.filter(extends=trade).values_list("duration_s", flat=True))
+    elapsed = min(booked, max(0, int((timezone.now() - job.started_at).total_seconds())))
+    return {"so_far": trade.price * trade.gpus * elapsed // 3600, "elapsed_s": elapsed, "at_most": trade.price * trade.gpus * booked // 3600,
+            "booked_s": booked}
+
+
 @login_required
 def job_page(request: HttpRequest, job_id: int) -> HttpResponse:
     """One job for its buyer (or provider, or an operator): state, progress, the end of
@@ -270,7 +283,8 @@ def job_page(request: HttpRequest, job_id: int) -> HttpResponse:
     if job is None:
         raise Http404("No such job of yours")
     meta = job.checkpoint or {}
-    return render(request, "market/job.html", {"job": job, "money": ledger_selectors.trades_money([job.trade_id]).get(job.trade_id), "log_tail": job_log_tail(job),
+    return render(request, "market/job.html", {"job": job, "money": ledger_selectors.trades_money([job.trade_id]).get(job.trade_id),
+                                               "running_cost": _running_cost(job), "log_tail": job_log_tail(job),
                                                "telemetry": job_telemetry(job), "receipt": (meta.get("receipt") or {}).get("body"),
                                                "outputs": _output_rows(request, job), "archive": meta.get("outputs_archive"),
                                                "outputs_expired_at": meta.get("outputs_expired_at"),

@@ -336,3 +336,25 @@ def test_markets_show_a_price_trend_and_a_market_its_bid_depth_and_prices_over_t
     history = json.loads(re.search(r'<script id="price-history" type="application/json">(.*?)</script>', page).group(1))
     assert [p for _, p in history] == [1_400_000, 1_450_000, 1_520_000]
     assert history[1][0] - history[0][0] == 60, "against the time each round cleared"
+
+
+def test_a_running_jobs_page_shows_its_cost_so_far_and_at_most(buyer, provider_user, make_job):
+    # issue 32, cost everywhere: a running job's cost so far and if it runs its booked time
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from market import money
+    from market.jobs import job_event
+    from market.models import Job
+
+    job = make_job(provider_user, gpus=2, duration_s=3600)
+    job_event(user=provider_user, job_id=job.pk, event="started")
+    Job.objects.filter(pk=job.pk).update(started_at=timezone.now() - timedelta(minutes=30))
+    c = Client()
+    c.force_login(buyer)
+    page = c.get(f"/jobs/{job.pk}/").content.decode()
+    price = job.trade.price
+    assert any(f"So far <b>{money.usdc(price * 2 * s // 3600)}</b>" in page for s in (1800, 1801, 1802)), page[page.find("job-running-cost"):][:300]
+    assert f"<b>{money.usdc(price * 2)}</b> if it runs all 1 h booked" in page
+    assert Client().get(f"/jobs/{job.pk}/").status_code == 302, "the page still needs a log-in"
