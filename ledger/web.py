@@ -12,6 +12,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
 from ledger import balances, selectors
+from ledger.api import statement_download
 from ledger.disputes import dispute_request, ruling_request
 from ledger.escrow import (
     ChainUnavailable,
@@ -93,8 +94,6 @@ def _spend_per_day(statement: dict[str, Any]) -> list[list[Any]]:
 @login_required
 def wallet_statement_csv(request: HttpRequest) -> HttpResponse:
     """The wallet's statement as CSV (all of it, or ``?month=YYYY-MM``)."""
-    from ledger.api import statement_download
-
     try:
         month = balances.month_check(request.GET.get("month"))
     except ValueError as exc:

@@ -3,6 +3,7 @@ from typing import Any
 from django_filters import rest_framework as filters
 
 from market.models import AuditAction, AuditEvent, Bid, Offer, Trade
+from market.selectors import bids_search
 
 
 class OfferFilter(filters.FilterSet):
@@ -32,8 +33,6 @@ class BidFilter(filters.FilterSet):
                            help_text="Search: a bid id (123 or #123), or part of its client_order_id, a GPU model or its job's image")
 
     def search(self, qs: Any, name: str, value: str) -> Any:
-        from market.selectors import bids_search
-
         return bids_search(qs, value)
 
     class Meta:

@@ -12,6 +12,7 @@ from django.db.models import Sum
 from ledger.balances import escrow_of
 from ledger.journal import account_balances
 from market import selectors
+from market.jobs import job_log_tail
 from market.models import AuctionRound, Bid, Job, Trade, User
 from market.states import RoundState
 from providers.models import Provider
@@ -94,8 +95,6 @@ def job_private(j: Job, *, log: bool = False) -> dict[str, Any]:
     out = {"id": j.pk, "trade": j.trade_id, "state": j.state, "progress": j.progress, "gpu_seconds": j.gpu_seconds,
            "trade_state": j.trade.state}
     if log:
-        from market.jobs import job_log_tail
-
         out["log_tail"] = job_log_tail(j)
     return out
 

@@ -54,6 +54,22 @@ def _log_in(page: Any, base: str, user: str) -> None:
     page.wait_for_url(lambda url: "/login/" not in url)
 
 
+def _measured(page: Any) -> list[str]:
+    """OUT_OF_PLACE on the page as it is; My orders reloads itself when the demo buyer's next
+    order arrives, and a reload mid-measure is measured again once loaded."""
+    from playwright.sync_api import Error
+
+    for attempt in range(3):
+        try:
+            return list(page.evaluate(OUT_OF_PLACE))
+        except Error as exc:
+            if "context was destroyed" not in str(exc) or attempt == 2:
+                raise
+            page.wait_for_load_state("load")
+            page.wait_for_timeout(300)
+    return []
+
+
 def _newest(page: Any, base: str, kind: str) -> str:
     """The page of the logged-in buyer's newest job or trade (the demo buyer's first match
     comes within seconds of the demo's start)."""
@@ -82,7 +98,7 @@ def test_every_page_fits_a_phone_and_a_laptop_without_sideways_scrolling(browser
                 page.goto(embedded_server + path)
                 page.wait_for_load_state("load")
                 page.wait_for_timeout(300)  # the live stream's first update
-                found = page.evaluate(OUT_OF_PLACE)
+                found = _measured(page)
                 problems += [f"{width} px {path} ({user or 'visitor'}): {p}" for p in found]
                 shot(page, f"layout-{width}-{re.sub(r'[^A-Za-z0-9]+', '-', path.strip('/')) or 'markets'}")
         finally:
