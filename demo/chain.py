@@ -111,7 +111,8 @@ def _receipt_of(job: Job) -> receipts.Receipt:
     return receipts.Receipt(
         trade_id=trade.pk, job_spec_hash=receipts.spec_hash(trade.bid.job_spec), started_at=started, ended_at=ended,
         gpu_seconds=int(job.gpu_seconds or 0), exit_code=job.exit_code, outputs_root=receipts.EMPTY_OUTPUTS_ROOT,
-        outcome=str(job.state) if str(job.state) in ("completed", "failed", "preempted") else "completed",
+        # a stopped job ends as a preempted one does (the agent's receipt says so)
+        outcome={"stopped": "preempted"}.get(str(job.state), str(job.state)) if str(job.state) in ("completed", "failed", "preempted", "stopped") else "completed",
     )
 
 
@@ -128,7 +129,7 @@ def demo_agents_act(ctx: ChainContext, *, limit: int = 20) -> dict[str, int]:
         return keys[user.pk]
 
     signed = 0
-    jobs = (Job.objects.filter(trade__provider__user__username__in=names, state__in=("completed", "failed", "preempted"))
+    jobs = (Job.objects.filter(trade__provider__user__username__in=names, state__in=("completed", "failed", "preempted", "stopped"))
             .exclude(checkpoint__has_key="receipt").select_related("trade__bid", "trade__provider__user").order_by("id")[:limit])
     for job in jobs:
         if not job.trade.provider.bls_public_key:

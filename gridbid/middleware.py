@@ -128,7 +128,7 @@ class BodySizeLimitMiddleware:
             await self.inner(scope, receive, send)
             return
         length = dict(scope.get("headers") or []).get(b"content-length", b"")
-        if length.isdigit() and int(length) > limit:  # the server refuses a malformed length itself
+        if length.isascii() and length.isdigit() and int(length) > limit:  # the server refuses a malformed length itself
             await self.refuse(scope, send, limit)
             return
         received = 0

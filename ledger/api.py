@@ -162,7 +162,7 @@ def _subject(request: Request) -> Any:
     wanted = request.query_params.get("user")
     if wanted is None or not is_operator(request):
         return request.user
-    user = User.objects.filter(pk=int(wanted) if wanted.isdigit() else -1).first()
+    user = User.objects.filter(pk=int(wanted) if wanted.isascii() and wanted.isdigit() else -1).first()
     if user is None:
         raise NotFound(f"No user {wanted}.")
     return user
@@ -268,7 +268,7 @@ class EarningsView(APIView):
     def get(self, request: Request) -> Response:
         wanted = request.query_params.get("provider")
         if wanted is not None and is_operator(request):
-            provider = Provider.objects.filter(pk=int(wanted) if wanted.isdigit() else -1).first()
+            provider = Provider.objects.filter(pk=int(wanted) if wanted.isascii() and wanted.isdigit() else -1).first()
         else:
             provider = Provider.objects.filter(user=request.user).first()
         if provider is None:

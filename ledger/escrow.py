@@ -57,7 +57,7 @@ def chain_for_writes() -> ChainContext:
 
 
 def _amount(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | str) or not str(value).isdigit():
+    if isinstance(value, bool) or not isinstance(value, int | str) or not (str(value).isascii() and str(value).isdigit()):
         raise DomainError("Invalid input. amount: a positive whole number of token base units.", fields={"amount": ["A positive whole number of token base units (1 USDC = 1000000)."]})
     amount = int(value)
     if amount <= 0 or amount >= 2**255:

@@ -119,7 +119,9 @@ def rounds_recover(*, now: datetime | None = None) -> int:
 
 
 def _span(seconds: int) -> str:
-    """A length of time as a buyer reads it: '24 h', '90 min', '45 s'."""
+    """A length of time as a buyer reads it: '30 days', '24 h', '90 min', '45 s'."""
+    if seconds % 86400 == 0 and seconds >= 2 * 86400:
+        return f"{seconds // 86400} days"
     if seconds % 3600 == 0:
         return f"{seconds // 3600} h"
     return f"{seconds // 60} min" if seconds % 60 == 0 else f"{seconds} s"

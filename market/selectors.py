@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -61,7 +62,7 @@ def bids_search(qs: QuerySet[Bid], text: str) -> QuerySet[Bid]:
         return qs
     found = Q(client_order_id__icontains=text) | Q(gpu_models__icontains=text) | Q(job_spec__image__icontains=text)
     number = text.removeprefix("#")
-    if number.isdigit() and len(number) <= 18:
+    if re.fullmatch(r"[0-9]{1,18}", number):
         found |= Q(pk=int(number))
     return qs.filter(found)
 
@@ -182,19 +183,23 @@ _MENTIONS = {
 }
 
 
+BID_DEPTH_BAND = 100_000  # 0.10 USDC/GPU-h
+
+
 def bucket_bid_depth(gpu_model: str, region: str) -> list[dict[str, int]]:
-    """Bid depth by price level for one market: the GPUs open bids that could trade here
-    (naming this model and region, or any) ask for at each max price, highest first, with
-    the cumulative GPUs wanted at or above it. Prices and GPUs only: whose bids they are
-    stays sealed."""
+    """Bid depth for one market: the GPUs open bids that could trade here (naming this
+    model and region, or any) ask for, by max price in bands of 0.10 USDC/GPU-h (each band
+    by its floor), highest first, with the cumulative GPUs wanted at or above it. Bids are
+    sealed: no identities, and no bid's exact limit (the public best bid aside)."""
     vendor = connection.vendor
     if vendor not in _MENTIONS:
         raise NotImplementedError(f"bid depth needs PostgreSQL or SQLite, not {vendor}")
     mention = _MENTIONS[vendor]
     no_models, no_regions = _EMPTY[vendor].format(col="gpu_models"), _EMPTY[vendor].format(col="allowed_regions")
-    sql = (f"SELECT b.max_price, SUM(b.gpus) FROM {Bid._meta.db_table} b WHERE b.state = %s "
+    band = f"(b.max_price / {BID_DEPTH_BAND}) * {BID_DEPTH_BAND}"  # integer division in both databases
+    sql = (f"SELECT {band} AS level, SUM(b.gpus) FROM {Bid._meta.db_table} b WHERE b.state = %s "
            f"AND ({no_models} OR {mention.format(col='gpu_models')}) AND ({no_regions} OR {mention.format(col='allowed_regions')}) "
-           "GROUP BY b.max_price ORDER BY b.max_price DESC")
+           "GROUP BY level ORDER BY level DESC")
     with connection.cursor() as cur:
         cur.execute(sql, [BidState.OPEN.value, gpu_model, region])
         levels = [(int(price), int(gpus)) for price, gpus in cur.fetchall()]

@@ -57,7 +57,7 @@ def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     if isinstance(detail, dict):
         for key, value in detail.items():
-            if isinstance(key, int) or (isinstance(key, str) and key.isdigit()):
+            if isinstance(key, int) or (isinstance(key, str) and key.isascii() and key.isdigit()):
                 name = f"{prefix}[{key}]"
             else:
                 name = key if not prefix else f"{prefix}.{key}"

@@ -458,6 +458,13 @@ class JobSerializer(serializers.ModelSerializer):
     def get_log_tail(self, job: Job) -> str:
         return job_log_tail(job)
 
+    def to_representation(self, job: Job) -> dict[str, Any]:
+        out = super().to_representation(job)
+        if isinstance(out.get("checkpoint"), dict) and "telemetry" in out["checkpoint"]:
+            # its GPU series is GET /api/v1/jobs/{id}/telemetry/'s (up to 720 points): not on every list page
+            out["checkpoint"] = {k: v for k, v in out["checkpoint"].items() if k != "telemetry"}
+        return out
+
 
 def output_download_url(job_id: int, path: str) -> str:
     from urllib.parse import quote

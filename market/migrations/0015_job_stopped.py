@@ -4,9 +4,18 @@ from django.db import migrations, models
 
 
 def stopped_jobs(apps, schema_editor):
-    """Jobs their buyers stopped were kept as "preempted" before this state existed."""
+    """Jobs their buyers stopped were kept as "preempted" before this state existed (and
+    their extensions' jobs, which follow them); a webhook that asked for job.preempted,
+    which those stops were sent as, now hears job.stopped too."""
     Job = apps.get_model("market", "Job")
-    Job.objects.filter(state="preempted", checkpoint__stop_requested=True).update(state="stopped")
+    Webhook = apps.get_model("market", "Webhook")
+    stopped = list(Job.objects.filter(state="preempted", checkpoint__stop_requested=True).values_list("trade_id", flat=True))
+    Job.objects.filter(trade_id__in=stopped).update(state="stopped")
+    Job.objects.filter(state="preempted", trade__extends_id__in=stopped).update(state="stopped")
+    for hook in Webhook.objects.all():
+        if "job.preempted" in (hook.events or []) and "job.stopped" not in hook.events:
+            hook.events = [*hook.events, "job.stopped"]
+            hook.save(update_fields=["events"])
 
 
 def stopped_back(apps, schema_editor):

@@ -66,7 +66,7 @@ TS_FORMAT = "%Y-%m-%d %H:%M:%S UTC"  # app.js rewrites it in the reader's zone, 
 def _moment(value: object) -> dt.datetime | None:
     if isinstance(value, dt.datetime):
         return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
-    if isinstance(value, (int, float)) and not isinstance(value, bool) or isinstance(value, str) and value.isdigit():
+    if isinstance(value, (int, float)) and not isinstance(value, bool) or isinstance(value, str) and value.isascii() and value.isdigit():
         try:
             return dt.datetime.fromtimestamp(int(value), tz=dt.UTC)  # type: ignore[arg-type]
         except (OverflowError, OSError, ValueError):

@@ -6,6 +6,7 @@ import functools
 import hashlib
 import json
 import math
+import re
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
@@ -36,7 +37,7 @@ from market.jobs import (
 )
 from market.models import ApiToken, AuctionRound, Bid, Booking, Offer, Scope, Trade
 from market.ssh_keys import ssh_key_add, ssh_key_delete
-from market.states import BidState, InvalidTransition, OfferState
+from market.states import BidState, InvalidTransition, OfferState, TradeState
 from market.webhooks import EVENT_TYPES, WebhookDelivery
 from providers import catalogue
 from providers.models import GpuModel, Region
@@ -101,7 +102,7 @@ def market_detail(request: HttpRequest, gpu_model: str, region: str) -> HttpResp
         raise Http404("No such market")
     offers = selectors.offers_open().filter(gpu_model=model, machine__region=reg).order_by("price", "id")
     min_gpus = request.GET.get("min_gpus", "")
-    if min_gpus.isdigit():
+    if min_gpus.isascii() and min_gpus.isdigit():
         offers = offers.filter(gpus_free__gte=int(min_gpus))
     buckets = selectors.market_buckets(gpu_model=model.id, region=reg.id)
     depth = _depth(offers)
@@ -168,7 +169,7 @@ def offers(request: HttpRequest) -> HttpResponse:
 
 
 def _whole(text: str, what: str) -> int:
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):
         raise ValueError(f"{what} {text!r} is not a whole number: type it like 4.")
     return int(text)
 
@@ -244,17 +245,16 @@ def my_orders(request: HttpRequest) -> HttpResponse:
     form = OrdersFilter(request.GET)
     # an extension is bought as a bid of its own, but it is shown under the job it extends
     bids = selectors.bids_visible(request.user).filter(buyer=request.user).exclude(trades__extends__isnull=False)
-    filtered = False
-    if form.is_valid():
-        d = form.cleaned_data
-        if d["state"]:
-            bids = bids.filter(state=d["state"])
-        if d["since"]:
-            bids = bids.filter(created_at__date__gte=d["since"])
-        if d["until"]:
-            bids = bids.filter(created_at__date__lte=d["until"])
-        bids = selectors.bids_search(bids, d["q"])
-        filtered = any(d.values())
+    form.is_valid()  # each filter that cleaned applies; a bad one is named on the page and left out
+    d = form.cleaned_data
+    if d.get("state"):
+        bids = bids.filter(state=d["state"])
+    if d.get("since"):
+        bids = bids.filter(created_at__date__gte=d["since"])
+    if d.get("until") and not form.non_field_errors():
+        bids = bids.filter(created_at__date__lte=d["until"])
+    bids = selectors.bids_search(bids, d.get("q") or "")
+    filtered = any(d.get(k) for k in ("state", "since", "until", "q"))
     page = Paginator(bids.order_by("-created_at", "-id").prefetch_related("trades", "trades__job"), ORDERS_PER_PAGE).get_page(request.GET.get("page"))
     _money_lines(page.object_list)
     keep = request.GET.copy()
@@ -264,15 +264,22 @@ def my_orders(request: HttpRequest) -> HttpResponse:
 
 
 def _running_cost(job: Any) -> dict[str, int] | None:
-    """A running job's cost so far (its GPUs x the time since it started x the price, as
-    its receipt will bill it) and if it runs its whole booked time, extensions included."""
-    if job.state not in ACTIVE_JOB_STATES or job.started_at is None:
-        return None
+    """A running job's cost so far and if it runs its whole booked time, as its receipts
+    will bill it: its own trade's time at its price, then each extension on chain (recorded)
+    at the extension's own price, in the order they were bought. None for an ended job and
+    on an extension's own job page (its cost shows on the job it extends)."""
     trade = job.trade
-    booked = trade.duration_s + sum(Trade.objects.filter(extends=trade).values_list("duration_s", flat=True))
-    elapsed = min(booked, max(0, int((timezone.now() - job.started_at).total_seconds())))
-    return {"so_far": trade.price * trade.gpus * elapsed // 3600, "elapsed_s": elapsed, "at_most": trade.price * trade.gpus * booked // 3600,
-            "booked_s": booked}
+    if job.state not in ACTIVE_JOB_STATES or job.started_at is None or trade.extends_id:
+        return None
+    parts = [(trade.duration_s, trade.price)] + list(
+        Trade.objects.filter(extends=trade, state__in=(TradeState.RECORDED, TradeState.SETTLED)).order_by("id").values_list("duration_s", "price"))
+    elapsed = max(0, int((timezone.now() - job.started_at).total_seconds()))
+    so_far = at_most = offset = 0
+    for seconds, price in parts:
+        so_far += trade.gpus * price * min(seconds, max(0, elapsed - offset)) // 3600
+        at_most += trade.gpus * price * seconds // 3600
+        offset += seconds
+    return {"so_far": so_far, "elapsed_s": min(elapsed, offset), "at_most": at_most, "booked_s": offset}
 
 
 @login_required
@@ -388,7 +395,7 @@ def _account_notifications(request: HttpRequest, action: str, hook_form: Webhook
     if action == "webhook_create" and hook_form.is_valid():
         secret: str = webhooks.webhook_create(user=request.user, url=hook_form.cleaned_data["url"], events=hook_form.cleaned_data["events"])[1]
         return secret
-    if action in ("webhook_delete", "webhook_toggle") and request.POST.get("webhook", "").isdigit():
+    if action in ("webhook_delete", "webhook_toggle") and request.POST.get("webhook", "").isascii() and request.POST.get("webhook", "").isdigit():
         hook_id = int(request.POST["webhook"])
         if action == "webhook_delete":
             webhooks.webhook_delete(user=request.user, webhook_id=hook_id)
@@ -418,7 +425,7 @@ def account(request: HttpRequest) -> HttpResponse:
         try:
             if action == "create" and form.is_valid():
                 _, created = services.token_create(user=request.user, name=form.cleaned_data["name"], scopes=form.cleaned_data["scopes"])
-            elif action == "revoke" and request.POST.get("token", "").isdigit():
+            elif action == "revoke" and request.POST.get("token", "").isascii() and request.POST.get("token", "").isdigit():
                 services.token_revoke(user=request.user, token_id=int(request.POST["token"]))
                 return redirect("web:account")
             elif action.startswith("webhook_") or action == "notifications":
@@ -429,7 +436,7 @@ def account(request: HttpRequest) -> HttpResponse:
                 key = ssh_key_add(user=request.user, name=key_form.cleaned_data["name"], public_key=key_form.cleaned_data["public_key"])
                 messages.success(request, f"SSH key {key.name!r} added ({key.fingerprint}).")
                 return redirect("web:account")
-            elif action == "ssh-delete" and request.POST.get("key", "").isdigit():
+            elif action == "ssh-delete" and request.POST.get("key", "").isascii() and request.POST.get("key", "").isdigit():
                 ssh_key_delete(user=request.user, key_id=int(request.POST["key"]))
                 return redirect("web:account")
         except DomainError as exc:
@@ -568,7 +575,7 @@ def _rent_offer(request: HttpRequest, initial: dict[str, object]) -> Offer | Non
     raw = request.GET.get("offer")
     if not raw:
         return None
-    offer = Offer.objects.filter(pk=int(raw) if raw.isdigit() and len(raw) < 19 else -1, state=OfferState.OPEN).select_related("machine").first()
+    offer = Offer.objects.filter(pk=int(raw) if re.fullmatch(r"[0-9]{1,18}", raw) else -1, state=OfferState.OPEN).select_related("machine").first()
     if offer is None or offer.gpus_free < 1:
         messages.warning(request, f"Offer #{raw[:20]} is not open or has no GPU free now; place the bid as you like.")
         return None

@@ -84,7 +84,7 @@ class JobOutputUploadView(AgentView):
         raw_length = str(request.META.get("CONTENT_LENGTH") or "")
         if not raw_length and "chunked" not in str(request.META.get("HTTP_TRANSFER_ENCODING", "")).lower():
             raw_length = "0"  # no body at all: an empty file
-        if not raw_length.isdigit():
+        if not (raw_length.isascii() and raw_length.isdigit()):
             raise DomainError("Send the file with a Content-Length header (its size in bytes); chunked uploads are not taken.",
                               fields={"Content-Length": ["Required: the file's size in bytes."]})
         length = int(raw_length)

@@ -76,6 +76,7 @@ def test_bad_filters_say_what_to_fix(buyer, orders):
     assert "give a date like 2026-12-31" in html and len(_shown(html)) == 25, "the bad filter is named and left out"
     html = _page(c, "?since=2026-12-10&until=2026-12-01")
     assert "swap them" in html
+    assert len(_shown(_page(c, "?state=cancelled&since=bad"))) == 10, "the filters that are fine still apply"
     assert "Select a valid choice" in _page(c, "?state=sold")
 
 
@@ -88,3 +89,17 @@ def test_the_api_filters_bids_by_day_placed_and_search(buyer, orders, client_for
     assert sorted(b["id"] for b in got) == sorted(b.pk for b in orders[10:15])
     r = api.get("/api/v1/bids/", {"since": "soon"})
     assert r.status_code == 400 and "since" in r.json()["error"]["fields"]
+
+
+@pytest.mark.parametrize("path", ["/orders/?q=²", "/orders/?q=%23٣", "/bids/new/?offer=²", "/markets/H100-SXM-80GB/us-east/?min_gpus=²",
+                                  "/offers/?min_gpus=²"])
+def test_digits_that_are_not_ascii_are_not_ids(buyer, orders, path):
+    # "²".isdigit() is true but int("²") raises: these were 500s
+    c = Client()
+    c.force_login(buyer)
+    assert c.get(path).status_code in (200, 400), "a page, or a page saying what is wrong: never a 500"
+
+
+def test_the_api_takes_a_search_of_unicode_digits_as_text(buyer, orders, client_for):
+    r = client_for(buyer).get("/api/v1/bids/", {"q": "²"})
+    assert r.status_code == 200 and r.json()["results"] == []

@@ -325,13 +325,13 @@ def test_markets_show_a_price_trend_and_a_market_its_bid_depth_and_prices_over_t
     assert '<svg class="spark up"' in row, row
 
     make_bid(buyer, gpus=2, gpu_models=["A100-SXM-80GB"], max_price=1_600_000)
-    make_bid(buyer, gpus=3, gpu_models=["A100-SXM-80GB"], max_price=1_600_000)
+    make_bid(buyer, gpus=3, gpu_models=["A100-SXM-80GB"], max_price=1_649_000)  # the same band
     make_bid(buyer, gpus=1, gpu_models=[], max_price=1_300_000)  # any model
     make_bid(buyer, gpus=4, gpu_models=["H100-SXM-80GB"], max_price=3_000_000)  # another market
     make_bid(buyer, gpus=4, gpu_models=["A100-SXM-80GB"], allowed_regions=["eu-west"], max_price=2_000_000)  # another region
     page = Client().get("/markets/A100-SXM-80GB/us-east/").content.decode()
     depth = page[page.index('id="bid-depth"'):page.index("</table>", page.index('id="bid-depth"'))]
-    levels = re.findall(r'<td class="num bid">([^<]+)</td><td class="num">(\d+)</td><td class="num">(\d+)</td>', depth)
+    levels = re.findall(r'<td class="num bid">from ([^<]+)</td><td class="num">(\d+)</td><td class="num">(\d+)</td>', depth)
     assert levels == [("1.60 USDC/GPU-h", "5", "5"), ("1.30 USDC/GPU-h", "1", "6")], levels
     history = json.loads(re.search(r'<script id="price-history" type="application/json">(.*?)</script>', page).group(1))
     assert [p for _, p in history] == [1_400_000, 1_450_000, 1_520_000]
@@ -358,3 +358,36 @@ def test_a_running_jobs_page_shows_its_cost_so_far_and_at_most(buyer, provider_u
     assert any(f"So far <b>{money.usdc(price * 2 * s // 3600)}</b>" in page for s in (1800, 1801, 1802)), page[page.find("job-running-cost"):][:300]
     assert f"<b>{money.usdc(price * 2)}</b> if it runs all 1 h booked" in page
     assert Client().get(f"/jobs/{job.pk}/").status_code == 302, "the page still needs a log-in"
+
+
+def test_a_running_jobs_cost_bills_each_extension_at_its_own_price(buyer, provider_user, make_job):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from market import money
+    from market.jobs import job_event
+    from market.models import Job, Trade
+    from tests.conftest import escrow_credit
+
+    job = make_job(provider_user, gpus=1, duration_s=3600)
+    job_event(user=provider_user, job_id=job.pk, event="started")
+    escrow_credit(buyer, 10 * 10**6)
+    offer = job.trade.offer
+    offer.price = job.trade.price + 500_000  # the ask went up: the extension costs more
+    offer.save(update_fields=["price"])
+    c = Client()
+    c.force_login(buyer)
+    r = c.post(f"/jobs/{job.pk}/extend/", {"hours": "1", "ask": offer.price})
+    assert r.status_code == 302
+    ext = Trade.objects.get(extends=job.trade)
+    assert ext.price == offer.price
+    Job.objects.filter(pk=job.pk).update(started_at=timezone.now() - timedelta(minutes=90))
+    page = c.get(f"/jobs/{job.pk}/").content.decode()
+    assert f"<b>{money.usdc(job.trade.price)}</b> if it runs all 1 h booked" in page, "a pending extension is not billed yet"
+    Trade.objects.filter(pk=ext.pk).update(state="recorded")
+    page = c.get(f"/jobs/{job.pk}/").content.decode()
+    total = job.trade.price + ext.price
+    assert f"<b>{money.usdc(total)}</b> if it runs all 2 h booked" in page
+    assert any(f"So far <b>{money.usdc(job.trade.price + ext.price * s // 3600)}</b>" in page for s in (1800, 1801, 1802))
+    assert "So far" not in c.get(f"/jobs/{Job.objects.get(trade=ext).pk}/").content.decode(), "shown on the job it extends"

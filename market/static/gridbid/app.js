@@ -235,7 +235,13 @@
       const orders = isSnapshot ? d.orders : [d.order];
       orders.forEach((o) => {
         const row = document.querySelector(`tr[data-order="${o.id}"]`);
-        if (!row) { if (!isSnapshot) location.reload(); return; }
+        // a new order shows on the first page of all orders, above the newest shown; an older
+        // one (another page's) and any page with a filter stay as they are
+        if (!row) {
+          const wrap = document.querySelector("[data-live-new]"), first = document.querySelector("tr[data-order]");
+          if (!isSnapshot && wrap && (!first || o.id > Number(first.dataset.order))) location.reload();
+          return;
+        }
         const pill = row.querySelector(".pill");
         if (pill && pill.textContent !== o.state) { pill.textContent = o.state; pill.className = "pill state-" + o.state; flash(row); }
         const why = row.querySelector("[data-field=why]");
