@@ -16,7 +16,13 @@ import uuid
 from typing import Any
 
 from django.db import transaction
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    inline_serializer,
+)
 from rest_framework import serializers, status
 from rest_framework.exceptions import APIException, NotFound, PermissionDenied, Throttled
 from rest_framework.request import Request
@@ -220,10 +226,12 @@ class StatementView(APIView):
 
     @extend_schema(parameters=[USER_PARAM, OpenApiParameter("month", str, description="YYYY-MM: that month only"),
                                OpenApiParameter("as", str, enum=["json", "csv"], description="csv: a CSV file")],
-                   responses=inline_serializer("Statement", {"address": serializers.CharField(allow_null=True), "month": serializers.CharField(allow_null=True),
-                                                             "opening": serializers.DictField(), "closing": serializers.DictField(),
-                                                             "lines": serializers.ListField(child=serializers.DictField()), "totals": serializers.DictField(),
-                                                             "months": serializers.ListField(child=serializers.CharField())}))
+                   responses={(200, "application/json"): inline_serializer("Statement", {
+                       "address": serializers.CharField(allow_null=True), "month": serializers.CharField(allow_null=True),
+                       "opening": serializers.DictField(), "closing": serializers.DictField(),
+                       "lines": serializers.ListField(child=serializers.DictField()), "totals": serializers.DictField(),
+                       "months": serializers.ListField(child=serializers.CharField())}),
+                       (200, "text/csv"): OpenApiResponse(response=OpenApiTypes.STR, description="With as=csv: the statement as CSV")})
     def get(self, request: Request) -> Any:
         try:
             month = balances.month_check(request.query_params.get("month"))
