@@ -13,6 +13,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
+from contracts.receipts import job_ports
 from market import engine
 from market.models import Bid, Offer, Trade
 from market.states import BidState, JobState, OfferState
@@ -50,6 +51,10 @@ def bid_to_domain(bid: Bid) -> engine.Bid:
         min_reliability=float(bid.min_reliability),
         weights=weights_to_domain(bid.weights),
         created_at=_epoch(bid.created_at) or 0,
+        # the provider's agent refuses these after matching on a machine that cannot run
+        # them (providers/agent/daemon.py refusal): the engine does not match them there
+        needs_containers=bool((bid.job_spec or {}).get("image")) and not (bid.job_spec or {}).get("command"),
+        needs_ports=bool(job_ports(bid.job_spec or {})),
     )
 
 
@@ -70,6 +75,8 @@ def offer_to_domain(offer: Offer) -> engine.Offer:
         reserved_only=offer.reserved_only,
         reliability=float(offer.machine.reliability),
         created_at=_epoch(offer.created_at) or 0,
+        containers=offer.machine.runs_containers,
+        ports=offer.machine.publishes_ports,
     )
 
 

@@ -61,9 +61,16 @@ def _telemetry_store(machine_id: int, snapshot: dict[str, Any], at: datetime, jo
 
 # --- heartbeats -------------------------------------------------------------------------
 @transaction.atomic
-def machine_heartbeat(*, user: User, machine_id: int, gpus: list[dict[str, Any]], jobs: list[dict[str, Any]], agent_version: str = "") -> dict[str, Any]:
-    """The machine is alive: mark it online, reopen the offers its silence paused, record progress."""
+def machine_heartbeat(*, user: User, machine_id: int, gpus: list[dict[str, Any]], jobs: list[dict[str, Any]], agent_version: str = "",
+                      runs_containers: bool | None = None, publishes_ports: bool | None = None) -> dict[str, Any]:
+    """The machine is alive: mark it online, reopen the offers its silence paused, record
+    progress, and what its agent can run (container images, published ports) as it says."""
     machine = own_machine(user, machine_id, lock=True)
+    can = {k: v for k, v in (("runs_containers", runs_containers), ("publishes_ports", publishes_ports)) if v is not None and getattr(machine, k) != v}
+    if can:
+        for k, v in can.items():
+            setattr(machine, k, v)
+        machine.save(update_fields=list(can))
     installed = set(machine.gpus.values_list("index", flat=True))
     unknown = sorted({g["index"] for g in gpus} - installed)
     if unknown:

@@ -82,6 +82,12 @@ class Machine(models.Model):
     interconnect = models.CharField(max_length=16, choices=Interconnect.choices, default=Interconnect.PCIE)
     reliability = models.FloatField(default=0.9, help_text="0-1; rises with kept heartbeats and delivered jobs, falls with misses")
     measured_tflops = models.FloatField(null=True, blank=True, help_text="Per-GPU BF16 TFLOPS measured by the agent")
+    # what its agent can run, as it reports with each heartbeat (an agent that never said is
+    # taken as able, as before): container images (docker or podman), and jobs that publish
+    # ports or SSH (a container runtime and a public host). A round matches no job there that
+    # needs what it cannot do.
+    runs_containers = models.BooleanField(default=True)
+    publishes_ports = models.BooleanField(default=True)
     state = models.CharField(max_length=16, choices=MachineState.choices, default=MachineState.OFFLINE)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

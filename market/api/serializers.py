@@ -186,7 +186,8 @@ class MachineSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Machine
-        fields = ["id", "provider", "name", "region", "public_endpoint", "interconnect", "reliability", "measured_tflops", "state", "last_heartbeat", "created_at", "gpus"]
+        fields = ["id", "provider", "name", "region", "public_endpoint", "interconnect", "reliability", "measured_tflops", "runs_containers", "publishes_ports",
+                  "state", "last_heartbeat", "created_at", "gpus"]
 
 
 class MachineCreateSerializer(serializers.Serializer):

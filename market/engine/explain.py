@@ -125,7 +125,8 @@ class Explainer:
         f_gpus = mkt.b_same[bs][:, None] & (mkt.o_gpus[offs][None, :] < mkt.b_gpus[bs][:, None])
         f_rel = mkt.o_rel[offs][None, :] < mkt.b_minrel[bs][:, None]
         f_price = mkt.o_ask[offs][None, :] > mkt.b_maxp[bs][:, None]
-        fails = [f_region, f_lat, f_time, f_class, f_gpus, f_rel, f_price]
+        f_runtime = (mkt.b_cont[bs][:, None] & ~mkt.o_cont[offs][None, :]) | (mkt.b_ports[bs][:, None] & ~mkt.o_ports[offs][None, :])
+        fails = [f_region, f_lat, f_time, f_class, f_gpus, f_rel, f_price, f_runtime]
         nfail = np.zeros(f_region.shape, dtype=np.int8)
         for f in fails:
             nfail += f
@@ -137,7 +138,7 @@ class Explainer:
         big = np.iinfo(np.int64).max
         asks = mkt.o_ask[offs][None, :]
         stats: dict[int, tuple[I64, BoolA, I64, F64]] = {}
-        for i in (6, 1, 0, 4, 5, 2, 3):
+        for i in (6, 1, 0, 4, 5, 2, 3, 7):
             only = fails[i] & one
             n = only.sum(axis=1)
             if not n.any():
@@ -166,7 +167,7 @@ class Explainer:
             reasons = heads[row]
             nearest: str | None = None
             any_only = False
-            for i in (6, 1, 0, 4, 5, 2, 3):
+            for i in (6, 1, 0, 4, 5, 2, 3, 7):
                 st = stats.get(i)
                 if st is None or not st[0][row]:
                     continue
@@ -282,6 +283,17 @@ class Explainer:
                 f"{_plural(n, 'offer')} in {where} are not available for {_hours(bid.duration_s)} "
                 f"from now (their window or duration limits)"
             )
+        elif i == 7:
+            if bid.needs_ports:
+                text = (
+                    f"{_plural(n, 'offer')} in {where} cannot publish ports (a docker or podman "
+                    f"runtime and a public host): your job publishes ports or SSH"
+                )
+            else:
+                text = (
+                    f"{_plural(n, 'offer')} in {where} run jobs as plain processes: your job is a "
+                    f"container image with no command, which needs a docker or podman runtime"
+                )
         else:
             what = "are reserved-only" if bid.klass != "reserved" else "do not allow spot"
             if bid.klass == "spot":

@@ -124,6 +124,8 @@ class Market:
     o_max_dur: I64
     o_spot: BoolA
     o_resv: BoolA
+    o_cont: BoolA  # runs container images
+    o_ports: BoolA  # publishes ports
     o_id: I64
     bids_id: I64
     # bids
@@ -136,6 +138,8 @@ class Market:
     b_wrel: F64
     b_wc: F64
     b_same: BoolA
+    b_cont: BoolA  # needs a container runtime
+    b_ports: BoolA  # needs published ports
     b_deadline_ok: BoolA
     b_tier: I64
     # bid x model / bid x region
@@ -175,6 +179,8 @@ class Market:
             and self.o_until[o] >= self.now + dur
             and (not self.o_resv[o] or k == 0)
             and (k != 2 or self.o_spot[o])
+            and (self.o_cont[o] or not self.b_cont[b])
+            and (self.o_ports[o] or not self.b_ports[b])
         )
 
 
@@ -224,6 +230,8 @@ def build_market(inp: RoundInput) -> Market:
         o_max_dur=ia([o.max_duration_s for o in offers]),
         o_spot=np.asarray([o.spot_allowed for o in offers], dtype=np.bool_).reshape(-1),
         o_resv=np.asarray([o.reserved_only for o in offers], dtype=np.bool_).reshape(-1),
+        o_cont=np.asarray([o.containers for o in offers], dtype=np.bool_).reshape(-1),
+        o_ports=np.asarray([o.ports for o in offers], dtype=np.bool_).reshape(-1),
         o_id=ia([o.id for o in offers]),
         bids_id=ia([b.id for b in bids]),
     )
@@ -279,6 +287,8 @@ def build_market(inp: RoundInput) -> Market:
         b_wrel=np.asarray([b.weights.reliability for b in bids], dtype=np.float64).reshape(-1),
         b_wc=np.asarray([b.weights.carbon_per_kg for b in bids], dtype=np.float64).reshape(-1),
         b_same=b_same,
+        b_cont=np.asarray([b.needs_containers or b.needs_ports for b in bids], dtype=np.bool_).reshape(-1),
+        b_ports=np.asarray([b.needs_ports for b in bids], dtype=np.bool_).reshape(-1),
         b_deadline_ok=np.asarray(
             [b.deadline is None or inp.now + b.duration_s <= b.deadline for b in bids],
             dtype=np.bool_,
@@ -368,6 +378,8 @@ def pair_values(mkt: Market, bids: I64, offs: I64) -> tuple[F64, BoolA]:
     klass = mkt.b_klass[bc]
     ok &= ~mkt.o_resv[offs][None, :] | (klass == 0)
     ok &= (klass != 2) | mkt.o_spot[offs][None, :]
+    ok &= mkt.o_cont[offs][None, :] | ~mkt.b_cont[bc]
+    ok &= mkt.o_ports[offs][None, :] | ~mkt.b_ports[bc]
     m = mkt.o_model[offs]
     r = mkt.o_region[offs]
     v = (mkt.b_maxp[bc] - ask).astype(np.float64) + mkt.b_wrel[bc] * mkt.o_rel[offs][None, :]

@@ -94,6 +94,10 @@ class Offer:
     reserved_only: bool
     reliability: float
     created_at: int
+    # what the machine's agent can run (issue 32): container images (a docker or podman
+    # runtime), and jobs that publish ports or SSH (a container runtime and a public host)
+    containers: bool = True
+    ports: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +146,10 @@ class Bid:
     min_reliability: float
     weights: Weights
     created_at: int
+    # what the job needs of the machine (issue 32): a container runtime (an image and no
+    # command), and published ports or SSH (``Offer.containers``, ``Offer.ports``)
+    needs_containers: bool = False
+    needs_ports: bool = False
 
 
 @dataclass(frozen=True, slots=True)

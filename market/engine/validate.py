@@ -237,6 +237,8 @@ def _offer_ok(o: Offer, models: set[str], regions: set[str]) -> bool:
         )
         and type(o.spot_allowed) is bool
         and type(o.reserved_only) is bool
+        and type(o.containers) is bool
+        and type(o.ports) is bool
         and _f(o.reliability, 0.0, 1.0)
         and _i(o.created_at, 0, _ID)
     )
@@ -270,6 +272,8 @@ def _bid_ok(b: Bid, models: set[str], regions: set[str]) -> bool:
         and _i(b.duration_s, 1, MAX_DURATION_S)
         and (b.deadline is None or _i(b.deadline, 0, _ID))
         and b.klass in CLASSES
+        and type(b.needs_containers) is bool
+        and type(b.needs_ports) is bool
         and _f(b.min_reliability, 0.0, 1.0)
         and type(w) is Weights
         and _f(w.latency_per_ms, 0.0, MAX_WEIGHT)
@@ -301,6 +305,8 @@ def _offer(p: str, o: Offer, models: set[str], regions: set[str]) -> None:
             raise EngineInputError(f"{p}.available_until", "must be after available_from")
     _bool(f"{p}.spot_allowed", o.spot_allowed)
     _bool(f"{p}.reserved_only", o.reserved_only)
+    _bool(f"{p}.containers", o.containers)
+    _bool(f"{p}.ports", o.ports)
     _float(f"{p}.reliability", o.reliability, 0.0, 1.0)
     _int(f"{p}.created_at", o.created_at, 0, 2**62)
 
@@ -346,6 +352,8 @@ def _bid(p: str, b: Bid, models: set[str], regions: set[str]) -> None:
     if b.klass not in CLASSES:
         raise EngineInputError(f"{p}.klass", f"must be one of {', '.join(CLASSES)}")
     _float(f"{p}.min_reliability", b.min_reliability, 0.0, 1.0)
+    _bool(f"{p}.needs_containers", b.needs_containers)
+    _bool(f"{p}.needs_ports", b.needs_ports)
     _weights(f"{p}.weights", b.weights)
     _int(f"{p}.created_at", b.created_at, 0, 2**62)
 

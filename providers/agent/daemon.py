@@ -194,8 +194,18 @@ class Agent:
         for trade, sup in self.running.items():
             job = self.state.job(trade)
             jobs.append({"job": job["job_id"], "progress": self._progress(job, sup), "log_tail": log_tail(sup.paths.log)})
-        body = {"agent_version": __version__, "gpus": [t.as_dict() for t in inventory.telemetry(self.inventory, busy)], "jobs": jobs}
+        body = {"agent_version": __version__, "gpus": [t.as_dict() for t in inventory.telemetry(self.inventory, busy)], "jobs": jobs,
+                **self.capabilities()}
         return self.client.heartbeat(self.machine_id, body)
+
+    def capabilities(self) -> dict[str, bool]:
+        """What this agent can run, for the market to match only jobs it will take (the
+        refusals below say the same in words): container images with a docker or podman
+        runtime, and published ports and SSH with one and a public host."""
+        runtime = self.config.runtime
+        containers = runtime in ("docker", "podman") or (
+            runtime == "auto" and bool(ContainerRuntime.available("docker") or ContainerRuntime.available("podman")))
+        return {"runs_containers": containers, "publishes_ports": containers and bool(self.config.public_host)}
 
     def _progress(self, job: dict[str, Any], sup: Supervised) -> float:
         try:

@@ -37,6 +37,10 @@ class HeartbeatSerializer(serializers.Serializer):
     agent_version = serializers.CharField(max_length=32, required=False, default="", allow_blank=True)
     gpus = GpuTelemetrySerializer(many=True, max_length=64, required=False, default=list)
     jobs = JobProgressSerializer(many=True, max_length=256, required=False, default=list)
+    runs_containers = serializers.BooleanField(required=False, allow_null=True, default=None,
+                                               help_text="The agent runs container images (docker or podman); left out: unchanged")
+    publishes_ports = serializers.BooleanField(required=False, allow_null=True, default=None,
+                                               help_text="The agent publishes ports and SSH (a container runtime and a public host); left out: unchanged")
 
     def validate_gpus(self, gpus: list[dict]) -> list[dict]:
         idx = [g["index"] for g in gpus]

@@ -1,8 +1,9 @@
 """The whole life of a rental, as its people live it: a buyer in Chromium, two providers'
 real `gridbid-agent` daemons staked on the server's dev chain, one real `gridbid up`.
 
-The buyer's unfunded bid is refused with the shortfall; it gets test tokens, deposits them
-and bids again; a round matches it to the cheaper provider, whose agent runs it once the
+The buyer's unfunded bid is refused with the shortfall; it gets test tokens, deposits them;
+an SSH job waits unmatched (the agents run jobs as processes and say so), with the reason on
+My orders, and is cancelled; the buyer bids again; a round matches it to the cheaper provider, whose agent runs it once the
 trade is recorded on chain. The buyer extends the booking at the offer's ask, then stops
 the job early. The provider's GPUs come back to the market, both trades settle on chain
 against the agent's signed receipts, and what the provider is shown as paid is what the
@@ -115,8 +116,9 @@ def test_a_rental_from_refused_bid_to_stop_early_settles_on_chain_and_frees_the_
         page.click("#deposit-form button")
         wait_for("the deposit in escrow", lambda: httpx.get(f"{base}/api/v1/ledger/escrow/", headers=auth).json()["free"] == 5 * TOKENS, seconds=60, logs=logs)
 
-        # 3. a job to reach by SSH: these agents run jobs as processes, so the agent refuses it,
-        # the buyer reads why on the job's page, and its GPU comes back
+        # 3. a job to reach by SSH: these agents run jobs as processes and say so with each
+        # heartbeat, so no round matches it on them (issue 32: before, the agent refused it
+        # after the match); it waits in the book, My orders says why, and the buyer cancels it
         public_key = ssh_public_key(tmp_path)
         page.goto(base + "/account/")
         page.fill("#ssh-keys input[name=name]", "laptop")
@@ -126,23 +128,25 @@ def test_a_rental_from_refused_bid_to_stop_early_settles_on_chain_and_frees_the_
         place_bid(page, base, image="python:3.11-slim", ssh=True)
         page.wait_for_selector("text=placed: it takes part in the next round")
 
-        def refused() -> Any:
-            jobs = httpx.get(f"{base}/api/v1/jobs/", headers=auth).json()["results"]
-            return jobs[0] if jobs and jobs[0]["state"] == "failed" else None
+        def explained() -> Any:
+            bids = httpx.get(f"{base}/api/v1/bids/", headers=auth).json()["results"]
+            return bids[0] if bids and "cannot publish ports" in " ".join((bids[0].get("explanation") or {}).get("reasons") or []) else None
 
         jobs_seen = lambda: [(j["id"], j["state"]) for j in httpx.get(f"{base}/api/v1/jobs/", headers=auth).json()["results"]]  # noqa: E731
-        sshjob = wait_for("the SSH job refused by the process-runtime agent", refused, seconds=90, logs=logs, seen=jobs_seen)
-        page.goto(f"{base}/jobs/{sshjob['id']}/")
-        reason = page.inner_text("#job-reason")
-        assert "container" in reason and "process" in reason, reason
-        wait_for("its GPU free again", lambda: httpx.get(f"{base}/api/v1/offers/", params={"machine": cheap_machine}).json()["results"][0]["gpus_free"] == 2, seconds=15)
+        sshbid = wait_for("the SSH bid left unmatched, saying why", explained, seconds=90, logs=logs, seen=jobs_seen)
+        assert sshbid["state"] == "open" and jobs_seen() == [], "never matched, so never refused"
+        page.goto(base + "/orders/")
+        row = f"tr[data-order='{sshbid['id']}']"
+        assert "cannot publish ports" in page.inner_text(row)
+        page.click(f"{row} button[aria-label='Cancel bid {sshbid['id']}']")
+        wait_for("the SSH bid cancelled", lambda: httpx.get(f"{base}/api/v1/bids/{sshbid['id']}/", headers=auth).json()["state"] == "cancelled", seconds=15)
 
         # 4. funded: placed, matched to the cheaper machine, run once the trade is on chain
         place_bid(page, base)
         page.wait_for_selector("text=placed: it takes part in the next round")
 
         def running() -> Any:
-            jobs = [j for j in httpx.get(f"{base}/api/v1/jobs/", headers=auth).json()["results"] if j["id"] != sshjob["id"]]
+            jobs = httpx.get(f"{base}/api/v1/jobs/", headers=auth).json()["results"]
             return jobs[0] if jobs and jobs[0]["state"] == "running" else None
 
         job = wait_for("the job running on the cheaper machine", running, seconds=90, logs=logs, seen=jobs_seen)
@@ -196,9 +200,9 @@ def test_a_rental_from_refused_bid_to_stop_early_settles_on_chain_and_frees_the_
 
         # and the webhook heard it all, signed with the secret shown once
         got = wait_for_events(receiver, ["bid.matched", "job.running", "job.stopped"], seconds=30)
-        assert got == ["bid.matched", "job.failed", "bid.matched", "job.running", "job.stopped"], got  # the SSH job's two first
+        assert got == ["bid.matched", "job.running", "job.stopped"], got  # the SSH bid never matched
         bodies = [verify(secret, request) for request in receiver.requests]
-        assert bodies[1]["data"]["job"]["id"] == sshjob["id"] and bodies[4]["data"]["job"]["id"] == job["id"], bodies
+        assert bodies[1]["data"]["job"]["id"] == job["id"] and bodies[2]["data"]["job"]["id"] == job["id"], bodies
 
         # 8. the GPUs are back on the market, for the next buyer
         wait_for("the offer's GPU free again", lambda: httpx.get(f"{base}/api/v1/offers/{trade['offer']}/").json()["gpus_free"] == 2, seconds=10)

@@ -483,3 +483,32 @@ def test_a_jobs_output_reaches_its_buyer_live_and_after_it_ends(provider_user, b
     other = Client()
     other.force_login(stranger)
     assert other.get(f"/jobs/{job.pk}/").status_code == 404
+
+
+def test_a_job_that_publishes_ports_is_not_matched_to_a_machine_whose_agent_cannot(provider_user, buyer, client_for, make_offer, make_bid):
+    # issue 32: the agent refused such a job after the round matched it (the trade then
+    # refunded, the buyer waiting); its heartbeat now says what it can run, and the round
+    # matches the job only where it will run
+    from market.models import Bid, Trade
+    from market.rounds import round_clear
+
+    process = make_offer(provider_user, model="A100-SXM-80GB", count=2, price=1_000_000)
+    docker = make_offer(provider_user, model="A100-SXM-80GB", count=2, price=1_800_000)
+    agent = client_for(provider_user)
+    r = agent.post(f"/api/v1/agent/machines/{process.machine_id}/heartbeat/", {"runs_containers": False, "publishes_ports": False}, format="json")
+    assert r.status_code == 200, r.content
+    process.machine.refresh_from_db()
+    assert (process.machine.runs_containers, process.machine.publishes_ports) == (False, False)
+    assert agent.post(f"/api/v1/agent/machines/{docker.machine_id}/heartbeat/", {"runs_containers": "maybe"}, format="json").status_code == 400
+
+    web = make_bid(buyer, gpus=1, gpu_models=["A100-SXM-80GB"], max_price=2_000_000, job_spec={"image": "jupyter:1", "ports": [8888]})
+    plain = make_bid(buyer, gpus=1, gpu_models=["A100-SXM-80GB"], max_price=2_000_000, job_spec={"command": ["python", "x.py"]})
+    round_clear(slot=41_000_001)
+    assert Trade.objects.get(bid=web).offer_id == docker.pk, "the dearer machine that can publish the port"
+    assert Trade.objects.get(bid=plain).offer_id == process.pk
+    docker.machine.publishes_ports = False
+    docker.machine.save(update_fields=["publishes_ports"])
+    late = make_bid(buyer, gpus=1, gpu_models=["A100-SXM-80GB"], max_price=2_000_000, job_spec={"image": "jupyter:1", "ports": [6006]})
+    round_clear(slot=41_000_002)
+    late = Bid.objects.get(pk=late.pk)
+    assert late.state == "open" and "cannot publish ports" in str(late.explanation), late.explanation

@@ -37,12 +37,16 @@ def test_a_plain_bid_matches_a_plain_offer() -> None:
         ({"reserved_only": True}, {"klass": "on_demand"}),
         ({"spot_allowed": False}, {"klass": "spot"}),
         ({}, {"deadline": NOW + 1800, "duration_s": 3600}),
+        ({"containers": False, "ports": False}, {"needs_containers": True}),
+        ({"ports": False}, {"needs_ports": True}),
+        ({"containers": False, "ports": False}, {"needs_ports": True}),
     ],
     ids=[
         "model-not-allowed", "memory-too-small", "compute-too-small", "wrong-vendor",
         "machine-too-small", "region-not-allowed", "latency-too-high", "ask-over-max-price",
         "window-too-short", "duration-over-offer-max", "not-yet-available", "reliability-too-low",
         "reserved-only-offer", "spot-not-allowed", "deadline-too-soon",
+        "image-on-a-process-machine", "ports-without-a-public-host", "ports-on-a-process-machine",
     ],
 )
 def test_bid_failing_one_hard_constraint_is_not_matched(o: dict[str, Any], b: dict[str, Any]) -> None:
@@ -71,3 +75,19 @@ def test_multi_machine_bid_is_split_within_one_region_and_model() -> None:
 def test_capacity_of_a_machine_is_never_exceeded() -> None:
     res = clear_round(round_of([offer(1, gpus=4)], [bid(i, gpus=2) for i in range(1, 5)]))
     assert sum(t.gpus for t in res.trades) == 4
+
+
+def test_a_job_that_needs_a_container_runtime_or_ports_goes_where_they_are_and_says_why_not() -> None:
+    # issue 32: the provider's agent refused these after matching; the engine matches them
+    # only where the machine runs images (containers) and publishes ports (ports)
+    process = offer(1, ask=1_000_000, containers=False, ports=False)
+    docker_no_host = offer(2, ask=1_500_000, containers=True, ports=False)
+    docker = offer(3, ask=2_000_000)
+    res = clear_round(round_of([process, docker_no_host, docker], [
+        bid(1, needs_ports=True, max_price=3_000_000), bid(2, needs_containers=True, max_price=3_000_000),
+        bid(3, max_price=3_000_000)]))
+    assert {t.bid_id: t.offer_id for t in res.trades} == {1: 3, 2: 2, 3: 1}
+    alone = clear_round(round_of([process], [bid(1, needs_ports=True), bid(2, needs_containers=True)]))
+    assert not alone.trades
+    why = {u.bid_id: " ".join(u.reasons) for u in alone.unmatched}
+    assert "cannot publish ports" in why[1] and "plain processes" in why[2], why
