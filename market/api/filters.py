@@ -5,6 +5,12 @@ from django_filters import rest_framework as filters
 from market.models import AuditAction, AuditEvent, Bid, Offer, Trade
 from market.selectors import bids_search
 
+TRUE_FALSE = [("true", "true"), ("false", "false")]
+
+
+def _true(value: str) -> bool:
+    return value == "true"
+
 
 class OfferFilter(filters.FilterSet):
     gpu_model = filters.CharFilter(field_name="gpu_model_id", help_text="Catalogue model id, e.g. H100-SXM-80GB")
@@ -17,6 +23,11 @@ class OfferFilter(filters.FilterSet):
     vendor = filters.CharFilter(field_name="gpu_model__vendor")
     machine = filters.NumberFilter(field_name="machine_id", min_value=1)
     state = filters.ChoiceFilter(choices=Offer._meta.get_field("state").choices)
+    # typed choices, not BooleanFilter: that one takes "perhaps" as no filter at all
+    runs_containers = filters.TypedChoiceFilter(field_name="machine__runs_containers", choices=TRUE_FALSE, coerce=_true,
+                                                help_text="true: machines that run container images (docker or podman)")
+    publishes_ports = filters.TypedChoiceFilter(field_name="machine__publishes_ports", choices=TRUE_FALSE, coerce=_true,
+                                                help_text="true: machines that publish ports and SSH")
 
     class Meta:
         model = Offer

@@ -216,10 +216,12 @@ class OfferSerializer(serializers.ModelSerializer):
     memory_gib = serializers.IntegerField(source="gpu_model.memory_gib", read_only=True)
     compute_units = serializers.FloatField(source="gpu_model.compute_units", read_only=True)
     price_per_compute_unit = serializers.SerializerMethodField()
+    runs_containers = serializers.BooleanField(source="machine.runs_containers", read_only=True, help_text="Its machine runs container images (docker or podman)")
+    publishes_ports = serializers.BooleanField(source="machine.publishes_ports", read_only=True, help_text="Its machine publishes ports and SSH")
 
     class Meta:
         model = Offer
-        fields = ["id", "machine", "provider", "region", "gpu_model", "gpus", "gpus_free", "price", "min_duration_s", "max_duration_s", "available_from", "available_until", "spot_allowed", "reserved_only", "state", "paused_by", "reliability", "memory_gib", "compute_units", "price_per_compute_unit", "created_at", "updated_at"]
+        fields = ["id", "machine", "provider", "region", "gpu_model", "gpus", "gpus_free", "price", "min_duration_s", "max_duration_s", "available_from", "available_until", "spot_allowed", "reserved_only", "state", "paused_by", "reliability", "memory_gib", "compute_units", "price_per_compute_unit", "runs_containers", "publishes_ports", "created_at", "updated_at"]
 
     @extend_schema_field(serializers.FloatField())
     def get_price_per_compute_unit(self, offer: Offer) -> float:

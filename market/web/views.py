@@ -138,6 +138,8 @@ def offers(request: HttpRequest) -> HttpResponse:
         qs = qs.filter(gpu_model_id=q["gpu_model"])
     if q.get("region"):
         qs = qs.filter(machine__region_id=q["region"])
+    if q.get("ports"):  # machines that publish ports and SSH (a container runtime and a public host)
+        qs = qs.filter(machine__publishes_ports=True)
     errors: dict[str, str] = {}
     for key, (lookup, parse) in OFFER_FILTERS.items():
         text = q.get(key, "").strip()

@@ -391,3 +391,19 @@ def test_a_running_jobs_cost_bills_each_extension_at_its_own_price(buyer, provid
     assert f"<b>{money.usdc(total)}</b> if it runs all 2 h booked" in page
     assert any(f"So far <b>{money.usdc(job.trade.price + ext.price * s // 3600)}</b>" in page for s in (1800, 1801, 1802))
     assert "So far" not in c.get(f"/jobs/{Job.objects.get(trade=ext).pk}/").content.decode(), "shown on the job it extends"
+
+
+def test_offers_say_what_their_machine_runs_and_filter_on_ports(provider_user, make_offer, client_for):
+    # issue 32, host details: what a machine can run is on its offers, and filters them
+    process = make_offer(provider_user, model="A100-SXM-80GB", count=2, price=1_000_000)
+    docker = make_offer(provider_user, model="A100-SXM-80GB", count=2, price=1_800_000)
+    process.machine.runs_containers = process.machine.publishes_ports = False
+    process.machine.save(update_fields=["runs_containers", "publishes_ports"])
+    page = Client().get("/offers/?gpu_model=A100-SXM-80GB").content.decode()
+    assert "processes only" in page and "containers, ports, SSH" in page
+    page = Client().get("/offers/?gpu_model=A100-SXM-80GB&ports=1").content.decode()
+    assert f"?offer={docker.pk}" in page and f"?offer={process.pk}" not in page
+    api = client_for(provider_user)
+    listed = api.get("/api/v1/offers/", {"publishes_ports": "true", "gpu_model": "A100-SXM-80GB"}).json()["results"]
+    assert [o["id"] for o in listed] == [docker.pk] and listed[0]["publishes_ports"] is True
+    assert api.get("/api/v1/offers/", {"publishes_ports": "perhaps"}).status_code == 400
