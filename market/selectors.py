@@ -202,7 +202,12 @@ def bucket_bid_depth(gpu_model: str, region: str) -> list[dict[str, int]]:
            "GROUP BY level ORDER BY level DESC")
     with connection.cursor() as cur:
         cur.execute(sql, [BidState.OPEN.value, gpu_model, region])
-        levels = [(int(price), int(gpus)) for price, gpus in cur.fetchall()]
+        return depth_rows([(int(price), int(gpus)) for price, gpus in cur.fetchall()])
+
+
+def depth_rows(levels: list[tuple[int, int]]) -> list[dict[str, int]]:
+    """Depth rows from (price, GPUs) levels in the order shown: each with the GPUs at or
+    before it (cumulative) and its bar's width against the largest level (pct)."""
     peak = max((g for _, g in levels), default=0)
     out, total = [], 0
     for price, gpus in levels:

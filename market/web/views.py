@@ -121,12 +121,7 @@ def _depth(offers) -> list[dict[str, int]]:  # type: ignore[no-untyped-def]
     levels: dict[int, int] = {}
     for price, free in offers.values_list("price", "gpus_free"):
         levels[price] = levels.get(price, 0) + free
-    out, total = [], 0
-    peak = max(levels.values(), default=0)
-    for price in sorted(levels):
-        total += levels[price]
-        out.append({"price": price, "gpus": levels[price], "cumulative": total, "pct": int(100 * levels[price] / peak) if peak else 0})
-    return out
+    return selectors.depth_rows(sorted(levels.items()))
 
 
 def offers(request: HttpRequest) -> HttpResponse:
