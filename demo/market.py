@@ -122,8 +122,41 @@ def _heartbeats(rng: random.Random, names: list[str], *, now: datetime, tick_s: 
                 "memory_total_mib": total, "temperature_c": round(35 + load * 0.45 + rng.uniform(-2, 2), 1),
                 "power_w": round(gpu.model.tdp_watts * (0.12 + 0.85 * load / 100), 1),
             })
-        machine_heartbeat(user=machine.provider.user, machine_id=machine.pk, gpus=gpus, jobs=[], agent_version="demo")
+        machine_heartbeat(user=machine.provider.user, machine_id=machine.pk, gpus=gpus, jobs=[], agent_version="demo", host=_demo_host(machine))
     return {m.pk for m in due}
+
+
+# what each GPU generation's hosts tend to carry: (CPU model, cores per GPU, RAM GiB per GPU,
+# newest CUDA of the usual driver). Invented demo machines, so invented but plausible hosts.
+_HOSTS = {
+    "hopper": ("AMD EPYC 9454 48-Core Processor", 24, 256, (12, 4), "550.54.15"),
+    "ampere": ("AMD EPYC 7763 64-Core Processor", 16, 128, (12, 2), "535.161.08"),
+    "ada": ("Intel(R) Xeon(R) Gold 6448Y", 8, 64, (12, 4), "550.54.15"),
+    "amd": ("AMD EPYC 9534 64-Core Processor", 16, 192, (0, 0), "6.7.0"),
+}
+
+
+def _demo_host(machine: Machine) -> dict[str, object]:
+    """The host a demo machine's agent would report (``providers.jobs.machine_heartbeat``'s
+    ``host``), the same on every beat: seeded by the machine."""
+    gpus = sorted(machine.gpus.all(), key=lambda g: g.index)
+    model = gpus[0].model if gpus else None
+    mid = model.id if model else ""
+    family = "amd" if model is not None and model.vendor == "amd" else "hopper" if mid.startswith(("H100", "H200", "GH200")) \
+        else "ampere" if mid.startswith(("A100", "A10", "A40", "A6000")) else "ada"
+    cpu, cores, ram, cuda, driver = _HOSTS[family]
+    r = random.Random(machine.pk * 7919)
+    n = max(1, len(gpus))
+    old_driver = r.random() < 0.25  # some hosts lag a driver or two behind
+    major, minor = (cuda[0], max(0, cuda[1] - 2)) if old_driver and cuda[0] else cuda
+    down = r.choice([1000, 2500, 10000, 25000])
+    links = "nvlink" if machine.interconnect in ("nvlink", "sxm") else "pcie-host"
+    return {
+        "cpu_model": cpu, "cpu_cores": cores * n, "ram_gib": ram * n, "disk_gb": r.choice([250, 500, 1000, 2000, 4000]) * n,
+        "net_down_mbps": down, "net_up_mbps": down // r.choice([1, 2, 4]), "driver_version": driver,
+        "cuda": major * 100 + minor, "runtime": "docker",
+        "topology": {f"{a.index}-{b.index}": links for i, a in enumerate(gpus) for b in gpus[i + 1:]},
+    }
 
 
 HEARTBEAT_EVERY_S = 5  # a machine that beat more recently is not due

@@ -173,6 +173,11 @@ class Bid(models.Model):
     deadline = models.DateTimeField(null=True, blank=True, help_text="The job must have finished by then")
     klass = models.CharField("class", max_length=16, choices=BidClass.choices, default=BidClass.ON_DEMAND)
     min_reliability = models.FloatField(default=0)
+    # the least host the job needs (issue 32), in Machine's units; 0: no minimum
+    min_cuda = models.PositiveIntegerField(default=0, help_text="CUDA version, major x 100 + minor (12.4 is 1204)")
+    min_ram_gib = models.PositiveIntegerField(default=0)
+    min_disk_gb = models.PositiveIntegerField(default=0)
+    min_net_down_mbps = models.PositiveIntegerField(default=0)
     weights = models.JSONField(default=dict, blank=True)
     state = models.CharField(max_length=16, choices=BidState.choices, default=BidState.OPEN)
     explanation = models.JSONField(default=dict, blank=True, help_text="Why the last round did not match it")

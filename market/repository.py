@@ -55,6 +55,10 @@ def bid_to_domain(bid: Bid) -> engine.Bid:
         # them (providers/agent/daemon.py refusal): the engine does not match them there
         needs_containers=bool((bid.job_spec or {}).get("image")) and not (bid.job_spec or {}).get("command"),
         needs_ports=bool(job_ports(bid.job_spec or {})),
+        min_cuda=bid.min_cuda,
+        min_ram_gib=bid.min_ram_gib,
+        min_disk_gb=bid.min_disk_gb,
+        min_net_down_mbps=bid.min_net_down_mbps,
     )
 
 
@@ -77,6 +81,10 @@ def offer_to_domain(offer: Offer) -> engine.Offer:
         created_at=_epoch(offer.created_at) or 0,
         containers=offer.machine.runs_containers,
         ports=offer.machine.publishes_ports,
+        cuda=offer.machine.cuda,
+        ram_gib=offer.machine.ram_gib,
+        disk_gb=offer.machine.disk_gb,
+        net_down_mbps=offer.machine.net_down_mbps,
     )
 
 

@@ -171,3 +171,23 @@ def match_gpu_name(name: str, memory_mib: int | None = None) -> GpuMatch:
 def _memory_fits(spec: GpuSpec, mem_gib: float | None) -> bool:
     # drivers report a little less than the marketing size (80 GB -> 79.6 GiB)
     return mem_gib is None or abs(spec.memory_gib - mem_gib) <= max(2.0, 0.08 * spec.memory_gib)
+
+
+# --- CUDA versions -----------------------------------------------------------------
+# kept as one whole number, major x 100 + minor (12.4 is 1204), so a database or the
+# engine compares them as numbers: as text, "12.10" sorts before "12.4"
+CUDA_MAX = 9999
+
+
+def cuda_code(text: str) -> int:
+    """'12' or '12.4' as its code (1200, 1204); a ValueError saying how to write one."""
+    s = str(text).strip()
+    major, _, minor = s.partition(".")
+    if not (major.isascii() and major.isdigit() and len(major) <= 2 and (not minor or (minor.isascii() and minor.isdigit() and len(minor) <= 2))):
+        raise ValueError(f"{text!r} is not a CUDA version: write it like 12 or 12.4")
+    return int(major) * 100 + int(minor or 0)
+
+
+def cuda_text(code: int) -> str:
+    """A CUDA version from its code: 1204 is '12.4'."""
+    return f"{code // 100}.{code % 100}"

@@ -60,13 +60,20 @@ def _telemetry_store(machine_id: int, snapshot: dict[str, Any], at: datetime, jo
 
 
 # --- heartbeats -------------------------------------------------------------------------
+# a heartbeat's ``host``: Machine fields its agent reports (HostSerializer validates them)
+HOST_FIELDS = ("cpu_model", "cpu_cores", "ram_gib", "disk_gb", "net_down_mbps", "net_up_mbps", "driver_version", "cuda", "runtime", "topology")
 @transaction.atomic
 def machine_heartbeat(*, user: User, machine_id: int, gpus: list[dict[str, Any]], jobs: list[dict[str, Any]], agent_version: str = "",
-                      runs_containers: bool | None = None, publishes_ports: bool | None = None) -> dict[str, Any]:
+                      runs_containers: bool | None = None, publishes_ports: bool | None = None, host: dict[str, Any] | None = None) -> dict[str, Any]:
     """The machine is alive: mark it online, reopen the offers its silence paused, record
-    progress, and what its agent can run (container images, published ports) as it says."""
+    progress, and what its agent can run (container images, published ports) and its host
+    (CPU, RAM, disk, network, CUDA, topology) as it says."""
     machine = own_machine(user, machine_id, lock=True)
-    can = {k: v for k, v in (("runs_containers", runs_containers), ("publishes_ports", publishes_ports)) if v is not None and getattr(machine, k) != v}
+    unknown = set(host or {}) - set(HOST_FIELDS)
+    if unknown:
+        raise ValueError(f"host: unknown fields {sorted(unknown)}")
+    said = {"runs_containers": runs_containers, "publishes_ports": publishes_ports, **(host or {})}
+    can = {k: v for k, v in said.items() if v is not None and getattr(machine, k) != v}
     if can:
         for k, v in can.items():
             setattr(machine, k, v)

@@ -6,6 +6,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from providers.catalogue import cuda_text
+
 
 class Region(models.Model):
     id = models.SlugField(primary_key=True, max_length=32)
@@ -74,6 +76,12 @@ class Interconnect(models.TextChoices):
     NONE = "none"
 
 
+class Runtime(models.TextChoices):
+    PROCESS = "process"
+    DOCKER = "docker"
+    PODMAN = "podman"
+
+
 class Machine(models.Model):
     provider = models.ForeignKey(Provider, on_delete=models.PROTECT, related_name="machines")
     name = models.CharField(max_length=64)
@@ -88,6 +96,18 @@ class Machine(models.Model):
     # needs what it cannot do.
     runs_containers = models.BooleanField(default=True)
     publishes_ports = models.BooleanField(default=True)
+    runtime = models.CharField(max_length=16, choices=Runtime.choices, blank=True, default="", help_text="How its agent runs jobs; blank until it says")
+    # its host, as its agent reports with each heartbeat (issue 32); 0 or blank: not reported,
+    # which meets no bid's minimum. Offers show them, and the Offers page and API filter on them.
+    cpu_model = models.CharField(max_length=128, blank=True, default="")
+    cpu_cores = models.PositiveIntegerField(default=0)
+    ram_gib = models.PositiveIntegerField(default=0)
+    disk_gb = models.PositiveIntegerField(default=0, help_text="Free disk for jobs' work and outputs, GB (10^9 bytes)")
+    net_down_mbps = models.PositiveIntegerField(default=0, help_text="Download, Mbit/s, as `gridbid-agent benchmark` measured it")
+    net_up_mbps = models.PositiveIntegerField(default=0, help_text="Upload, Mbit/s, as `gridbid-agent benchmark` measured it")
+    driver_version = models.CharField(max_length=32, blank=True, default="")
+    cuda = models.PositiveIntegerField(default=0, help_text="The CUDA version its driver supports, major x 100 + minor (12.4 is 1204); 0: none")
+    topology = models.JSONField(default=dict, blank=True, help_text="GPU pairs to their link: {'0-1': 'nvlink', '0-2': 'pcie-host', ...}")
     state = models.CharField(max_length=16, choices=MachineState.choices, default=MachineState.OFFLINE)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -101,6 +121,10 @@ class Machine(models.Model):
 
     def __str__(self) -> str:
         return f"{self.provider_id}/{self.name}"
+
+    @property
+    def cuda_version(self) -> str:
+        return cuda_text(self.cuda) if self.cuda else ""
 
 
 class Gpu(models.Model):

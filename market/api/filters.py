@@ -1,15 +1,35 @@
 from typing import Any
 
+from django import forms
 from django_filters import rest_framework as filters
 
 from market.models import AuditAction, AuditEvent, Bid, Offer, Trade
 from market.selectors import bids_search
+from providers.catalogue import cuda_code
+from providers.models import Runtime
 
 TRUE_FALSE = [("true", "true"), ("false", "false")]
 
 
 def _true(value: str) -> bool:
     return value == "true"
+
+
+class CudaField(forms.CharField):
+    """A CUDA version like 12 or 12.4, as its code (major x 100 + minor)."""
+
+    def clean(self, value: Any) -> int | None:
+        value = super().clean(value)
+        if not value:
+            return None
+        try:
+            return cuda_code(value)
+        except ValueError as exc:
+            raise forms.ValidationError(f"{exc}.") from None
+
+
+class CudaFilter(filters.Filter):
+    field_class = CudaField
 
 
 class OfferFilter(filters.FilterSet):
@@ -28,6 +48,12 @@ class OfferFilter(filters.FilterSet):
                                                 help_text="true: machines that run container images (docker or podman)")
     publishes_ports = filters.TypedChoiceFilter(field_name="machine__publishes_ports", choices=TRUE_FALSE, coerce=_true,
                                                 help_text="true: machines that publish ports and SSH")
+    runtime = filters.ChoiceFilter(field_name="machine__runtime", choices=Runtime.choices, help_text="How the machine's agent runs jobs")
+    min_cuda = CudaFilter(field_name="machine__cuda", lookup_expr="gte", help_text="At least this CUDA version, like 12 or 12.4")
+    min_ram_gib = filters.NumberFilter(field_name="machine__ram_gib", lookup_expr="gte", min_value=0, help_text="The machine's RAM, GiB")
+    min_disk_gb = filters.NumberFilter(field_name="machine__disk_gb", lookup_expr="gte", min_value=0, help_text="Free disk for jobs, GB")
+    min_net_down_mbps = filters.NumberFilter(field_name="machine__net_down_mbps", lookup_expr="gte", min_value=0, help_text="Measured download, Mbit/s")
+    min_net_up_mbps = filters.NumberFilter(field_name="machine__net_up_mbps", lookup_expr="gte", min_value=0, help_text="Measured upload, Mbit/s")
 
     class Meta:
         model = Offer

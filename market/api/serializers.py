@@ -27,6 +27,7 @@ from market.models import (
     User,
 )
 from market.states import OfferState
+from providers.catalogue import cuda_code, cuda_text
 from providers.models import Gpu, GpuModel, Interconnect, Machine, Provider, Region
 
 # the engine's limits: whatever the API accepts, a round can clear (market/engine/limits.py)
@@ -180,14 +181,27 @@ class GpuSerializer(serializers.ModelSerializer):
         fields = ["index", "uuid", "model", "memory_gib"]
 
 
+class HostSerializer(serializers.ModelSerializer):
+    """A machine's host, as its agent reports it with each heartbeat; 0 or blank: not reported."""
+
+    cuda_version = serializers.CharField(read_only=True, help_text="The CUDA version its driver supports, like 12.4; blank: none reported")
+    runtime = serializers.CharField(read_only=True, help_text="How its agent runs jobs: process, docker or podman; blank until it says")
+
+    class Meta:
+        model = Machine
+        fields = ["cpu_model", "cpu_cores", "ram_gib", "disk_gb", "net_down_mbps", "net_up_mbps", "driver_version", "cuda_version", "runtime", "topology"]
+        read_only_fields = fields
+
+
 class MachineSerializer(serializers.ModelSerializer):
     gpus = GpuSerializer(many=True, read_only=True)
     provider = serializers.CharField(source="provider.display_name", read_only=True)
+    host = HostSerializer(source="*", read_only=True)
 
     class Meta:
         model = Machine
         fields = ["id", "provider", "name", "region", "public_endpoint", "interconnect", "reliability", "measured_tflops", "runs_containers", "publishes_ports",
-                  "state", "last_heartbeat", "created_at", "gpus"]
+                  "host", "state", "last_heartbeat", "created_at", "gpus"]
 
 
 class MachineCreateSerializer(serializers.Serializer):
@@ -218,10 +232,11 @@ class OfferSerializer(serializers.ModelSerializer):
     price_per_compute_unit = serializers.SerializerMethodField()
     runs_containers = serializers.BooleanField(source="machine.runs_containers", read_only=True, help_text="Its machine runs container images (docker or podman)")
     publishes_ports = serializers.BooleanField(source="machine.publishes_ports", read_only=True, help_text="Its machine publishes ports and SSH")
+    host = HostSerializer(source="machine", read_only=True, help_text="Its machine's host (CPU, RAM, free disk, bandwidth, CUDA, GPU links)")
 
     class Meta:
         model = Offer
-        fields = ["id", "machine", "provider", "region", "gpu_model", "gpus", "gpus_free", "price", "min_duration_s", "max_duration_s", "available_from", "available_until", "spot_allowed", "reserved_only", "state", "paused_by", "reliability", "memory_gib", "compute_units", "price_per_compute_unit", "runs_containers", "publishes_ports", "created_at", "updated_at"]
+        fields = ["id", "machine", "provider", "region", "gpu_model", "gpus", "gpus_free", "price", "min_duration_s", "max_duration_s", "available_from", "available_until", "spot_allowed", "reserved_only", "state", "paused_by", "reliability", "memory_gib", "compute_units", "price_per_compute_unit", "runs_containers", "publishes_ports", "host", "created_at", "updated_at"]
 
     @extend_schema_field(serializers.FloatField())
     def get_price_per_compute_unit(self, offer: Offer) -> float:
@@ -354,6 +369,25 @@ class WeightsSerializer(serializers.Serializer):
     reliability = serializers.FloatField(min_value=0, max_value=limits.MAX_WEIGHT, required=False)
 
 
+@extend_schema_field({"type": "string", "example": "12.4", "description": "A CUDA version like 12 or 12.4; blank: none"})
+class CudaVersionField(serializers.Field):
+    """A CUDA version as people write it ('12.4'), kept as its code (1204) so that it compares
+    as a number; blank or 0 means no minimum."""
+
+    def to_internal_value(self, data: Any) -> int:
+        if data in ("", None, 0):
+            return 0
+        if isinstance(data, bool) or not isinstance(data, str | int | float):
+            raise serializers.ValidationError("Write a CUDA version as text, like \"12.4\".")
+        try:
+            return cuda_code(str(data))
+        except ValueError as exc:
+            raise serializers.ValidationError(f"{exc}.") from None
+
+    def to_representation(self, value: int) -> str:
+        return cuda_text(value) if value else ""
+
+
 class BidCreateSerializer(serializers.Serializer):
     client_order_id = serializers.RegexField(r"^[A-Za-z0-9_.:-]{1,64}$", required=False, allow_null=True, error_messages={"invalid": "1-64 letters, digits, '_', '.', ':' or '-'."})
     job_spec = JobSpecSerializer()
@@ -374,13 +408,19 @@ class BidCreateSerializer(serializers.Serializer):
                                            help_text="Unmatched by then, the bid leaves the book as expired. Omitted: BID_TTL_DEFAULT_S from now; at most BID_TTL_MAX_S ahead")
     klass = serializers.ChoiceField(choices=BidClass.choices, default=BidClass.ON_DEMAND, help_text="reserved, on_demand or spot")
     min_reliability = serializers.FloatField(min_value=0, max_value=1, default=0)
+    min_cuda = CudaVersionField(required=False, default=0, help_text="The least CUDA version the machine's driver must support, like 12.4; blank: any")
+    min_ram_gib = serializers.IntegerField(min_value=0, max_value=1_000_000, default=0, help_text="The least RAM of the machine, GiB")
+    min_disk_gb = serializers.IntegerField(min_value=0, max_value=1_000_000_000, default=0, help_text="The least free disk for the job, GB")
+    min_net_down_mbps = serializers.IntegerField(min_value=0, max_value=10_000_000, default=0, help_text="The least measured download bandwidth, Mbit/s")
     weights = WeightsSerializer(required=False, default=dict)
 
 
 class BidSerializer(serializers.ModelSerializer):
+    min_cuda = CudaVersionField(read_only=True)
+
     class Meta:
         model = Bid
-        fields = ["id", "client_order_id", "buyer", "job_spec", "gpus", "gpu_models", "min_memory_gib", "min_compute_units", "vendor", "same_machine", "allowed_regions", "preferred_regions", "location_region", "max_latency_ms", "max_price", "duration_s", "deadline", "expires_at", "klass", "min_reliability", "weights", "state", "explanation", "resume_from", "spec_signature", "created_at", "updated_at"]
+        fields = ["id", "client_order_id", "buyer", "job_spec", "gpus", "gpu_models", "min_memory_gib", "min_compute_units", "vendor", "same_machine", "allowed_regions", "preferred_regions", "location_region", "max_latency_ms", "max_price", "duration_s", "deadline", "expires_at", "klass", "min_reliability", "min_cuda", "min_ram_gib", "min_disk_gb", "min_net_down_mbps", "weights", "state", "explanation", "resume_from", "spec_signature", "created_at", "updated_at"]
         read_only_fields = ["resume_from", "spec_signature"]
 
 

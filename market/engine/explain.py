@@ -126,7 +126,11 @@ class Explainer:
         f_rel = mkt.o_rel[offs][None, :] < mkt.b_minrel[bs][:, None]
         f_price = mkt.o_ask[offs][None, :] > mkt.b_maxp[bs][:, None]
         f_runtime = (mkt.b_cont[bs][:, None] & ~mkt.o_cont[offs][None, :]) | (mkt.b_ports[bs][:, None] & ~mkt.o_ports[offs][None, :])
-        fails = [f_region, f_lat, f_time, f_class, f_gpus, f_rel, f_price, f_runtime]
+        f_host = np.zeros(f_region.shape, dtype=np.bool_)
+        need = mkt.b_hostneed[bs]
+        if need.any():
+            f_host[need] = (mkt.o_host[offs][None, :, :] < mkt.b_host[bs[need]][:, None, :]).any(axis=2)
+        fails = [f_region, f_lat, f_time, f_class, f_gpus, f_rel, f_price, f_runtime, f_host]
         nfail = np.zeros(f_region.shape, dtype=np.int8)
         for f in fails:
             nfail += f
@@ -138,7 +142,7 @@ class Explainer:
         big = np.iinfo(np.int64).max
         asks = mkt.o_ask[offs][None, :]
         stats: dict[int, tuple[I64, BoolA, I64, F64]] = {}
-        for i in (6, 1, 0, 4, 5, 2, 3, 7):
+        for i in (6, 1, 0, 4, 5, 2, 3, 7, 8):
             only = fails[i] & one
             n = only.sum(axis=1)
             if not n.any():
@@ -167,7 +171,7 @@ class Explainer:
             reasons = heads[row]
             nearest: str | None = None
             any_only = False
-            for i in (6, 1, 0, 4, 5, 2, 3, 7):
+            for i in (6, 1, 0, 4, 5, 2, 3, 7, 8):
                 st = stats.get(i)
                 if st is None or not st[0][row]:
                     continue
@@ -233,6 +237,8 @@ class Explainer:
             "GPUs per machine",
             "reliability",
             "price",
+            "container runtime",
+            "host (CUDA, RAM, disk, bandwidth)",
         )[i]
 
     def _describe(self, o: int) -> str:
@@ -294,12 +300,35 @@ class Explainer:
                     f"{_plural(n, 'offer')} in {where} run jobs as plain processes: your job is a "
                     f"container image with no command, which needs a docker or podman runtime"
                 )
+        elif i == 8:
+            short = [
+                f"{label} {fmt(need)} or more (the cheapest has {fmt(have) if have else 'none reported'})"
+                for label, fmt, need, have in zip(
+                    ("CUDA", "RAM", "free disk", "download"), _HOST_FORMATS,
+                    (bid.min_cuda, bid.min_ram_gib, bid.min_disk_gb, bid.min_net_down_mbps),
+                    (off.cuda, off.ram_gib, off.disk_gb, off.net_down_mbps), strict=True)
+                if need > have
+            ]
+            text = f"{_plural(n, 'offer')} in {where} fall short of the host your job needs: " + "; ".join(short)
         else:
             what = "are reserved-only" if bid.klass != "reserved" else "do not allow spot"
             if bid.klass == "spot":
                 what = "do not take spot bids or are reserved-only"
             text = f"{_plural(n, 'offer')} in {where} {what}"
         return text, self._describe(o)
+
+
+def cuda_text(code: int) -> str:
+    """A CUDA version from its code (major x 100 + minor): 1204 is '12.4'."""
+    return f"{code // 100}.{code % 100}"
+
+
+_HOST_FORMATS = (
+    cuda_text,
+    lambda v: f"{v:,} GiB",
+    lambda v: f"{v:,} GB",
+    lambda v: f"{v:,} Mbit/s",
+)
 
 
 def trade_reason(mkt: Market, b: int, o: int, rank_of: int, score: int) -> str:

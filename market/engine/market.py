@@ -63,6 +63,8 @@ def _tier(g: int) -> int:
     return 1 << (g.bit_length() - 1)
 
 
+# a machine's host as offers report it and bids ask for it (issue 32), in o_host's columns
+HOST_COLUMNS = ("cuda", "ram_gib", "disk_gb", "net_down_mbps")
 CUT_TIERS = 5  # divisibility rows per offer: multiples of 1, 2, 4, 8 and 16 GPUs
 
 
@@ -126,6 +128,7 @@ class Market:
     o_resv: BoolA
     o_cont: BoolA  # runs container images
     o_ports: BoolA  # publishes ports
+    o_host: I64  # offers x 4: CUDA, RAM GiB, disk GB, download Mbit/s (HOST_COLUMNS)
     o_id: I64
     bids_id: I64
     # bids
@@ -140,6 +143,8 @@ class Market:
     b_same: BoolA
     b_cont: BoolA  # needs a container runtime
     b_ports: BoolA  # needs published ports
+    b_host: I64  # bids x 4: the least of each HOST_COLUMNS the job needs
+    b_hostneed: BoolA  # a bid with any host minimum
     b_deadline_ok: BoolA
     b_tier: I64
     # bid x model / bid x region
@@ -181,6 +186,7 @@ class Market:
             and (k != 2 or self.o_spot[o])
             and (self.o_cont[o] or not self.b_cont[b])
             and (self.o_ports[o] or not self.b_ports[b])
+            and (not self.b_hostneed[b] or bool((self.o_host[o] >= self.b_host[b]).all()))
         )
 
 
@@ -232,6 +238,7 @@ def build_market(inp: RoundInput) -> Market:
         o_resv=np.asarray([o.reserved_only for o in offers], dtype=np.bool_).reshape(-1),
         o_cont=np.asarray([o.containers for o in offers], dtype=np.bool_).reshape(-1),
         o_ports=np.asarray([o.ports for o in offers], dtype=np.bool_).reshape(-1),
+        o_host=np.asarray([[o.cuda, o.ram_gib, o.disk_gb, o.net_down_mbps] for o in offers], dtype=np.int64).reshape(-1, len(HOST_COLUMNS)),
         o_id=ia([o.id for o in offers]),
         bids_id=ia([b.id for b in bids]),
     )
@@ -277,6 +284,7 @@ def build_market(inp: RoundInput) -> Market:
     b_gpus = ia([b.gpus for b in bids])
     b_same = np.asarray([b.same_machine for b in bids], dtype=np.bool_).reshape(-1)
     unit = score_unit(bids)
+    b_host = np.asarray([[b.min_cuda, b.min_ram_gib, b.min_disk_gb, b.min_net_down_mbps] for b in bids], dtype=np.int64).reshape(-1, len(HOST_COLUMNS))
     mkt_b: dict[str, Any] = dict(
         b_gpus=b_gpus,
         b_maxp=ia([b.max_price for b in bids]),
@@ -289,6 +297,8 @@ def build_market(inp: RoundInput) -> Market:
         b_same=b_same,
         b_cont=np.asarray([b.needs_containers or b.needs_ports for b in bids], dtype=np.bool_).reshape(-1),
         b_ports=np.asarray([b.needs_ports for b in bids], dtype=np.bool_).reshape(-1),
+        b_host=b_host,
+        b_hostneed=(b_host > 0).any(axis=1),
         b_deadline_ok=np.asarray(
             [b.deadline is None or inp.now + b.duration_s <= b.deadline for b in bids],
             dtype=np.bool_,
@@ -380,6 +390,10 @@ def pair_values(mkt: Market, bids: I64, offs: I64) -> tuple[F64, BoolA]:
     ok &= (klass != 2) | mkt.o_spot[offs][None, :]
     ok &= mkt.o_cont[offs][None, :] | ~mkt.b_cont[bc]
     ok &= mkt.o_ports[offs][None, :] | ~mkt.b_ports[bc]
+    need = mkt.b_hostneed[bids]
+    if need.any():  # most bids ask for no host minimum: only their rows are compared
+        rows = np.flatnonzero(need)
+        ok[rows] &= (mkt.o_host[offs][None, :, :] >= mkt.b_host[bids[rows]][:, None, :]).all(axis=2)
     m = mkt.o_model[offs]
     r = mkt.o_region[offs]
     v = (mkt.b_maxp[bc] - ask).astype(np.float64) + mkt.b_wrel[bc] * mkt.o_rel[offs][None, :]

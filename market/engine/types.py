@@ -98,6 +98,13 @@ class Offer:
     # runtime), and jobs that publish ports or SSH (a container runtime and a public host)
     containers: bool = True
     ports: bool = True
+    # the machine's host as its agent reports it (issue 32); 0 = not reported, which meets no
+    # bid's minimum: the CUDA version its driver supports (major x 100 + minor: 12.4 is
+    # 1204), RAM, free disk for jobs, and measured download bandwidth
+    cuda: int = 0
+    ram_gib: int = 0
+    disk_gb: int = 0
+    net_down_mbps: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +157,11 @@ class Bid:
     # command), and published ports or SSH (``Offer.containers``, ``Offer.ports``)
     needs_containers: bool = False
     needs_ports: bool = False
+    # the least host the job needs (issue 32), in ``Offer``'s units; 0 = no minimum
+    min_cuda: int = 0
+    min_ram_gib: int = 0
+    min_disk_gb: int = 0
+    min_net_down_mbps: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,8 +13,10 @@ from typing import Any
 
 from .limits import (
     MAX_COMPUTE_UNITS,
+    MAX_CUDA,
     MAX_DURATION_S,
     MAX_GPUS,
+    MAX_HOST,
     MAX_LATENCY_MS,
     MAX_MEMORY_GIB,
     MAX_PRICE,
@@ -204,6 +206,7 @@ def _round(inp: RoundInput) -> tuple[set[str], set[str]]:
 
 
 _ID = 2**62
+HOST_FIELDS = ("ram_gib", "disk_gb", "net_down_mbps")  # Offer.x, Bid.min_x
 
 
 def _i(v: object, lo: int, hi: int) -> bool:
@@ -239,6 +242,10 @@ def _offer_ok(o: Offer, models: set[str], regions: set[str]) -> bool:
         and type(o.reserved_only) is bool
         and type(o.containers) is bool
         and type(o.ports) is bool
+        and _i(o.cuda, 0, MAX_CUDA)
+        and _i(o.ram_gib, 0, MAX_HOST)
+        and _i(o.disk_gb, 0, MAX_HOST)
+        and _i(o.net_down_mbps, 0, MAX_HOST)
         and _f(o.reliability, 0.0, 1.0)
         and _i(o.created_at, 0, _ID)
     )
@@ -274,6 +281,10 @@ def _bid_ok(b: Bid, models: set[str], regions: set[str]) -> bool:
         and b.klass in CLASSES
         and type(b.needs_containers) is bool
         and type(b.needs_ports) is bool
+        and _i(b.min_cuda, 0, MAX_CUDA)
+        and _i(b.min_ram_gib, 0, MAX_HOST)
+        and _i(b.min_disk_gb, 0, MAX_HOST)
+        and _i(b.min_net_down_mbps, 0, MAX_HOST)
         and _f(b.min_reliability, 0.0, 1.0)
         and type(w) is Weights
         and _f(w.latency_per_ms, 0.0, MAX_WEIGHT)
@@ -307,6 +318,9 @@ def _offer(p: str, o: Offer, models: set[str], regions: set[str]) -> None:
     _bool(f"{p}.reserved_only", o.reserved_only)
     _bool(f"{p}.containers", o.containers)
     _bool(f"{p}.ports", o.ports)
+    _int(f"{p}.cuda", o.cuda, 0, MAX_CUDA)
+    for name in HOST_FIELDS:
+        _int(f"{p}.{name}", getattr(o, name), 0, MAX_HOST)
     _float(f"{p}.reliability", o.reliability, 0.0, 1.0)
     _int(f"{p}.created_at", o.created_at, 0, 2**62)
 
@@ -354,6 +368,9 @@ def _bid(p: str, b: Bid, models: set[str], regions: set[str]) -> None:
     _float(f"{p}.min_reliability", b.min_reliability, 0.0, 1.0)
     _bool(f"{p}.needs_containers", b.needs_containers)
     _bool(f"{p}.needs_ports", b.needs_ports)
+    _int(f"{p}.min_cuda", b.min_cuda, 0, MAX_CUDA)
+    for name in HOST_FIELDS:
+        _int(f"{p}.min_{name}", getattr(b, f"min_{name}"), 0, MAX_HOST)
     _weights(f"{p}.weights", b.weights)
     _int(f"{p}.created_at", b.created_at, 0, 2**62)
 

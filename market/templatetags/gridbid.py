@@ -12,6 +12,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from market import money as m
 from market.engine import STAGES
+from providers.catalogue import cuda_text
 
 register = template.Library()
 
@@ -210,3 +211,39 @@ def stage_legend() -> SafeString:
         " ", '<span class="stagekey"><i style="background:{}"></i>{}</span>',
         ((c, _stage_name(k)) for k, c in STAGE_COLOURS.items()),
     )
+
+
+@register.filter
+def cuda(code: object) -> str:
+    """A CUDA version from its code: 1204 -> '12.4'."""
+    return cuda_text(_units(code) or 0)
+
+
+@register.filter
+def disk(gb: object) -> str:
+    """Free disk in GB (10^9 bytes), as '500 GB' or '1.2 TB'."""
+    n = _units(gb) or 0
+    return f"{n / 1000:.1f} TB".replace(".0 TB", " TB") if n >= 1000 else f"{n} GB"
+
+
+@register.filter
+def mbps(value: object) -> str:
+    """A bandwidth in Mbit/s, as '940 Mbit/s' or '2.5 Gbit/s'; '?' when not measured."""
+    n = _units(value) or 0
+    if not n:
+        return "?"
+    return f"{n / 1000:.1f} Gbit/s".replace(".0 Gbit", " Gbit") if n >= 1000 else f"{n} Mbit/s"
+
+
+@register.filter
+def links(machine: object) -> str:
+    """A machine's GPU links in a line: 'all NVLink', or each kind with its pairs."""
+    topology = getattr(machine, "topology", None) or {}
+    if not topology:
+        return "— (one GPU, or not reported)"
+    kinds: dict[str, list[str]] = {}
+    for pair, kind in sorted(topology.items()):
+        kinds.setdefault(str(kind), []).append(str(pair))
+    if len(kinds) == 1:
+        return f"all pairs {next(iter(kinds))}"
+    return "; ".join(f"{kind} ({', '.join(pairs[:4])}{' …' if len(pairs) > 4 else ''})" for kind, pairs in sorted(kinds.items()))

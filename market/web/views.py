@@ -16,7 +16,7 @@ from django.contrib import messages
 from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import redirect, render
 from django.utils import timezone
 
@@ -152,7 +152,12 @@ def offers(request: HttpRequest) -> HttpResponse:
             limit = _number(q["max_latency_ms"].strip(), OFFER_FILTER_NAMES["max_latency_ms"])
         except ValueError as exc:
             errors["max_latency_ms"] = str(exc)
-    context = {"models": GpuModel.objects.all(), "regions": Region.objects.all(), "q": q, "mine": mine, "errors": list(errors.values()), "bad": errors}
+    needs = QueryDict(mutable=True)
+    for name in HOST_NEEDS:
+        if q.get(name, "").strip():
+            needs[name] = q[name].strip()
+    context = {"models": GpuModel.objects.all(), "regions": Region.objects.all(), "q": q, "mine": mine, "errors": list(errors.values()), "bad": errors,
+               "host_needs": "&" + needs.urlencode() if needs else ""}
     if errors:  # a filter we cannot read is not dropped silently: say which, show nothing filtered wrongly
         return render(request, "market/offers.html", {**context, "offers": []}, status=400)
     rows = list(qs.order_by(SORTS.get(q.get("sort", "price"), "price"), "id")[:1000])
@@ -185,15 +190,25 @@ def _max_price(text: str, what: str) -> int:
     return money.parse_usdc(text, what=what)
 
 
+def _cuda(text: str, what: str) -> int:
+    try:
+        return catalogue.cuda_code(text)
+    except ValueError as exc:
+        raise ValueError(f"{what}: {exc}.") from None
+
+
 # the offers page's numeric filters: query key -> (ORM lookup, parser raising ValueError)
 OFFER_FILTERS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "min_gpus": ("gpus_free__gte", _whole), "min_memory_gib": ("gpu_model__memory_gib__gte", _whole),
     "min_compute_units": ("gpu_model__compute_units__gte", _number), "max_price": ("price__lte", _max_price),
     "min_reliability": ("machine__reliability__gte", _number), "max_carbon": ("machine__region__carbon_g_per_kwh__lte", _number),
+    "min_cuda": ("machine__cuda__gte", _cuda), "min_ram_gib": ("machine__ram_gib__gte", _whole), "min_disk_gb": ("machine__disk_gb__gte", _whole),
+    "min_net_down_mbps": ("machine__net_down_mbps__gte", _whole),
 }
 OFFER_FILTER_NAMES = {
     "min_gpus": "Min GPUs", "min_memory_gib": "Min VRAM GiB", "min_compute_units": "Min compute units",
     "max_price": "max price (USDC/GPU-h)", "min_reliability": "Min reliability", "max_carbon": "Max gCO₂/kWh", "max_latency_ms": "Max latency ms",
+    "min_cuda": "Min CUDA", "min_ram_gib": "Min RAM GiB", "min_disk_gb": "Min free disk GB", "min_net_down_mbps": "Min download Mbit/s",
 }
 
 
@@ -462,12 +477,15 @@ USD = 1_000_000
 # jobs as plain processes cannot publish them.
 JOB_TEMPLATES: dict[str, dict[str, Any]] = {
     "pytorch": {"name": "PyTorch training", "image": "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime", "command": "python train.py",
-                "ports": "", "ssh": False, "needs": "a container runtime (docker or podman) and CUDA 12.4 drivers; writes what train.py saves in outputs/"},
+                "ports": "", "ssh": False, "min_cuda": "12.4", "needs": "CUDA 12.4 drivers (its image is built for them: only such machines match); writes what train.py saves in outputs/"},
     "vllm": {"name": "vLLM inference server", "image": "vllm/vllm-openai:v0.6.4", "command": "--model Qwen/Qwen2.5-7B-Instruct --port 8000",
-             "ports": "8000", "ssh": False, "needs": "a container runtime to publish port 8000 (an OpenAI-compatible API), 24 GiB of GPU memory for a 7B model"},
+             "ports": "8000", "ssh": False, "min_cuda": "12.1", "needs": "a container runtime to publish port 8000 (an OpenAI-compatible API), CUDA 12.1 drivers, 24 GiB of GPU memory for a 7B model"},
     "jupyter": {"name": "Jupyter (PyTorch notebook)", "image": "quay.io/jupyter/pytorch-notebook:cuda12-latest", "command": "",
-                "ports": "8888", "ssh": True, "needs": "a container runtime to publish port 8888 and SSH; your account's SSH keys"},
+                "ports": "8888", "ssh": True, "min_cuda": "12.0", "needs": "a container runtime to publish port 8888 and SSH, CUDA 12 drivers; your account's SSH keys"},
 }
+
+
+HOST_NEEDS = ("min_cuda", "min_ram_gib", "min_disk_gb", "min_net_down_mbps")  # bid fields; the Offers page filters by the same names
 
 
 class BidForm(forms.Form):
@@ -488,6 +506,21 @@ class BidForm(forms.Form):
 
     ports = forms.CharField(max_length=200, required=False, label="Ports to publish", help_text="Container ports, e.g. 8888, 6006")
     ssh = forms.BooleanField(required=False, label="SSH into the container (with your account's keys)")
+    # the least host the job needs: the round matches only machines that report at least this
+    min_cuda = forms.CharField(max_length=8, required=False, label="Min CUDA version", help_text="Like 12.4: machines whose driver supports it or newer.",
+                               widget=forms.TextInput(attrs={"inputmode": "decimal", "placeholder": "any"}))
+    min_ram_gib = forms.IntegerField(required=False, min_value=0, max_value=1_000_000, label="Min RAM (GiB)")
+    min_disk_gb = forms.IntegerField(required=False, min_value=0, max_value=1_000_000_000, label="Min free disk (GB)")
+    min_net_down_mbps = forms.IntegerField(required=False, min_value=0, max_value=10_000_000, label="Min download (Mbit/s)")
+
+    def clean_min_cuda(self) -> str:
+        text = (self.cleaned_data.get("min_cuda") or "").strip()
+        if text:
+            try:
+                catalogue.cuda_code(text)
+            except ValueError as exc:
+                raise forms.ValidationError(f"{exc}.") from None
+        return text
 
     def clean_command(self) -> list[str]:
         import shlex
@@ -533,6 +566,9 @@ class BidForm(forms.Form):
             body["max_latency_ms"] = d["max_latency_ms"]
         if d.get("preferred_region"):
             body["preferred_regions"] = [d["preferred_region"]]
+        for name in HOST_NEEDS:
+            if d.get(name):
+                body[name] = d[name]
         return body
 
 
@@ -578,6 +614,12 @@ def _rent_offer(request: HttpRequest, initial: dict[str, object]) -> Offer | Non
         return None
     initial.update(gpu_model=offer.gpu_model_id, preferred_region=offer.machine.region_id, gpus=min(offer.gpus_free, 64),
                    max_price_usd=Decimal(math.ceil(offer.price / (USD // 100))) / 100)
+    # the host filters the buyer searched with (the Offers page passes them on) become the
+    # bid's needs, so that the round, too, matches only machines that meet them
+    for name in HOST_NEEDS:
+        text = request.GET.get(name, "").strip()[:12]
+        if text:
+            initial[name] = text
     return offer
 
 

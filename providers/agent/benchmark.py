@@ -89,3 +89,33 @@ def bench_gpus(n: int = 8192, budget_s: float = 2.0) -> list[BenchResult]:
 def per_gpu_tflops(results: list[BenchResult]) -> float | None:
     gpu = [r.tflops for r in results if r.device.startswith("gpu:")]
     return round(sum(gpu) / len(gpu), 2) if gpu else None
+
+
+@dataclass(frozen=True)
+class NetResult:
+    direction: str  # "down" or "up"
+    bytes: int
+    seconds: float
+
+    @property
+    def mbps(self) -> float:
+        """Megabits per second (10^6 bits)."""
+        return self.bytes * 8 / self.seconds / 1e6 if self.seconds > 0 else 0.0
+
+
+def bench_network(client, size: int = 8 * 2**20, rounds: int = 3) -> list[NetResult]:  # type: ignore[no-untyped-def]
+    """Bandwidth to the market, each way: the best of `rounds` timed transfers of `size`
+    bytes (GET and PUT of the market's /api/v1/agent/speedtest/). The best, not the mean:
+    a transfer is only ever slowed by others sharing the link, never sped up."""
+    out = []
+    for direction, transfer in (("down", client.speedtest_down), ("up", client.speedtest_up)):
+        best: NetResult | None = None
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            moved = transfer(size)
+            r = NetResult(direction, moved, time.perf_counter() - t0)
+            if best is None or r.mbps > best.mbps:
+                best = r
+        assert best is not None
+        out.append(best)
+    return out

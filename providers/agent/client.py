@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -131,6 +132,33 @@ class MarketClient:
         with open(file, "rb") as body:
             return self.request("PUT", f"/api/v1/agent/jobs/{job_id}/outputs/{quote(path, safe='/')}", params={"machine": machine_id},
                                 content=body, headers={"Content-Type": "application/octet-stream"}, timeout=timeout)
+
+    def speedtest_down(self, size: int) -> int:
+        """Download `size` bytes from the market; the bytes that came."""
+        got = 0
+        try:
+            with self.http.stream("GET", "/api/v1/agent/speedtest/", params={"bytes": size}, timeout=120.0) as r:
+                if r.status_code >= 400:
+                    r.read()
+                    raise Rejected(f"speedtest download refused ({r.status_code}): {r.text[:200]}", status=r.status_code)
+                for chunk in r.iter_raw(2**16):
+                    got += len(chunk)
+        except httpx.TransportError as exc:
+            raise Transient(f"cannot reach the market at {self.base}: {exc}") from exc
+        return got
+
+    def speedtest_up(self, size: int) -> int:
+        """Upload `size` bytes to the market; the bytes it says came."""
+        block = os.urandom(min(size, 2**16))
+
+        def body() -> Iterator[bytes]:
+            left = size
+            while left > 0:
+                yield block[:left]
+                left -= len(block)
+
+        return int(self.request("PUT", "/api/v1/agent/speedtest/", content=body(), timeout=120.0,
+                                headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)})["received"])
 
     # --- settlement chain and money ---
     def chain_info(self) -> dict[str, Any]:

@@ -62,6 +62,8 @@ class AgentConfig:
     accept_trade_states: list[str] = field(default_factory=lambda: ["recorded"])
     require_buyer_signature: bool = True  # the market signs custodial buyers' specs; wallet buyers sign their own
     measured_tflops: float | None = None
+    net_down_mbps: int | None = None  # bandwidth to the market, as `gridbid-agent benchmark` measured it
+    net_up_mbps: int | None = None
     rpc_url: str | None = None  # our own chain node; unset: the one the market names
     public_host: str | None = None  # the name or address buyers reach this machine's published ports at
     host_port_min: int = 40000  # host ports published container ports are mapped to, first

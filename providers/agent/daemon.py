@@ -30,6 +30,7 @@ from contracts.receipts import job_ports
 from providers.agent import __version__, inventory, keys
 from providers.agent.client import AuthFailed, MarketClient, Rejected, Transient, backoff_delays
 from providers.agent.config import AgentConfig, write_private
+from providers.agent.host import host_facts
 from providers.agent.inputs import (
     UploadError,
     fetch_inputs,
@@ -194,17 +195,25 @@ class Agent:
         for trade, sup in self.running.items():
             job = self.state.job(trade)
             jobs.append({"job": job["job_id"], "progress": self._progress(job, sup), "log_tail": log_tail(sup.paths.log)})
+        can = self.capabilities()
         body = {"agent_version": __version__, "gpus": [t.as_dict() for t in inventory.telemetry(self.inventory, busy)], "jobs": jobs,
-                **self.capabilities()}
+                **can, "host": host_facts(home=self.home, inv=self.inventory, runtime=self.runtime_name(),
+                                          net_down_mbps=self.config.net_down_mbps, net_up_mbps=self.config.net_up_mbps)}
         return self.client.heartbeat(self.machine_id, body)
+
+    def runtime_name(self) -> str:
+        """What runs image jobs here: docker or podman as configured, or for `auto` the first
+        of them installed; `process` when none is (jobs then run as plain processes)."""
+        runtime = self.config.runtime
+        if runtime in ("docker", "podman", "process"):
+            return runtime
+        return next((name for name in ("docker", "podman") if ContainerRuntime.available(name)), "process")
 
     def capabilities(self) -> dict[str, bool]:
         """What this agent can run, for the market to match only jobs it will take (the
         refusals below say the same in words): container images with a docker or podman
         runtime, and published ports and SSH with one and a public host."""
-        runtime = self.config.runtime
-        containers = runtime in ("docker", "podman") or (
-            runtime == "auto" and bool(ContainerRuntime.available("docker") or ContainerRuntime.available("podman")))
+        containers = self.runtime_name() != "process"
         return {"runs_containers": containers, "publishes_ports": containers and bool(self.config.public_host)}
 
     def _progress(self, job: dict[str, Any], sup: Supervised) -> float:

@@ -22,6 +22,11 @@ A declared inventory (JSON or TOML) describes machines without NVML, and tests:
     a = 0
     b = 1
     kind = "nvlink"
+    [machine]                     # optional: the host as declared, in place of what the
+    cpu_model = "AMD EPYC 9454"   # operating system says (a machine described, not this one)
+    cpu_cores = 96
+    ram_gib = 512
+    disk_gb = 2000
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ class Inventory:
     driver_version: str = ""
     cuda_version: str = ""
     links: dict[str, str] = field(default_factory=dict)  # "0-1" -> nvlink / pcie-switch / pcie-host / system
+    machine: dict[str, Any] = field(default_factory=dict)  # declared host facts (host.DECLARABLE), over what the OS says
 
     def by_model(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -287,7 +293,12 @@ def declared_inventory(raw: Any, *, source: str = "inventory") -> Inventory:
             raise InventoryError(f"{source}: links[{n}] needs 'a' and 'b', the indexes of two declared GPUs")
         a, b = sorted((int(link["a"]), int(link["b"])))
         links[f"{a}-{b}"] = str(link.get("kind", "pcie-host"))
-    return Inventory("declared", gpus, str(raw.get("driver_version", "")), str(raw.get("cuda_version", "")), links)
+    machine = raw.get("machine", {})
+    declarable = {"cpu_model": str, "cpu_cores": int, "ram_gib": int, "disk_gb": int}
+    if not isinstance(machine, dict) or set(machine) - set(declarable) or not all(
+            isinstance(v, declarable[k]) and not isinstance(v, bool) and (not isinstance(v, int) or v >= 0) for k, v in machine.items()):
+        raise InventoryError(f"{source}: 'machine' may declare cpu_model (text) and cpu_cores, ram_gib, disk_gb (whole numbers, 0 or more), nothing else")
+    return Inventory("declared", gpus, str(raw.get("driver_version", "")), str(raw.get("cuda_version", "")), links, dict(machine))
 
 
 def _whole(value: Any) -> bool:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from market.jobs import EVENT_TARGET
+from providers.catalogue import cuda_code
+from providers.models import Runtime
 
 HEX64 = r"^[0-9a-f]{64}$"
 
@@ -33,6 +35,43 @@ class JobProgressSerializer(serializers.Serializer):
                                      help_text="The end of the job's output (stdout and stderr), for its buyer")
 
 
+class HostSerializer(serializers.Serializer):
+    """The machine's host as its agent sees it (issue 32): each heartbeat may send it, and
+    what it sends replaces what the machine had. Offers show it; bids may ask for a least."""
+
+    cpu_model = serializers.CharField(max_length=128, required=False, allow_blank=True)
+    cpu_cores = serializers.IntegerField(min_value=0, max_value=65536, required=False)
+    ram_gib = serializers.IntegerField(min_value=0, max_value=1_000_000, required=False)
+    disk_gb = serializers.IntegerField(min_value=0, max_value=1_000_000_000, required=False, help_text="Free disk for jobs, GB (10^9 bytes)")
+    net_down_mbps = serializers.IntegerField(min_value=0, max_value=10_000_000, required=False, help_text="Measured by `gridbid-agent benchmark`")
+    net_up_mbps = serializers.IntegerField(min_value=0, max_value=10_000_000, required=False)
+    driver_version = serializers.CharField(max_length=32, required=False, allow_blank=True)
+    cuda_version = serializers.CharField(max_length=8, required=False, allow_blank=True, help_text="The CUDA version the driver supports, like 12.4; blank: none")
+    runtime = serializers.ChoiceField(choices=Runtime.choices, required=False, help_text="How the agent runs jobs")
+    topology = serializers.DictField(child=serializers.RegexField(r"^[a-z0-9-]{1,16}$", error_messages={"invalid": "A link kind: 1-16 of a-z, 0-9 and '-', like nvlink or pcie-host."}),
+                                     required=False, help_text="GPU pairs ('0-1') to their link kind (nvlink, pcie-switch, pcie-host, numa-node, system)")
+
+    def validate_cuda_version(self, value: str) -> int:
+        try:
+            return cuda_code(value) if value else 0
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+
+    def validate(self, attrs: dict) -> dict:
+        if "cuda_version" in attrs:  # the machine keeps the version's code
+            attrs["cuda"] = attrs.pop("cuda_version")
+        return attrs
+
+    def validate_topology(self, value: dict) -> dict:
+        if len(value) > 64 * 63 // 2:
+            raise serializers.ValidationError("At most one entry per pair of 64 GPUs.")
+        for key in value:
+            a, _, b = str(key).partition("-")
+            if not (a.isascii() and a.isdigit() and b.isascii() and b.isdigit() and int(a) < int(b) < 256):
+                raise serializers.ValidationError(f"{key!r} is not a GPU pair: write it 'i-j' with GPU indexes i < j, like '0-1'.")
+        return value
+
+
 class HeartbeatSerializer(serializers.Serializer):
     agent_version = serializers.CharField(max_length=32, required=False, default="", allow_blank=True)
     gpus = GpuTelemetrySerializer(many=True, max_length=64, required=False, default=list)
@@ -41,6 +80,7 @@ class HeartbeatSerializer(serializers.Serializer):
                                                help_text="The agent runs container images (docker or podman); left out: unchanged")
     publishes_ports = serializers.BooleanField(required=False, allow_null=True, default=None,
                                                help_text="The agent publishes ports and SSH (a container runtime and a public host); left out: unchanged")
+    host = HostSerializer(required=False, allow_null=True, default=None, help_text="The machine's host; left out: unchanged")
 
     def validate_gpus(self, gpus: list[dict]) -> list[dict]:
         idx = [g["index"] for g in gpus]
@@ -118,3 +158,7 @@ class ChallengeVerifySerializer(serializers.Serializer):
 
 class OutputUploadQuerySerializer(serializers.Serializer):
     machine = serializers.IntegerField(min_value=1, max_value=2**53, help_text="The id of the machine whose agent ran the job.")
+
+
+class SpeedtestQuerySerializer(serializers.Serializer):
+    bytes = serializers.IntegerField(min_value=1, max_value=64 * 2**20, default=8 * 2**20)

@@ -11,6 +11,7 @@ urlpatterns = [
     path("jobs/<int:job_id>/events/", views.JobEventView.as_view(), name="agent-job-events"),
     path("jobs/<int:job_id>/receipt/", views.JobReceiptView.as_view(), name="agent-job-receipt"),
     path("jobs/<int:job_id>/outputs/<path:path>", views.JobOutputUploadView.as_view(), name="agent-job-output"),
+    path("speedtest/", views.SpeedtestView.as_view(), name="agent-speedtest"),
     path("challenge/", views.ChallengeView.as_view(), name="agent-challenge"),
     path("challenge/verify/", views.ChallengeVerifyView.as_view(), name="agent-challenge-verify"),
 ]

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import io
+import os
+from collections.abc import AsyncIterator, Iterator
 
+from django.core.handlers.asgi import ASGIRequest
+from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers
@@ -91,6 +95,56 @@ class JobOutputUploadView(AgentView):
         stored = output_store(user=request.user, job_id=job_id, machine_id=machine.validated_data["machine"], path=path,
                               body=request.stream or io.BytesIO(b""), length=length)
         return Response(JobOutputSerializer(stored.output, context={"request": request}).data, status=201 if stored.created else 200)
+
+
+SPEEDTEST_MAX_BYTES = 64 * 2**20
+SPEEDTEST_BLOCK = os.urandom(2**16)  # incompressible, so no proxy on the way can shrink it
+
+
+def _speedtest_blocks(n: int) -> Iterator[bytes]:
+    while n > 0:
+        yield SPEEDTEST_BLOCK[:n]
+        n -= len(SPEEDTEST_BLOCK)
+
+
+async def _speedtest_blocks_async(n: int) -> AsyncIterator[bytes]:
+    for block in _speedtest_blocks(n):
+        yield block
+
+
+class SpeedtestView(AgentView):
+    """What `gridbid-agent benchmark` times to measure the machine's bandwidth to the market:
+    GET sends `bytes` of random data (download), PUT takes a body and says how much came
+    (upload). At most 64 MiB each way."""
+
+    scopes = {"get": Scope.PROVIDE, "put": Scope.PROVIDE}
+
+    @extend_schema(
+        parameters=[OpenApiParameter("bytes", int, OpenApiParameter.QUERY, description="How much to send, 1 to 67108864 (64 MiB); default 8 MiB.")],
+        responses={(200, "application/octet-stream"): OpenApiTypes.BINARY},
+    )
+    def get(self, request: Request) -> StreamingHttpResponse:
+        q = s.SpeedtestQuerySerializer(data=request.query_params)
+        q.is_valid(raise_exception=True)
+        n = q.validated_data["bytes"]
+        body = _speedtest_blocks_async(n) if isinstance(request._request, ASGIRequest) else _speedtest_blocks(n)
+        response = StreamingHttpResponse(body, content_type="application/octet-stream")
+        response["Content-Length"] = str(n)
+        response["Cache-Control"] = "no-store"
+        return response
+
+    @extend_schema(request={"application/octet-stream": OpenApiTypes.BINARY},
+                   responses=inline_serializer("SpeedtestUpload", {"received": serializers.IntegerField(help_text="Bytes taken")}))
+    def put(self, request: Request) -> Response:
+        raw = str(request.META.get("CONTENT_LENGTH") or "")
+        if not (raw.isascii() and raw.isdigit()) or not 0 < int(raw) <= SPEEDTEST_MAX_BYTES:
+            raise DomainError(f"Send 1 to {SPEEDTEST_MAX_BYTES} bytes with a Content-Length header.",
+                              fields={"Content-Length": [f"Required: 1 to {SPEEDTEST_MAX_BYTES}."]})
+        received = 0
+        stream = request.stream or io.BytesIO(b"")
+        while received < int(raw) and (chunk := stream.read(min(2**20, int(raw) - received))):
+            received += len(chunk)
+        return Response({"received": received})
 
 
 class ChallengeView(AgentView):

@@ -56,12 +56,15 @@ def flat(text: str) -> str:
 
 
 def join_market(server: str, tmp_path: Path, name: str, token: str, *, region: str, price: str, gpu: tuple[str, int, str] = ("NVIDIA H100 80GB HBM3", 81559, "H100-SXM-80GB"),
-                states: str = "pending,recorded", chain: bool = False, fund: Callable[[Path], None] | None = None) -> tuple[Path, int]:
-    """A provider with a 2-GPU machine, registered (on chain too with `chain`, after `fund`
-    gives its address tokens and gas) and priced; returns (agent home, machine id)."""
+                states: str = "pending,recorded", chain: bool = False, fund: Callable[[Path], None] | None = None,
+                cuda: str = "", machine: dict[str, Any] | None = None) -> tuple[Path, int]:
+    """A provider with a 2-GPU machine (its driver supporting `cuda`, its host as `machine`
+    declares), registered (on chain too with `chain`, after `fund` gives its address tokens
+    and gas) and priced; returns (agent home, machine id)."""
     gpu_name, memory_mib, model = gpu
     inventory = tmp_path / f"{name}.json"
-    inventory.write_text(json.dumps({"host": name, "gpus": [{"index": i, "name": gpu_name, "memory_mib": memory_mib} for i in range(2)]}))
+    inventory.write_text(json.dumps({"host": name, "gpus": [{"index": i, "name": gpu_name, "memory_mib": memory_mib} for i in range(2)],
+                                     **({"cuda_version": cuda, "driver_version": "550.54.15"} if cuda else {}), **({"machine": machine} if machine else {})}))
     home = tmp_path / name
     r = agent(home, "init", "--market", server, "--token", token, "--machine-name", name, "--region", region, "--inventory", str(inventory),
               "--kdf-iterations", "2", "--accept-trade-states", states, "--runtime", "process")

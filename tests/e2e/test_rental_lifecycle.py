@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 PASSWORD = "correct-horse-battery-staple"  # what tests.e2e.funds.make_tokens gives its accounts
 A10 = ("NVIDIA A10", 23028, "A10-24GB")
 # writes its output, then works until its agent stops it; typed into the bid form's command
-JOB = f"{sys.executable} -c \"import os, time; open(os.environ['GRIDBID_OUTPUT_DIR'] + '/result.txt', 'w').write('42'); [time.sleep(0.5) for _ in range(1200)]\""
+JOB = f"{sys.executable} -c \"import os, time; print('training: epoch 1', flush=True); open(os.environ['GRIDBID_OUTPUT_DIR'] + '/result.txt', 'w').write('42'); [time.sleep(0.5) for _ in range(1200)]\""
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +83,14 @@ def test_a_rental_from_refused_bid_to_stop_early_settles_on_chain_and_frees_the_
     def stake(home: Path) -> None:
         fund(rpc, chain, json.loads((home / "keys" / "eth-keystore.json").read_text())["address"], 150 * TOKENS)
 
-    cheap, cheap_machine = join_market(base, tmp_path, "cheap", tokens["cheap"], region="eu-west", price="1.20", gpu=A10, states="recorded", chain=True, fund=stake)
-    dear, _ = join_market(base, tmp_path, "dear", tokens["dear"], region="us-east", price="2.40", gpu=A10, states="recorded", chain=True, fund=stake)
+    # the cheaper machine has the newer driver and room on disk; the dearer one neither
+    cheap, cheap_machine = join_market(base, tmp_path, "cheap", tokens["cheap"], region="eu-west", price="1.20", gpu=A10, states="recorded", chain=True, fund=stake,
+                                       cuda="12.4", machine={"disk_gb": 500, "ram_gib": 128})
+    dear, _ = join_market(base, tmp_path, "dear", tokens["dear"], region="us-east", price="2.40", gpu=A10, states="recorded", chain=True, fund=stake,
+                          cuda="11.8", machine={"disk_gb": 60, "ram_gib": 64})
+    # bandwidth to the market, measured over the wire and sent with each heartbeat
+    r = agent(cheap, "benchmark", "--seconds", "0.1", "--net-mib", "1")
+    assert r.returncode == 0 and "Bandwidth to the market" in r.stdout and "Saved the bandwidth" in flat(r.stdout), r.stderr + r.stdout
     provider = {"Authorization": f"Bearer {tokens['cheap']}"}
     auth = {"Authorization": f"Bearer {tokens[buyer]}"}
     address = httpx.get(f"{base}/api/v1/providers/me/", headers=provider).json()["chain_address"]
@@ -141,8 +147,38 @@ def test_a_rental_from_refused_bid_to_stop_early_settles_on_chain_and_frees_the_
         page.click(f"{row} button[aria-label='Cancel bid {sshbid['id']}']")
         wait_for("the SSH bid cancelled", lambda: httpx.get(f"{base}/api/v1/bids/{sshbid['id']}/", headers=auth).json()["state"] == "cancelled", seconds=15)
 
-        # 4. funded: placed, matched to the cheaper machine, run once the trade is on chain
-        place_bid(page, base)
+        # 4. as a new buyer would: Offers, filtered by CUDA >= 12 and 100 GB of disk (each
+        # agent's heartbeat says its host), Rent this, a template, the quote, the bid; matched
+        # to the cheaper machine, run once the trade is on chain
+        def host_of(machine: int) -> Any:
+            h = httpx.get(f"{base}/api/v1/machines/{machine}/", headers=provider).json()["host"]
+            return h if h["cuda_version"] and h["net_down_mbps"] else None
+
+        host = wait_for("the cheap machine's host, from its heartbeats", lambda: host_of(cheap_machine), seconds=30, logs=logs)
+        assert (host["cuda_version"], host["disk_gb"], host["ram_gib"], host["runtime"]) == ("12.4", 500, 128, "process") and host["net_up_mbps"] > 0, host
+        page.goto(base + "/offers/")
+        page.select_option("select[name=gpu_model]", A10[2])
+        page.fill("input[name=min_cuda]", "12")
+        page.fill("input[name=min_disk_gb]", "100")
+        page.click("form.filters button")
+        page.wait_for_selector("#offers")
+        rows = page.locator("#offers tbody tr")
+        assert rows.count() == 1, page.inner_text("#offers")
+        assert "CUDA 12.4 · 128 GiB RAM · 500 GB free · ↓" in rows.first.inner_text() and "eu-west" in rows.first.inner_text()
+        shot(page, "rental-offers-host-filter")
+        rows.first.locator("a.rent").click()
+        page.wait_for_selector("#renting")
+        assert page.input_value("#id_min_cuda") == "12" and page.input_value("#id_min_disk_gb") == "100", "the filters are the bid's needs"
+        page.select_option("#id_template", "pytorch")
+        assert "CUDA 12.4 drivers" in page.inner_text("#template-needs")
+        assert page.input_value("#id_image").startswith("pytorch/pytorch:") and page.input_value("#id_min_cuda") == "12", "a need the buyer set stays"
+        page.fill("#id_gpus", "1")
+        page.fill("#id_hours", "0.1")
+        page.fill("#id_command", JOB)
+        page.wait_for_selector("#quote.ok")
+        assert "Would match now at ~1.20 USDC/GPU-h in eu-west" in page.inner_text("#quote"), page.inner_text("#quote")
+        shot(page, "rental-rent-this-quote")
+        page.click("#place")
         page.wait_for_selector("text=placed: it takes part in the next round")
 
         def running() -> Any:
@@ -156,9 +192,15 @@ def test_a_rental_from_refused_bid_to_stop_early_settles_on_chain_and_frees_the_
         offer = httpx.get(f"{base}/api/v1/offers/{trade['offer']}/").json()
         assert offer["gpus_free"] == 1, offer
 
-        # 5. more time at the offer's ask, from the job page
+        # the job page, live: its GPUs' utilisation from the agent's heartbeats, drawn, and its
+        # output as it writes it
         page.goto(f"{base}/jobs/{job['id']}/")
         page.wait_for_selector("#rental")
+        page.wait_for_selector("#job-gpu-chart canvas", timeout=30_000)
+        page.wait_for_selector("#job-log:has-text('training: epoch 1')", timeout=30_000)
+        shot(page, "rental-job-live")
+
+        # 5. more time at the offer's ask, from the job page
         assert "Extend at 1.20 USDC/GPU-h" in page.inner_text("#extend")
         page.fill("#extend-form input[name=hours]", "0.05")
         page.click("#extend")
@@ -219,6 +261,16 @@ def test_a_rental_from_refused_bid_to_stop_early_settles_on_chain_and_frees_the_
         earnings = wait_for("the payment in the provider's earnings", lambda: (e := httpx.get(f"{base}/api/v1/ledger/earnings/", headers=provider).json())["free"] > 0 and e, seconds=30)
         expected = trade["price"] * used // 3600  # the extension's receipt counts what ran past the first booking: nothing here
         assert earnings["paid"] == earnings["free"] == expected, earnings
+
+        # what the job page says it cost is what its trade's payment page says the chain paid
+        def money_of(url: str, where: str) -> dict[str, str]:
+            page.goto(url)
+            line = page.locator(f"{where} .money-line")
+            return {k: line.get_attribute(f"data-{k}") or "" for k in ("locked", "paid", "refunded")}
+
+        on_job = money_of(f"{base}/jobs/{job['id']}/", "#job-money")
+        on_trade = money_of(f"{base}/trades/{trade['id']}/", "#trade-money")
+        assert on_job == on_trade and on_job["paid"] == str(expected), (on_job, on_trade, expected)
 
         # 10. what the provider is shown is what the chain pays it
         page.context.clear_cookies()  # the provider signs in on its own

@@ -512,3 +512,74 @@ def test_a_job_that_publishes_ports_is_not_matched_to_a_machine_whose_agent_cann
     round_clear(slot=41_000_002)
     late = Bid.objects.get(pk=late.pk)
     assert late.state == "open" and "cannot publish ports" in str(late.explanation), late.explanation
+
+
+HOST = {"cpu_model": "AMD EPYC 9454 48-Core Processor", "cpu_cores": 96, "ram_gib": 512, "disk_gb": 1800, "net_down_mbps": 9400, "net_up_mbps": 4700,
+        "driver_version": "550.54.15", "cuda_version": "12.4", "runtime": "docker", "topology": {"0-1": "nvlink"}}
+
+
+def test_a_heartbeat_reports_the_host_and_a_bad_one_is_refused_by_field(provider_user, make_offer, client_for):
+    # issue 32, host details: the agent reports CPU, RAM, disk, bandwidth, CUDA and topology
+    o = make_offer(provider_user, model="A100-SXM-80GB", count=2, price=1_000_000)
+    agent = client_for(provider_user)
+    url = f"/api/v1/agent/machines/{o.machine_id}/heartbeat/"
+    assert agent.post(url, {"host": HOST}, format="json").status_code == 200
+    m = o.machine
+    m.refresh_from_db()
+    assert (m.cpu_model, m.cpu_cores, m.ram_gib, m.disk_gb, m.net_down_mbps, m.net_up_mbps) == ("AMD EPYC 9454 48-Core Processor", 96, 512, 1800, 9400, 4700)
+    assert (m.driver_version, m.cuda, m.cuda_version, m.runtime, m.topology) == ("550.54.15", 1204, "12.4", "docker", {"0-1": "nvlink"})
+    machine = agent.get(f"/api/v1/machines/{m.pk}/").json()
+    assert machine["host"]["cuda_version"] == "12.4" and machine["host"]["disk_gb"] == 1800
+    # a beat that leaves a figure out keeps it; one that sends it replaces it
+    assert agent.post(url, {"host": {"disk_gb": 1750}}, format="json").status_code == 200
+    m.refresh_from_db()
+    assert (m.disk_gb, m.net_down_mbps) == (1750, 9400)
+    for bad, field in [({"cuda_version": "twelve"}, "cuda_version"), ({"cuda_version": "12.4.1"}, "cuda_version"), ({"ram_gib": -1}, "ram_gib"),
+                       ({"runtime": "lxc"}, "runtime"), ({"topology": {"1-0": "nvlink"}}, "topology"), ({"topology": {"0-1": "NV LINK"}}, "topology"),
+                       ({"cpu_model": "x" * 200}, "cpu_model"), ({"disk_gb": "lots"}, "disk_gb")]:
+        r = agent.post(url, {"host": bad}, format="json")
+        assert r.status_code == 400, (bad, r.content)
+        assert field in str(r.json()["error"]["fields"]), (bad, r.json())
+    m.refresh_from_db()
+    assert (m.cuda, m.ram_gib, m.runtime) == (1204, 512, "docker"), "a refused beat changes nothing"
+
+
+def test_a_round_matches_a_job_only_to_a_host_that_meets_its_needs(provider_user, buyer, make_offer, make_bid, client_for):
+    from market.models import Bid, Trade
+    from market.rounds import round_clear
+
+    old = make_offer(provider_user, model="A100-SXM-80GB", count=2, price=1_000_000)
+    new = make_offer(provider_user, model="A100-SXM-80GB", count=2, price=1_800_000)
+    agent = client_for(provider_user)
+    for o, cuda in ((old, "11.8"), (new, "12.4")):
+        assert agent.post(f"/api/v1/agent/machines/{o.machine_id}/heartbeat/", {"host": {**HOST, "cuda_version": cuda}}, format="json").status_code == 200
+    api = client_for(buyer)
+    body = {"job_spec": {"command": ["python", "x.py"]}, "gpus": 1, "gpu_models": ["A100-SXM-80GB"], "max_price": 2_000_000, "duration_s": 3600,
+            "min_cuda": "12.2", "min_disk_gb": 1000, "min_ram_gib": 256, "min_net_down_mbps": 5000}
+    r = api.post("/api/v1/bids/", body, format="json")
+    assert r.status_code == 201, r.content
+    placed = r.json()
+    assert (placed["min_cuda"], placed["min_disk_gb"], placed["min_ram_gib"], placed["min_net_down_mbps"]) == ("12.2", 1000, 256, 5000)
+    plain = make_bid(buyer, gpus=1, gpu_models=["A100-SXM-80GB"], max_price=2_000_000)
+    round_clear(slot=41_000_011)
+    assert Trade.objects.get(bid_id=placed["id"]).offer_id == new.pk, "the dearer machine with CUDA 12.4"
+    assert Trade.objects.get(bid=plain).offer_id == old.pk
+    late = api.post("/api/v1/bids/", {**body, "min_cuda": "12.6"}, format="json").json()
+    round_clear(slot=41_000_012)
+    assert "CUDA 12.6 or more" in str(Bid.objects.get(pk=late["id"]).explanation)
+    for bad in ({"min_cuda": "twelve"}, {"min_cuda": "12.4.1"}, {"min_cuda": True}, {"min_disk_gb": -5}, {"min_net_down_mbps": "fast"}):
+        r = api.post("/api/v1/quote/", {**body, **bad}, format="json")
+        assert r.status_code == 400 and next(iter(bad)) in r.json()["error"]["fields"], (bad, r.content)
+
+
+def test_the_speedtest_moves_what_it_says_and_refuses_what_it_cannot(provider_user, buyer, client_for):
+    # what `gridbid-agent benchmark` times to measure bandwidth to the market
+    agent = client_for(provider_user)
+    r = agent.get("/api/v1/agent/speedtest/", {"bytes": 300_000})
+    assert r.status_code == 200 and r["Content-Length"] == "300000"
+    assert len(b"".join(r.streaming_content)) == 300_000
+    assert agent.generic("PUT", "/api/v1/agent/speedtest/", b"x" * 200_000, content_type="application/octet-stream").json() == {"received": 200_000}
+    assert agent.get("/api/v1/agent/speedtest/", {"bytes": 64 * 2**20 + 1}).status_code == 400
+    assert agent.get("/api/v1/agent/speedtest/", {"bytes": "lots"}).status_code == 400
+    assert agent.generic("PUT", "/api/v1/agent/speedtest/", b"", content_type="application/octet-stream").status_code == 400
+    assert client_for(buyer).get("/api/v1/agent/speedtest/", {"bytes": 10}).status_code == 403, "a provider's endpoint"

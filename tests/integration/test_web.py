@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
+from providers.models import Machine
 from tests.conftest import PASSWORD
 
 pytestmark = pytest.mark.django_db
@@ -407,3 +408,39 @@ def test_offers_say_what_their_machine_runs_and_filter_on_ports(provider_user, m
     listed = api.get("/api/v1/offers/", {"publishes_ports": "true", "gpu_model": "A100-SXM-80GB"}).json()["results"]
     assert [o["id"] for o in listed] == [docker.pk] and listed[0]["publishes_ports"] is True
     assert api.get("/api/v1/offers/", {"publishes_ports": "perhaps"}).status_code == 400
+
+
+def test_offers_show_their_host_filter_on_it_and_rent_this_carries_the_filters_into_the_bid(provider_user, buyer, make_offer, client_for):
+    # issue 32, host details: CUDA, RAM, disk and bandwidth on offers, filters on each (page
+    # and API), and *Rent this* turns the host filters into the bid's needs
+    from market.models import Bid
+
+    old = make_offer(provider_user, model="A100-SXM-80GB", count=2, price=1_000_000)
+    new = make_offer(provider_user, model="A100-SXM-80GB", count=2, price=1_800_000)
+    Machine.objects.filter(pk=old.machine_id).update(cuda=1108, ram_gib=128, disk_gb=80, net_down_mbps=900, net_up_mbps=450, cpu_model="Xeon Gold 6448Y", topology={"0-1": "pcie-host"})
+    Machine.objects.filter(pk=new.machine_id).update(cuda=1204, ram_gib=512, disk_gb=1800, net_down_mbps=9400, net_up_mbps=4700, driver_version="550.54.15", topology={"0-1": "nvlink"})
+    page = Client().get("/offers/?gpu_model=A100-SXM-80GB").content.decode()
+    assert "CUDA 12.4 · 512 GiB RAM · 1.8 TB free · ↓9.4 Gbit/s ↑4.7 Gbit/s" in page, page
+    assert "CUDA 11.8 · 128 GiB RAM · 80 GB free · ↓900 Mbit/s ↑450 Mbit/s" in page and "Xeon Gold 6448Y" in page and "all pairs nvlink" in page
+    page = Client().get("/offers/?gpu_model=A100-SXM-80GB&min_cuda=12&min_disk_gb=100").content.decode()
+    assert f"?offer={new.pk}&amp;min_cuda=12&amp;min_disk_gb=100" in page and f"?offer={old.pk}" not in page
+    bad = Client().get("/offers/?min_cuda=twelve")
+    assert bad.status_code == 400 and "Min CUDA: &#x27;twelve&#x27; is not a CUDA version: write it like 12 or 12.4." in bad.content.decode()
+    api = client_for(buyer)
+    listed = api.get("/api/v1/offers/", {"min_cuda": "12.0", "min_disk_gb": 100, "gpu_model": "A100-SXM-80GB"}).json()["results"]
+    assert [o["id"] for o in listed] == [new.pk] and listed[0]["host"]["cuda_version"] == "12.4" and listed[0]["host"]["net_up_mbps"] == 4700
+    assert [o["id"] for o in api.get("/api/v1/offers/", {"min_net_down_mbps": 1000, "min_ram_gib": 256, "gpu_model": "A100-SXM-80GB"}).json()["results"]] == [new.pk]
+    r = api.get("/api/v1/offers/", {"min_cuda": "twelve"})
+    assert r.status_code == 400 and "min_cuda" in r.json()["error"]["fields"], r.content
+    c = Client()
+    c.force_login(buyer)
+    form = c.get(f"/bids/new/?offer={new.pk}&min_cuda=12&min_disk_gb=100").content.decode()
+    assert 'name="min_cuda" value="12"' in form and 'name="min_disk_gb" value="100"' in form, form
+    r = c.post("/bids/new/", {"gpu_model": "A100-SXM-80GB", "gpus": 1, "max_price_usd": "2.00", "hours": "1", "klass": "on_demand", "command": "python x.py",
+                              "min_cuda": "12", "min_disk_gb": "100"})
+    assert r.status_code == 302, r.content.decode()[:2000]
+    placed = Bid.objects.filter(buyer=buyer).latest("id")
+    assert (placed.min_cuda, placed.min_disk_gb, placed.min_ram_gib) == (1200, 100, 0)
+    assert "host: CUDA ≥ 12.0 disk ≥ 100 GB" in c.get("/orders/").content.decode(), "My orders says what the bid needs"
+    r = c.post("/bids/new/", {"gpu_model": "A100-SXM-80GB", "gpus": 1, "max_price_usd": "2.00", "hours": "1", "klass": "on_demand", "command": "python x.py", "min_cuda": "12.x"})
+    assert r.status_code == 200 and "is not a CUDA version" in r.content.decode()

@@ -13,7 +13,8 @@ from providers.agent.commands import fail, option
 @option("--list-models", is_flag=True, help="List the catalogue's GPU model ids.")
 @click.pass_context
 def command(ctx: click.Context, inventory: str | None, as_json: bool, list_models: bool) -> None:
-    """Show this machine's GPUs: model, memory, UUID, driver and CUDA, topology, MIG."""
+    """Show this machine's GPUs (model, memory, UUID, driver and CUDA, topology, MIG) and its
+    host (CPU, RAM, free disk, measured bandwidth), as the agent reports them to the market."""
     import json
 
     from rich.table import Table
@@ -21,6 +22,7 @@ def command(ctx: click.Context, inventory: str | None, as_json: bool, list_model
     from providers import catalogue
     from providers.agent.commands import console, home_of
     from providers.agent.config import ConfigError, load_config
+    from providers.agent.host import host_facts
     from providers.agent.inventory import InventoryError, detect
 
     out = console()
@@ -33,12 +35,17 @@ def command(ctx: click.Context, inventory: str | None, as_json: bool, list_model
     if inventory is None:
         with contextlib.suppress(ConfigError):
             inventory = load_config(home_of(ctx)).inventory_file
+    config = None
+    with contextlib.suppress(ConfigError):
+        config = load_config(home_of(ctx))
     try:
         inv = detect(inventory)
     except InventoryError as exc:
         fail(str(exc), 2)
+    host = host_facts(home=home_of(ctx), inv=inv, runtime=config.runtime if config else "auto",
+                      net_down_mbps=config.net_down_mbps if config else None, net_up_mbps=config.net_up_mbps if config else None)
     if as_json:
-        click.echo(json.dumps(inv.as_dict(), indent=2))
+        click.echo(json.dumps({**inv.as_dict(), "host": host}, indent=2))
         return
     if not inv.gpus:
         fail("No GPUs found: NVML and rocm-smi see none. Declare them with --inventory FILE.", 1)
@@ -50,3 +57,7 @@ def command(ctx: click.Context, inventory: str | None, as_json: bool, list_model
         out.print(("  " if g.model else "  [yellow]![/] ") + g.match, highlight=False)
     if inv.links:
         out.print("Topology: " + ", ".join(f"{k} {v}" for k, v in sorted(inv.links.items())))
+    net = (f"{host['net_down_mbps']:,} Mbit/s down, {host['net_up_mbps']:,} up" if "net_down_mbps" in host and "net_up_mbps" in host
+           else "bandwidth not measured (run `gridbid-agent benchmark`)")
+    out.print(f"Host: {host['cpu_model'] or 'CPU model unknown'}, {host['cpu_cores']} cores, {host['ram_gib']} GiB RAM, "
+              f"{host['disk_gb']:,} GB free for jobs, {net}", highlight=False)

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from market.engine import clear_round
+from market.engine import EngineInputError, clear_round
 from tests.unit.engine.engine_builders import NOW, bid, offer, round_of
 
 
@@ -40,6 +40,11 @@ def test_a_plain_bid_matches_a_plain_offer() -> None:
         ({"containers": False, "ports": False}, {"needs_containers": True}),
         ({"ports": False}, {"needs_ports": True}),
         ({"containers": False, "ports": False}, {"needs_ports": True}),
+        ({"cuda": 1202}, {"min_cuda": 1204}),
+        ({"ram_gib": 64}, {"min_ram_gib": 128}),
+        ({"disk_gb": 99}, {"min_disk_gb": 100}),
+        ({"net_down_mbps": 500}, {"min_net_down_mbps": 1000}),
+        ({}, {"min_cuda": 1100}),
     ],
     ids=[
         "model-not-allowed", "memory-too-small", "compute-too-small", "wrong-vendor",
@@ -47,6 +52,7 @@ def test_a_plain_bid_matches_a_plain_offer() -> None:
         "window-too-short", "duration-over-offer-max", "not-yet-available", "reliability-too-low",
         "reserved-only-offer", "spot-not-allowed", "deadline-too-soon",
         "image-on-a-process-machine", "ports-without-a-public-host", "ports-on-a-process-machine",
+        "cuda-too-old", "ram-too-small", "disk-too-small", "download-too-slow", "host-not-reported",
     ],
 )
 def test_bid_failing_one_hard_constraint_is_not_matched(o: dict[str, Any], b: dict[str, Any]) -> None:
@@ -91,3 +97,38 @@ def test_a_job_that_needs_a_container_runtime_or_ports_goes_where_they_are_and_s
     assert not alone.trades
     why = {u.bid_id: " ".join(u.reasons) for u in alone.unmatched}
     assert "cannot publish ports" in why[1] and "plain processes" in why[2], why
+
+
+def test_a_job_goes_only_to_a_host_that_meets_its_needs_and_an_unmatched_one_says_what_fell_short() -> None:
+    # issue 32: a bid may ask for a least CUDA version, RAM, free disk and download bandwidth
+    host = {"cuda": 1204, "ram_gib": 256, "disk_gb": 2000, "net_down_mbps": 10_000}
+    old_cuda = offer(1, ask=1_000_000, **{**host, "cuda": 1108})
+    small_disk = offer(2, ask=1_200_000, **{**host, "disk_gb": 80})
+    big = offer(3, ask=2_000_000, **host)
+    needs = {"min_cuda": 1200, "min_disk_gb": 100, "max_price": 3_000_000}
+    res = clear_round(round_of([old_cuda, small_disk, big], [bid(1, **needs), bid(2, max_price=3_000_000, gpus=2)]))
+    trades = {t.bid_id: t.offer_id for t in res.trades}
+    assert trades[1] == 3, "the dearer host that meets both needs"
+    assert trades[2] in (1, 2), "a bid with no needs takes a cheaper host"
+    alone = clear_round(round_of([old_cuda, small_disk], [bid(1, **needs)]))
+    assert not alone.trades
+    why = " ".join(alone.unmatched[0].reasons)
+    assert "fall short of the host your job needs" in why, why
+    assert "2 offers in eu-west" in why and "CUDA 12.0 or more (the cheapest has 11.8)" in why, why
+    disk = " ".join(clear_round(round_of([small_disk], [bid(1, **needs)])).unmatched[0].reasons)
+    assert "free disk 100 GB or more (the cheapest has 80 GB)" in disk and "CUDA" not in disk, disk
+    unreported = clear_round(round_of([offer(1)], [bid(1, min_ram_gib=64)]))
+    assert "RAM 64 GiB or more (the cheapest has none reported)" in " ".join(unreported.unmatched[0].reasons)
+
+
+@pytest.mark.parametrize("field,value", [("min_cuda", -1), ("min_cuda", 10_000), ("min_ram_gib", 1.5), ("min_disk_gb", True), ("min_net_down_mbps", 10**10)])
+def test_a_bad_host_need_is_refused_by_name(field: str, value: Any) -> None:
+    with pytest.raises(EngineInputError) as err:
+        clear_round(round_of([offer(1)], [bid(1, **{field: value})]))
+    assert err.value.field == f"bids[0].{field}"
+
+
+def test_a_bad_host_on_an_offer_is_refused_by_name() -> None:
+    with pytest.raises(EngineInputError) as err:
+        clear_round(round_of([offer(1, cuda=-4)], [bid(1)]))
+    assert err.value.field == "offers[0].cuda"
