@@ -248,6 +248,13 @@ def bucket_price_history(gpu_model: str, region: str, limit: int = 100) -> list[
     return bucket_price_histories(limit).get((gpu_model, region), [])
 
 
+def latest_priced_round() -> int | None:
+    """The number of the newest cleared round that set any price: what the markets list's
+    price trends (``bucket_price_histories``) last changed with."""
+    return (AuctionRound.objects.filter(state=RoundState.CLEARED, cleared_at__isnull=False).exclude(prices=[])
+            .order_by("-number").values_list("number", flat=True).first())
+
+
 def bucket_price_histories(limit: int = 100) -> dict[tuple[str, str], list[tuple[float, int]]]:
     """Per (model, region), (unix time cleared, clearing price) over the last ``limit``
     rounds with any price, oldest first: one read for the markets list's sparklines."""

@@ -79,19 +79,20 @@ SPARK_ROUNDS = 60  # the markets list's sparklines: clearing prices over the las
 
 def markets(request: HttpRequest) -> HttpResponse:
     buckets = selectors.market_buckets()
-    trends = selectors.bucket_price_histories(SPARK_ROUNDS)
 
     @functools.cache
     def rows() -> list[dict[str, Any]]:  # called by the template only when the table is not cached
         models = {m.id: m for m in GpuModel.objects.all()}
         regions = {r.id: r for r in Region.objects.all()}
+        trends = selectors.bucket_price_histories(SPARK_ROUNDS)
         return [{"b": b, "model": models.get(b.gpu_model), "region": regions.get(b.region),
                  "trend": [p for _, p in trends.get((b.gpu_model, b.region), [])]} for b in buckets]
 
     # the table shows the markets list, its price trends and the catalogue's names, nothing
-    # of the viewer's: it is rendered once per list and kept under the digest of both
-    # (rendering its rows was ~60% of the page's CPU), so it is exactly as fresh as they are
-    table_key = hashlib.sha256(repr((buckets, trends)).encode()).hexdigest()[:32]
+    # of the viewer's: it is rendered once per list and kept under the digest of the list and
+    # the newest round with prices (the trends change only when one clears; reading them
+    # for the key alone cost every view 60 rounds' prices), so it is exactly as fresh as they are
+    table_key = hashlib.sha256(repr((buckets, selectors.latest_priced_round())).encode()).hexdigest()[:32]
     return render(request, "market/markets.html", {"rows": rows, "table_key": table_key, "stats": selectors.offer_stats()})
 
 

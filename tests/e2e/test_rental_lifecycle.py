@@ -198,6 +198,8 @@ def test_a_rental_from_refused_bid_to_stop_early_settles_on_chain_and_frees_the_
         page.wait_for_selector("#rental")
         page.wait_for_selector("#job-gpu-chart canvas", timeout=30_000)
         page.wait_for_selector("#job-log:has-text('training: epoch 1')", timeout=30_000)
+        points = httpx.get(f"{base}/api/v1/jobs/{job['id']}/telemetry/", headers=auth).json()["points"]
+        assert points and points[-1][1] == 95.0, points  # the declared GPU's busy figure, from the heartbeats
         shot(page, "rental-job-live")
 
         # 5. more time at the offer's ask, from the job page

@@ -324,6 +324,13 @@ def test_markets_show_a_price_trend_and_a_market_its_bid_depth_and_prices_over_t
     row = html[html.index('data-bucket="A100-SXM-80GB.us-east"'):]
     row = row[:row.index("</tr>")]
     assert '<svg class="spark up"' in row, row
+    # the table is cached per list and newest priced round: a round that moves the price
+    # down shows on the next view
+    AuctionRound.objects.create(number=903, scheduled_for=start, state="cleared", cleared_at=start + timedelta(minutes=4),
+                                prices=[{"gpu_model": "A100-SXM-80GB", "region": "us-east", "price": 900_000}])
+    html = Client().get("/").content.decode()
+    row = html[html.index('data-bucket="A100-SXM-80GB.us-east"'):]
+    assert '<svg class="spark down"' in row[:row.index("</tr>")], row
 
     make_bid(buyer, gpus=2, gpu_models=["A100-SXM-80GB"], max_price=1_600_000)
     make_bid(buyer, gpus=3, gpu_models=["A100-SXM-80GB"], max_price=1_649_000)  # the same band
