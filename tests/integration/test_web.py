@@ -342,7 +342,7 @@ def test_markets_show_a_price_trend_and_a_market_its_bid_depth_and_prices_over_t
     levels = re.findall(r'<td class="num bid">from ([^<]+)</td><td class="num">(\d+)</td><td class="num">(\d+)</td>', depth)
     assert levels == [("1.60 USDC/GPU-h", "5", "5"), ("1.30 USDC/GPU-h", "1", "6")], levels
     history = json.loads(re.search(r'<script id="price-history" type="application/json">(.*?)</script>', page).group(1))
-    assert [p for _, p in history] == [1_400_000, 1_450_000, 1_520_000]
+    assert [p for _, p in history] == [1_400_000, 1_450_000, 1_520_000, 900_000]
     assert history[1][0] - history[0][0] == 60, "against the time each round cleared"
 
 
