@@ -49,6 +49,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("ROUND_SECONDS", "5", "Seconds between auction rounds (1-3600)."),
     Variable("ROUND_LEASE_SECONDS", "900", "How long a round may stay `clearing` (60-86400): past it, its worker is taken for dead and the round is failed. Above the slowest round you expect."),
     Variable("BOOKING_GRACE_S", "300", "Seconds past a trade's booked duration (60-86400) its job may take to start and to report its end; then its GPUs go back to the market without it."),
+    Variable("PREEMPT_GRACE_S", "30", "Seconds a preempted job has to write its checkpoint after its agent signals it (1-3600); a bid may ask for less (`preempt_grace_s`), never more. Then the agent stops it, and what it did since its last checkpoint is lost."),
     Variable("BID_TTL_DEFAULT_S", "86400", "Seconds a bid stays in the book when it names no `expires_at` (60-BID_TTL_MAX_S); unmatched by then, it expires."),
     Variable("BID_TTL_MAX_S", "2592000", "Longest a bid may stay in the book, in seconds (60-31536000); a bid whose `expires_at` is further ahead is refused (400)."),
     Variable("PRICING_RULE", "uniform", "Auction price rule: uniform (clearing price per bucket) or pay_as_ask."),
@@ -171,6 +172,7 @@ class Config:
     round_seconds: float
     round_lease_seconds: float
     booking_grace_s: float
+    preempt_grace_s: int
     bid_ttl_default_s: int
     bid_ttl_max_s: int
     pricing_rule: str
@@ -371,6 +373,7 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         round_seconds=_number(env, "ROUND_SECONDS", 5.0, 1, 3600),
         round_lease_seconds=_number(env, "ROUND_LEASE_SECONDS", 900.0, 60, 86_400),
         booking_grace_s=_number(env, "BOOKING_GRACE_S", 300.0, 60, 86_400),
+        preempt_grace_s=int(_number(env, "PREEMPT_GRACE_S", 30, 1, 3600, int)),
         bid_ttl_default_s=bid_ttl_default_s,
         bid_ttl_max_s=bid_ttl_max_s,
         pricing_rule=_choice(env, "PRICING_RULE", "uniform", ("uniform", "pay_as_ask")),

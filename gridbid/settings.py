@@ -254,6 +254,7 @@ GRIDBID = {
     "ROUND_SECONDS": CONFIG.round_seconds,
     "ROUND_LEASE_SECONDS": CONFIG.round_lease_seconds,
     "BOOKING_GRACE_S": CONFIG.booking_grace_s,
+    "PREEMPT_GRACE_S": CONFIG.preempt_grace_s,
     "PRICING_RULE": CONFIG.pricing_rule,
     "FAIR_SHARE_CAP": CONFIG.fair_share_cap,
     "PRICE_POINT": CONFIG.price_point,

@@ -13,6 +13,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
@@ -140,6 +141,8 @@ def machine_assignments(*, user: User, machine_id: int) -> list[dict[str, Any]]:
             "spec_signature": spec_signature_custodial(trade.bid) or None,
             "buyer_address": buyer_address(trade.buyer),
             "preempt": bool(meta.get("preempt_requested")),
+            # seconds the job has to checkpoint once signalled: the market's, or less if its bid asks
+            "grace_s": min(settings.GRIDBID["PREEMPT_GRACE_S"], trade.bid.preempt_grace_s or settings.GRIDBID["PREEMPT_GRACE_S"]),
             "resume_from": meta.get("resume_from"),
             # read when the agent takes the job: keys added or removed since the bid count
             "ssh_keys": authorized_keys(trade.buyer) if spec.get("ssh") else [],
@@ -148,15 +151,35 @@ def machine_assignments(*, user: User, machine_id: int) -> list[dict[str, Any]]:
 
 
 @transaction.atomic
-def job_preempt_request(*, job: Job, reason: str = "") -> Job:
-    """Ask the machine's agent to checkpoint and stop this job (it sees it on its next poll)."""
+def job_preempt_request(*, job: Job, reason: str = "", by: dict[str, Any] | None = None) -> Job:
+    """Ask the machine's agent to checkpoint and stop this job (it is woken, and sees it on its
+    next poll at the latest). ``by`` says what preempted it (a round, for a bid), kept with it."""
     job = Job.objects.select_for_update().get(pk=job.pk)
     if job.state not in ACTIVE_JOB_STATES:
         raise Conflict(f"A job that is {job.state} cannot be preempted.")
-    job.checkpoint = {**(job.checkpoint or {}), "preempt_requested": True, "preempt_reason": reason}
+    job.checkpoint = {**(job.checkpoint or {}), "preempt_requested": True, "preempt_reason": reason,
+                      "preempt_requested_at": timezone.now().isoformat(), **(by or {})}
     job.save(update_fields=["checkpoint", "updated_at"])
     machine_wake(job.trade.offer.machine_id, reason="preempt", job_id=job.pk)
+    announce(JobsChanged(job_ids=(job.pk,)))
     return job
+
+
+def round_preempt(*, round_number: int, preemptions: tuple[Any, ...]) -> list[int]:
+    """The spot jobs a round preempts for the higher-class bids that waited (the engine's
+    ``RoundResult.preemptions``): each is told to checkpoint and stop within its grace
+    (PREEMPT_GRACE_S, or less where its bid asks), its GPUs come back when its agent reports
+    it stopped, and the rest of it goes back to the book from its checkpoint. A job no longer
+    running, or told already, is left alone. Returns the jobs told."""
+    told = []
+    for p in preemptions:
+        job = Job.objects.filter(trade_id=p.trade_id, trade__bid__klass="spot", state__in=ACTIVE_JOB_STATES).first()
+        if job is None or (job.checkpoint or {}).get("preempt_requested"):
+            continue
+        job_preempt_request(job=job, reason=f"preempted by round {round_number} for a higher-class bid: {p.reason}",
+                            by={"preempted_by_round": round_number, "preempted_for_bid": p.for_bid_id})
+        told.append(job.pk)
+    return told
 
 
 @transaction.atomic

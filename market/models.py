@@ -178,6 +178,7 @@ class Bid(models.Model):
     min_ram_gib = models.PositiveIntegerField(default=0)
     min_disk_gb = models.PositiveIntegerField(default=0)
     min_net_down_mbps = models.PositiveIntegerField(default=0)
+    preempt_grace_s = models.PositiveIntegerField(null=True, blank=True, help_text="Seconds its job has to checkpoint when preempted; at most PREEMPT_GRACE_S, which applies when unset")
     weights = models.JSONField(default=dict, blank=True)
     state = models.CharField(max_length=16, choices=BidState.choices, default=BidState.OPEN)
     explanation = models.JSONField(default=dict, blank=True, help_text="Why the last round did not match it")

@@ -113,8 +113,18 @@ def snapshot(*, now: datetime, extra_bids: tuple[engine.Bid, ...] = ()) -> engin
         for o in Offer.objects.filter(state=OfferState.OPEN, gpus_free__gt=0).select_related("machine").order_by("id")
     )
     running = tuple(
-        engine.RunningJob(trade_id=t.pk, offer_id=t.offer_id, machine_id=t.offer.machine_id, gpus=t.gpus, klass=t.bid.klass, price=t.price)
-        for t in Trade.objects.filter(bid__klass="spot", job__state__in=[JobState.ASSIGNED, JobState.RUNNING, JobState.CHECKPOINTED]).select_related("offer", "bid").order_by("id")
+        engine.RunningJob(trade_id=t.pk, offer_id=t.offer_id, machine_id=t.offer.machine_id, gpus=t.gpus, klass=t.bid.klass, price=t.price,
+                          stopping=bool((t.job.checkpoint or {}).get("preempt_requested")))
+        for t in Trade.objects.filter(bid__klass="spot", job__state__in=[JobState.ASSIGNED, JobState.RUNNING, JobState.CHECKPOINTED])
+        .select_related("offer", "bid", "job").order_by("id")
+    )
+    # open offers spot jobs fill: nothing to clear on them, but what preempting would free
+    spot_held: dict[int, int] = {}
+    for j in running:
+        spot_held[j.offer_id] = spot_held.get(j.offer_id, 0) + j.gpus
+    occupied = tuple(
+        dataclasses.replace(offer_to_domain(o), gpus=spot_held[o.pk])
+        for o in Offer.objects.filter(pk__in=list(spot_held), state=OfferState.OPEN, gpus_free=0).select_related("machine").order_by("id")
     )
     models, regions, latency = catalogue_to_domain()
     return engine.RoundInput(
@@ -126,4 +136,5 @@ def snapshot(*, now: datetime, extra_bids: tuple[engine.Bid, ...] = ()) -> engin
         latency_ms=latency,
         running=running,
         config=round_config(),
+        occupied=occupied,
     )

@@ -32,6 +32,7 @@ from django.db.models import Max, Q
 from django.utils import timezone
 
 from market import bookings, engine, funding, repository, states
+from market import jobs as jobs_
 from market.engine import serialize
 from market.errors import Conflict, NotFound
 from market.events import BidChanged, OperatorChanged, RoundCleared, TradesMatched, announce
@@ -293,6 +294,7 @@ def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundRes
     for job in jobs:
         machine_wake(job.trade.offer.machine_id, reason="assigned", job_id=job.pk)
     announce(TradesMatched(trade_ids=tuple(t.pk for t in made)))  # webhook deliveries commit with the trades
+    preempted = jobs_.round_preempt(round_number=rnd.number, preemptions=result.preemptions)
     bookings.capacity_refresh(offer_ids=offer_ids)
     matched = [b for b in bids.values() if b.state == BidState.MATCHED]
     Bid.objects.bulk_update(matched, ["state", "explanation"])
@@ -306,7 +308,7 @@ def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundRes
     inputs = serialize.input_to_dict(inp)
     set_aside = dict(set_aside or {"bids": [], "offers": []})
     stats = {**result_dict["stats"], "clear_ms": elapsed_ms, "stage_ms": stage_ms, "dropped_bids": dropped,
-             "preemptions": result_dict["preemptions"], "expired_bids": set_aside.pop("expired_bids", []), "set_aside": set_aside}
+             "preemptions": result_dict["preemptions"], "preempted_jobs": preempted, "expired_bids": set_aside.pop("expired_bids", []), "set_aside": set_aside}
     cleared_at = timezone.now()
     stats["skipped_slots"] = _behind_logged(rnd, now=cleared_at)
     AuctionRound.objects.filter(pk=rnd.pk).update(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema_field, inline_serializer
@@ -412,7 +413,15 @@ class BidCreateSerializer(serializers.Serializer):
     min_ram_gib = serializers.IntegerField(min_value=0, max_value=1_000_000, default=0, help_text="The least RAM of the machine, GiB")
     min_disk_gb = serializers.IntegerField(min_value=0, max_value=1_000_000_000, default=0, help_text="The least free disk for the job, GB")
     min_net_down_mbps = serializers.IntegerField(min_value=0, max_value=10_000_000, default=0, help_text="The least measured download bandwidth, Mbit/s")
+    preempt_grace_s = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None,
+                                               help_text="Seconds the job has to checkpoint when preempted; at most PREEMPT_GRACE_S (30 by default), which applies when left out")
     weights = WeightsSerializer(required=False, default=dict)
+
+    def validate_preempt_grace_s(self, value: int | None) -> int | None:
+        most = settings.GRIDBID["PREEMPT_GRACE_S"]
+        if value is not None and value > most:
+            raise serializers.ValidationError(f"At most {most} s (this market's PREEMPT_GRACE_S): a bid may shorten the grace, not lengthen it.")
+        return value
 
 
 class BidSerializer(serializers.ModelSerializer):
@@ -420,7 +429,7 @@ class BidSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Bid
-        fields = ["id", "client_order_id", "buyer", "job_spec", "gpus", "gpu_models", "min_memory_gib", "min_compute_units", "vendor", "same_machine", "allowed_regions", "preferred_regions", "location_region", "max_latency_ms", "max_price", "duration_s", "deadline", "expires_at", "klass", "min_reliability", "min_cuda", "min_ram_gib", "min_disk_gb", "min_net_down_mbps", "weights", "state", "explanation", "resume_from", "spec_signature", "created_at", "updated_at"]
+        fields = ["id", "client_order_id", "buyer", "job_spec", "gpus", "gpu_models", "min_memory_gib", "min_compute_units", "vendor", "same_machine", "allowed_regions", "preferred_regions", "location_region", "max_latency_ms", "max_price", "duration_s", "deadline", "expires_at", "klass", "min_reliability", "min_cuda", "min_ram_gib", "min_disk_gb", "min_net_down_mbps", "preempt_grace_s", "weights", "state", "explanation", "resume_from", "spec_signature", "created_at", "updated_at"]
         read_only_fields = ["resume_from", "spec_signature"]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import threading
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from .types import (
     RoundInput,
     RoundResult,
     RoundStats,
+    RunningJob,
     Stopwatch,
     Trade,
     Unmatched,
@@ -145,7 +147,8 @@ def _clear(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
             rank = cand.offers[b].index(o) if o in cand.offers[b] else 1
             reason = trade_reason(mkt, b, o, rank, s * unit)
             if cfg.pricing == "uniform":
-                reason += f"; pays the {off.gpu_model} {off.region} clearing price {money(price)}"
+                what = "spot clearing price" if bid.klass == "spot" else "clearing price"
+                reason += f"; pays the {off.gpu_model} {off.region} {what} {money(price)}"
             else:
                 reason += f"; pays the ask {money(price)}"
             trades.append(
@@ -185,6 +188,7 @@ def _clear(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
             trades=vol.get((m, r), [0, 0])[1],
             best_ask=q.best_ask,
             best_bid=q.best_bid,
+            spot_price=q.spot_price,
         )
         for (m, r), q in sorted(quotes.items())
     )
@@ -192,6 +196,17 @@ def _clear(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
     lap("trades")
     unmatched = _unmatched(mkt, solver, state)
     preemptions = _preemptions(inp, mkt, state, unmatched)
+    if preemptions:
+        # a bid that spot work blocks is told so, not only why nothing was free
+        freed: dict[int, int] = {}
+        for p in preemptions:
+            freed[p.for_bid_id] = freed.get(p.for_bid_id, 0) + 1
+        unmatched = tuple(
+            dataclasses.replace(u, reasons=(*u.reasons, f"spot work holds GPUs that fit your job: {_plural_jobs(freed[u.bid_id])} "
+                                            f"told to stop for you, and a coming round can match you there once they do"))
+            if u.bid_id in freed else u
+            for u in unmatched
+        )
     lap("explain")
 
     feasible_all = cand.feasible_pairs
@@ -421,44 +436,74 @@ def _unmatched(mkt: Market, solver: Solver, state: State) -> tuple[Unmatched, ..
     )
 
 
+def _plural_jobs(n: int) -> str:
+    return "1 spot job is" if n == 1 else f"{n} spot jobs are"
+
+
 def _preemptions(
     inp: RoundInput, mkt: Market, state: State, unmatched: tuple[Unmatched, ...]
 ) -> tuple[Preemption, ...]:
-    """Spot work a waiting higher-class bid could take over, cheapest first."""
-    if not inp.running or not unmatched:
+    """The spot jobs to stop for the higher-class bids that waited: per waiting bid (reserved
+    first, then on-demand, the highest max price first), the offer where the fewest spot
+    GPUs must go (then the cheapest), on the book (its free GPUs after this round count) or
+    ``occupied`` (none free), and its spot jobs, the cheapest first, until the bid's GPUs
+    are there. A job already told to stop counts without a new preemption."""
+    jobs = sorted((j for j in inp.running if j.klass == "spot"), key=lambda j: (not j.stopping, j.price, j.trade_id))
+    if not jobs or not unmatched:
         return ()
-    by_offer = {int(i): o for o, i in enumerate(mkt.o_id.tolist())}
-    jobs = sorted((j for j in inp.running if j.klass == "spot"), key=lambda j: (j.price, j.trade_id))
-    bid_index = {bid.id: i for i, bid in enumerate(mkt.bids)}
+    # one market over the book's offers and the occupied ones, for the hard constraints
+    pm = build_market(dataclasses.replace(inp, offers=inp.offers + inp.occupied, running=(), occupied=())) if inp.occupied else mkt
+    in_book = {int(i): o for o, i in enumerate(mkt.o_id.tolist())}
+    index = {int(i): o for o, i in enumerate(pm.o_id.tolist())}
+    on_offer: dict[int, list[RunningJob]] = {}
+    for j in jobs:
+        if j.offer_id in index:
+            on_offer.setdefault(j.offer_id, []).append(j)
+    bid_index = {bid.id: i for i, bid in enumerate(pm.bids)}
     waiting = [bid_index[u.bid_id] for u in unmatched]
-    waiting = [b for b in waiting if mkt.b_klass[b] < 2 and mkt.b_same[b] and mkt.b_deadline_ok[b]]
-    waiting.sort(key=lambda b: (int(mkt.b_klass[b]), -int(mkt.b_maxp[b]), mkt.bids[b].created_at, mkt.bids[b].id))
+    waiting = [b for b in waiting if pm.b_klass[b] < 2 and pm.b_same[b] and pm.b_deadline_ok[b]]
+    waiting.sort(key=lambda b: (int(pm.b_klass[b]), -int(pm.b_maxp[b]), pm.bids[b].created_at, pm.bids[b].id))
     used: set[int] = set()
     out: list[Preemption] = []
     for b in waiting:
-        bid = mkt.bids[b]
-        for j in jobs:
-            o = by_offer.get(j.offer_id)
-            if j.trade_id in used or o is None:
+        bid = pm.bids[b]
+        best: tuple[int, int, int, list[RunningJob]] | None = None
+        for offer_id, on in sorted(on_offer.items()):
+            o = index[offer_id]
+            m, r = int(pm.o_model[o]), int(pm.o_region[o])
+            if not (pm.model_ok[b, m] and pm.region_allowed[b, r] and pm.latency_ok[b, r]):
                 continue
-            m, r = int(mkt.o_model[o]), int(mkt.o_region[o])
-            if not (mkt.model_ok[b, m] and mkt.region_allowed[b, r] and mkt.latency_ok[b, r]):
+            if not pm.offer_ok(b, o, check_gpus=False) or pm.value(b, o) <= 0:
                 continue
-            if not mkt.offer_ok(b, o, check_gpus=False) or state.free[o] + j.gpus < bid.gpus:
+            have = state.free[in_book[offer_id]] if offer_id in in_book else 0
+            take: list[RunningJob] = []
+            for j in on:
+                if have >= bid.gpus:
+                    break
+                if j.trade_id not in used:
+                    take.append(j)
+                    have += j.gpus
+            if have < bid.gpus or not take:
                 continue
-            if mkt.value(b, o) <= 0:
-                continue
+            key = (sum(j.gpus for j in take if not j.stopping), int(pm.o_ask[o]), offer_id, take)
+            if best is None or key[:3] < best[:3]:
+                best = key
+        if best is None:
+            continue
+        o = index[best[2]]
+        for j in best[3]:
             used.add(j.trade_id)
+            if j.stopping:
+                continue
             out.append(
                 Preemption(
                     trade_id=j.trade_id,
                     for_bid_id=bid.id,
                     reason=(
                         f"spot job of {j.gpus} GPUs at {money(j.price)} on machine {j.machine_id} "
-                        f"({mkt.model_ids[m]}, {mkt.region_ids[r]}) blocks {bid.klass} bid "
+                        f"({pm.model_ids[int(pm.o_model[o])]}, {pm.region_ids[int(pm.o_region[o])]}) blocks {bid.klass} bid "
                         f"{bid.id} for {bid.gpus} GPUs at up to {money(bid.max_price)}"
                     ),
                 )
             )
-            break
     return tuple(out)

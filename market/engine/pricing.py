@@ -71,6 +71,19 @@ marginal order's influence on the price, and so the gain from misreporting,
 shrinks towards zero. The assignment maximises reported surplus, so truthful
 reports give the efficient allocation.
 
+Spot is priced apart (engine 1.8.0)
+-----------------------------------
+Spot work may be preempted (issue 31), so it is a different good: within a bucket the
+reserved and on-demand trades form one group and the spot trades another, and each group
+gets the rule above on its own - its own ``lo`` and ``hi`` from its own trades, its own
+``ub`` from its own losing bids - while ``ua`` (the unsold asks) is the bucket's. A spot
+job therefore pays what the spot bids set, not the on-demand bids' price: on one 2-GPU
+offer at 1.00, an on-demand winner for 1 GPU at up to 3.00 whose losing rival offered 1.90
+for both GPUs pays 1.900001, and a spot winner for the other GPU at up to 1.50 pays 1.00
+(before, 1.50: the on-demand price clamped to its own max). The
+bucket's published price is the first group's, or spot's where only spot traded;
+``BucketPrice.spot_price`` is what spot paid.
+
 Pay-as-ask (alternative)
 ------------------------
 Every trade pays its offer's ask. Individually rational and budget balanced,
@@ -91,11 +104,15 @@ from .market import I64, Market, pair_scores
 SERVABLE_CHUNK = 64  # losing bids checked at once, highest max price first
 
 
+SPOT_CLASS = 2  # CLASSES.index("spot")
+
+
 @dataclass(frozen=True)
 class BucketQuote:
     price: int | None
     best_ask: int | None
     best_bid: int | None
+    spot_price: int | None = None  # what spot paid, priced apart; None: no spot trade
 
 
 def bucket_prices(
@@ -105,14 +122,16 @@ def bucket_prices(
     rule: str,
     price_point: float = 0.0,
 ) -> tuple[dict[tuple[int, int], BucketQuote], dict[tuple[int, int], int]]:
-    """Bucket quotes and, per (bid, offer) trade, the price it pays."""
-    traded_offers: dict[tuple[int, int], set[int]] = {}
-    traded_bids: dict[tuple[int, int], set[int]] = {}
+    """Bucket quotes and, per (bid, offer) trade, the price it pays. Spot is priced apart
+    (the module's docstring): its own trades, its own losers."""
+    spot = mkt.b_klass == SPOT_CLASS
+    traded_offers: dict[tuple[int, int, bool], set[int]] = {}
+    traded_bids: dict[tuple[int, int, bool], set[int]] = {}
     for b, parts in assigned.items():
         for o, _, _ in parts:
-            key = (int(mkt.o_model[o]), int(mkt.o_region[o]))
-            traded_offers.setdefault(key, set()).add(o)
-            traded_bids.setdefault(key, set()).add(b)
+            gk = (int(mkt.o_model[o]), int(mkt.o_region[o]), bool(spot[b]))
+            traded_offers.setdefault(gk, set()).add(o)
+            traded_bids.setdefault(gk, set()).add(b)
     # offers per bucket: the tier-1 view holds every offer available now
     quotes: dict[tuple[int, int], BucketQuote] = {}
     pay: dict[tuple[int, int], int] = {}
@@ -128,36 +147,39 @@ def bucket_prices(
         best_ask = int(asks.min()) if len(asks) else None
         wanting = np.asarray(bucket_bids.get(key, []), dtype=np.int64)
         best_bid = int(mkt.b_maxp[wanting].max()) if len(wanting) else None
-        tos = traded_offers.get(key)
-        if not tos:
-            quotes[key] = BucketQuote(None, best_ask, best_bid)
-            continue
-        tbs = traded_bids[key]
-        lo = max(int(mkt.o_ask[o]) for o in tos)
-        hi = min(int(mkt.b_maxp[b]) for b in tbs)
-        if rule == "pay_as_ask":
-            price = lo
-        else:
-            losers = wanting[~is_assigned[wanting]]
-            losers = losers[mkt.b_maxp[losers] >= lo]  # the others cannot lift the bottom
-            ub = _best_servable(mkt, losers, view) if view is not None else -1
-            unsold = asks[~sold[view]] if view is not None else asks
-            ua = int(unsold.min()) if len(unsold) else None
-            low = max(lo, ub + 1)
-            high = hi if ua is None else min(hi, ua - 1)
-            if low > high:
-                low, high = lo, hi
-            # exact for prices below 2**53 base units (the API caps them at 10**15)
-            price = low + int((high - low) * price_point)
-        quotes[key] = BucketQuote(price, best_ask, best_bid)
-        for b in sorted(tbs):
-            for o, _, _ in assigned[b]:
-                if (int(mkt.o_model[o]), int(mkt.o_region[o])) != key:
-                    continue
-                if rule == "pay_as_ask":
-                    pay[(b, o)] = int(mkt.o_ask[o])
-                else:
-                    pay[(b, o)] = min(max(price, int(mkt.o_ask[o])), int(mkt.b_maxp[b]))
+        prices: dict[bool, int] = {}
+        for group in (False, True):
+            tos = traded_offers.get((key[0], key[1], group))
+            if not tos:
+                continue
+            tbs = traded_bids[(key[0], key[1], group)]
+            lo = max(int(mkt.o_ask[o]) for o in tos)
+            hi = min(int(mkt.b_maxp[b]) for b in tbs)
+            if rule == "pay_as_ask":
+                price = lo
+            else:
+                losers = wanting[~is_assigned[wanting] & (spot[wanting] == group)]
+                losers = losers[mkt.b_maxp[losers] >= lo]  # the others cannot lift the bottom
+                ub = _best_servable(mkt, losers, view) if view is not None else -1
+                unsold = asks[~sold[view]] if view is not None else asks
+                ua = int(unsold.min()) if len(unsold) else None
+                low = max(lo, ub + 1)
+                high = hi if ua is None else min(hi, ua - 1)
+                if low > high:
+                    low, high = lo, hi
+                # exact for prices below 2**53 base units (the API caps them at 10**15)
+                price = low + int((high - low) * price_point)
+            prices[group] = price
+            for b in sorted(tbs):
+                for o, _, _ in assigned[b]:
+                    if (int(mkt.o_model[o]), int(mkt.o_region[o])) != key:
+                        continue
+                    if rule == "pay_as_ask":
+                        pay[(b, o)] = int(mkt.o_ask[o])
+                    else:
+                        pay[(b, o)] = min(max(price, int(mkt.o_ask[o])), int(mkt.b_maxp[b]))
+        # the bucket's price is the reserved and on-demand trades'; spot's where only spot traded
+        quotes[key] = BucketQuote(prices.get(False, prices.get(True)), best_ask, best_bid, prices.get(True))
     return quotes, pay
 
 

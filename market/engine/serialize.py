@@ -138,6 +138,7 @@ def input_from_dict(d: Any) -> RoundInput:
         "regions": items(Region),
         "latency_ms": _latency,
         "running": items(RunningJob),
+        "occupied": items(Offer),
         "config": lambda p, v: _build(RoundConfig, p, v),
     }
     inp: RoundInput = _build(RoundInput, "input", d, nested)

@@ -166,7 +166,7 @@ class Bid:
 
 @dataclass(frozen=True, slots=True)
 class RunningJob:
-    """Work already placed by an earlier round, for preemption suggestions."""
+    """Work already placed by an earlier round: spot jobs a higher class's bid may preempt."""
 
     trade_id: int
     offer_id: int
@@ -174,6 +174,9 @@ class RunningJob:
     gpus: int
     klass: str
     price: int
+    # told to stop already (by an earlier round, or its buyer): its GPUs are on their way back,
+    # so a bid they would serve needs no other job preempted
+    stopping: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +222,10 @@ class RoundInput:
     latency_ms: tuple[tuple[str, str, float], ...]
     running: tuple[RunningJob, ...] = ()
     config: RoundConfig = field(default_factory=RoundConfig)
+    # open offers with no GPU free whose GPUs spot jobs hold: never cleared (nothing is free
+    # on them), only looked at for what preempting those jobs would free. ``gpus`` is the
+    # GPUs the spot jobs hold.
+    occupied: tuple[Offer, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +255,7 @@ class BucketPrice:
     trades: int
     best_ask: int | None
     best_bid: int | None
+    spot_price: int | None = None  # spot is priced apart (pricing.py); None: no spot trade
 
 
 @dataclass(frozen=True, slots=True)

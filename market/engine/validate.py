@@ -69,7 +69,7 @@ def _known(path: str, value: object, known: set[str], what: str) -> None:
         raise EngineInputError(path, f"unknown {what} {value!r}")
 
 
-_ORDERS = ("offers", "bids", "gpu_models", "regions", "latency_ms", "running")
+_ORDERS = ("offers", "bids", "gpu_models", "regions", "latency_ms", "running", "occupied")
 
 
 def materialised(inp: RoundInput) -> RoundInput:
@@ -106,6 +106,10 @@ def validate(inp: RoundInput) -> None:
         _unique(f"bids[{i}].id", b.id, bid_ids, "bid")
     for i, j in enumerate(inp.running):
         _running(f"running[{i}]", j)
+    for i, o in enumerate(inp.occupied):
+        if not _offer_ok(o, model_ids, region_ids):
+            _offer(f"occupied[{i}]", o, model_ids, region_ids)
+        _unique(f"occupied[{i}].id", o.id, offer_ids, "offer")
 
 
 def screen(inp: RoundInput) -> tuple[RoundInput, tuple[SetAside, ...]]:
@@ -128,6 +132,8 @@ def screen(inp: RoundInput) -> tuple[RoundInput, tuple[SetAside, ...]]:
         if _bid_ok(b, model_ids, region_ids) or _keep(aside, "bid", i, b, _bid, model_ids, region_ids)
     ]
     running = tuple(j for i, j in enumerate(inp.running) if _keep(aside, "running", i, j, _running))
+    occupied = tuple(o for i, o in enumerate(inp.occupied)
+                     if _offer_ok(o, model_ids, region_ids) or _keep(aside, "occupied", i, o, _offer, model_ids, region_ids))
     # a duplicate is named by its place in the input as given, like every other error
     offer_ids: set[int] = set()
     for i, o in offers:
@@ -135,13 +141,15 @@ def screen(inp: RoundInput) -> tuple[RoundInput, tuple[SetAside, ...]]:
     bid_ids: set[int] = set()
     for i, b in bids:
         _unique(f"bids[{i}].id", b.id, bid_ids, "bid")
-    kept = dataclasses.replace(inp, offers=tuple(o for _, o in offers), bids=tuple(b for _, b in bids), running=running)
+    for i, o in enumerate(occupied):
+        _unique(f"occupied[{i}].id", o.id, offer_ids, "offer")
+    kept = dataclasses.replace(inp, offers=tuple(o for _, o in offers), bids=tuple(b for _, b in bids), running=running, occupied=occupied)
     return kept, tuple(aside)
 
 
 def _keep(aside: list[SetAside], kind: str, i: int, item: Any, check: Callable[..., None], *context: set[str]) -> bool:
     """True if ``item`` passes ``check``; else its reason goes on ``aside``."""
-    prefix = f"{kind}s[{i}]" if kind != "running" else f"running[{i}]"
+    prefix = f"{kind}s[{i}]" if kind not in ("running", "occupied") else f"{kind}[{i}]"
     try:
         check(prefix, item, *context)
     except EngineInputError as exc:

@@ -239,8 +239,9 @@ class Agent:
             if extensions and extensions != (known.get("extensions") or []) and known["state"] in ("accepted", "running"):
                 self._extend(known, booked_s, extensions)
             if a.get("preempt") and trade in self.running and not self.running[trade].stopping:
-                self.running[trade].terminate("preempted", time.time(), self.config.grace_s)
-                log(f"trade {trade}: preempt order; SIGTERM sent, {self.config.grace_s:.0f}s to checkpoint")
+                grace = self.preempt_grace(a)
+                self.running[trade].terminate("preempted", time.time(), grace)
+                log(f"trade {trade}: preempt order; SIGTERM sent, {grace:.0f}s to checkpoint")
                 return "preempting"
             return "duplicate"
         if a.get("trade_state") not in self.config.accept_trade_states:
@@ -297,6 +298,15 @@ class Agent:
         if total != before:
             n = sum(1 for e in extensions if self._runs(e))
             log(f"trade {trade}: extended to {total} s in all ({n} extension{'' if n == 1 else 's'})")
+
+    def preempt_grace(self, a: dict[str, Any]) -> float:
+        """Seconds a preempted job has to checkpoint: what the market's assignment says (its
+        PREEMPT_GRACE_S, or less where the bid asks), else this agent's own `grace_s`."""
+        try:
+            grace = float(a["grace_s"])
+        except (KeyError, TypeError, ValueError):
+            return self.config.grace_s
+        return grace if math.isfinite(grace) and 0 < grace <= 3600 else self.config.grace_s
 
     def refusal(self, a: dict[str, Any]) -> str | None:
         """Why this assignment must not run here, or None."""

@@ -583,3 +583,51 @@ def test_the_speedtest_moves_what_it_says_and_refuses_what_it_cannot(provider_us
     assert agent.get("/api/v1/agent/speedtest/", {"bytes": "lots"}).status_code == 400
     assert agent.generic("PUT", "/api/v1/agent/speedtest/", b"", content_type="application/octet-stream").status_code == 400
     assert client_for(buyer).get("/api/v1/agent/speedtest/", {"bytes": 10}).status_code == 403, "a provider's endpoint"
+
+
+def test_a_round_preempts_the_spot_job_a_waiting_on_demand_bid_needs_and_then_matches_it(provider_user, buyer, make_offer, make_bid, client_for):
+    # issue 31: the round acted on nothing ("spot job ... blocks on_demand bid" in its stats),
+    # and an offer spot jobs filled was not in the round at all ("no offers of A10-24GB")
+    from market.models import AuctionRound, Bid, Job, Trade
+    from market.rounds import round_clear
+
+    offer = make_offer(provider_user, model="A10-24GB", count=2, price=1_000_000)
+    spot = make_bid(buyer, gpus=2, gpu_models=["A10-24GB"], max_price=2_000_000, klass="spot", preempt_grace_s=12)
+    round_clear(slot=41_000_021)
+    job = Job.objects.get(trade__bid=spot)
+    agent = client_for(provider_user)
+    assert post_event(agent, job, event="started").status_code == 200
+    offer.refresh_from_db()
+    assert offer.gpus_free == 0
+    urgent = make_bid(buyer, gpus=2, gpu_models=["A10-24GB"], max_price=3_000_000, klass="on_demand")
+    rnd = round_clear(slot=41_000_022)
+    assert not Trade.objects.filter(bid=urgent).exists(), "its GPUs are not free until the spot job stops"
+    job.refresh_from_db()
+    meta = job.checkpoint
+    assert meta["preempt_requested"] and meta["preempted_by_round"] == rnd.number and meta["preempted_for_bid"] == urgent.pk
+    assert "preempted by round" in meta["preempt_reason"] and rnd.stats["preempted_jobs"] == [job.pk]
+    assert "1 spot job is told to stop for you" in " ".join(Bid.objects.get(pk=urgent.pk).explanation["reasons"])
+    (a,) = agent.get(f"/api/v1/agent/machines/{offer.machine_id}/assignments/").json()["assignments"]
+    assert a["preempt"] is True and a["grace_s"] == 12, "the bid's shorter grace"
+    # the next round does not preempt it again, nor anything else, while it stops
+    assert round_clear(slot=41_000_023).stats["preempted_jobs"] == []
+    ck = {"size": 1234, "sha256": "ab" * 32, "url": "https://store.example/ck.tar"}
+    r = post_event(agent, job, event="preempted", gpu_seconds=2 * 30, checkpoint=ck)
+    assert r.status_code == 200 and r.json()["state"] == "preempted", r.content
+    round_clear(slot=41_000_024)
+    (won,) = Trade.objects.filter(bid=urgent)
+    assert won.offer_id == offer.pk
+    job.refresh_from_db()
+    follow = Bid.objects.filter(pk=job.checkpoint.get("continued_by_bid", 0)).first()
+    assert follow is not None and follow.state == "open" and follow.preempt_grace_s == 12, "the rest waits, with its grace"
+    assert AuctionRound.objects.count() == 4
+
+
+def test_a_bid_may_shorten_the_preemption_grace_but_not_lengthen_it(buyer, client_for):
+    from tests.conftest import bid_body
+
+    api = client_for(buyer)
+    r = api.post("/api/v1/quote/", bid_body(klass="spot", preempt_grace_s=31), format="json")
+    assert r.status_code == 400 and "At most 30 s" in str(r.json()["error"]["fields"]["preempt_grace_s"]), r.content
+    assert api.post("/api/v1/quote/", bid_body(klass="spot", preempt_grace_s=0), format="json").status_code == 400
+    assert api.post("/api/v1/quote/", bid_body(klass="spot", preempt_grace_s=10), format="json").status_code == 200

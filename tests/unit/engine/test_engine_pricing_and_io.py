@@ -93,6 +93,55 @@ def test_spot_job_is_suggested_for_preemption_by_a_waiting_reserved_bid() -> Non
     assert [(p.trade_id, p.for_bid_id) for p in res.preemptions] == [(77, 1)]
 
 
+def spot(trade_id: int, offer_id: int, gpus: int, price: int = 1_000_000, stopping: bool = False) -> RunningJob:
+    return RunningJob(trade_id=trade_id, offer_id=offer_id, machine_id=1000 + offer_id, gpus=gpus, klass="spot", price=price, stopping=stopping)
+
+
+def test_an_offer_spot_jobs_fill_is_seen_and_only_the_spot_gpus_a_bid_needs_are_preempted() -> None:
+    # issue 31: an offer whose GPUs spot jobs hold all of had no free GPU, so it was not in the
+    # round at all, and the waiting bid read "no offers of ..."; now it is ``occupied``
+    full = offer(1, gpus=4)
+    jobs = (spot(71, 1, 1, price=900_000), spot(72, 1, 2, price=800_000), spot(73, 1, 1, price=1_100_000))
+    inp = dataclasses.replace(round_of([], [bid(1, gpus=3, klass="on_demand")]), running=jobs, occupied=(full,))
+    res = clear_round(inp)
+    # the cheapest spot jobs first, until the bid's 3 GPUs are there: 72 (2) then 71 (1)
+    assert [(p.trade_id, p.for_bid_id) for p in res.preemptions] == [(72, 1), (71, 1)]
+    assert "blocks on_demand bid 1 for 3 GPUs" in res.preemptions[0].reason
+    assert "2 spot jobs are told to stop for you" in " ".join(res.unmatched[0].reasons), res.unmatched
+    # jobs already told to stop count first, and are not preempted again
+    res = clear_round(dataclasses.replace(inp, running=(spot(71, 1, 1, price=900_000, stopping=True), *jobs[1:])))
+    assert [p.trade_id for p in res.preemptions] == [72]
+    res = clear_round(dataclasses.replace(inp, running=tuple(dataclasses.replace(j, stopping=True) for j in jobs)))
+    assert res.preemptions == (), "enough GPUs are on their way back already"
+
+
+def test_free_gpus_count_and_the_offer_needing_the_fewest_preempted_wins() -> None:
+    # offer 1: 1 GPU free and a 1-GPU spot job; offer 2 (cheaper): none free, a 2-GPU spot job
+    inp = dataclasses.replace(round_of([offer(1, gpus=1, ask=1_500_000)], [bid(1, gpus=2, klass="reserved", max_price=3_000_000)]),
+                              running=(spot(81, 1, 1), spot(82, 2, 2)), occupied=(offer(2, gpus=2, ask=1_000_000),))
+    res = clear_round(inp)
+    assert [(p.trade_id, p.for_bid_id) for p in res.preemptions] == [(81, 1)]
+    # a spot bid never preempts, and a bid that cannot use the offer does not either
+    for b in (bid(1, gpus=2, klass="spot"), bid(1, gpus=2, klass="on_demand", max_price=900_000), bid(1, gpus=2, gpu_models=("A100",))):
+        assert clear_round(dataclasses.replace(inp, bids=(b,))).preemptions == (), b
+
+
+def test_an_occupied_offer_is_validated_replayed_and_never_traded() -> None:
+    inp = dataclasses.replace(round_of([offer(1, gpus=1)], [bid(1, gpus=1), bid(2, gpus=1)]), running=(spot(91, 2, 1),), occupied=(offer(2, gpus=1),))
+    res = clear_round(inp)
+    assert {t.offer_id for t in res.trades} == {1}, "nothing is free on an occupied offer"
+    (waiting,) = [u.bid_id for u in res.unmatched]
+    assert [(p.trade_id, p.for_bid_id) for p in res.preemptions] == [(91, waiting)]
+    assert input_from_dict(input_to_dict(inp)) == inp
+    assert digest(result_to_dict(clear_round(input_from_dict(input_to_dict(inp))))) == digest(result_to_dict(res))
+    with pytest.raises(EngineInputError) as err:
+        clear_round(dataclasses.replace(inp, occupied=(offer(1, gpus=1),)))
+    assert err.value.field == "occupied[0].id"
+    with pytest.raises(EngineInputError) as err:
+        clear_round(dataclasses.replace(inp, occupied=(offer(2, gpus=1, ask=-5),)))
+    assert err.value.field == "occupied[0].ask"
+
+
 @pytest.mark.parametrize(
     ("change", "field"),
     [

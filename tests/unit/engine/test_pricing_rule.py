@@ -72,7 +72,29 @@ def test_a_bucket_whose_cheap_bid_trades_below_a_dear_ask_pays_each_trade_clampe
     assert paid(mid) == {1: 1_500_000, 2: 2_000_000}  # 1.75 clamped to [1.00, 1.50] and [2.00, 3.00]
 
 
-SWEEP = ("heavy_tailed", "narrow_models", "multi_machine", "fair_share", "ties")
+SWEEP = ("heavy_tailed", "narrow_models", "multi_machine", "fair_share", "ties", "all_spot")
+
+
+def test_spot_is_priced_apart_from_the_classes_above_it() -> None:
+    # issue 31: spot may be preempted, so it clears at its own price. On one 2-GPU offer at
+    # 1.00, on-demand bid 1 (1 GPU, up to 3.00) beats on-demand bid 2 (both GPUs, up to 1.90),
+    # which could have traded: the on-demand price is 1.900001; spot bid 3 takes the other GPU
+    # and, with no spot bid against it, pays the ask (before: 1.50, the on-demand price
+    # clamped to its own max)
+    offers = [offer(1, gpus=2, ask=1_000_000)]
+    bids = [bid(1, max_price=3_000_000, weights=FLAT), bid(2, gpus=2, max_price=1_900_000, weights=FLAT),
+            bid(3, max_price=1_500_000, weights=FLAT, klass="spot")]
+    res = clear_round(round_of(offers, bids))
+    assert paid(res) == {1: 1_900_001, 3: 1_000_000}
+    (p,) = res.prices
+    assert (p.price, p.spot_price) == (1_900_001, 1_000_000)
+    assert "spot clearing price 1.00 USDC/GPU-h" in next(t.reason for t in res.trades if t.bid_id == 3)
+    # a losing spot bid that could have traded lifts the spot price, not the on-demand one
+    res = clear_round(round_of(offers, [*bids, bid(4, max_price=1_200_000, weights=FLAT, klass="spot")]))
+    assert paid(res) == {1: 1_900_001, 3: 1_200_001}
+    # only spot traded: the bucket's price is spot's
+    res = clear_round(round_of(offers, [bids[2]]))
+    assert (res.prices[0].price, res.prices[0].spot_price) == (1_000_000, 1_000_000)
 
 
 def check_rule(inp: RoundInput, res: RoundResult) -> tuple[int, int]:
@@ -80,12 +102,17 @@ def check_rule(inp: RoundInput, res: RoundResult) -> tuple[int, int]:
     offers = {o.id: o for o in inp.offers}
     bids = {b.id: b for b in inp.bids}
     pp = inp.config.price_point
-    published = {(p.gpu_model, p.region): p.price for p in res.prices}
-    by_bucket: defaultdict[tuple[str, str], list[Trade]] = defaultdict(list)
+    # spot is priced apart: its trades are a group of their own (pricing.py)
+    spot = {(p.gpu_model, p.region, True): p.spot_price for p in res.prices}
+    published = {(p.gpu_model, p.region, False): p.price for p in res.prices} | spot
+    by_bucket: defaultdict[tuple[str, str, bool], list[Trade]] = defaultdict(list)
     for t in res.trades:
         # (a) never outside the trade's own limits
         assert offers[t.offer_id].ask <= t.price <= bids[t.bid_id].max_price, t
-        by_bucket[(t.gpu_model, t.region)].append(t)
+        by_bucket[(t.gpu_model, t.region, bids[t.bid_id].klass == "spot")].append(t)
+    for (m, r, is_spot) in by_bucket:
+        if is_spot and (m, r, False) not in by_bucket:  # only spot traded: its price is the bucket's
+            assert next(p.price for p in res.prices if (p.gpu_model, p.region) == (m, r)) == spot[(m, r, True)]
     clamped = 0
     for key, trades in by_bucket.items():
         lo = max(offers[t.offer_id].ask for t in trades)
