@@ -465,3 +465,89 @@ def test_a_jobs_output_file_is_uploaded_by_its_agent_and_downloaded_by_its_buyer
         wait_for("the agent logging the upload", lambda: "output model.bin uploaded" in (home / "daemon.log").read_text(), seconds=30, logs=logs)
     finally:
         stop_daemons([daemon])
+
+
+@pytest.mark.timeout(300)
+def test_a_round_preempts_a_spot_job_for_an_on_demand_bid_it_resumes_on_another_agent_and_both_settle_pro_rata(server, tmp_path, store):
+    # issue 31: the round itself preempts. A spot job fills agent A's two GPUs; an on-demand
+    # bid that only A can serve arrives; the round tells A's agent to stop the spot job, which
+    # checkpoints; the rest of it resumes on agent B from that checkpoint; the on-demand job
+    # runs on A; the preempted trade and its continuation settle on chain for what they ran
+    import hashlib
+    import tarfile
+
+    rpc, chain = chain_rpc(server)
+    tokens = make_tokens(SERVER_ENV, tidea=("provider", ("read", "provide")), tideb=("provider", ("read", "provide")))
+
+    def funds(home: Path) -> None:
+        fund(rpc, chain, json.loads((home / "keys" / "eth-keystore.json").read_text())["address"], 150 * TOKENS)
+
+    l4 = ("NVIDIA L4", 23034, "L4-24GB")  # no other test bids for L4s
+    home_a, machine_a = join_market(server, tmp_path, "tidea", tokens["tidea"], region="eu-west", price="1.00", gpu=l4, states="recorded", chain=True, fund=funds)
+    home_b, machine_b = join_market(server, tmp_path, "tideb", tokens["tideb"], region="us-east", price="1.50", gpu=l4, states="recorded", chain=True, fund=funds)
+    spotter = funded_buyer(server, SERVER_ENV, "spotter", 20 * TOKENS)
+    urgent = funded_buyer(server, SERVER_ENV, "urgent", 20 * TOKENS)
+    daemons = [start_daemon(home, seconds=280) for home in (home_a, home_b)]
+    server_log = Path(SERVER_ENV["GRIDBID_DATA_DIR"]) / "server.log"
+    logs = lambda: "\n".join((h / "daemon.log").read_text()[-2500:] for h in (home_a, home_b)) + "\n" + server_log.read_text()[-2500:]  # noqa: E731
+    try:
+        store_url, store_root = store
+        job_code = CHECKPOINTING_JOB.replace("while step < 600", "while step < 250")  # 25 s of work
+        spec = {"command": [sys.executable, "-c", job_code], "upload_url": store_url}
+        r = httpx.post(f"{server}/api/v1/bids/", headers=spotter, json={"job_spec": spec, "gpus": 2, "gpu_models": ["L4-24GB"], "max_price": 2_000_000,
+                                                                        "duration_s": 600, "klass": "spot", "preempt_grace_s": 20})
+        assert r.status_code == 201, r.text
+
+        def spot_jobs() -> list[dict[str, Any]]:
+            return sorted(httpx.get(f"{server}/api/v1/jobs/", headers=spotter).json()["results"], key=lambda j: j["id"])
+
+        first = wait_for("the spot job running on A", lambda: next((j for j in spot_jobs() if j["state"] == "running"), None), seconds=60, logs=logs)
+        assert first["machine"] == machine_a, "the cheaper machine"
+        work = home_a / "jobs" / str(first["trade"]) / "work"
+        wait_for("the spot job making progress", lambda: (work / "outputs" / "progress.txt").exists(), seconds=15, logs=logs)
+        time.sleep(1.5)
+
+        quick = {"command": [sys.executable, "-c", "import os, time; time.sleep(2); open(os.environ['GRIDBID_OUTPUT_DIR'] + '/done.txt', 'w').write('ok')"]}
+        r = httpx.post(f"{server}/api/v1/bids/", headers=urgent, json={"job_spec": quick, "gpus": 2, "gpu_models": ["L4-24GB"], "max_price": 3_000_000,
+                                                                       "duration_s": 120, "klass": "on_demand", "allowed_regions": ["eu-west"]})
+        assert r.status_code == 201, r.text
+        waiting = r.json()
+
+        def preempted() -> Any:
+            j = httpx.get(f"{server}/api/v1/jobs/{first['id']}/", headers=spotter).json()
+            return j if j["state"] == "preempted" and "receipt" in j["checkpoint"] else None
+
+        done = wait_for("the round preempting the spot job, which checkpoints", preempted, seconds=60, logs=logs)
+        meta = done["checkpoint"]
+        assert meta["preempted_for_bid"] == waiting["id"] and "preempted by round" in meta["preempt_reason"], meta
+        checkpoint = meta["latest_checkpoint"]
+        tar = store_root / f"trade-{first['trade']}" / "checkpoint.tar"
+        assert hashlib.sha256(tar.read_bytes()).hexdigest() == checkpoint["sha256"].removeprefix("0x")
+        with tarfile.open(tar) as packed:
+            state = json.load(packed.extractfile(next(m for m in packed.getmembers() if m.name.endswith("state.json"))))  # type: ignore[arg-type]
+        assert state["step"] > 10
+
+        # the on-demand job takes A's GPUs; the rest of the spot job resumes on B
+        def urgent_ran() -> Any:
+            jobs = httpx.get(f"{server}/api/v1/jobs/", headers=urgent).json()["results"]
+            return jobs[0] if jobs and jobs[0]["state"] in ("running", "completed") else None
+
+        assert wait_for("the on-demand job on A", urgent_ran, seconds=60, logs=logs)["machine"] == machine_a
+        again = wait_for("the rest of the spot job on B", lambda: next((j for j in spot_jobs() if j["machine"] == machine_b and j["state"] in ("running", "completed")), None),
+                         seconds=60, logs=logs)
+        marker = home_b / "jobs" / str(again["trade"]) / "work" / "outputs" / "resumed_at_step.txt"
+        wait_for("the job resuming from its checkpoint", marker.exists, seconds=30, logs=logs)
+        assert int(marker.read_text()) == state["step"], "it carried on from the step it was stopped at, not from the start"
+
+        # both parts of the spot job settle on chain for the GPU-seconds their receipts count
+        def settled(trade_id: int) -> Any:
+            t = httpx.get(f"{server}/api/v1/trades/{trade_id}/", headers=spotter).json()
+            return t if t["state"] == "settled" else None
+
+        for trade_id in (first["trade"], again["trade"]):
+            trade = wait_for(f"trade {trade_id} settled", lambda t=trade_id: settled(t), seconds=150, logs=logs)
+            settlement = httpx.get(f"{server}/api/v1/ledger/trades/{trade_id}/", headers=spotter).json()["settlement"]
+            assert settlement["paid"] == trade["price"] * settlement["gpu_seconds"] // 3600 and settlement["paid"] > 0, (trade, settlement)
+            assert settlement["paid"] + settlement["refund"] == trade["amount"], settlement
+    finally:
+        stop_daemons(daemons)
