@@ -91,6 +91,30 @@ def job_telemetry(job: Job) -> list[list[float]]:
     return list(kept) if kept else job_telemetry_live(job.pk)
 
 
+def job_preemption(job: Job) -> dict[str, Any] | None:
+    """What preempted the job, for its buyer: when it was told and why (the round and the bid
+    it made room for), its grace, the checkpoint it left, the GPU-seconds run since that
+    checkpoint (done again by the part that resumes), and where the rest resumed. None for a
+    job never preempted (a buyer's stop is not a preemption)."""
+    meta = job.checkpoint or {}
+    if not meta.get("preempt_requested") or meta.get("stop_requested"):
+        return None
+    most = settings.GRIDBID["PREEMPT_GRACE_S"]
+    resumed = None
+    follow = meta.get("continued_by_bid")
+    if follow:
+        part = (Job.objects.filter(trade__bid_id=follow).select_related("trade__offer__machine").order_by("-id").first())
+        resumed = {"bid": follow, "job": part.pk if part else None, "state": part.state if part else None,
+                   "machine": part.trade.offer.machine.name if part else None, "region": part.trade.region_id if part else None}
+    return {
+        "requested_at": meta.get("preempt_requested_at"), "reason": meta.get("preempt_reason", ""), "round": meta.get("preempted_by_round"),
+        "for_bid": meta.get("preempted_for_bid"), "grace_s": min(most, job.trade.bid.preempt_grace_s or most),
+        "stopped_at": job.ended_at.isoformat() if job.ended_at and job.state == JobState.PREEMPTED else None,
+        "checkpoint": meta.get("latest_checkpoint") if job.state == JobState.PREEMPTED else None,
+        "lost_gpu_seconds": meta.get("lost_gpu_seconds"), "resumed": resumed,
+    }
+
+
 def job_log_tail(job: Job) -> str:
     """The end of a job's output: the last one its agent reported once it ended, else live
     from its agent's heartbeats."""
@@ -295,7 +319,8 @@ def job_extend_recorded(*, user: User, job_id: int, duration_s: int, max_price: 
 
 # --- job events -----------------------------------------------------------------------------
 @transaction.atomic
-def job_event(*, user: User, job_id: int, event: str, at: int | None = None, progress: float | None = None, exit_code: int | None = None, gpu_seconds: int | None = None, checkpoint: dict[str, Any] | None = None, reason: str = "", log_tail: str = "", access: dict[str, Any] | None = None) -> Job:
+def job_event(*, user: User, job_id: int, event: str, at: int | None = None, progress: float | None = None, exit_code: int | None = None, gpu_seconds: int | None = None, checkpoint: dict[str, Any] | None = None, reason: str = "", log_tail: str = "", access: dict[str, Any] | None = None,
+              lost_gpu_seconds: int | None = None) -> Job:
     """Move the job through its states as its agent reports; a repeated report changes nothing."""
     job = _own_job(user, job_id, lock=True)
     trade = job.trade
@@ -344,6 +369,10 @@ def job_event(*, user: User, job_id: int, event: str, at: int | None = None, pro
             meta["telemetry"] = series  # its GPUs over its run, kept with the job once it ends
         if event == "completed":
             job.progress = 1.0
+        if event == "preempted" and job.state == JobState.PREEMPTED:
+            # the work since the checkpoint it resumes from is done again: the agent measures it
+            ran = int(job.gpu_seconds or 0)
+            meta["lost_gpu_seconds"] = ran if lost_gpu_seconds is None and not meta.get("latest_checkpoint") else min(ran, int(lost_gpu_seconds or 0))
     job.checkpoint = meta
     job.save()
     bookings.extensions_follow(job)

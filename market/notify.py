@@ -20,6 +20,7 @@ from django.conf import settings
 from django.core.mail import send_mail
 
 from market.events import EmailsWanted, JobReached, TradesMatched, TradesMoved, announce
+from market.jobs import job_preemption
 from market.models import Job, Trade, User
 from market.states import JobState, TradeState
 from market.webhooks import EVENT_TYPES, Event, deliveries_create
@@ -92,12 +93,19 @@ def job_reached(event: JobReached) -> None:
         return
     trade = _trades([job.trade_id])[0]
     meta = job.checkpoint or {}
-    data = {
+    data: dict[str, Any] = {
         "job": {"id": job.pk, "trade": job.trade_id, "state": job.state, "started_at": _iso(job.started_at), "ended_at": _iso(job.ended_at),
                 "exit_code": job.exit_code, "gpu_seconds": job.gpu_seconds, "reason": meta.get("reason", "")},
         "trade": _public(trade),
     }
-    emit(_both(trade, event_type, data))
+    if job.state == JobState.PREEMPTED:
+        data["preemption"] = job_preemption(job)
+    events = _both(trade, event_type, data)
+    resume = meta.get("resume_from")
+    if job.state == JobState.RUNNING and resume:
+        # the rest of a preempted job: running, and resumed, from the checkpoint it names
+        events += _both(trade, "job.resumed", {**data, "resumed_from": {"trade": resume.get("trade"), "sha256": resume.get("sha256"), "size": resume.get("size")}})
+    emit(events)
 
 
 def trades_moved(event: TradesMoved) -> None:
@@ -119,6 +127,8 @@ def _subject(event_type: str, data: dict[str, Any]) -> str:
         if data.get("role") == "provider":
             return f"GridBid: your GPUs sold to bid {data.get('bid')} ({n} trade(s))"
         return f"GridBid: bid {data.get('bid')} matched ({n} trade(s))"
+    if event_type == "job.resumed":
+        return f"GridBid: job {job.get('id')} resumed from the checkpoint of trade {(data.get('resumed_from') or {}).get('trade')}"
     if event_type.startswith("job."):
         return f"GridBid: job {job.get('id')} {job.get('state')}"
     if event_type == "payment.settled":

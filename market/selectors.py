@@ -73,7 +73,7 @@ def trades_visible(user: User, *, operator: bool = False) -> QuerySet[Trade]:
 
 
 def jobs_visible(user: User, *, operator: bool = False) -> QuerySet[Job]:
-    qs = Job.objects.select_related("trade", "trade__offer__machine")
+    qs = Job.objects.select_related("trade", "trade__offer__machine", "trade__bid")
     return qs if operator else qs.filter(Q(trade__buyer=user) | Q(trade__provider__user=user))
 
 

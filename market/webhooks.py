@@ -49,6 +49,7 @@ EVENT_TYPES: dict[str, str] = {
     "job.completed": "A job finished",
     "job.failed": "A job failed",
     "job.preempted": "A job was preempted: checkpointed and stopped for a higher class or by the operator, to resume elsewhere",
+    "job.resumed": "The rest of a preempted job started on a machine, from the checkpoint it left",
     "job.stopped": "A job was stopped by its buyer (or because its trade was refunded): billed for what ran, the rest refunded, not resumed",
     "payment.settled": "A trade's payment settled on chain: the provider paid, unused time refunded",
     "dispute.ruled": "The arbiter ruled on a disputed trade",

@@ -12,7 +12,7 @@ from drf_spectacular.utils import extend_schema_field, inline_serializer
 from rest_framework import serializers
 
 from market.engine import limits
-from market.jobs import job_access, job_log_tail
+from market.jobs import job_access, job_log_tail, job_preemption
 from market.models import (
     ApiToken,
     AuctionRound,
@@ -495,10 +495,20 @@ class JobSerializer(serializers.ModelSerializer):
     machine = serializers.IntegerField(source="trade.offer.machine_id", read_only=True)
     log_tail = serializers.SerializerMethodField(help_text="The end of the job's output, as its agent last reported it")
     access = serializers.SerializerMethodField(help_text="Where the job's published ports are reached while it runs: host, port mappings and the ssh command; null otherwise")
+    preemption = serializers.SerializerMethodField(help_text="What preempted it (when, why, the round and the bid it made room for, its grace), the checkpoint it left, the GPU-seconds lost since it, and where the rest resumed; null if never preempted")
 
     class Meta:
         model = Job
-        fields = ["id", "trade", "machine", "state", "progress", "started_at", "ended_at", "exit_code", "gpu_seconds", "checkpoint", "log_tail", "access", "updated_at"]
+        fields = ["id", "trade", "machine", "state", "progress", "started_at", "ended_at", "exit_code", "gpu_seconds", "checkpoint", "log_tail", "access", "preemption", "updated_at"]
+
+    @extend_schema_field(inline_serializer("JobPreemption", {
+        "requested_at": serializers.DateTimeField(allow_null=True), "reason": serializers.CharField(), "round": serializers.IntegerField(allow_null=True),
+        "for_bid": serializers.IntegerField(allow_null=True), "grace_s": serializers.IntegerField(), "stopped_at": serializers.DateTimeField(allow_null=True),
+        "checkpoint": serializers.DictField(allow_null=True), "lost_gpu_seconds": serializers.IntegerField(allow_null=True),
+        "resumed": serializers.DictField(allow_null=True, help_text="bid, job, state, machine, region of the part that resumed from its checkpoint"),
+    }, allow_null=True))
+    def get_preemption(self, job: Job) -> dict[str, Any] | None:
+        return job_preemption(job)
 
     @extend_schema_field(inline_serializer("JobAccess", {
         "host": serializers.CharField(), "ports": serializers.ListField(child=serializers.DictField(child=serializers.IntegerField())),

@@ -32,6 +32,7 @@ from market.jobs import (
     job_access,
     job_extend_recorded,
     job_log_tail,
+    job_preemption,
     job_stop_recorded,
     job_telemetry,
 )
@@ -310,7 +311,8 @@ def job_page(request: HttpRequest, job_id: int) -> HttpResponse:
                                                "outputs_expired_at": meta.get("outputs_expired_at"),
                                                "continued_by": meta.get("continued_by_bid"), "resume_from": meta.get("resume_from"),
                                                "rental": _rental(request.user, job), "extend_form": ExtendForm(),
-                                               "access": job_access(job), "reason": meta.get("reason"), "spec_ports": job_ports(job.trade.bid.job_spec or {})})
+                                               "access": job_access(job), "reason": meta.get("reason"), "spec_ports": job_ports(job.trade.bid.job_spec or {}),
+                                               "preemption": job_preemption(job)})
 
 
 def _rental(user: Any, job: Any) -> dict[str, Any] | None:

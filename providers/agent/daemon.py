@@ -71,6 +71,21 @@ def log_tail(path: Path) -> str:
     except OSError:
         return ""
 
+def lost_gpu_seconds(checkpoint_dir: Path, started: float, ended: float, gpus: int, ran: int) -> int:
+    """The GPU-seconds a preempted job ran since its newest checkpoint (the newest file its
+    checkpoint folder holds, by its time of writing): what the part that resumes from it does
+    again. All of them where it wrote none. At most what it ran."""
+    newest = None
+    if checkpoint_dir.is_dir():
+        for p in checkpoint_dir.rglob("*"):
+            with contextlib.suppress(OSError):
+                if p.is_file():
+                    newest = max(newest or 0.0, p.stat().st_mtime)
+    if newest is None:
+        return ran
+    return min(ran, max(0, math.ceil((ended - max(newest, started)) * gpus)))
+
+
 class Stop(Exception):
     """The daemon cannot go on; the message says why and what to do."""
 
@@ -498,6 +513,8 @@ class Agent:
         self.state.job_update(trade, state="finished", ended_at=ended, exit_code=outcome.exit_code, reason=outcome.reason, gpu_seconds=gpu_seconds, checkpoint=checkpoint, receipt=receipt.body(), signature=signature)
         event = {"event": result, "at": int(ended), "exit_code": outcome.exit_code, "gpu_seconds": gpu_seconds, "reason": outcome.reason,
                  "log_tail": log_tail(paths.log)}
+        if result == "preempted":
+            event["lost_gpu_seconds"] = lost_gpu_seconds(paths.checkpoint, started, ended, len(job["gpus"]), gpu_seconds) if job.get("started_at") else 0
         if checkpoint:
             event["checkpoint"] = checkpoint
         if checkpoint and job.get("started_at"):

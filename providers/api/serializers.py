@@ -117,8 +117,12 @@ class JobEventSerializer(serializers.Serializer):
     reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
     log_tail = serializers.CharField(max_length=LOG_TAIL_CHARS, required=False, allow_blank=True, default="", trim_whitespace=False)
     access = JobAccessSerializer(required=False, allow_null=True, default=None, help_text="started only: the job's published ports")
+    lost_gpu_seconds = serializers.IntegerField(min_value=0, max_value=2**40, required=False, allow_null=True, default=None,
+                                                help_text="preempted only: the GPU-seconds run since the checkpoint it resumes from (all of them without one)")
 
     def validate(self, attrs: dict) -> dict:
+        if attrs.get("lost_gpu_seconds") is not None and attrs["event"] != "preempted":
+            raise serializers.ValidationError({"lost_gpu_seconds": "Only a preempted event counts lost work."})
         if attrs["event"] == "progress" and attrs.get("progress") is None:
             raise serializers.ValidationError({"progress": "A progress event needs progress (0-1)."})
         if attrs["event"] == "checkpointed" and not attrs.get("checkpoint"):

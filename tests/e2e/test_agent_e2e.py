@@ -520,6 +520,10 @@ def test_a_round_preempts_a_spot_job_for_an_on_demand_bid_it_resumes_on_another_
         done = wait_for("the round preempting the spot job, which checkpoints", preempted, seconds=60, logs=logs)
         meta = done["checkpoint"]
         assert meta["preempted_for_bid"] == waiting["id"] and "preempted by round" in meta["preempt_reason"], meta
+        told = done["preemption"]
+        assert told["grace_s"] == 20 and told["for_bid"] == waiting["id"], told
+        # it wrote its checkpoint on the signal: about nothing is done again where it resumes
+        assert 0 <= told["lost_gpu_seconds"] <= 2 * 3 < done["gpu_seconds"], (told, done["gpu_seconds"])
         checkpoint = meta["latest_checkpoint"]
         tar = store_root / f"trade-{first['trade']}" / "checkpoint.tar"
         assert hashlib.sha256(tar.read_bytes()).hexdigest() == checkpoint["sha256"].removeprefix("0x")

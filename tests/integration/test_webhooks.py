@@ -464,3 +464,45 @@ def test_a_name_that_rebinds_to_loopback_after_the_check_is_never_called(setting
         receiver.close()
     assert status is None and "refused" in error, error
     assert receiver.requests == [], "the loopback receiver was called"
+
+
+def test_a_preempted_job_tells_its_buyer_why_what_was_lost_and_where_the_rest_resumed(
+    private_urls, receiver, buyer, provider_user, client_for, make_offer, make_bid
+):
+    # issue 31: on the job page, in the API and by webhook (job.preempted, job.resumed)
+    hook = hook_for(client_for(buyer), receiver.url, ["job.preempted", "job.resumed"])
+    a = make_offer(provider_user, model="A10-24GB", count=2, price=1_000_000)
+    b = make_offer(provider_user, model="A10-24GB", count=2, price=1_500_000)
+    spot = make_bid(buyer, gpus=2, gpu_models=["A10-24GB"], max_price=2_000_000, klass="spot")
+    round_clear(slot=52_000_001)
+    first = Job.objects.get(trade__bid=spot)
+    assert first.trade.offer_id == a.pk
+    job_event(user=provider_user, job_id=first.pk, event="started")
+    urgent = make_bid(buyer, gpus=2, gpu_models=["A10-24GB"], max_price=3_000_000, allowed_regions=[a.machine.region_id], klass="on_demand")
+    Offer = type(b)
+    Offer.objects.filter(pk=b.pk).update(state="paused")  # B is away, so only A can serve the on-demand bid now
+    rnd = round_clear(slot=52_000_002)
+    api = client_for(buyer)
+    told = api.get(f"/api/v1/jobs/{first.pk}/").json()["preemption"]
+    assert (told["round"], told["for_bid"], told["grace_s"], told["checkpoint"], told["resumed"]) == (rnd.number, urgent.pk, 30, None, None), told
+    ck = {"size": 4096, "sha256": "cd" * 32, "url": "https://store.example/ck.tar"}
+    job_event(user=provider_user, job_id=first.pk, event="preempted", gpu_seconds=2 * 40, checkpoint=ck, lost_gpu_seconds=6)
+    Offer.objects.filter(pk=b.pk).update(state="open")
+    round_clear(slot=52_000_003)
+    rest = Job.objects.exclude(pk=first.pk).get(trade__bid__resume_from__trade=first.trade_id)
+    assert rest.trade.offer_id == b.pk, "A went to the on-demand bid"
+    job_event(user=provider_user, job_id=rest.pk, event="started")
+
+    told = api.get(f"/api/v1/jobs/{first.pk}/").json()["preemption"]
+    assert told["checkpoint"]["sha256"] == "cd" * 32 and told["lost_gpu_seconds"] == 6 and told["stopped_at"]
+    assert (told["resumed"]["job"], told["resumed"]["state"], told["resumed"]["machine"]) == (rest.pk, "running", b.machine.name), told
+    assert receiver.events() == ["job.preempted", "job.resumed"]
+    preempted, resumed = (json.loads(r["body"]) for r in receiver.requests)
+    assert preempted["data"]["preemption"]["for_bid"] == urgent.pk and preempted["data"]["preemption"]["lost_gpu_seconds"] == 6
+    assert resumed["data"]["job"]["id"] == rest.pk and resumed["data"]["resumed_from"] == {"trade": first.trade_id, "sha256": "cd" * 32, "size": 4096}
+    c = Client()
+    c.force_login(buyer)
+    page = c.get(f"/jobs/{first.pk}/").content.decode()
+    assert f"Round {rnd.number} gave its GPUs to a higher-class bid (#{urgent.pk})" in page and "6 GPU-seconds run since that checkpoint" in page
+    assert f'href="/jobs/{rest.pk}/"' in page
+    assert WebhookDelivery.objects.filter(webhook_id=hook["id"]).count() == 2

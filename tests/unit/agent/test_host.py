@@ -37,3 +37,21 @@ def test_a_declared_machine_describes_its_host(tmp_path):
 def test_a_bad_declared_machine_is_refused(machine):
     with pytest.raises(InventoryError, match="'machine' may declare"):
         declared_inventory({"gpus": GPUS, "machine": machine})
+
+
+def test_lost_work_is_what_ran_since_the_newest_checkpoint_file(tmp_path):
+    # issue 31: the part that resumes from a checkpoint does again what ran after it
+    from providers.agent.daemon import lost_gpu_seconds
+
+    ckpt = tmp_path / "checkpoint"
+    assert lost_gpu_seconds(ckpt, 1000.0, 1100.0, 2, 200) == 200, "no checkpoint: all of it"
+    (ckpt / "inner").mkdir(parents=True)
+    old, new = ckpt / "old.pt", ckpt / "inner" / "new.pt"
+    old.write_text("a")
+    new.write_text("b")
+    os.utime(old, (1010.0, 1010.0))
+    os.utime(new, (1070.0, 1070.0))
+    assert lost_gpu_seconds(ckpt, 1000.0, 1100.0, 2, 200) == 60, "30 s since the newest, on 2 GPUs"
+    os.utime(new, (900.0, 900.0))
+    os.utime(old, (900.0, 900.0))
+    assert lost_gpu_seconds(ckpt, 1000.0, 1100.0, 2, 150) == 150, "a checkpoint older than the run: what ran, at most"
