@@ -26,6 +26,16 @@ SPEC_TAG = "GridBid job spec v1: "
 OUTPUT_LEAF_PREFIX = b"\x00"
 OUTPUT_NODE_PREFIX = b"\x01"
 EMPTY_OUTPUTS_ROOT = hashlib.sha256(b"GridBid.outputs.empty").hexdigest()
+# a preempted job's checkpoint, where its spec names no store of the buyer's (issue 31): its
+# agent uploads it to the market as an output of this name, and the receipt's checkpoint
+# `url` is ``checkpoint_url``: "market:" and the path its buyer downloads it at, which an
+# agent resolves against its own market URL (and fetches with its own token)
+CHECKPOINT_OUTPUT = ".gridbid-checkpoint.tar"
+MARKET_SCHEME = "market:"
+
+
+def checkpoint_url(job_id: int) -> str:
+    return f"{MARKET_SCHEME}/api/v1/jobs/{job_id}/outputs/{CHECKPOINT_OUTPUT}"
 
 
 class ReceiptError(ValueError):

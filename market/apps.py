@@ -13,6 +13,7 @@ class MarketConfig(AppConfig):
             audit,  # noqa: F401 - records sign-ins from Django's auth signals
             bookings,
             events,
+            jobs,
             notify,
             tasks,
         )
@@ -26,6 +27,7 @@ class MarketConfig(AppConfig):
             now={
                 events.TradesMatched: [notify.trades_matched],
                 events.JobReached: [notify.job_reached],
+                events.CheckpointKept: [jobs.checkpoint_kept],
                 events.TradesMoved: [bookings.trades_moved, notify.trades_moved],
             },
             after_commit={

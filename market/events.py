@@ -70,6 +70,13 @@ class JobsChanged(Event):
 
 
 @dataclass(frozen=True)
+class CheckpointKept(Event):
+    """A preempted job's checkpoint is kept by the market now (its agent uploaded it)."""
+
+    job_id: int
+
+
+@dataclass(frozen=True)
 class JobReached(Event):
     """A job reached a new state (running, completed, failed, preempted, ...)."""
 

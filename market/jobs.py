@@ -19,14 +19,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from contracts import receipts as receipt_format
-from contracts.receipts import job_ports
+from contracts.receipts import CHECKPOINT_OUTPUT, MARKET_SCHEME, job_ports
 from ledger.custody import buyer_address
 from ledger.wallet import is_wallet_buyer
 from market import bookings, states
 from market.audit import AuditAction, audit_record
 from market.bookings import ACTIVE_JOB_STATES
 from market.errors import Conflict, DomainError, NotFound
-from market.events import JobReached, JobsChanged, OperatorChanged, announce
+from market.events import CheckpointKept, JobReached, JobsChanged, OperatorChanged, announce
 from market.funding import EscrowShort, funds_of, usdc
 from market.models import Bid, Booking, Job, Offer, Trade, User
 from market.services import bid_continue, spec_signature_custodial
@@ -175,6 +175,31 @@ def machine_assignments(*, user: User, machine_id: int) -> list[dict[str, Any]]:
 
 
 @transaction.atomic
+def job_continue(job: Job) -> Bid | None:
+    """The rest of a preempted job back in the book, resuming from its latest checkpoint once
+    another machine can fetch it: at once from a store of the buyer's, or, for a checkpoint
+    the market keeps (market: URL), when its agent's upload is in (CheckpointKept). Once
+    only; never for a job its buyer stopped. Runs inside the caller's transaction."""
+    meta = dict(job.checkpoint or {})
+    checkpoint = meta.get("latest_checkpoint")
+    if job.state != JobState.PREEMPTED or not checkpoint or meta.get("stop_requested") or meta.get("continued_by_bid"):
+        return None
+    if str(checkpoint.get("url") or "").startswith(MARKET_SCHEME) and not job.outputs.filter(path=CHECKPOINT_OUTPUT).exists():
+        return None
+    follow = bid_continue(job=job, checkpoint=checkpoint)
+    if follow is not None:
+        job.checkpoint = {**meta, "continued_by_bid": follow.pk}
+        job.save(update_fields=["checkpoint", "updated_at"])
+        announce(JobsChanged(job_ids=(job.pk,)))
+    return follow
+
+
+def checkpoint_kept(event: CheckpointKept) -> None:
+    job = Job.objects.select_for_update().filter(pk=event.job_id).first()
+    if job is not None:
+        job_continue(job)
+
+
 def job_preempt_request(*, job: Job, reason: str = "", by: dict[str, Any] | None = None) -> Job:
     """Ask the machine's agent to checkpoint and stop this job (it is woken, and sees it on its
     next poll at the latest). ``by`` says what preempted it (a round, for a bid), kept with it."""
@@ -378,11 +403,8 @@ def job_event(*, user: User, job_id: int, event: str, at: int | None = None, pro
     bookings.extensions_follow(job)
     if job.state in bookings.JOB_END_REASON:
         bookings.on_job_ended(trade_id=trade.pk, state=job.state, stopped=bool(meta.get("stop_requested")))
-    if event == "preempted" and meta.get("latest_checkpoint") and not meta.get("stop_requested"):
-        follow = bid_continue(job=job, checkpoint=meta["latest_checkpoint"])
-        if follow is not None:
-            job.checkpoint = {**meta, "continued_by_bid": follow.pk}
-            job.save(update_fields=["checkpoint", "updated_at"])
+    if event == "preempted":
+        job_continue(job)
     if not resumed:  # running after a checkpoint is not news: its parties heard it start
         announce(JobReached(job_id=job.pk))  # running, completed, failed, preempted, stopped: webhooks and emails
     announce(JobsChanged(job_ids=(job.pk,)))

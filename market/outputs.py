@@ -24,7 +24,9 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from contracts import receipts as receipt_format
+from contracts.receipts import CHECKPOINT_OUTPUT
 from market.errors import Conflict, DomainError, Gone, NotFound, TooLarge
+from market.events import CheckpointKept, announce
 from market.models import OUTPUT_PATH_MAX, Job, JobOutput, User
 from providers.selectors import own_machine, provider_of
 
@@ -105,7 +107,7 @@ def output_store(*, user: User, job_id: int, machine_id: int, path: str, body: I
         raise NotFound(f"No job {job_id} of yours.")
     if job.trade.offer.machine_id != machine.pk:
         raise Conflict(f"Job {job_id} ran on machine {job.trade.offer.machine_id}, not machine {machine.pk}; only its own machine's agent uploads its outputs.")
-    expected = _receipt_outputs(job).get(path)
+    expected = _receipt_checkpoint(job) if path == CHECKPOINT_OUTPUT else _receipt_outputs(job).get(path)
     if expected is None:
         raise DomainError(f"{path!r} is not among the outputs the receipt of job {job_id} lists.", fields={"path": ["Not in the receipt's outputs."]})
     limit = max_bytes()
@@ -132,10 +134,23 @@ def output_store(*, user: User, job_id: int, machine_id: int, path: str, body: I
     try:
         with transaction.atomic():
             output = JobOutput.objects.create(job=job, path=path, size=size, sha256=digest, storage_name=name, expires_at=timezone.now() + ttl())
+            if path == CHECKPOINT_OUTPUT:
+                announce(CheckpointKept(job_id=job.pk))  # the rest of the job may now resume from it
     except IntegrityError:  # the same file, sent twice at once: keep the first
         store.delete(name)
         return Stored(JobOutput.objects.get(job=job, path=path), False)
     return Stored(output, True)
+
+
+def _receipt_checkpoint(job: Job) -> dict[str, Any] | None:
+    """The checkpoint the job's receipt signs for, as an output entry; None without one."""
+    held = (job.checkpoint or {}).get("receipt")
+    if not held:
+        raise Conflict(f"Job {job.pk} has no receipt yet; send the receipt first, then its checkpoint.")
+    ck = (held.get("body") or {}).get("checkpoint")
+    if not isinstance(ck, dict) or not ck.get("sha256"):
+        return None
+    return {"path": CHECKPOINT_OUTPUT, "size": int(ck.get("size") or 0), "sha256": str(ck["sha256"]).removeprefix("0x")}
 
 
 def _copy_hashing(src: IO[bytes], dst: IO[bytes], limit: int) -> tuple[str, int]:
@@ -195,8 +210,11 @@ def _expired_at(job: Job) -> datetime | None:
 
 def output_open(*, user: User, job_id: int, path: str, operator: bool = False) -> tuple[JobOutput, IO[bytes]]:
     """One kept output file, opened for reading. 404 for anyone but its buyer (and operators)
-    or a path the job does not have; 410 once it has expired."""
-    job = _buyers_job(user, job_id, operator=operator)
+    or a path the job does not have; 410 once it has expired. A preempted job's checkpoint
+    is also for the provider whose machine runs the rest of the job from it."""
+    resuming = path == CHECKPOINT_OUTPUT and Job.objects.filter(
+        trade__provider__user=user, trade__bid__resume_from__trade=Job.objects.filter(pk=job_id).values("trade_id")[:1]).exists()
+    job = _buyers_job(user, job_id, operator=operator or resuming)
     output = job.outputs.filter(path=path).first()
     gone = f"The outputs of job {job_id} were kept for {int(ttl().total_seconds())} s after upload (OUTPUTS_TTL_S) and have been deleted."
     if output is None:

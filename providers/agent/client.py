@@ -57,6 +57,10 @@ class MarketClient:
     def close(self) -> None:
         self.http.close()
 
+    def auth_headers(self) -> dict[str, str]:
+        """This client's credentials, for a download from the market by another route."""
+        return {"Authorization": str(self.http.headers["Authorization"])}
+
     def request(self, method: str, path: str, **kw: Any) -> Any:
         try:
             r = self.http.request(method, path, **kw)

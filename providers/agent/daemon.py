@@ -405,7 +405,10 @@ class Agent:
                 fetch_inputs(inputs, paths.work / "inputs")
             resume = job.get("resume")
             if resume:
-                (archive,) = fetch_inputs([{"url": resume["url"], "sha256": resume["sha256"], "path": "checkpoint.tar"}], paths.root)
+                url, headers = str(resume["url"]), None
+                if url.startswith(receipts.MARKET_SCHEME):  # kept by the market: fetched with our own token
+                    url, headers = self.config.market_url.rstrip("/") + url.removeprefix(receipts.MARKET_SCHEME), self.client.auth_headers()
+                (archive,) = fetch_inputs([{"url": url, "sha256": resume["sha256"], "path": "checkpoint.tar"}], paths.root, headers=headers)
                 unpack_checkpoint(archive, paths.resume)
 
         self.preparing[trade] = self.pool.submit(work)
@@ -484,6 +487,9 @@ class Agent:
             checkpoint = pack_checkpoint(paths.checkpoint, self.home / "checkpoints" / f"trade-{trade}.tar")
         store = job["spec"].get("upload_url")
         archive = None
+        if checkpoint and not store:
+            # no store of the buyer's: the market keeps it, so any machine can resume from it
+            checkpoint["url"] = receipts.checkpoint_url(job["job_id"])
         if store:
             # the job names a store: the checkpoint goes there (so any machine can resume from
             # it) and so do the outputs, as one reproducible tar with its digest
@@ -525,6 +531,10 @@ class Agent:
             report["outputs_archive"] = archive
         self.state.report(trade_id=trade, job_id=job["job_id"], kind="receipt", body=report)
         self._extension_receipts(job, receipt, used_total - gpu_seconds, own_cap, files)
+        if checkpoint and not store:  # first, so the rest of the job can resume soonest
+            self.state.uploads_queue(trade_id=trade, job_id=job["job_id"], files=[
+                {"path": receipts.CHECKPOINT_OUTPUT, "size": checkpoint["size"], "sha256": str(checkpoint["sha256"]).removeprefix("0x")}])
+            log(f"trade {trade}: checkpoint ({checkpoint['size']} bytes) queued for upload to the market")
         if files and not store:
             # no store of the buyer's: the files go to the market's, once it has the receipt
             queued = self.state.uploads_queue(trade_id=trade, job_id=job["job_id"], files=[f.__dict__ for f in files])
@@ -581,7 +591,10 @@ class Agent:
             log(f"trade {up['trade_id']}: outputs not uploaded: the market refused the job's receipt ({refused})")
             return
         job = self.state.job(up["trade_id"])
-        file = self.job_paths(up["trade_id"]).output((job or {}).get("spec", {}).get("output_dir") or "outputs") / up["path"]
+        if up["path"] == receipts.CHECKPOINT_OUTPUT:
+            file = self.home / "checkpoints" / f"trade-{up['trade_id']}.tar"
+        else:
+            file = self.job_paths(up["trade_id"]).output((job or {}).get("spec", {}).get("output_dir") or "outputs") / up["path"]
         self.uploading = (up, self.pool.submit(self.client.job_output_upload, up["job_id"], self.machine_id, up["path"], file))
 
     def _upload_failed(self, up: dict[str, Any], exc: BaseException, now: float) -> None:

@@ -23,10 +23,12 @@ def _name(url: str) -> str:
     return name or "input"
 
 
-def fetch_inputs(inputs: Sequence[dict[str, Any]], dest: Path, *, progress: Any = None, timeout_s: float = 60.0) -> list[Path]:
+def fetch_inputs(inputs: Sequence[dict[str, Any]], dest: Path, *, progress: Any = None, timeout_s: float = 60.0,
+                 headers: dict[str, str] | None = None) -> list[Path]:
     """Download each {url, sha256, path?} under `dest`; a digest mismatch deletes the file and raises.
 
-    `progress` is an optional rich Progress; http(s) and file URLs are accepted.
+    `progress` is an optional rich Progress; http(s) and file URLs are accepted. `headers`
+    go with each http(s) request: only pass credentials for URLs of their own server.
     """
     out = []
     for item in inputs:
@@ -51,7 +53,7 @@ def fetch_inputs(inputs: Sequence[dict[str, Any]], dest: Path, *, progress: Any 
             elif scheme in ("http", "https"):
                 import httpx
 
-                with httpx.stream("GET", url, timeout=timeout_s, follow_redirects=True) as r:
+                with httpx.stream("GET", url, timeout=timeout_s, follow_redirects=not headers, headers=headers) as r:
                     if r.status_code != 200:
                         raise InputError(f"input {url}: HTTP {r.status_code}")
                     if task is not None and r.headers.get("content-length"):

@@ -217,7 +217,11 @@ def test_preempted_job_checkpoints_and_resumes_on_another_agent(tmp_path, key):
     # the market re-matches it to another machine, which resumes from the checkpoint
     market2 = FakeMarket()
     a2 = make_agent(tmp_path / "a2", market2, key)
-    market2.assignments_list = [assignment(10, CHECKPOINTING_JOB, job=51, resume_from=dict(r.checkpoint))]
+    # no store named: the market keeps it (a1 uploads it as an output), and the receipt says so
+    assert r.checkpoint["url"] == "market:/api/v1/jobs/50/outputs/.gridbid-checkpoint.tar"
+    assert [u["path"] for u in a1.state.uploads(9)][:1] == [".gridbid-checkpoint.tar"], "queued first"
+    kept = (tmp_path / "a1/checkpoints/trade-9.tar").as_uri()  # standing in for the market's copy
+    market2.assignments_list = [assignment(10, CHECKPOINTING_JOB, job=51, resume_from={**r.checkpoint, "url": kept})]
     run_until(a2, lambda: market2.receipts)
     out = tmp_path / "a2/jobs/10/work/outputs"
     assert int((out / "resumed_from").read_text()) == saved
