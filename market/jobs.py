@@ -26,7 +26,14 @@ from market import bookings, states
 from market.audit import AuditAction, audit_record
 from market.bookings import ACTIVE_JOB_STATES
 from market.errors import Conflict, DomainError, NotFound
-from market.events import CheckpointKept, JobReached, JobsChanged, OperatorChanged, announce
+from market.events import (
+    BookChanged,
+    CheckpointKept,
+    JobReached,
+    JobsChanged,
+    OperatorChanged,
+    announce,
+)
 from market.funding import EscrowShort, funds_of, usdc
 from market.models import Bid, Booking, Job, Offer, Trade, User
 from market.services import bid_continue, spec_signature_custodial
@@ -212,6 +219,36 @@ def job_preempt_request(*, job: Job, reason: str = "", by: dict[str, Any] | None
     machine_wake(job.trade.offer.machine_id, reason="preempt", job_id=job.pk)
     announce(JobsChanged(job_ids=(job.pk,)))
     return job
+
+
+@transaction.atomic
+def offer_reclaim(*, user: User, offer: Offer) -> tuple[Offer, list[int]]:
+    """The owner takes a lent (reclaimable) offer's GPUs back: the offer pauses (paused_by
+    "reclaimed": no round sells it until its provider reopens it, PATCH state open), and each
+    spot job on it is told to checkpoint and stop within its grace; the rest of each goes
+    back to the book from its checkpoint and resumes elsewhere. Reclaiming it again changes
+    nothing. Returns the offer and the jobs told."""
+    offer = Offer.objects.select_for_update().select_related("machine__provider").get(pk=offer.pk)
+    if offer.machine.provider.user_id != user.pk:
+        raise NotFound(f"No offer {offer.pk} of yours.")
+    if not offer.reclaimable:
+        raise Conflict("Only a reclaimable (lent) offer is taken back this way: pause or withdraw this one instead.",
+                       fields={"reclaimable": ["Publish the offer with reclaimable: true to lend it."]})
+    if offer.state == OfferState.WITHDRAWN:
+        raise Conflict("This offer was withdrawn; nothing of it is sold.")
+    if offer.state == OfferState.OPEN:
+        states.advance("offer", offer, OfferState.PAUSED)
+        offer.paused_by = "reclaimed"
+        offer.save(update_fields=["state", "paused_by", "updated_at"])
+        announce(BookChanged(gpu_model=offer.gpu_model_id, region=offer.machine.region_id))
+    told = []
+    for job in Job.objects.filter(trade__offer=offer, trade__bid__klass="spot", state__in=ACTIVE_JOB_STATES).order_by("id"):
+        if (job.checkpoint or {}).get("preempt_requested"):
+            continue
+        job_preempt_request(job=job, reason="reclaimed by its owner, who lent these GPUs and needs them back", by={"reclaimed": True})
+        told.append(job.pk)
+    audit_record(actor=user, action=AuditAction.OFFER_UPDATE, obj=offer, details={"reclaimed": True, "preempted_jobs": told})
+    return offer, told
 
 
 def round_preempt(*, round_number: int, preemptions: tuple[Any, ...]) -> list[int]:

@@ -106,6 +106,9 @@ class Offer(models.Model):
     available_until = models.DateTimeField(null=True, blank=True)
     spot_allowed = models.BooleanField(default=True)
     reserved_only = models.BooleanField(default=False)
+    # lent (issue 31, tides): GPUs its owner takes back when it needs them (POST .../reclaim/),
+    # so they sell to spot bids only, whose jobs are preempted when it does
+    reclaimable = models.BooleanField(default=False)
     state = models.CharField(max_length=16, choices=OfferState.choices, default=OfferState.OPEN)
     # who paused it: "offline" (its machine went quiet; its next heartbeat reopens it) or
     # "provider" (by hand; only the provider reopens it)
@@ -123,6 +126,7 @@ class Offer(models.Model):
             models.CheckConstraint(condition=Q(min_duration_s__gte=1, max_duration_s__gte=F("min_duration_s")), name="offer_duration_range"),
             models.CheckConstraint(condition=Q(available_until__isnull=True) | Q(available_until__gt=F("available_from")), name="offer_window_ordered"),
             models.CheckConstraint(condition=~Q(reserved_only=True, spot_allowed=True), name="offer_reserved_only_excludes_spot"),
+            models.CheckConstraint(condition=~Q(reclaimable=True, spot_allowed=False), name="offer_reclaimable_is_spot"),
             models.CheckConstraint(condition=Q(state__in=OfferState.values), name="offer_state_valid"),
             # one live offer per machine and model: an offer is a machine's capacity
             models.UniqueConstraint(

@@ -77,6 +77,7 @@ def offer_to_domain(offer: Offer) -> engine.Offer:
         available_until=_epoch(offer.available_until),
         spot_allowed=offer.spot_allowed,
         reserved_only=offer.reserved_only,
+        spot_only=offer.reclaimable,
         reliability=float(offer.machine.reliability),
         created_at=_epoch(offer.created_at) or 0,
         containers=offer.machine.runs_containers,

@@ -15,6 +15,7 @@ from django.db.models import Count, Min, Q, QuerySet, Sum
 from ledger.balances import earnings_of
 from ledger.journal import reconciliation_status
 from ledger.models import JournalEntry, RecordBatch, SettleBatch
+from ledger.selectors import trades_money
 from market.models import AuctionRound, AuditEvent, Bid, Booking, Job, Offer, Trade, User
 from market.states import BidState, BookingState, OfferState, RoundState, TradeState
 from providers.models import Machine, MachineState, Provider
@@ -331,6 +332,20 @@ def provider_totals(provider_id: int) -> dict[str, int]:
     totals = {k: v or 0 for k, v in agg.items()}
     money = earnings_of(provider=Provider.objects.get(pk=provider_id), series_limit=0)
     return {**totals, **{k: money[k] for k in ("settled", "paid", "held", "free", "withdrawn", "stake")}}
+
+
+def provider_lent(provider_id: int) -> dict[str, Any]:
+    """What the provider's lent (reclaimable) GPUs did while it did not need them: its lent
+    offers, the spot trades they sold, the GPU-hours its agents' receipts count, and what the
+    chain paid for them (the journal: ``ledger.selectors.trades_money``)."""
+    trades = list(Trade.objects.filter(provider_id=provider_id, offer__reclaimable=True).values_list("id", flat=True))
+    gpu_s = Job.objects.filter(trade_id__in=trades).aggregate(n=Sum("gpu_seconds"))["n"] or 0
+    money = trades_money(trades)
+    return {
+        "offers": Offer.objects.filter(machine__provider_id=provider_id, reclaimable=True).exclude(state=OfferState.WITHDRAWN).count(),
+        "trades": len(trades), "gpu_hours": round(gpu_s / 3600, 3), "paid": sum(m.paid for m in money.values()),
+        "reclaims": Job.objects.filter(trade_id__in=trades, checkpoint__reclaimed=True).count(),
+    }
 
 
 def provider_earnings_series(provider_id: int, limit: int = 500) -> list[tuple[float, int]]:

@@ -148,7 +148,7 @@ def machine_register(*, user: User, name: str, region: Region, gpus: list[dict[s
 
 # --- offers ----------------------------------------------------------------------
 @transaction.atomic
-def offer_publish(*, user: User, machine: Machine, gpu_model: GpuModel, gpus: int, price: int, min_duration_s: int = 60, max_duration_s: int = 30 * 24 * 3600, available_from: datetime | None = None, available_until: datetime | None = None, spot_allowed: bool = True, reserved_only: bool = False) -> Offer:
+def offer_publish(*, user: User, machine: Machine, gpu_model: GpuModel, gpus: int, price: int, min_duration_s: int = 60, max_duration_s: int = 30 * 24 * 3600, available_from: datetime | None = None, available_until: datetime | None = None, spot_allowed: bool = True, reserved_only: bool = False, reclaimable: bool = False) -> Offer:
     provider = provider_for(user)
     if machine.provider_id != provider.pk:
         raise NotAllowed("That machine is not yours.")
@@ -159,13 +159,14 @@ def offer_publish(*, user: User, machine: Machine, gpu_model: GpuModel, gpus: in
         raise DomainError(f"Machine {machine.name!r} has {installed} x {gpu_model.id}; you offered {gpus}.", fields={"gpus": [f"At most {installed}."]})
     if reserved_only and spot_allowed:
         raise DomainError("A reserved-only offer cannot also allow spot.", fields={"spot_allowed": ["Set spot_allowed to false for reserved-only offers."]})
+    _lent_check(reclaimable=reclaimable, spot_allowed=spot_allowed)
     start = available_from or timezone.now()
     try:
         with transaction.atomic():
             offer = Offer.objects.create(
                 machine=machine, gpu_model=gpu_model, gpus=gpus, gpus_free=gpus, price=price,
                 min_duration_s=min_duration_s, max_duration_s=max_duration_s, available_from=start,
-                available_until=available_until, spot_allowed=spot_allowed, reserved_only=reserved_only,
+                available_until=available_until, spot_allowed=spot_allowed, reserved_only=reserved_only, reclaimable=reclaimable,
             )
     except IntegrityError:
         raise Conflict(
@@ -200,6 +201,7 @@ def offer_update(*, user: User, offer: Offer, **changes: Any) -> Offer:
         setattr(offer, key, value)
     if offer.reserved_only and offer.spot_allowed:
         raise DomainError("A reserved-only offer cannot also allow spot.", fields={"spot_allowed": ["Set spot_allowed to false for reserved-only offers."]})
+    _lent_check(reclaimable=offer.reclaimable, spot_allowed=offer.spot_allowed)
     if offer.max_duration_s < offer.min_duration_s:
         raise DomainError("max_duration_s is below min_duration_s.", fields={"max_duration_s": ["Must be at least min_duration_s."]})
     offer.save()
@@ -208,6 +210,12 @@ def offer_update(*, user: User, offer: Offer, **changes: Any) -> Offer:
     offer_change_record(actor=user, offer=offer, before=before)
     announce(BookChanged(gpu_model=offer.gpu_model_id, region=offer.machine.region_id))
     return offer
+
+
+def _lent_check(*, reclaimable: bool, spot_allowed: bool) -> None:
+    if reclaimable and not spot_allowed:
+        raise DomainError("A reclaimable offer sells to spot bids only, so it must allow spot.",
+                          fields={"spot_allowed": ["Set spot_allowed to true (and reserved_only to false) for a reclaimable offer."]})
 
 
 @transaction.atomic

@@ -237,7 +237,7 @@ class OfferSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Offer
-        fields = ["id", "machine", "provider", "region", "gpu_model", "gpus", "gpus_free", "price", "min_duration_s", "max_duration_s", "available_from", "available_until", "spot_allowed", "reserved_only", "state", "paused_by", "reliability", "memory_gib", "compute_units", "price_per_compute_unit", "runs_containers", "publishes_ports", "host", "created_at", "updated_at"]
+        fields = ["id", "machine", "provider", "region", "gpu_model", "gpus", "gpus_free", "price", "min_duration_s", "max_duration_s", "available_from", "available_until", "spot_allowed", "reserved_only", "reclaimable", "state", "paused_by", "reliability", "memory_gib", "compute_units", "price_per_compute_unit", "runs_containers", "publishes_ports", "host", "created_at", "updated_at"]
 
     @extend_schema_field(serializers.FloatField())
     def get_price_per_compute_unit(self, offer: Offer) -> float:
@@ -268,6 +268,7 @@ class OfferCreateSerializer(serializers.Serializer):
     available_until = serializers.DateTimeField(required=False, allow_null=True)
     spot_allowed = serializers.BooleanField(default=True)
     reserved_only = serializers.BooleanField(default=False)
+    reclaimable = serializers.BooleanField(default=False, help_text="Lent: you take the GPUs back when you need them (POST /api/v1/offers/{id}/reclaim/); sold to spot bids only")
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         errors: dict[str, str] = {}
@@ -289,6 +290,7 @@ class OfferUpdateSerializer(serializers.Serializer):
     available_until = serializers.DateTimeField(required=False, allow_null=True)
     spot_allowed = serializers.BooleanField(required=False)
     reserved_only = serializers.BooleanField(required=False)
+    reclaimable = serializers.BooleanField(required=False)
     state = serializers.ChoiceField(choices=[OfferState.OPEN, OfferState.PAUSED], required=False)
 
 

@@ -38,6 +38,7 @@ from market.jobs import (
     job_preempt_request,
     job_stop_recorded,
     job_telemetry,
+    offer_reclaim,
 )
 from market.models import (
     ApiToken,
@@ -238,7 +239,7 @@ class OfferViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     filterset_class = OfferFilter
     ordering_fields = ["price", "id", "gpus_free", "created_at"]
     public_read = True
-    scopes = {"create": Scope.PROVIDE, "partial_update": Scope.PROVIDE, "withdraw": Scope.PROVIDE}
+    scopes = {"create": Scope.PROVIDE, "partial_update": Scope.PROVIDE, "withdraw": Scope.PROVIDE, "reclaim": Scope.PROVIDE}
     http_method_names = ["get", "post", "patch", "head", "options"]
 
     def get_queryset(self) -> Any:
@@ -267,6 +268,15 @@ class OfferViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     def withdraw(self, request: Request, pk: str) -> Response:
         offer = get_object_or_404(selectors.offers_owned(request.user, operator=is_operator(request)), pk=pk)
         return Response(s.OfferSerializer(services.offer_withdraw(user=request.user, offer=offer)).data)
+
+    @extend_schema(request=None, responses=inline_serializer("OfferReclaimed", {
+        "offer": s.OfferSerializer(), "preempted_jobs": serializers.ListField(child=serializers.IntegerField(), help_text="The spot jobs told to checkpoint and stop")}))
+    @action(detail=True, methods=["post"])
+    def reclaim(self, request: Request, pk: str) -> Response:
+        """Take a lent (reclaimable) offer's GPUs back: it pauses until you reopen it (PATCH state open), and its spot jobs checkpoint and resume elsewhere."""
+        offer = get_object_or_404(selectors.offers_owned(request.user, operator=False), pk=pk)
+        offer, told = offer_reclaim(user=request.user, offer=offer)
+        return Response({"offer": s.OfferSerializer(offer).data, "preempted_jobs": told})
 
 
 # ledger/wallet.py's Conflict: only a buyer who linked a wallet signs its own orders

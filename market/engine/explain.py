@@ -120,7 +120,8 @@ class Explainer:
                            np.minimum(mkt.o_max_dur[offs], mkt.o_until[offs] - mkt.now), -1)
         f_time = (dur < mkt.o_min_dur[offs][None, :]) | (dur > longest[None, :])
         resv = mkt.o_resv[offs]
-        by_class = np.stack([np.zeros(len(offs), dtype=np.bool_), resv, resv | ~mkt.o_spot[offs]])
+        lent = mkt.o_spotonly[offs]
+        by_class = np.stack([lent, resv | lent, resv | ~mkt.o_spot[offs]])
         f_class = by_class[mkt.b_klass[bs]]
         f_gpus = mkt.b_same[bs][:, None] & (mkt.o_gpus[offs][None, :] < mkt.b_gpus[bs][:, None])
         f_rel = mkt.o_rel[offs][None, :] < mkt.b_minrel[bs][:, None]
@@ -314,6 +315,8 @@ class Explainer:
             what = "are reserved-only" if bid.klass != "reserved" else "do not allow spot"
             if bid.klass == "spot":
                 what = "do not take spot bids or are reserved-only"
+            elif off.spot_only:
+                what = "are lent by owners who take them back when they need them (spot bids only)"
             text = f"{_plural(n, 'offer')} in {where} {what}"
         return text, self._describe(o)
 

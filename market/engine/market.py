@@ -126,6 +126,7 @@ class Market:
     o_max_dur: I64
     o_spot: BoolA
     o_resv: BoolA
+    o_spotonly: BoolA  # lent: spot bids only
     o_cont: BoolA  # runs container images
     o_ports: BoolA  # publishes ports
     o_host: I64  # offers x 4: CUDA, RAM GiB, disk GB, download Mbit/s (HOST_COLUMNS)
@@ -183,6 +184,7 @@ class Market:
             and self.o_from[o] <= self.now
             and self.o_until[o] >= self.now + dur
             and (not self.o_resv[o] or k == 0)
+            and (not self.o_spotonly[o] or k == 2)
             and (k != 2 or self.o_spot[o])
             and (self.o_cont[o] or not self.b_cont[b])
             and (self.o_ports[o] or not self.b_ports[b])
@@ -236,6 +238,7 @@ def build_market(inp: RoundInput) -> Market:
         o_max_dur=ia([o.max_duration_s for o in offers]),
         o_spot=np.asarray([o.spot_allowed for o in offers], dtype=np.bool_).reshape(-1),
         o_resv=np.asarray([o.reserved_only for o in offers], dtype=np.bool_).reshape(-1),
+        o_spotonly=np.asarray([o.spot_only for o in offers], dtype=np.bool_).reshape(-1),
         o_cont=np.asarray([o.containers for o in offers], dtype=np.bool_).reshape(-1),
         o_ports=np.asarray([o.ports for o in offers], dtype=np.bool_).reshape(-1),
         o_host=np.asarray([[o.cuda, o.ram_gib, o.disk_gb, o.net_down_mbps] for o in offers], dtype=np.int64).reshape(-1, len(HOST_COLUMNS)),
@@ -387,6 +390,7 @@ def pair_values(mkt: Market, bids: I64, offs: I64) -> tuple[F64, BoolA]:
     ok &= mkt.o_until[offs][None, :] >= mkt.now + dur
     klass = mkt.b_klass[bc]
     ok &= ~mkt.o_resv[offs][None, :] | (klass == 0)
+    ok &= ~mkt.o_spotonly[offs][None, :] | (klass == 2)
     ok &= (klass != 2) | mkt.o_spot[offs][None, :]
     ok &= mkt.o_cont[offs][None, :] | ~mkt.b_cont[bc]
     ok &= mkt.o_ports[offs][None, :] | ~mkt.b_ports[bc]

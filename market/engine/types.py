@@ -98,6 +98,9 @@ class Offer:
     # runtime), and jobs that publish ports or SSH (a container runtime and a public host)
     containers: bool = True
     ports: bool = True
+    # lent by an owner who takes it back when it needs it (issue 31, tides): sold to spot
+    # bids only, whose jobs it preempts when it does
+    spot_only: bool = False
     # the machine's host as its agent reports it (issue 32); 0 = not reported, which meets no
     # bid's minimum: the CUDA version its driver supports (major x 100 + minor: 12.4 is
     # 1204), RAM, free disk for jobs, and measured download bandwidth

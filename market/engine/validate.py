@@ -250,6 +250,7 @@ def _offer_ok(o: Offer, models: set[str], regions: set[str]) -> bool:
         and type(o.reserved_only) is bool
         and type(o.containers) is bool
         and type(o.ports) is bool
+        and type(o.spot_only) is bool
         and _i(o.cuda, 0, MAX_CUDA)
         and _i(o.ram_gib, 0, MAX_HOST)
         and _i(o.disk_gb, 0, MAX_HOST)
@@ -326,6 +327,7 @@ def _offer(p: str, o: Offer, models: set[str], regions: set[str]) -> None:
     _bool(f"{p}.reserved_only", o.reserved_only)
     _bool(f"{p}.containers", o.containers)
     _bool(f"{p}.ports", o.ports)
+    _bool(f"{p}.spot_only", o.spot_only)
     _int(f"{p}.cuda", o.cuda, 0, MAX_CUDA)
     for name in HOST_FIELDS:
         _int(f"{p}.{name}", getattr(o, name), 0, MAX_HOST)

@@ -642,6 +642,7 @@ def provider_dashboard(request: HttpRequest) -> HttpResponse:
     return render(request, "market/provider.html", {
         "provider": provider, "machines": machines, "online": sum(m["state"] == "online" for m in machines), "offers": offers,
         "sales": selectors.provider_sales(provider.pk), "totals": selectors.provider_totals(provider.pk), "charts": charts,
+        "lent": selectors.provider_lent(provider.pk),
     })
 
 

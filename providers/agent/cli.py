@@ -21,6 +21,7 @@ COMMANDS = {
     "faucet": "Dev chain only: get test tokens and gas for the stake.",
     "register": "Register this machine and the provider's keys with the market.",
     "price": "Set pricing per GPU model and publish offers.",
+    "reclaim": "Take lent GPUs back (their spot jobs checkpoint and move), or lend them again.",
     "run": "Run the daemon: heartbeats, assignments, jobs, receipts.",
     "status": "Show the agent, machine and job status.",
     "jobs": "List jobs, show one, print its logs.",

@@ -111,6 +111,9 @@ class MarketClient:
     def offer_update(self, offer_id: int, changes: dict[str, Any]) -> dict[str, Any]:
         return self.request("PATCH", f"/api/v1/offers/{offer_id}/", json=changes)
 
+    def offer_reclaim(self, offer_id: int) -> dict[str, Any]:
+        return self.request("POST", f"/api/v1/offers/{offer_id}/reclaim/")
+
     def offer_withdraw(self, offer_id: int) -> dict[str, Any]:
         return self.request("POST", f"/api/v1/offers/{offer_id}/withdraw/")
 

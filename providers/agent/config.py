@@ -38,6 +38,7 @@ class PricingRule:
     min_duration_s: int = 60
     max_duration_s: int = 30 * 24 * 3600
     spot_allowed: bool = True
+    reclaimable: bool = False  # lent: sold to spot bids only, taken back with `gridbid-agent reclaim`
 
 
 @dataclass

@@ -51,6 +51,8 @@ def validate_rule(rule: PricingRule) -> PricingRule:
         raise PricingError(f"{rule.gpu_model}: premium must be >= 0 and exponent > 0")
     if not 60 <= rule.min_duration_s <= rule.max_duration_s:
         raise PricingError(f"{rule.gpu_model}: need 60 <= min_duration_s <= max_duration_s")
+    if rule.reclaimable and not rule.spot_allowed:
+        raise PricingError(f"{rule.gpu_model}: lent GPUs (--lend) sell to spot bids only, so they must allow spot (drop --no-spot)")
     return rule
 
 
@@ -104,12 +106,14 @@ def plan_offers(rules: Iterable[PricingRule], installed: Mapping[str, int], offe
             "min_duration_s": rule.min_duration_s,
             "max_duration_s": rule.max_duration_s,
             "spot_allowed": rule.spot_allowed,
+            "reclaimable": rule.reclaimable,
         }
         offer = live.get(model)
         if offer is None:
             actions.append(OfferAction("publish", model, None, {"gpus": count, **terms}))
             continue
-        changes = {k: v for k, v in terms.items() if offer.get(k) != v}
+        # a market that predates lending says nothing of it: not lent
+        changes = {k: v for k, v in terms.items() if offer.get(k, False if k == "reclaimable" else None) != v}
         if int(offer["gpus"]) != count:
             changes["gpus"] = count
         if changes:

@@ -562,3 +562,29 @@ def test_a_round_preempts_a_spot_job_for_an_on_demand_bid_it_resumes_on_another_
             assert settlement["paid"] + settlement["refund"] == trade["amount"], settlement
     finally:
         stop_daemons(daemons)
+
+
+def test_an_agent_lends_its_gpus_takes_them_back_and_lends_them_again(server, tmp_path):
+    # issue 31, tides: `price set --lend` publishes a lent offer (spot bids only);
+    # `reclaim` takes it back (paused: no round sells it), `reclaim --release` lends it again
+    tokens = make_tokens(SERVER_ENV, lender=("provider", ("read", "provide")))
+    home, machine = join_market(server, tmp_path, "lender", tokens["lender"], region="us-west", price="1.00", gpu=("NVIDIA L4", 23034, "L4-24GB"))
+    r = agent(home, "price", "set", "L4-24GB", "--fixed", "0.80", "--lend", "--no-spot")
+    assert r.returncode == 2 and "must allow spot" in flat(r.stderr), r.stderr
+    r = agent(home, "price", "set", "L4-24GB", "--fixed", "0.80", "--lend")
+    assert r.returncode == 0, r.stderr + r.stdout
+    auth = {"Authorization": f"Bearer {tokens['lender']}"}
+
+    def offer() -> dict[str, Any]:
+        (o,) = [o for o in httpx.get(f"{server}/api/v1/offers/", headers=auth, params={"machine": machine}).json()["results"] if o["state"] != "withdrawn"]
+        return o
+
+    assert (offer()["reclaimable"], offer()["price"], offer()["state"]) == (True, 800_000, "open")
+    r = agent(home, "reclaim")
+    assert r.returncode == 0 and "taken back: no spot job was on it" in flat(r.stdout), r.stderr + r.stdout
+    assert (offer()["state"], offer()["paused_by"]) == ("paused", "reclaimed")
+    r = agent(home, "reclaim", "--release")
+    assert r.returncode == 0 and "is lent again" in flat(r.stdout), r.stderr + r.stdout
+    assert offer()["state"] == "open"
+    r = agent(home, "reclaim", "H100-SXM-80GB")
+    assert r.returncode == 2 and "No lent H100-SXM-80GB offer" in flat(r.stderr), r.stderr

@@ -631,3 +631,48 @@ def test_a_bid_may_shorten_the_preemption_grace_but_not_lengthen_it(buyer, clien
     assert r.status_code == 400 and "At most 30 s" in str(r.json()["error"]["fields"]["preempt_grace_s"]), r.content
     assert api.post("/api/v1/quote/", bid_body(klass="spot", preempt_grace_s=0), format="json").status_code == 400
     assert api.post("/api/v1/quote/", bid_body(klass="spot", preempt_grace_s=10), format="json").status_code == 200
+
+
+def test_a_lent_offer_sells_to_spot_only_and_its_owner_takes_it_back(provider_user, other_provider_user, buyer, make_offer, make_bid, client_for):
+    # issue 31, tides: GPUs lent while their owner does not need them (reclaimable) sell as
+    # spot only, and reclaiming them preempts the spot jobs on them
+    from market.models import Bid, Job, Offer, Trade
+    from market.rounds import round_clear
+
+    provider = client_for(provider_user)
+    plain = make_offer(provider_user, model="A10-24GB", count=2, price=1_000_000)
+    r = provider.patch(f"/api/v1/offers/{plain.pk}/", {"reclaimable": True, "spot_allowed": False}, format="json")
+    assert r.status_code == 400 and "spot_allowed" in r.json()["error"]["fields"], r.content
+    assert provider.post(f"/api/v1/offers/{plain.pk}/reclaim/").status_code == 409, "only a lent offer is reclaimed"
+    r = provider.patch(f"/api/v1/offers/{plain.pk}/", {"reclaimable": True}, format="json")
+    assert r.status_code == 200 and r.json()["reclaimable"] is True
+    urgent = make_bid(buyer, gpus=1, gpu_models=["A10-24GB"], max_price=3_000_000, klass="on_demand")
+    spot = make_bid(buyer, gpus=2, gpu_models=["A10-24GB"], max_price=2_000_000, klass="spot")
+    round_clear(slot=41_000_031)
+    assert not Trade.objects.filter(bid=urgent).exists() and "lent by owners" in str(Bid.objects.get(pk=urgent.pk).explanation)
+    job = Job.objects.get(trade__bid=spot)
+    assert post_event(provider, job, event="started").status_code == 200
+    assert client_for(other_provider_user).post(f"/api/v1/offers/{plain.pk}/reclaim/").status_code == 404
+
+    r = provider.post(f"/api/v1/offers/{plain.pk}/reclaim/")
+    assert r.status_code == 200, r.content
+    assert r.json()["preempted_jobs"] == [job.pk] and (r.json()["offer"]["state"], r.json()["offer"]["paused_by"]) == ("paused", "reclaimed")
+    job.refresh_from_db()
+    assert job.checkpoint["preempt_requested"] and "reclaimed by its owner" in job.checkpoint["preempt_reason"]
+    (a,) = provider.get(f"/api/v1/agent/machines/{plain.machine_id}/assignments/").json()["assignments"]
+    assert a["preempt"] is True
+    assert provider.post(f"/api/v1/offers/{plain.pk}/reclaim/").json()["preempted_jobs"] == [], "once"
+    assert post_event(provider, job, event="preempted", gpu_seconds=20).status_code == 200
+    late = make_bid(buyer, gpus=1, gpu_models=["A10-24GB"], max_price=2_000_000, klass="spot")
+    round_clear(slot=41_000_032)
+    assert not Trade.objects.filter(bid=late).exists(), "not sold while its owner has it"
+    assert provider.patch(f"/api/v1/offers/{plain.pk}/", {"state": "open"}, format="json").status_code == 200
+    round_clear(slot=41_000_033)
+    assert Trade.objects.get(bid=late).offer_id == plain.pk and Offer.objects.get(pk=plain.pk).state == "open"
+    # the provider sees what its lent GPUs did
+    from django.test import Client
+
+    web = Client()
+    web.force_login(provider_user)
+    page = web.get("/provider/").content.decode()
+    assert "0.006</b> GPU-hours sold in 2 spot trades" in page and "taken back from 1 running job" in page, page[page.find('id="lent"'):][:600]

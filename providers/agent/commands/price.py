@@ -19,9 +19,10 @@ def command() -> None:
 @option("--min-duration", type=int, default=60, show_default=True, help="Seconds.")
 @option("--max-duration", type=int, default=30 * 24 * 3600, show_default=True, help="Seconds.")
 @option("--spot/--no-spot", default=True, show_default=True, help="Allow spot (preemptible) bids.")
+@option("--lend/--no-lend", default=False, show_default=True, help="Lend the GPUs while you do not need them: sold to spot bids only, taken back with `gridbid-agent reclaim`.")
 @option("--publish/--no-publish", default=True, show_default=True, help="Publish the offers now.")
 @click.pass_context
-def set_(ctx: click.Context, gpu_model: str, fixed: str | None, floor: str | None, premium: str, exponent: float, min_duration: int, max_duration: int, spot: bool, publish: bool) -> None:
+def set_(ctx: click.Context, gpu_model: str, fixed: str | None, floor: str | None, premium: str, exponent: float, min_duration: int, max_duration: int, spot: bool, lend: bool, publish: bool) -> None:
     """Set the pricing rule for GPU_MODEL (a catalogue id)."""
     from providers import catalogue
     from providers.agent.commands import home_of, load
@@ -34,9 +35,9 @@ def set_(ctx: click.Context, gpu_model: str, fixed: str | None, floor: str | Non
         fail("Give either --fixed PRICE or --floor PRICE [--premium AMOUNT].", 2)
     try:
         if fixed is not None:
-            rule = PricingRule(gpu_model, "fixed", parse_amount(fixed), 0, 1.0, min_duration, max_duration, spot)
+            rule = PricingRule(gpu_model, "fixed", parse_amount(fixed), 0, 1.0, min_duration, max_duration, spot, lend)
         else:
-            rule = PricingRule(gpu_model, "utilisation", parse_amount(floor), parse_amount(premium), exponent, min_duration, max_duration, spot)  # type: ignore[arg-type]
+            rule = PricingRule(gpu_model, "utilisation", parse_amount(floor), parse_amount(premium), exponent, min_duration, max_duration, spot, lend)  # type: ignore[arg-type]
         validate_rule(rule)
     except PricingError as exc:
         fail(str(exc), 2)

@@ -45,6 +45,8 @@ def test_a_plain_bid_matches_a_plain_offer() -> None:
         ({"disk_gb": 99}, {"min_disk_gb": 100}),
         ({"net_down_mbps": 500}, {"min_net_down_mbps": 1000}),
         ({}, {"min_cuda": 1100}),
+        ({"spot_only": True}, {"klass": "on_demand"}),
+        ({"spot_only": True}, {"klass": "reserved"}),
     ],
     ids=[
         "model-not-allowed", "memory-too-small", "compute-too-small", "wrong-vendor",
@@ -53,6 +55,7 @@ def test_a_plain_bid_matches_a_plain_offer() -> None:
         "reserved-only-offer", "spot-not-allowed", "deadline-too-soon",
         "image-on-a-process-machine", "ports-without-a-public-host", "ports-on-a-process-machine",
         "cuda-too-old", "ram-too-small", "disk-too-small", "download-too-slow", "host-not-reported",
+        "lent-offer-on-demand", "lent-offer-reserved",
     ],
 )
 def test_bid_failing_one_hard_constraint_is_not_matched(o: dict[str, Any], b: dict[str, Any]) -> None:
@@ -132,3 +135,12 @@ def test_a_bad_host_on_an_offer_is_refused_by_name() -> None:
     with pytest.raises(EngineInputError) as err:
         clear_round(round_of([offer(1, cuda=-4)], [bid(1)]))
     assert err.value.field == "offers[0].cuda"
+
+
+def test_a_lent_offer_sells_to_spot_only_and_says_so() -> None:
+    # issue 31, tides: an owner's GPUs lent while it does not need them go to spot bids alone
+    lent = offer(1, ask=1_000_000, spot_only=True)
+    res = clear_round(round_of([lent], [bid(1, klass="on_demand"), bid(2, klass="spot")]))
+    assert [(t.bid_id, t.offer_id) for t in res.trades] == [(2, 1)]
+    why = " ".join(res.unmatched[0].reasons)
+    assert "lent by owners who take them back" in why, why
