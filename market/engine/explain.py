@@ -15,6 +15,7 @@ lost on competition (or the fair-share cap), and it says so.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -326,12 +327,20 @@ def cuda_text(code: int) -> str:
     return f"{code // 100}.{code % 100}"
 
 
-_HOST_FORMATS = (
-    cuda_text,
-    lambda v: f"{v:,} GiB",
-    lambda v: f"{v:,} GB",
-    lambda v: f"{v:,} Mbit/s",
-)
+def _gib(v: int) -> str:
+    return f"{v:,} GiB"
+
+
+def _gb(v: int) -> str:
+    return f"{v:,} GB"
+
+
+def _mbps(v: int) -> str:
+    return f"{v:,} Mbit/s"
+
+
+# how each host column (market.HOST_COLUMNS) reads in an explanation
+_HOST_FORMATS: tuple[Callable[[int], str], ...] = (cuda_text, _gib, _gb, _mbps)
 
 
 def trade_reason(mkt: Market, b: int, o: int, rank_of: int, score: int) -> str:
