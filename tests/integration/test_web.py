@@ -429,6 +429,9 @@ def test_offers_show_their_host_filter_on_it_and_rent_this_carries_the_filters_i
     page = Client().get("/offers/?gpu_model=A100-SXM-80GB").content.decode()
     assert "CUDA 12.4 · 512 GiB RAM · 1.8 TB free · ↓9.4 Gbit/s ↑4.7 Gbit/s" in page, page
     assert "CUDA 11.8 · 128 GiB RAM · 80 GB free · ↓900 Mbit/s ↑450 Mbit/s" in page and "Xeon Gold 6448Y" in page and "all pairs nvlink" in page
+    assert "lent: spot bids only" not in page
+    type(old).objects.filter(pk=old.pk).update(reclaimable=True)
+    assert page.count("lent: spot bids only") == 0 and Client().get("/offers/?gpu_model=A100-SXM-80GB").content.decode().count("lent: spot bids only") == 1
     page = Client().get("/offers/?gpu_model=A100-SXM-80GB&min_cuda=12&min_disk_gb=100").content.decode()
     assert f"?offer={new.pk}&amp;min_cuda=12&amp;min_disk_gb=100" in page and f"?offer={old.pk}" not in page
     bad = Client().get("/offers/?min_cuda=twelve")
