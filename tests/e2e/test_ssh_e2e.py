@@ -2,8 +2,8 @@
 processes. A buyer with real escrow on the dev chain adds an SSH key and bids for a job
 that publishes ports.
 
-- On an agent that runs the process runtime the job is refused, and the buyer reads why
-  on the job; its GPUs go back on the market.
+- An agent that runs the process runtime says so with each heartbeat, and no round
+  matches it the job: the bid waits, saying why, and its GPUs are never taken.
 - On an agent with a working docker (or podman) the container runs with its ports
   published and the buyer reaches them at the job's access. That test needs a container
   engine that can run GPU containers and an image already present
@@ -62,26 +62,39 @@ def the_job(server: str, auth: dict[str, str], bid_id: int) -> dict | None:
     return jobs[0] if jobs else None
 
 
-def test_a_process_runtime_agent_refuses_a_job_with_ports_and_its_buyer_reads_why(server, tmp_path):
+def test_a_process_runtime_agent_is_never_matched_a_job_with_ports_and_its_buyer_reads_why(server, tmp_path):
+    # Its heartbeat says it runs jobs as processes (issue 32): no round matches it a job that
+    # publishes ports or SSH, which waits in the book saying why. (Before, the agent took the
+    # trade and refused it; that was also how this test passed whenever the first round
+    # cleared before the first heartbeat. The agent still refuses one that reaches it:
+    # tests/unit/agent/test_ports_runtime.py, tests/integration/test_ssh_ports.py.)
     tokens = make_tokens(SERVER_ENV, plainrack=("provider", ("read", "provide")))
     home, machine = join_market(server, tmp_path, "plainrack", tokens["plainrack"], region="eu-west", price="1.50")
     auth, _ = buyer_with_key(server, tmp_path, "porter")
+    provider = {"Authorization": f"Bearer {tokens['plainrack']}"}
 
     r = bid(server, auth, {"command": ["python", "-m", "http.server", "8888"], "ports": [8888]}, "eu-west")
     assert r.status_code == 400 and "Ports need a container image" in r.text, r.text
 
     daemons = [start_daemon(home, seconds=120)]
     try:
+        logs = lambda: (home / "daemon.log").read_text()[-3000:]  # noqa: E731
+        host = wait_for("the agent's heartbeat saying what it runs", lambda: (m := httpx.get(f"{server}/api/v1/machines/{machine}/", headers=provider).json())["host"]["runtime"] and m,
+                        seconds=30, logs=logs)
+        assert (host["host"]["runtime"], host["runs_containers"], host["publishes_ports"]) == ("process", False, False), host
         r = bid(server, auth, {"image": "ghcr.io/acme/dev:1", "command": ["/usr/sbin/sshd", "-D", "-e"], "ssh": True, "ports": [8888]}, "eu-west")
         assert r.status_code == 201, r.text
-        logs = lambda: (home / "daemon.log").read_text()[-3000:]  # noqa: E731
-        job = wait_for("the job refused", lambda: (j := the_job(server, auth, r.json()["id"])) and j["state"] == "failed" and j, seconds=90, logs=logs)
-        reason = job["checkpoint"]["reason"]
-        assert "refused by the provider's agent" in reason and "process runtime, which cannot publish ports" in reason and "22, 8888" in reason, reason
-        assert job["access"] is None and job["machine"] == machine
-        assert "refused" in logs()
+        placed = r.json()
+
+        def explained() -> object:
+            b = httpx.get(f"{server}/api/v1/bids/{placed['id']}/", headers=auth).json()
+            return b if "cannot publish ports" in " ".join((b.get("explanation") or {}).get("reasons") or []) else None
+
+        waiting = wait_for("the bid unmatched, saying why", explained, seconds=60, logs=logs)
+        assert waiting["state"] == "open" and the_job(server, auth, placed["id"]) is None, "never matched, so never refused"
+        assert httpx.post(f"{server}/api/v1/bids/{placed['id']}/cancel/", headers=auth).status_code == 200
         offer = httpx.get(f"{server}/api/v1/offers/", params={"machine": machine}).json()["results"][0]
-        assert offer["gpus_free"] == offer["gpus"] == 2, "its GPUs are back on the market"
+        assert offer["gpus_free"] == offer["gpus"] == 2, "its GPUs were never taken"
     finally:
         stop_daemons(daemons)
 
