@@ -236,13 +236,16 @@ def offer_reclaim(*, user: User, offer: Offer) -> tuple[Offer, list[int]]:
                        fields={"reclaimable": ["Publish the offer with reclaimable: true to lend it."]})
     if offer.state == OfferState.WITHDRAWN:
         raise Conflict("This offer was withdrawn; nothing of it is sold.")
-    if offer.state == OfferState.OPEN:
-        states.advance("offer", offer, OfferState.PAUSED)
+    if offer.state == OfferState.OPEN or offer.paused_by != "reclaimed":
+        # paused for another reason (its machine went quiet): reclaimed now, so that its next
+        # heartbeat does not reopen it; only its provider does
+        if offer.state == OfferState.OPEN:
+            states.advance("offer", offer, OfferState.PAUSED)
         offer.paused_by = "reclaimed"
         offer.save(update_fields=["state", "paused_by", "updated_at"])
         announce(BookChanged(gpu_model=offer.gpu_model_id, region=offer.machine.region_id))
     told = []
-    for job in Job.objects.filter(trade__offer=offer, trade__bid__klass="spot", state__in=ACTIVE_JOB_STATES).order_by("id"):
+    for job in Job.objects.filter(trade__offer=offer, trade__bid__klass="spot", trade__extends__isnull=True, state__in=ACTIVE_JOB_STATES).order_by("id"):
         if (job.checkpoint or {}).get("preempt_requested"):
             continue
         job_preempt_request(job=job, reason="reclaimed by its owner, who lent these GPUs and needs them back", by={"reclaimed": True})
@@ -259,7 +262,7 @@ def round_preempt(*, round_number: int, preemptions: tuple[Any, ...]) -> list[in
     running, or told already, is left alone. Returns the jobs told."""
     told = []
     for p in preemptions:
-        job = Job.objects.filter(trade_id=p.trade_id, trade__bid__klass="spot", state__in=ACTIVE_JOB_STATES).first()
+        job = Job.objects.filter(trade_id=p.trade_id, trade__bid__klass="spot", trade__extends__isnull=True, state__in=ACTIVE_JOB_STATES).first()
         if job is None or (job.checkpoint or {}).get("preempt_requested"):
             continue
         job_preempt_request(job=job, reason=f"preempted by round {round_number} for a higher-class bid: {p.reason}",
@@ -397,6 +400,10 @@ def job_event(*, user: User, job_id: int, event: str, at: int | None = None, pro
     target = EVENT_TARGET[event]
     if target == JobState.PREEMPTED and meta.get("stop_requested"):
         target = JobState.STOPPED  # the agent stops a job the same way either way; its buyer asked for this one
+    if checkpoint and str(checkpoint.get("url") or "").startswith(MARKET_SCHEME) and checkpoint["url"] != receipt_format.checkpoint_url(job.pk):
+        # the resuming agent fetches a market: URL with its own token: only this job's is one
+        raise DomainError(f"A checkpoint kept by the market is at {receipt_format.checkpoint_url(job.pk)}, not {str(checkpoint['url'])[:100]!r}.",
+                          fields={"checkpoint": ["Report this job's own market: URL, or a URL of the buyer's store."]})
     if checkpoint:
         meta["latest_checkpoint"] = checkpoint
         meta["checkpoints"] = [*meta.get("checkpoints", []), checkpoint][-20:]

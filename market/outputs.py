@@ -212,8 +212,9 @@ def output_open(*, user: User, job_id: int, path: str, operator: bool = False) -
     """One kept output file, opened for reading. 404 for anyone but its buyer (and operators)
     or a path the job does not have; 410 once it has expired. A preempted job's checkpoint
     is also for the provider whose machine runs the rest of the job from it."""
-    resuming = path == CHECKPOINT_OUTPUT and Job.objects.filter(
-        trade__provider__user=user, trade__bid__resume_from__trade=Job.objects.filter(pk=job_id).values("trade_id")[:1]).exists()
+    # (a JSON key compared with a plain number: PostgreSQL has no jsonb = bigint for a subquery)
+    trade_id = Job.objects.filter(pk=job_id).values_list("trade_id", flat=True).first() if path == CHECKPOINT_OUTPUT else None
+    resuming = trade_id is not None and Job.objects.filter(trade__provider__user=user, trade__bid__resume_from__trade=trade_id).exists()
     job = _buyers_job(user, job_id, operator=operator or resuming)
     output = job.outputs.filter(path=path).first()
     gone = f"The outputs of job {job_id} were kept for {int(ttl().total_seconds())} s after upload (OUTPUTS_TTL_S) and have been deleted."

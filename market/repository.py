@@ -116,7 +116,8 @@ def snapshot(*, now: datetime, extra_bids: tuple[engine.Bid, ...] = ()) -> engin
     running = tuple(
         engine.RunningJob(trade_id=t.pk, offer_id=t.offer_id, machine_id=t.offer.machine_id, gpus=t.gpus, klass=t.bid.klass, price=t.price,
                           stopping=bool((t.job.checkpoint or {}).get("preempt_requested")))
-        for t in Trade.objects.filter(bid__klass="spot", job__state__in=[JobState.ASSIGNED, JobState.RUNNING, JobState.CHECKPOINTED])
+        # an extension runs as its trade's job (its Job mirrors it): one unit, the trade it extends
+        for t in Trade.objects.filter(bid__klass="spot", extends__isnull=True, job__state__in=[JobState.ASSIGNED, JobState.RUNNING, JobState.CHECKPOINTED])
         .select_related("offer", "bid", "job").order_by("id")
     )
     # open offers spot jobs fill: nothing to clear on them, but what preempting would free

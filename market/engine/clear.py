@@ -464,6 +464,7 @@ def _preemptions(
     waiting = [b for b in waiting if pm.b_klass[b] < 2 and pm.b_same[b] and pm.b_deadline_ok[b]]
     waiting.sort(key=lambda b: (int(pm.b_klass[b]), -int(pm.b_maxp[b]), pm.bids[b].created_at, pm.bids[b].id))
     used: set[int] = set()
+    free_left: dict[int, int] = {}
     out: list[Preemption] = []
     for b in waiting:
         bid = pm.bids[b]
@@ -475,7 +476,7 @@ def _preemptions(
                 continue
             if not pm.offer_ok(b, o, check_gpus=False) or pm.value(b, o) <= 0:
                 continue
-            have = state.free[in_book[offer_id]] if offer_id in in_book else 0
+            have = free_left.get(offer_id, state.free[in_book[offer_id]] if offer_id in in_book else 0)
             take: list[RunningJob] = []
             for j in on:
                 if have >= bid.gpus:
@@ -491,6 +492,9 @@ def _preemptions(
         if best is None:
             continue
         o = index[best[2]]
+        # the free GPUs it counted are this bid's now: no other waiting bid counts them again
+        was = free_left.get(best[2], state.free[in_book[best[2]]] if best[2] in in_book else 0)
+        free_left[best[2]] = max(0, was - bid.gpus)
         for j in best[3]:
             used.add(j.trade_id)
             if j.stopping:

@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import re
 import sys
 import threading
 import time
@@ -32,6 +33,7 @@ from providers.agent.client import AuthFailed, MarketClient, Rejected, Transient
 from providers.agent.config import AgentConfig, write_private
 from providers.agent.host import host_facts
 from providers.agent.inputs import (
+    InputError,
     UploadError,
     fetch_inputs,
     pack_checkpoint,
@@ -407,7 +409,11 @@ class Agent:
             if resume:
                 url, headers = str(resume["url"]), None
                 if url.startswith(receipts.MARKET_SCHEME):  # kept by the market: fetched with our own token
-                    url, headers = self.config.market_url.rstrip("/") + url.removeprefix(receipts.MARKET_SCHEME), self.client.auth_headers()
+                    path = url.removeprefix(receipts.MARKET_SCHEME)
+                    # our token goes to our market alone: a path of exactly this shape, never a host
+                    if not re.fullmatch(r"/api/v1/jobs/[0-9]{1,18}/outputs/" + re.escape(receipts.CHECKPOINT_OUTPUT), path):
+                        raise InputError(f"the checkpoint's market: URL {url[:100]!r} is not a checkpoint kept by the market; not fetched")
+                    url, headers = self.config.market_url.rstrip("/") + path, self.client.auth_headers()
                 (archive,) = fetch_inputs([{"url": url, "sha256": resume["sha256"], "path": "checkpoint.tar"}], paths.root, headers=headers)
                 unpack_checkpoint(archive, paths.resume)
 

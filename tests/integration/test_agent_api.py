@@ -676,3 +676,58 @@ def test_a_lent_offer_sells_to_spot_only_and_its_owner_takes_it_back(provider_us
     web.force_login(provider_user)
     page = web.get("/provider/").content.decode()
     assert "0.006</b> GPU-hours sold in 2 spot trades" in page and "taken back from 1 running job" in page, page[page.find('id="lent"'):][:600]
+
+
+def test_an_extension_is_never_preempted_apart_from_the_job_it_extends(provider_user, buyer, make_job, make_bid):
+    # review: the extension's trade (a spot bid of its own, its Job mirroring the running one)
+    # was a second "running job" on the same GPUs, cheaper, so the round preempted it alone
+    from django.test import Client
+    from django.utils import timezone
+
+    from market import repository
+    from market.models import Bid, Trade
+    from market.rounds import round_clear
+    from tests.conftest import escrow_credit
+
+    job = make_job(provider_user, gpus=2, count=2, duration_s=3600)
+    Bid.objects.filter(pk=job.trade.bid_id).update(klass="spot")
+    from market.jobs import job_event
+
+    job_event(user=provider_user, job_id=job.pk, event="started")
+    escrow_credit(buyer, 10 * 10**6)
+    c = Client()
+    c.force_login(buyer)
+    assert c.post(f"/jobs/{job.pk}/extend/", {"hours": "1", "ask": job.trade.offer.price}).status_code == 302
+    assert Trade.objects.filter(extends=job.trade).exists()
+    assert [j.trade_id for j in repository.snapshot(now=timezone.now()).running] == [job.trade_id]
+    make_bid(buyer, gpus=2, gpu_models=[job.trade.gpu_model_id], max_price=job.trade.price * 3, klass="on_demand")
+    assert round_clear(slot=41_000_041).stats["preempted_jobs"] == [job.pk]
+
+
+def test_a_checkpoint_kept_by_the_market_is_read_by_whoever_resumes_it_and_its_url_is_its_own(provider_user, other_provider_user, buyer, make_job, client_for):
+    # review: the resuming provider's check compared a JSON key with a subquery (no jsonb =
+    # bigint on PostgreSQL); and a market: URL other than the job's own would have the
+    # resuming agent send its token wherever the rest of the text pointed
+    from django.core.files.base import ContentFile
+    from django.utils import timezone
+
+    from contracts.receipts import CHECKPOINT_OUTPUT, checkpoint_url
+    from market.models import Bid, JobOutput
+    from market.outputs import outputs_storage
+
+    job = make_job(provider_user, gpus=1)
+    agent = client_for(provider_user)
+    assert post_event(agent, job, event="started").status_code == 200
+    for bad in ("market:@evil.example/x", "market:.evil.example/x", checkpoint_url(job.pk + 1)):
+        r = post_event(agent, job, event="preempted", gpu_seconds=10, checkpoint={"size": 3, "sha256": "ab" * 32, "url": bad})
+        assert r.status_code == 400 and "checkpoint" in r.json()["error"]["fields"], (bad, r.content)
+    body = b"ckp"
+    name = outputs_storage().save(f"jobs/{job.pk}/{CHECKPOINT_OUTPUT}", ContentFile(body))
+    JobOutput.objects.create(job=job, path=CHECKPOINT_OUTPUT, size=3, sha256="ab" * 32, storage_name=name, expires_at=timezone.now() + timezone.timedelta(days=1))
+    url = f"/api/v1/jobs/{job.pk}/outputs/{CHECKPOINT_OUTPUT}"
+    assert client_for(other_provider_user).get(url).status_code == 404, "resumes nothing of it"
+    rest = make_job(other_provider_user, gpus=1)
+    Bid.objects.filter(pk=rest.trade.bid_id).update(resume_from={"url": checkpoint_url(job.pk), "sha256": "ab" * 32, "size": 3, "trade": job.trade_id})
+    r = client_for(other_provider_user).get(url)
+    assert r.status_code == 200 and b"".join(r.streaming_content) == body
+    assert client_for(buyer).get(url).status_code == 200, "the buyer reads it like any output"

@@ -342,3 +342,15 @@ def test_inputs_are_fetched_before_the_start_and_a_bad_digest_fails_the_job(tmp_
     assert market.kinds(131) == ["failed"]
     assert any("sha256" in body["reason"] for job, body in market.events if job == 131)
     assert not (tmp_path / "home/jobs/31/work/outputs/ran").exists()
+
+
+def test_a_resume_url_of_the_market_that_points_elsewhere_is_not_fetched_with_our_token(tmp_path, key):
+    # review: 'market:' + '@evil.example/x' glued to the market URL is a request to evil.example
+    # carrying this agent's bearer token; only this one shape of path is fetched
+    market = FakeMarket()
+    agent = make_agent(tmp_path / "home", market, key)
+    market.assignments_list = [assignment(32, "open('outputs/ran', 'w')", job=132, resume_from={"url": "market:@evil.example/x", "sha256": "ab" * 32, "size": 3, "trade": 9})]
+    run_until(agent, lambda: market.receipts)
+    assert market.kinds(132) == ["failed"]
+    assert any("not a checkpoint kept by the market" in body["reason"] for job, body in market.events if job == 132)
+    assert not (tmp_path / "home/jobs/32/work/outputs/ran").exists()

@@ -255,3 +255,12 @@ def test_screen_names_a_duplicate_by_its_place_in_the_input_after_a_set_aside() 
     with pytest.raises(EngineInputError) as err:
         screen(inp)
     assert err.value.field == "offers[2].id"
+
+
+def test_free_gpus_are_promised_to_one_waiting_bid_only() -> None:
+    # review: an offer with 1 GPU free and two 1-GPU spot jobs; two on-demand bids for 2 GPUs
+    # each both counted the free GPU, so both jobs were preempted though one bid fits
+    inp = dataclasses.replace(round_of([offer(1, gpus=1)], [bid(1, gpus=2, klass="on_demand"), bid(2, gpus=2, klass="on_demand")]),
+                              running=(spot(101, 1, 1), spot(102, 1, 1)))
+    res = clear_round(inp)
+    assert len(res.preemptions) == 1, res.preemptions
