@@ -98,6 +98,12 @@ def job_telemetry(job: Job) -> list[list[float]]:
     return list(kept) if kept else job_telemetry_live(job.pk)
 
 
+def preempt_grace(bid: Bid) -> int:
+    """Seconds a preempted job of this bid has to checkpoint: PREEMPT_GRACE_S, or less where the bid asks."""
+    most = int(settings.GRIDBID["PREEMPT_GRACE_S"])
+    return min(most, bid.preempt_grace_s or most)
+
+
 def job_preemption(job: Job) -> dict[str, Any] | None:
     """What preempted the job, for its buyer: when it was told and why (the round and the bid
     it made room for), its grace, the checkpoint it left, the GPU-seconds run since that
@@ -106,7 +112,6 @@ def job_preemption(job: Job) -> dict[str, Any] | None:
     meta = job.checkpoint or {}
     if not meta.get("preempt_requested") or meta.get("stop_requested"):
         return None
-    most = settings.GRIDBID["PREEMPT_GRACE_S"]
     resumed = None
     follow = meta.get("continued_by_bid")
     if follow:
@@ -115,7 +120,7 @@ def job_preemption(job: Job) -> dict[str, Any] | None:
                    "machine": part.trade.offer.machine.name if part else None, "region": part.trade.region_id if part else None}
     return {
         "requested_at": meta.get("preempt_requested_at"), "reason": meta.get("preempt_reason", ""), "round": meta.get("preempted_by_round"),
-        "for_bid": meta.get("preempted_for_bid"), "grace_s": min(most, job.trade.bid.preempt_grace_s or most),
+        "for_bid": meta.get("preempted_for_bid"), "grace_s": preempt_grace(job.trade.bid),
         "stopped_at": job.ended_at.isoformat() if job.ended_at and job.state == JobState.PREEMPTED else None,
         "checkpoint": meta.get("latest_checkpoint") if job.state == JobState.PREEMPTED else None,
         "lost_gpu_seconds": meta.get("lost_gpu_seconds"), "resumed": resumed,
@@ -173,7 +178,7 @@ def machine_assignments(*, user: User, machine_id: int) -> list[dict[str, Any]]:
             "buyer_address": buyer_address(trade.buyer),
             "preempt": bool(meta.get("preempt_requested")),
             # seconds the job has to checkpoint once signalled: the market's, or less if its bid asks
-            "grace_s": min(settings.GRIDBID["PREEMPT_GRACE_S"], trade.bid.preempt_grace_s or settings.GRIDBID["PREEMPT_GRACE_S"]),
+            "grace_s": preempt_grace(trade.bid),
             "resume_from": meta.get("resume_from"),
             # read when the agent takes the job: keys added or removed since the bid count
             "ssh_keys": authorized_keys(trade.buyer) if spec.get("ssh") else [],

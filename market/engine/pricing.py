@@ -100,11 +100,12 @@ import numpy as np
 
 from .assign import Part
 from .market import I64, Market, pair_scores
+from .types import CLASSES
 
 SERVABLE_CHUNK = 64  # losing bids checked at once, highest max price first
 
 
-SPOT_CLASS = 2  # CLASSES.index("spot")
+SPOT_CLASS = CLASSES.index("spot")
 
 
 @dataclass(frozen=True)
