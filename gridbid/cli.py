@@ -237,14 +237,18 @@ def chain_deploy() -> None:
                    "gridbid lends what it does not need to spot pods and preempts them when the tide rises.")
 @click.option("--checkpoint-s", type=click.FloatRange(1, 86400), default=1800.0, show_default=True,
               help="How often a spot pod checkpoints: a preempted pod loses the work since its last one.")
+@click.option("--grace-s", type=click.FloatRange(0, 3600), default=30.0, show_default=True,
+              help="Seconds a preempted pod takes to write its checkpoint before the service has its GPUs (PREEMPT_GRACE_S).")
+@click.option("--spot-qos", default="BE", show_default=True,
+              help="Comma-separated QoS classes whose pods run as spot (preemptible): BE, Burstable.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds regions, teams and the capacity search.")
 @click.option("--teams", type=click.IntRange(1, 64), default=12, show_default=True, help="Teams the static policies split the cluster into.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="The report folder: summary.json, report.html and the charts as PNG. "
                    "Default: $GRIDBID_DATA_DIR/simulate, which the operator page links.")
 def simulate(trace_name: str, pods: Path | None, nodes: Path | None, days: float | None, start: float | None,
-             load: float | None, policies: str | None, inference_share: float, checkpoint_s: float, seed: int, teams: int,
-             out: Path | None) -> None:
+             load: float | None, policies: str | None, inference_share: float, checkpoint_s: float, grace_s: float,
+             spot_qos: str, seed: int, teams: int, out: Path | None) -> None:
     """Replay a real GPU cluster trace under each policy and write what each buys (docs/simulate.md)."""
     # the CLI loads what a command needs when it runs; the simulator needs no Django
     from rich.progress import (
@@ -256,7 +260,7 @@ def simulate(trace_name: str, pods: Path | None, nodes: Path | None, days: float
         TimeElapsedColumn,
     )
 
-    from market.simulate import report, trace
+    from market.simulate import report, tides, trace
     from market.simulate.policies import DEFAULT_POLICIES, POLICIES
 
     if policies is None:
@@ -266,6 +270,11 @@ def simulate(trace_name: str, pods: Path | None, nodes: Path | None, days: float
     if not names or unknown:
         raise click.BadParameter(f"unknown policy {', '.join(unknown) or '(none given)'}: choose from {', '.join(POLICIES)}",
                                  param_hint="'--policies'")
+    qos = tuple(q.strip() for q in spot_qos.split(",") if q.strip())
+    wrong = [q for q in qos if q not in tides.SPOT_QOS]
+    if not qos or wrong:
+        raise click.BadParameter(f"{', '.join(wrong) or '(none given)'} is not a QoS that may run as spot: "
+                                 f"name one or more of {', '.join(tides.SPOT_QOS)}", param_hint="'--spot-qos'")
     if start is not None and days is None:
         raise click.BadParameter("--start needs --days: the window's length", param_hint="'--start'")
     try:
@@ -289,18 +298,30 @@ def simulate(trace_name: str, pods: Path | None, nodes: Path | None, days: float
             done = names.index(policy) if policy in names else len(names)
             bar.update(task, completed=done, description=f"simulating: {what}")
 
-        results, sim = report.simulate(tr, names, seed=seed, progress=step, inference_share=inference_share,
-                                       checkpoint_s=checkpoint_s)
+        results, sim = report.simulate(tr, names, seed=seed, progress=step, service=tides.Options(
+            share=inference_share, checkpoint_s=checkpoint_s, grace_s=grace_s, spot_qos=qos))
         step("charts and report")
         summary = report.summary(tr, results, seed, sim)
         path = report.write_report(tr, results, summary, out)
-    click.echo(f"{'policy':<14}{'util':>8}{'util@SLO':>10}{'GPUs@SLO':>10}{'JCT mean s':>12}{'queue p95 s':>13}{'$/GPU-h':>9}{'unsched':>9}")
+    click.echo(f"{'policy':<20}{'util':>8}{'util@SLO':>10}{'GPUs@SLO':>10}{'JCT mean s':>12}{'queue p95 s':>13}{'$/GPU-h':>9}{'unsched':>9}")
+    def show(x: object, fmt: str) -> str:
+        return "-" if x is None else format(x, fmt)
+
     for name, f in summary["policies"].items():
-        def show(x: object, fmt: str) -> str:
-            return "-" if x is None else format(x, fmt)
-        click.echo(f"{name:<14}{show(f['utilisation'], '.4f'):>8}{show(f['utilisation_at_slo'], '.3f'):>10}"
+        click.echo(f"{name:<20}{show(f['utilisation'], '.4f'):>8}{show(f['utilisation_at_slo'], '.3f'):>10}"
                    f"{show(f['capacity_at_slo_gpus'], ','):>10}{show(f['jct_mean_s'], ',.0f'):>12}"
                    f"{show(f['queue_p95_s'], ',.0f'):>13}{show(f['cost_per_gpu_hour'], '.2f'):>9}{f['unscheduled']:>9,}")
+    if summary["inference_service"] is not None:
+        svc = summary["inference_service"]
+        click.echo(f"\ninference service: {svc['owned_gpus']:,} GPUs owned, {svc['gpu_hours']:,.0f} GPU-hours held; "
+                   "its requests' queueing, and what lending did")
+        click.echo(f"{'policy':<20}{'requests':>10}{'queue p95 s':>13}{'p99 s':>8}{'waited':>8}{'lent GPU-h':>12}"
+                   f"{'preempted':>11}{'lost GPU-h':>12}")
+        for name, f in summary["policies"].items():
+            q = f["inference"]
+            click.echo(f"{name:<20}{q['requests']:>10,}{show(q['queue_p95_s'], ',.1f'):>13}{show(q['queue_p99_s'], ',.1f'):>8}"
+                       f"{q['waited_share']:>8.2%}{f['lent_gpu_hours']:>12,.0f}{f['preemptions']:>11,}"
+                       f"{f['work_lost_gpu_s'] / 3600:>12,.1f}")
     click.echo(f"wrote {path} (and summary.json and {len(report.CHARTS)} charts beside it)")
 
 

@@ -12,12 +12,14 @@ Orders, the way the server maps its rows (``market/repository.py``):
 
 * **Offers**: one per node with free GPUs (``gpus`` = free), id and machine = the node's
   index + 1, provider = the node's index // 8 + 1, its region and catalogue model, open
-  for any duration, spot allowed, reliability 0.99. Its ask is the catalogue's rate for the
+  for any duration, spot allowed, reliability 0.99. A node an inference service lends is
+  a lent offer (``spot_only``): it sells to spot bids only, at ``LENT_ASK`` (half) of the
+  node's usual ask, since its owner would otherwise leave those GPUs dark. Its ask is the catalogue's rate for the
   model times a seeded spread, uniform in [0.8, 1.2] per node (``ask_spread``).
 * **Bids**: one per waiting pod, same machine, for its GPUs and its models (any, where the
   trace gives none), for its runtime (whole seconds, at least 1); the buyer is the pod's
   team. Its class follows its QoS: ``Guaranteed`` reserved, ``BE`` (best effort) spot, the
-  rest on-demand. Its limit price is the catalogue rate of the dearest model it allows that
+  rest on-demand; a pod the run's preemptible rule marks (``--spot-qos``) bids as spot. Its limit price is the catalogue rate of the dearest model it allows that
   the cluster has, times a seeded spread uniform in [1.2, 1.5] per pod: every buyer could pay
   the usual ask of any GPU it can use, and prefers the cheaper ones by the engine's surplus.
   Default scoring weights (latency, region, carbon, reliability), as a bid placed without
@@ -46,6 +48,7 @@ from .trace import Node, Pod
 EPOCH = 1_700_000_000  # the simulation's second 0 on the engine's clock (unix seconds)
 ASK_SPREAD = (0.8, 1.2)
 VALUE_SPREAD = (1.2, 1.5)
+LENT_ASK = 0.5  # a lent node asks this share of its usual ask: idle GPUs its owner would leave dark
 KLASS = {"Guaranteed": "reserved", "BE": "spot"}  # any other QoS: on_demand
 RELIABILITY = 0.99
 
@@ -84,6 +87,7 @@ class Market:
     limits: Sequence[int]
     spot_only: frozenset[int] = frozenset()  # nodes whose GPUs sell to spot bids only (a service's, lent)
     closed: frozenset[int] = frozenset()  # nodes never offered (a service's, not lent)
+    spot: frozenset[int] = frozenset()  # pods that bid as spot whatever their QoS (the run's preemptible rule)
     paid: float = 0.0  # USD charged by the rounds (a preempted trade pro rata)
     rounds: int = 0
     trades: int = 0
@@ -103,11 +107,17 @@ class Market:
         self.latency = tuple(sorted((a, b, ms) for (a, b), ms in catalogue.latency_matrix().items()))
 
     def offer(self, j: int, free: int) -> engine.Offer:
+        """Node ``j``'s offer of its ``free`` GPUs; a service's lent node sells to spot bids only."""
         n = self.nodes[j]
+        lent = j in self.spot_only
         return engine.Offer(id=j + 1, provider_id=j // 8 + 1, machine_id=j + 1, region=n.region, gpu_model=n.model,
-                            gpus=free, ask=self.asks[j], min_duration_s=0, max_duration_s=engine.limits.MAX_DURATION_S,
+                            gpus=free, ask=self.ask(j), min_duration_s=0, max_duration_s=engine.limits.MAX_DURATION_S,
                             available_from=0, available_until=None, spot_allowed=True, reserved_only=False,
-                            reliability=RELIABILITY, created_at=EPOCH)
+                            reliability=RELIABILITY, created_at=EPOCH, spot_only=lent)
+
+    def ask(self, j: int) -> int:
+        """Node ``j``'s ask: its own, or ``LENT_ASK`` of it where a service lends it."""
+        return round(self.asks[j] * LENT_ASK) if j in self.spot_only else self.asks[j]
 
     def bid(self, i: int, left: float) -> engine.Bid:
         """Pod ``i``'s bid for the ``left`` seconds it still has to run."""
@@ -116,10 +126,16 @@ class Market:
                           min_compute_units=0.0, vendor=None, same_machine=True, allowed_regions=(),
                           preferred_regions=(), location_region=None, max_latency_ms=None,
                           max_price=self.limits[i], duration_s=min(engine.limits.MAX_DURATION_S, max(1, math.ceil(left))),
-                          deadline=None, klass=KLASS.get(p.qos, "on_demand"), min_reliability=0.0,
+                          deadline=None, klass=self.klass(i), min_reliability=0.0,
                           weights=engine.DEFAULT_WEIGHTS, created_at=EPOCH + int(p.arrival))
 
-    def book(self, waiting: list[int], free: I64, among: frozenset[int] | None = None) -> list[int]:
+    def klass(self, i: int) -> str:
+        """Pod ``i``'s class: spot where the run marks it preemptible, else by its QoS."""
+        if i in self.spot:
+            return "spot"
+        return KLASS.get(self.pods[i].qos, "on_demand")
+
+    def book(self, waiting: list[int], free: I64) -> list[int]:
         """The nodes whose offers are in the round's book: per bucket (model x region) and
         per size ``g`` of a waiting bid, the cheapest nodes (by ask, then index) with at least
         ``g`` GPUs free, one more than the bids of ``g`` GPUs or more. Every waiting bid can
@@ -129,18 +145,22 @@ class Market:
         every node, 2.0 s with these, for the same trades)."""
         sizes = sorted({self.pods[i].gpus for i in waiting})
         at_least = {g: sum(1 for i in waiting if self.pods[i].gpus >= g) for g in sizes}
-        buckets: dict[tuple[str, str], list[int]] = {}
+        spot = [i for i in waiting if self.klass(i) == "spot"]
+        spot_at_least = {g: sum(1 for i in spot if self.pods[i].gpus >= g) for g in sizes}
+        buckets: dict[tuple[str, str, bool], list[int]] = {}
         for j in np.flatnonzero(free > 0).tolist():
-            if j in self.closed or (among is not None and j not in among) or (among is None and j in self.spot_only):
+            if j in self.closed:
                 continue
             n = self.nodes[j]
-            buckets.setdefault((n.model, n.region), []).append(j)
+            buckets.setdefault((n.model, n.region, j in self.spot_only), []).append(j)
         keep: set[int] = set()
-        for _, js in sorted(buckets.items()):
-            js.sort(key=lambda j: (self.asks[j], j))
+        for (_, _, lent), js in sorted(buckets.items()):
+            js.sort(key=lambda j: (self.ask(j), j))
             for g in sizes:
                 room = [j for j in js if free[j] >= g]
-                keep.update(room[: at_least[g] + 1])
+                want = spot_at_least[g] if lent else at_least[g]  # a lent node sells to spot bids only
+                if want:
+                    keep.update(room[: want + 1])
         return sorted(keep)
 
     def preempted(self, pod: int, ran: float) -> None:
@@ -151,23 +171,10 @@ class Market:
         self.paid -= price * self.pods[pod].gpus * unrun / 3600 / 1_000_000
 
     def __call__(self, clock: float, waiting: list[int], free: I64, left: F64) -> list[tuple[int, int]]:
-        """One round over the open offers; where a service lends its idle GPUs, a second
-        round sells them to the spot bids still waiting (the engine has no spot-only offer,
-        so the lent GPUs are a book of their own)."""
-        out = self.round(clock, waiting, free, left, None)
-        if self.spot_only:
-            free = free.copy()
-            for i, j in out:
-                free[j] -= self.pods[i].gpus
-            taken = {i for i, _ in out}
-            spot = [i for i in waiting if i not in taken and KLASS.get(self.pods[i].qos) == "spot"]
-            if spot:
-                out += self.round(clock, spot, free, left, self.spot_only)
-        return out
-
-    def round(self, clock: float, waiting: list[int], free: I64, left: F64,
-              among: frozenset[int] | None) -> list[tuple[int, int]]:
-        offers = tuple(self.offer(j, int(free[j])) for j in self.book(waiting, free, among))
+        """One round over the open offers; a service's idle GPUs, where it lends them, are
+        offers that sell to spot bids only (``engine.Offer.spot_only``, as a lent offer of
+        the live market is)."""
+        offers = tuple(self.offer(j, int(free[j])) for j in self.book(waiting, free))
         if not offers or not waiting:
             return []
         inp = engine.RoundInput(now=EPOCH + int(clock), offers=offers, bids=tuple(self.bid(i, float(left[i])) for i in waiting),

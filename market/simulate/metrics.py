@@ -100,5 +100,13 @@ def figures(res: PolicyResult, pods: Sequence[Pod], nodes: Sequence[Node], windo
         "worst_team_slowdown": _r(max(team_slowdown) if team_slowdown else None),
         "stranded_gpu_fraction": _r(o.stranded_gpu_s / (capacity * window_s)),
         "prediction_mape": None,
+        "inference": None if res.inference is None else {
+            "requests": res.inference.requests,
+            "queue_mean_s": _r(res.inference.queue_mean_s, 3),
+            "queue_p95_s": _r(res.inference.queue_p95_s, 3),
+            "queue_p99_s": _r(res.inference.queue_p99_s, 3),
+            "waited_share": _r(res.inference.waited_share),
+            "short_gpu_s": _r(res.inference.short_gpu_s, 3),
+        },
         "utilisation_over_time": [_r(x / capacity, 5) for x in o.timeline.tolist()],
     }

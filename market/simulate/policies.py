@@ -56,6 +56,18 @@ class Capacity:
 
 
 @dataclass(frozen=True)
+class ServiceQueue:
+    """How the inference service's requests fared (``tides.serve``) on one run."""
+
+    requests: int
+    queue_mean_s: float
+    queue_p95_s: float
+    queue_p99_s: float
+    waited_share: float  # the share of requests that waited at all
+    short_gpu_s: float  # GPU-seconds it waited for preempted jobs to checkpoint
+
+
+@dataclass(frozen=True)
 class PolicyResult:
     name: str
     outcome: Outcome  # on the trace's own cluster (static-sized: each team on its own slice)
@@ -63,6 +75,7 @@ class PolicyResult:
     capacity: Capacity | None  # None: the SLO is not met even on the whole cluster
     paid: float | None = None  # USD the market's rounds charged (gridbid), None for owned capacity
     rounds: int = 0  # the market's rounds on the trace's own cluster
+    inference: ServiceQueue | None = None  # the inference service's requests, on the cluster at the SLO
 
 
 def removal_order(nodes: Sequence[Node], seed: int) -> I64:
@@ -137,17 +150,19 @@ class Simulation:
     """The policies over one trace: ``pods`` (sorted by arrival) on ``nodes``."""
 
     def __init__(self, pods: Sequence[Pod], nodes: Sequence[Node], window_s: float, teams: int, seed: int,
-                 progress: Progress = _quiet, inference_share: float = 0.0, checkpoint_s: float = 1800.0) -> None:
-        """With ``inference_share`` > 0, a tidal inference service (``tides.py``) owns that
+                 progress: Progress = _quiet, service: tides.Options = tides.Options()) -> None:
+        """With ``service.share`` > 0, a tidal inference service (``tides.py``) owns that
         share of the cluster's GPUs in every policy; only ``gridbid`` lends what it does not
-        need to spot pods and preempts them when the tide rises (checkpoints every
-        ``checkpoint_s``). Its nodes are never removed by the capacity search."""
+        need to spot pods and preempts them when the tide rises. Its nodes are never removed
+        by the capacity search."""
         self.pods, self.nodes, self.window_s, self.teams = pods, nodes, window_s, teams
         self.progress = progress
-        self.checkpoint_s = checkpoint_s
-        self.owned: tuple[int, ...] = tides.owned_nodes(nodes, inference_share, seed) if inference_share > 0 else ()
+        self.options = service
+        self.owned: tuple[int, ...] = tides.owned_nodes(nodes, service.share, seed) if service.share > 0 else ()
         self.tide = tides.tide(nodes, self.owned) if self.owned else None
         self.service_gpu_s = self.tide.gpu_hours(window_s) * 3600 if self.tide is not None else 0.0
+        self.requests = tides.requests(self.tide, window_s, seed) if self.tide is not None else None
+        self.queues: dict[tuple[tuple[float, int], ...], ServiceQueue] = {}
         mine = set(self.owned)
         self.order = np.asarray([j for j in removal_order(nodes, seed).tolist() if j not in mine], dtype=np.int64)
         self.arrival: F64 = np.asarray([p.arrival for p in pods], dtype=np.float64)
@@ -156,6 +171,8 @@ class Simulation:
         self.capacity = sum(n.gpus for n in nodes)
         self.team_of = np.asarray([p.team for p in pods], dtype=np.int64)
         self.asks = auction.asks(nodes, seed)
+        # the pods that bid as spot: the service's preemptible rule, in every market run
+        self.spot = frozenset(i for i, p in enumerate(pods) if self.tide is not None and p.qos in service.spot_qos)
         self.limits = auction.limits(pods, nodes, seed)
         self.market: auction.Market | None = None  # the last market run
         self.found: dict[str, int] = {}  # per policy run so far, the nodes it needs at the SLO
@@ -179,7 +196,24 @@ class Simulation:
         if self.tide is None:
             return None
         at = {j: i for i, j in enumerate(keep.tolist())}
-        return Service(tuple(at[j] for j in self.owned), self.tide.need, lend, self.checkpoint_s)
+        o = self.options
+        return Service(tuple(at[j] for j in self.owned), self.tide.need, lend, o.checkpoint_s, o.grace_s, o.spot_qos)
+
+    def queue(self, o: Outcome) -> ServiceQueue | None:
+        """The service's requests served on the GPUs it held in run ``o`` (on its own nodes
+        alone where the run had no service: a static policy's)."""
+        if self.tide is None or self.requests is None:
+            return None
+        steps = tuple(x for x in o.service_steps if x[0] < self.window_s) or tides.alone(self.tide, self.window_s)
+        if steps not in self.queues:
+            arrival, took = self.requests
+            w = tides.serve(arrival, took, steps)
+            self.queues[steps] = ServiceQueue(
+                requests=len(w), queue_mean_s=float(w.mean()) if len(w) else 0.0,
+                queue_p95_s=float(np.percentile(w, 95)) if len(w) else 0.0,
+                queue_p99_s=float(np.percentile(w, 99)) if len(w) else 0.0,
+                waited_share=float((w > 0).mean()) if len(w) else 0.0, short_gpu_s=o.service_short_gpu_s)
+        return self.queues[steps]
 
     # -- one run of each policy on a set of nodes ----------------------------------------
 
@@ -206,7 +240,8 @@ class Simulation:
         svc = self.service(keep, lend)
         owned = frozenset(svc.owned) if svc is not None else frozenset()
         self.market = auction.Market(self.pods, nodes, [self.asks[j] for j in keep.tolist()], self.limits,
-                                     spot_only=owned if lend else frozenset(), closed=frozenset() if lend else owned)
+                                     spot_only=owned if lend else frozenset(), closed=frozenset() if lend else owned,
+                                     spot=self.spot)
         o = run(self.pods, nodes, "first", self.window_s, chooser=self.market, service=svc)
         return o, np.where(o.node >= 0, keep[np.maximum(o.node, 0)], -1)
 
@@ -283,14 +318,15 @@ class Simulation:
         if k is not None:
             self.found[name] = k
         cap = None
+        there = o
         if k is not None:
             keep = self.cluster(k)
             gpus = sum(self.nodes[j].gpus for j in keep.tolist())
             there = o if len(keep) == len(self.nodes) else self.at(name, keep)[0]
             cap = Capacity(round(gpus / self.capacity, 6), tuple(keep.tolist()), gpus, there.alloc_gpu_s)
         if mkt is not None:
-            return PolicyResult(name, o, tuple(node.tolist()), cap, mkt.paid, mkt.rounds)
-        return PolicyResult(name, o, tuple(node.tolist()), cap)
+            return PolicyResult(name, o, tuple(node.tolist()), cap, mkt.paid, mkt.rounds, self.queue(there))
+        return PolicyResult(name, o, tuple(node.tolist()), cap, inference=self.queue(there))
 
     def static_sized(self) -> PolicyResult:
         """Each team on the smallest prefix of ``removal_order`` (kept in cluster order) that
@@ -336,4 +372,4 @@ class Simulation:
         owned.extend(self.owned)  # the service keeps its slice
         cap = Capacity(round(sum(self.nodes[j].gpus for j in owned) / self.capacity, 6), tuple(owned),
                        sum(self.nodes[j].gpus for j in owned), merged.alloc_gpu_s) if met else None
-        return PolicyResult("static-sized", merged, tuple(node.tolist()), cap)
+        return PolicyResult("static-sized", merged, tuple(node.tolist()), cap, inference=self.queue(merged))

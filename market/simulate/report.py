@@ -12,24 +12,23 @@ from typing import Any
 
 from .metrics import figures, work_gpu_s
 from .policies import DEFAULT_POLICIES, POLICIES, PolicyResult, Progress, Simulation, _quiet
+from .tides import Options
 from .trace import Trace, load_inside, offered_load
 
 
 def simulate(trace: Trace, policies: Sequence[str] = DEFAULT_POLICIES, seed: int = 0,
-             progress: Progress = _quiet, inference_share: float = 0.0,
-             checkpoint_s: float = 1800.0) -> tuple[dict[str, PolicyResult], Simulation]:
+             progress: Progress = _quiet, service: Options = Options()) -> tuple[dict[str, PolicyResult], Simulation]:
     """Each policy of ``policies`` run over ``trace``, in that order."""
     unknown = [p for p in policies if p not in POLICIES]
     if unknown or not policies:
         raise ValueError(f"unknown policy {', '.join(unknown) or '(none given)'}: choose from {', '.join(POLICIES)}")
-    sim = Simulation(trace.pods, trace.nodes, trace.window_s, trace.teams, seed, progress,
-                     inference_share=inference_share, checkpoint_s=checkpoint_s)
+    sim = Simulation(trace.pods, trace.nodes, trace.window_s, trace.teams, seed, progress, service)
     return {name: sim.policy(name) for name in policies}, sim
 
 
 def summarise(trace: Trace, policies: Sequence[str] = DEFAULT_POLICIES, seed: int = 0, progress: Progress = _quiet,
-              inference_share: float = 0.0, checkpoint_s: float = 1800.0) -> dict[str, Any]:
-    results, sim = simulate(trace, policies, seed, progress, inference_share, checkpoint_s)
+              service: Options = Options()) -> dict[str, Any]:
+    results, sim = simulate(trace, policies, seed, progress, service)
     return summary(trace, results, seed, sim)
 
 
@@ -49,9 +48,10 @@ def summary(trace: Trace, results: dict[str, PolicyResult], seed: int, sim: Simu
             "requests": sum(t.requests_per_hour),
             "mean_exec_s": round(t.mean_exec_s, 3),
             "requests_per_gpu_hour": round(t.throughput, 3),
-            "checkpoint_s": sim.checkpoint_s,
-            # preemption is immediate on the hour: the service always holds what it needs
-            "short_gpu_s": 0.0,
+            "checkpoint_s": sim.options.checkpoint_s,
+            "grace_s": sim.options.grace_s,
+            "spot_qos": list(sim.options.spot_qos),
+            "scale": round(t.scale, 6),
         }
     models: dict[str, int] = {}
     regions: dict[str, int] = {}
@@ -175,6 +175,21 @@ ROWS = (
     ("worst_team_slowdown", "worst team slowdown", "{:.2f}"),
     ("stranded_gpu_fraction", "stranded GPUs", "{:.3%}"),
 )
+SERVICE_ROWS = (  # with an inference service (--inference-share)
+    ("lent_gpu_hours", "GPU-hours lent by the inference service", "{:,.0f}"),
+    ("preemptions", "spot pods preempted by its tide", "{:,}"),
+    ("work_lost_gpu_s", "work lost to preemption (GPU-s)", "{:,.0f}"),
+    ("inference.queue_p95_s", "inference requests' queueing, p95 (s)", "{:,.2f}"),
+    ("inference.queue_p99_s", "inference requests' queueing, p99 (s)", "{:,.2f}"),
+    ("inference.waited_share", "inference requests that waited", "{:.2%}"),
+    ("inference.short_gpu_s", "GPU-s it waited for checkpoints", "{:,.0f}"),
+)
+
+
+def _get(figures: dict[str, Any], key: str) -> object:
+    head, _, rest = key.partition(".")
+    v = figures.get(head)
+    return v.get(rest) if rest and isinstance(v, dict) else (None if rest else v)
 
 
 def html(summary: dict[str, Any], images: Sequence[Path]) -> str:
@@ -191,8 +206,8 @@ def html(summary: dict[str, Any], images: Sequence[Path]) -> str:
 
     head = "".join(f"<th>{escape(n)}</th>" for n in names)
     rows = "".join(
-        f"<tr><th>{escape(label)}</th>" + "".join(f"<td>{cell(pol[n].get(key), fmt)}</td>" for n in names) + "</tr>"
-        for key, label, fmt in ROWS
+        f"<tr><th>{escape(label)}</th>" + "".join(f"<td>{cell(_get(pol[n], key), fmt)}</td>" for n in names) + "</tr>"
+        for key, label, fmt in ROWS + (SERVICE_ROWS if summary.get("inference_service") else ())
     )
     imgs = "".join(
         f'<figure><img alt="{escape(p.stem)}" src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}"></figure>'

@@ -64,6 +64,10 @@ class Outcome:
     work_lost_gpu_s: float = 0.0  # GPU-seconds of work preempted pods lost since their last checkpoint
     lent_gpu_s: float = 0.0  # GPU-seconds pods held on a service's nodes within the window
     pod_gpu_s: float = 0.0  # GPU-seconds pods held in all, window or not, preempted stretches included
+    # the GPUs an inference service serves on, as (time, change) steps in time order: a
+    # preemption's GPUs reach it ``Service.grace_s`` after the tide asked for them
+    service_steps: tuple[tuple[float, int], ...] = ()
+    service_short_gpu_s: float = 0.0  # GPU-seconds the service waited for preempted pods' GPUs
 
     @property
     def unscheduled(self) -> int:
@@ -109,18 +113,22 @@ def fits_somewhere(pods: Sequence[Pod], nodes: Sequence[Node]) -> BoolA:
 class Service:
     """A tidal inference service that owns nodes of the run (``tides.py``): it holds
     ``need(t)`` GPUs of them, changing on the hour. With ``lend``, the GPUs it does not need
-    are sold to preemptible pods (``PREEMPTIBLE_QOS``) only, and when the tide rises the
+    are sold to preemptible pods (of a QoS in ``spot_qos``) only, and when the tide rises the
     pods on them are preempted, most recently started first: each keeps the work up to its
     last checkpoint (every ``checkpoint_s`` of its run), loses the rest, and waits again for
-    the runtime it has left. Without ``lend`` the owned nodes are the service's alone."""
+    the runtime it has left. The preempted pod's GPUs are the service's at once, but it
+    serves on them only ``grace_s`` later: the time the market gives a job to write its
+    checkpoint (``PREEMPT_GRACE_S``, 30 s by default). Without ``lend`` the owned nodes are
+    the service's alone."""
 
     owned: tuple[int, ...]  # indices into the run's nodes
     need: Callable[[float], int]
     lend: bool
     checkpoint_s: float = 1800.0
+    grace_s: float = 30.0
+    spot_qos: tuple[str, ...] = ("BE",)  # the pods that run as spot, and may be preempted
 
 
-PREEMPTIBLE_QOS = ("BE",)  # the trace's best-effort pods: spot, and may be preempted
 HORIZON_S = 400 * 86400.0  # a run stops here whatever still waits (a bound on the loop)
 
 
@@ -149,8 +157,10 @@ def run(pods: Sequence[Pod], nodes: Sequence[Node], placement: str, window_s: fl
     if service is not None:
         owned[list(service.owned)] = True
     lend = service is not None and service.lend
-    preemptible = np.asarray([p.qos in PREEMPTIBLE_QOS for p in pods], dtype=np.bool_)
+    preemptible = np.asarray([service is not None and p.qos in service.spot_qos for p in pods], dtype=np.bool_)
     svc = np.zeros(len(nodes), dtype=np.int64)  # GPUs the service holds, per node
+    steps: list[tuple[float, int]] = []  # the GPUs it serves on: (time, change)
+    short_gpu_s = 0.0
 
     shared: dict[tuple[tuple[str, ...], bool], npt.NDArray[np.bool_]] = {}
 
@@ -254,7 +264,7 @@ def run(pods: Sequence[Pod], nodes: Sequence[Node], placement: str, window_s: fl
 
     def tide() -> None:
         """The service takes or gives back GPUs to hold ``need(clock)`` on its nodes."""
-        nonlocal held, busy
+        nonlocal held, busy, short_gpu_s
         assert service is not None
         want = min(int(service.need(clock)), int(cap[owned].sum()))
         have = before = int(svc.sum())
@@ -271,6 +281,9 @@ def run(pods: Sequence[Pod], nodes: Sequence[Node], placement: str, window_s: fl
                 svc[j] += take
                 free[j] -= take
                 have += take
+            if have != before:
+                steps.append((clock, have - before))
+            freed = have
             victims = sorted((i for i in running if owned[where[i]]), key=lambda i: (-since[i], -i))
             for i in victims:
                 if have >= want:
@@ -281,6 +294,11 @@ def run(pods: Sequence[Pod], nodes: Sequence[Node], placement: str, window_s: fl
                 svc[j] += take
                 free[j] -= take
                 have += take
+            if have > freed:  # served on once the preempted jobs have written their checkpoints
+                steps.append((clock + service.grace_s, have - freed))
+                short_gpu_s += (have - freed) * service.grace_s
+        elif have != before:
+            steps.append((clock, have - before))
         held += have - before
         busy += have - before
 
@@ -359,4 +377,5 @@ def run(pods: Sequence[Pod], nodes: Sequence[Node], placement: str, window_s: fl
     return Outcome(start=start, finish=finish, node=where, window_s=window_s, capacity_gpus=total,
                    alloc_gpu_s=alloc_s, busy_gpu_s=busy_s, stranded_gpu_s=stranded_s, waiting_s=waiting_s,
                    timeline=timeline, end_s=end, preemptions=preemptions, work_lost_gpu_s=lost_gpu_s,
-                   lent_gpu_s=lent_s, pod_gpu_s=pod_gpu_s, waited=waited)
+                   lent_gpu_s=lent_s, pod_gpu_s=pod_gpu_s, waited=waited, service_steps=tuple(steps),
+                   service_short_gpu_s=short_gpu_s)

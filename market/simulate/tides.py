@@ -15,6 +15,16 @@ the simulation scales it: the service owns ``share`` of the cluster's GPUs (whol
 them. Hour ``k`` of a simulation window needs what hour ``k`` (modulo the trace's length)
 of the trace does: the tide repeats, day and night as recorded.
 
+**Its requests, one by one** (``requests``, ``serve``). To measure the service's own
+queueing, the scaled service gets the scaled requests: window hour ``k`` (trace hour
+``h = k`` modulo its length) receives ``round(scale * r_h)`` requests, at seeded uniform
+times within the hour (arrivals at random at the hour's recorded rate), each taking the
+execution time of a seeded draw from hour ``h``'s recorded requests. They are served first
+come, first served, on the GPUs the service serves on at each moment (one request per GPU).
+A GPU given back when the tide ebbs finishes the request it holds; a preempted job's GPU
+serves only after its grace (``sim.Service.grace_s``). A request's queueing is its start
+less its arrival.
+
 Bad input (a missing file, a row without a time or with an unreadable one, a negative
 execution time) is a ``TraceError`` naming the line and the field.
 """
@@ -23,20 +33,42 @@ from __future__ import annotations
 
 import csv
 import gzip
+import heapq
 import io
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 from .trace import DATA, Node, TraceError
 
 REQUESTS = DATA / "alibaba-genai-2026" / "lora_request_trace.csv.gz"
 BUSY_TARGET = 0.6  # the share of each hour a serving GPU is kept busy
 HOUR_S = 3600.0
+
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+
+
+SPOT_QOS = ("BE", "Burstable")  # what --spot-qos can name beside none
+
+
+@dataclass(frozen=True)
+class Options:
+    """A simulation's inference service: it owns ``share`` of the GPUs (0: none). Where it
+    lends, pods of a QoS in ``spot_qos`` run as spot on its idle GPUs; a preempted one keeps
+    its work up to its last checkpoint (every ``checkpoint_s``), and the service serves on
+    its GPUs ``grace_s`` after asking for them."""
+
+    share: float = 0.0
+    checkpoint_s: float = 1800.0
+    grace_s: float = 30.0
+    spot_qos: tuple[str, ...] = ("BE",)
 
 
 @dataclass(frozen=True)
@@ -49,6 +81,9 @@ class Tide:
     mean_exec_s: float
     throughput: float  # requests a GPU serves an hour
     owned_gpus: int
+    scale: float = 1.0  # the need's scale: the simulated service gets this many times the trace's requests
+    exec_s: F64 = field(default_factory=lambda: np.zeros(0), compare=False, repr=False)  # each request's execution time
+    hour: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64), compare=False, repr=False)  # ... and trace hour
 
     def need(self, t: float) -> int:
         """GPUs the service needs at simulation second ``t`` (the tide repeats)."""
@@ -127,4 +162,69 @@ def tide(nodes: Sequence[Node], owned: Sequence[int], path: Path = REQUESTS) -> 
     owned_gpus = sum(nodes[j].gpus for j in owned)
     scale = owned_gpus / float(raw.max())
     need = np.minimum(np.ceil(raw * scale - 1e-9), owned_gpus).astype(np.int64)
-    return Tide(tuple(need.tolist()), tuple(per_hour.tolist()), mean_exec, throughput, owned_gpus)
+    return Tide(tuple(need.tolist()), tuple(per_hour.tolist()), mean_exec, throughput, owned_gpus,
+                scale=scale, exec_s=took, hour=hours)
+
+
+def requests(t: Tide, window_s: float, seed: int) -> tuple[F64, F64]:
+    """The scaled service's requests within ``[0, window_s)``: arrival times (sorted) and
+    execution times, as the module's docstring says."""
+    rng = np.random.default_rng([31, 2, seed])
+    order = np.argsort(t.hour, kind="stable")
+    cut = np.searchsorted(t.hour[order], np.arange(len(t.hourly_gpus) + 1))
+    arrivals: list[F64] = []
+    took: list[F64] = []
+    for k in range(math.ceil(window_s / HOUR_S)):
+        h = k % len(t.hourly_gpus)
+        recorded = t.exec_s[order[cut[h]:cut[h + 1]]]
+        n = round(t.scale * len(recorded))
+        if not n:
+            continue
+        lo, hi = k * HOUR_S, min((k + 1) * HOUR_S, window_s)
+        arrivals.append(np.sort(rng.uniform(lo, hi, n)))
+        took.append(recorded[rng.integers(0, len(recorded), n)])
+    if not arrivals:
+        return np.zeros(0), np.zeros(0)
+    return np.concatenate(arrivals), np.concatenate(took)
+
+
+def alone(t: Tide, window_s: float) -> tuple[tuple[float, int], ...]:
+    """The GPUs the service serves on, as (time, change) steps, on its own nodes alone: its
+    need, on the hour."""
+    out: list[tuple[float, int]] = []
+    have = 0
+    for k in range(math.ceil(window_s / HOUR_S)):
+        want = min(t.need(k * HOUR_S), t.owned_gpus)
+        if want != have:
+            out.append((k * HOUR_S, want - have))
+            have = want
+    return tuple(out)
+
+
+def serve(arrival: F64, took: F64, steps: Sequence[tuple[float, int]]) -> F64:
+    """Each request's queueing, first come first served on a number of GPUs that changes by
+    ``steps`` ((time, change), applied in time order): one request a GPU at a time. A GPU
+    taken away is the one free soonest, after the request it holds. A request that finds no
+    GPU ever (the steps end with none) waits forever: ``inf``."""
+    changes = sorted(steps)
+    free: list[float] = []  # when each GPU serving now is next free
+    out = np.empty(len(arrival))
+    k = 0
+    pop, push, swap = heapq.heappop, heapq.heappush, heapq.heapreplace
+    for i, (a, e) in enumerate(zip(arrival.tolist(), took.tolist(), strict=True)):
+        while k < len(changes) and changes[k][0] <= max(a, free[0] if free else math.inf):
+            when, d = changes[k]
+            k += 1
+            if d > 0:
+                for _ in range(d):
+                    push(free, when)
+            else:
+                for _ in range(min(-d, len(free))):
+                    pop(free)
+        if not free:
+            out[i:] = math.inf
+            break
+        s = max(a, free[0])
+        swap(free, s + e)
+        out[i] = s - a
+    return out

@@ -87,3 +87,17 @@ def test_an_inference_service_lends_its_tide_in_the_market_and_the_summary_says_
     assert pol["gridbid-no-preempt"]["lent_gpu_hours"] == 0 and pol["gridbid-no-preempt"]["preemptions"] == 0
     # the service's GPUs count in every policy's utilisation
     assert pol["best-fit"]["utilisation"] >= svc["gpu_hours"] / (summary["cluster"]["gpus"] * 6)
+    # its requests, one by one: served on its own slice (best-fit, no lending) alike
+    assert svc["grace_s"] == 30 and svc["spot_qos"] == ["BE"]
+    alone = pol["best-fit"]["inference"]
+    assert alone["requests"] > 0 and alone == pol["gridbid-no-preempt"]["inference"]
+    assert alone["short_gpu_s"] == 0 and alone["queue_p95_s"] >= 0
+    lent = pol["gridbid"]["inference"]
+    assert lent["requests"] == alone["requests"]
+    assert pol["static-sized" if "static-sized" in pol else "best-fit"]["inference"] is not None
+
+
+def test_a_spot_qos_that_is_not_one_is_refused(tmp_path: Path) -> None:
+    done = simulate("--inference-share", "0.2", "--spot-qos", "BE,LS", cwd=tmp_path)
+    assert done.returncode == 2 and "LS is not a QoS that may run as spot" in done.stderr
+    assert "Traceback" not in done.stderr

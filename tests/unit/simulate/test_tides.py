@@ -114,7 +114,8 @@ def test_the_market_lends_the_services_idle_gpus_to_spot_pods_only_and_takes_the
 
     nodes = [node(i, 8) for i in range(10)]
     pods = [pod(i, i * HOUR + 1000, 20 * HOUR, 8, "LS" if i % 5 == 0 else "BE") for i in range(30)]
-    s = policies.Simulation(pods, nodes, 2 * 86400.0, teams=1, seed=0, inference_share=0.2, checkpoint_s=600.0)
+    s = policies.Simulation(pods, nodes, 2 * 86400.0, teams=1, seed=0,
+                            service=tides.Options(share=0.2, checkpoint_s=600.0))
     assert len(s.owned) == 2 and s.tide is not None
     lend = s.policy("gridbid")
     keep = s.policy("gridbid-no-preempt")
@@ -137,7 +138,8 @@ def test_the_market_lends_the_services_idle_gpus_to_spot_pods_only_and_takes_the
 def test_a_preempted_trade_is_billed_for_the_time_it_ran_and_its_resumption_for_the_rest() -> None:
     """The market's q1: preempted at 3,600 s of a 5,000 s trade, billed 3,600 s; it resumes
     at 7,200 s with 2,000 s left and is billed those: 5,600 s on 2 GPUs in all, at the
-    clearing prices (the lone bid in each round pays the bottom of the interval, the ask)."""
+    clearing prices (the lone bid in each round pays the bottom of the interval, the ask:
+    half the node's own on the service's lent node, its own for q2 on N)."""
     from market.simulate import auction
 
     svc = sim.Service(owned=(0,), need=need, lend=True, checkpoint_s=1000.0)
@@ -147,4 +149,56 @@ def test_a_preempted_trade_is_billed_for_the_time_it_ran_and_its_resumption_for_
     assert o.finish.tolist() == [9200, 100] and o.preemptions == 1
     assert o.pod_gpu_s == pytest.approx(2 * 5600 + 100)
     # a trade's amount is whole base units (10^-6 USD), rounded down: a few units apart
-    assert m.paid == pytest.approx(0.15 * (2 * 5600 + 100) / 3600, abs=1e-5)
+    assert m.paid == pytest.approx(0.15 * auction.LENT_ASK * 2 * 5600 / 3600 + 0.15 * 100 / 3600, abs=1e-5)
+
+
+def test_requests_queue_first_come_first_served_on_the_gpus_the_service_serves_on() -> None:
+    """One GPU until 100 s, two from then. Requests at 0, 10, 20 (50 s each): the first
+    starts at once, the second waits for the first (40 s), the third for the second GPU at
+    100 s (80 s)."""
+    arrival = np.asarray([0.0, 10.0, 20.0])
+    took = np.asarray([50.0, 50.0, 50.0])
+    w = tides.serve(arrival, took, [(0.0, 1), (100.0, 1)])
+    assert w.tolist() == [0, 40, 80]
+
+
+def test_a_gpu_taken_away_finishes_its_request_and_a_request_with_no_gpu_left_waits_forever() -> None:
+    """Two GPUs at 0, one taken at 10 (the one free soonest), none from 200. Requests at 0
+    and 5 (100 s each) hold both; the one at 20 waits for the GPU left (free at 100); the one
+    at 250 finds none, ever."""
+    arrival = np.asarray([0.0, 5.0, 20.0, 250.0])
+    took = np.full(4, 100.0)
+    w = tides.serve(arrival, took, [(0.0, 2), (10.0, -1), (200.0, -1)])
+    assert w.tolist()[:3] == [0, 0, 85] and w[3] == np.inf
+
+
+def test_the_scaled_service_gets_its_hours_requests_scaled_and_seeded() -> None:
+    nodes = [node(i, 8) for i in range(10)]
+    t = tides.tide(nodes, tides.owned_nodes(nodes, 0.2, seed=0))
+    arrival, took = tides.requests(t, 5 * HOUR, seed=0)
+    again = tides.requests(t, 5 * HOUR, seed=0)
+    assert arrival.tolist() == again[0].tolist() and took.tolist() == again[1].tolist()
+    per_hour = np.bincount((arrival // HOUR).astype(np.int64), minlength=5)
+    assert per_hour.tolist() == [round(t.scale * r) for r in t.requests_per_hour[:5]]
+    assert (np.diff(arrival) >= 0).all() and set(took.tolist()) <= set(t.exec_s.tolist())
+    # the need is sized so that each hour's GPUs are at most BUSY_TARGET busy on average
+    for k in range(5):
+        work = took[(arrival // HOUR) == k].sum()
+        assert work <= tides.BUSY_TARGET * t.need(k * HOUR) * HOUR * 1.15
+
+
+def test_the_service_serves_on_a_preempted_pods_gpus_only_after_its_grace() -> None:
+    """In hour 1 the tide wants both of S's GPUs, which q1 holds: it takes them at 3,600 s
+    and serves on them from 3,630 s (a 30 s grace); the 30 s on 2 GPUs are what it was short."""
+    svc = sim.Service(owned=(0,), need=need, lend=True, checkpoint_s=1000.0, grace_s=30.0)
+    o = sim.run(PODS, NODES, "first", 10_000.0, service=svc)
+    assert o.service_steps[:2] == ((3600.0 + 30.0, 2), (7200.0, -2))
+    assert o.service_short_gpu_s == pytest.approx(60)
+    alone = sim.run(PODS, NODES, "first", 10_000.0, service=sim.Service(owned=(0,), need=need, lend=False))
+    assert alone.service_steps[:2] == ((3600.0, 2), (7200.0, -2)) and alone.service_short_gpu_s == 0
+
+
+def test_burstable_pods_run_as_spot_when_the_rule_says_so() -> None:
+    svc = sim.Service(owned=(0,), need=lambda t: 0, lend=True, spot_qos=("BE", "Burstable"))
+    o = sim.run([pod(1, 0, 50, 2, "Burstable")], NODES, "first", 100.0, service=svc)
+    assert o.start[0] == 0 and o.node[0] == 0
