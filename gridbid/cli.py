@@ -314,14 +314,14 @@ def simulate(trace_name: str, pods: Path | None, nodes: Path | None, days: float
     if summary["inference_service"] is not None:
         svc = summary["inference_service"]
         click.echo(f"\ninference service: {svc['owned_gpus']:,} GPUs owned, {svc['gpu_hours']:,.0f} GPU-hours held; "
-                   "its requests' queueing, and what lending did")
+                   "its requests' queueing, and what lending did, on each policy's cluster at the SLO")
         click.echo(f"{'policy':<20}{'requests':>10}{'queue p95 s':>13}{'p99 s':>8}{'waited':>8}{'lent GPU-h':>12}"
                    f"{'preempted':>11}{'lost GPU-h':>12}")
         for name, f in summary["policies"].items():
             q = f["inference"]
             click.echo(f"{name:<20}{q['requests']:>10,}{show(q['queue_p95_s'], ',.1f'):>13}{show(q['queue_p99_s'], ',.1f'):>8}"
-                       f"{q['waited_share']:>8.2%}{f['lent_gpu_hours']:>12,.0f}{f['preemptions']:>11,}"
-                       f"{f['work_lost_gpu_s'] / 3600:>12,.1f}")
+                       f"{q['waited_share']:>8.2%}{show(f['lent_gpu_hours_at_slo'], ',.0f'):>12}{show(f['preemptions_at_slo'], ','):>11}"
+                       f"{show(None if f['work_lost_gpu_s_at_slo'] is None else f['work_lost_gpu_s_at_slo'] / 3600, ',.1f'):>12}")
     click.echo(f"wrote {path} (and summary.json and {len(report.CHARTS)} charts beside it)")
 
 

@@ -10,14 +10,17 @@ its own machines and jobs: anything else is "not found".
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
+from contracts import hours
 from contracts import receipts as receipt_format
 from contracts.receipts import CHECKPOINT_OUTPUT, MARKET_SCHEME, job_ports
 from ledger.custody import buyer_address
@@ -39,8 +42,11 @@ from market.models import Bid, Booking, Job, Offer, Trade, User
 from market.services import bid_continue, spec_signature_custodial
 from market.ssh_keys import authorized_keys
 from market.states import BidState, BookingState, JobState, OfferState
+from providers.models import MachineState
 from providers.push import machine_wake
 from providers.selectors import job_telemetry_live, log_key, own_machine, provider_of
+
+log = logging.getLogger(__name__)
 
 EVENT_TARGET = {
     "started": JobState.RUNNING,
@@ -241,22 +247,68 @@ def offer_reclaim(*, user: User, offer: Offer) -> tuple[Offer, list[int]]:
                        fields={"reclaimable": ["Publish the offer with reclaimable: true to lend it."]})
     if offer.state == OfferState.WITHDRAWN:
         raise Conflict("This offer was withdrawn; nothing of it is sold.")
-    if offer.state == OfferState.OPEN or offer.paused_by != "reclaimed":
-        # paused for another reason (its machine went quiet): reclaimed now, so that its next
-        # heartbeat does not reopen it; only its provider does
+    told = _take_back(offer, paused_by="reclaimed", reason="reclaimed by its owner, who lent these GPUs and needs them back")
+    audit_record(actor=user, action=AuditAction.OFFER_UPDATE, obj=offer, details={"reclaimed": True, "preempted_jobs": told})
+    return offer, told
+
+
+def _take_back(offer: Offer, *, paused_by: str, reason: str) -> list[int]:
+    """Pause a lent offer (locked by the caller) as ``paused_by`` says, unless it is so paused
+    already, and tell each spot job on it, not told yet, to checkpoint and stop. An offer
+    paused for another reason (its machine went quiet) is marked too, so that its next
+    heartbeat does not reopen it. Returns the jobs told."""
+    if offer.state == OfferState.OPEN or offer.paused_by != paused_by:
         if offer.state == OfferState.OPEN:
             states.advance("offer", offer, OfferState.PAUSED)
-        offer.paused_by = "reclaimed"
+        offer.paused_by = paused_by
         offer.save(update_fields=["state", "paused_by", "updated_at"])
         announce(BookChanged(gpu_model=offer.gpu_model_id, region=offer.machine.region_id))
     told = []
     for job in Job.objects.filter(trade__offer=offer, trade__bid__klass="spot", trade__extends__isnull=True, state__in=ACTIVE_JOB_STATES).order_by("id"):
         if (job.checkpoint or {}).get("preempt_requested"):
             continue
-        job_preempt_request(job=job, reason="reclaimed by its owner, who lent these GPUs and needs them back", by={"reclaimed": True})
+        job_preempt_request(job=job, reason=reason, by={"reclaimed": True})
         told.append(job.pk)
-    audit_record(actor=user, action=AuditAction.OFFER_UPDATE, obj=offer, details={"reclaimed": True, "preempted_jobs": told})
-    return offer, told
+    return told
+
+
+def offers_reclaim_due(*, now: datetime | None = None) -> dict[str, list[int]]:
+    """Lent offers' reclaim hours, run before each round: an open lent offer whose hours
+    have begun is taken back (paused_by "schedule", its spot jobs told to checkpoint and
+    move), and one paused by its schedule whose hours have ended is open again (or, if its
+    machine has gone quiet, left for its next heartbeat to reopen). An offer taken back by
+    hand, or paused by its provider, is left as it is. Returns the offers taken back and
+    reopened, and the jobs told."""
+    now = now or timezone.now()
+    bit = 1 << now.astimezone(UTC).hour
+    out: dict[str, list[int]] = {"taken_back": [], "reopened": [], "preempted_jobs": []}
+    lent = Offer.objects.filter(reclaimable=True, reclaim_hours__gt=0).annotate(now_bit=F("reclaim_hours").bitand(bit))
+    due = list(lent.filter(state=OfferState.OPEN, now_bit__gt=0).values_list("id", flat=True))
+    ended = list(lent.filter(state=OfferState.PAUSED, paused_by="schedule", now_bit=0).values_list("id", flat=True))
+    for pk in due:
+        with transaction.atomic():
+            offer = Offer.objects.select_for_update().select_related("machine").get(pk=pk)
+            if offer.state != OfferState.OPEN or not hours.covers(offer.reclaim_hours, now):
+                continue
+            out["preempted_jobs"] += _take_back(offer, paused_by="schedule", reason=(
+                f"taken back by its owner's reclaim hours ({hours.text(offer.reclaim_hours)} UTC): these GPUs were lent outside them"))
+            out["taken_back"].append(pk)
+    for pk in ended:
+        with transaction.atomic():
+            offer = Offer.objects.select_for_update().select_related("machine").get(pk=pk)
+            if offer.state != OfferState.PAUSED or offer.paused_by != "schedule" or hours.covers(offer.reclaim_hours, now):
+                continue
+            if offer.machine.state == MachineState.ONLINE:
+                states.advance("offer", offer, OfferState.OPEN)
+                offer.paused_by = ""
+                out["reopened"].append(pk)
+            else:
+                offer.paused_by = "offline"  # its next heartbeat reopens it
+            offer.save(update_fields=["state", "paused_by", "updated_at"])
+            announce(BookChanged(gpu_model=offer.gpu_model_id, region=offer.machine.region_id))
+    if out["taken_back"] or out["reopened"]:
+        log.info("reclaim hours: %s", out)
+    return out
 
 
 def round_preempt(*, round_number: int, preemptions: tuple[Any, ...]) -> list[int]:

@@ -109,9 +109,15 @@ class Offer(models.Model):
     # lent (issue 31, tides): GPUs its owner takes back when it needs them (POST .../reclaim/),
     # so they sell to spot bids only, whose jobs are preempted when it does
     reclaimable = models.BooleanField(default=False)
+    # ... and, for a lent offer, the UTC hours its owner takes them back every day (a 24-bit
+    # mask, contracts.hours; 0: none): paused (paused_by "schedule") and its spot jobs
+    # preempted as those hours begin, open again as they end (market.jobs.offers_reclaim_due)
+    reclaim_hours = models.PositiveIntegerField(default=0)
     state = models.CharField(max_length=16, choices=OfferState.choices, default=OfferState.OPEN)
-    # who paused it: "offline" (its machine went quiet; its next heartbeat reopens it) or
-    # "provider" (by hand; only the provider reopens it)
+    # who paused it: "offline" (its machine went quiet; its next heartbeat reopens it),
+    # "provider" (by hand; only the provider reopens it), "reclaimed" (a lent offer taken back
+    # by hand; only the provider reopens it), "schedule" (its reclaim hours; reopened as they
+    # end) or "limits" (the engine's limits refused it)
     paused_by = models.CharField(max_length=16, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -127,6 +133,8 @@ class Offer(models.Model):
             models.CheckConstraint(condition=Q(available_until__isnull=True) | Q(available_until__gt=F("available_from")), name="offer_window_ordered"),
             models.CheckConstraint(condition=~Q(reserved_only=True, spot_allowed=True), name="offer_reserved_only_excludes_spot"),
             models.CheckConstraint(condition=~Q(reclaimable=True, spot_allowed=False), name="offer_reclaimable_is_spot"),
+            models.CheckConstraint(condition=Q(reclaim_hours=0) | Q(reclaimable=True, reclaim_hours__lt=(1 << 24) - 1),
+                                   name="offer_reclaim_hours_lent_and_partial"),
             models.CheckConstraint(condition=Q(state__in=OfferState.values), name="offer_state_valid"),
             # one live offer per machine and model: an offer is a machine's capacity
             models.UniqueConstraint(

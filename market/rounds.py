@@ -220,6 +220,7 @@ def round_clear(*, now: datetime | None = None, slot: int | None = None) -> Auct
 
 def _round_clear_locked(*, now: datetime, slot: int | None) -> AuctionRound | None:
     rounds_recover()
+    jobs_.offers_reclaim_due(now=now)  # lent offers in their reclaim hours are out of the book it reads
     expired = bids_expire(now=now)  # out of the book before the round reads it
     if not Bid.objects.filter(state=BidState.OPEN).exists():
         return None

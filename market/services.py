@@ -16,6 +16,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Sum
 from django.utils import timezone
 
+from contracts import hours
 from contracts.receipts import spec_hash, spec_message
 from ledger.custody import custodial_key_get_or_create, custodial_signer
 from ledger.wallet import is_wallet_buyer
@@ -148,7 +149,7 @@ def machine_register(*, user: User, name: str, region: Region, gpus: list[dict[s
 
 # --- offers ----------------------------------------------------------------------
 @transaction.atomic
-def offer_publish(*, user: User, machine: Machine, gpu_model: GpuModel, gpus: int, price: int, min_duration_s: int = 60, max_duration_s: int = 30 * 24 * 3600, available_from: datetime | None = None, available_until: datetime | None = None, spot_allowed: bool = True, reserved_only: bool = False, reclaimable: bool = False) -> Offer:
+def offer_publish(*, user: User, machine: Machine, gpu_model: GpuModel, gpus: int, price: int, min_duration_s: int = 60, max_duration_s: int = 30 * 24 * 3600, available_from: datetime | None = None, available_until: datetime | None = None, spot_allowed: bool = True, reserved_only: bool = False, reclaimable: bool = False, reclaim_hours: int = 0) -> Offer:
     provider = provider_for(user)
     if machine.provider_id != provider.pk:
         raise NotAllowed("That machine is not yours.")
@@ -159,7 +160,7 @@ def offer_publish(*, user: User, machine: Machine, gpu_model: GpuModel, gpus: in
         raise DomainError(f"Machine {machine.name!r} has {installed} x {gpu_model.id}; you offered {gpus}.", fields={"gpus": [f"At most {installed}."]})
     if reserved_only and spot_allowed:
         raise DomainError("A reserved-only offer cannot also allow spot.", fields={"spot_allowed": ["Set spot_allowed to false for reserved-only offers."]})
-    _lent_check(reclaimable=reclaimable, spot_allowed=spot_allowed)
+    _lent_check(reclaimable=reclaimable, spot_allowed=spot_allowed, reclaim_hours=reclaim_hours)
     start = available_from or timezone.now()
     try:
         with transaction.atomic():
@@ -167,6 +168,7 @@ def offer_publish(*, user: User, machine: Machine, gpu_model: GpuModel, gpus: in
                 machine=machine, gpu_model=gpu_model, gpus=gpus, gpus_free=gpus, price=price,
                 min_duration_s=min_duration_s, max_duration_s=max_duration_s, available_from=start,
                 available_until=available_until, spot_allowed=spot_allowed, reserved_only=reserved_only, reclaimable=reclaimable,
+                reclaim_hours=reclaim_hours,
             )
     except IntegrityError:
         raise Conflict(
@@ -194,6 +196,11 @@ def offer_update(*, user: User, offer: Offer, **changes: Any) -> Offer:
         installed = offer.machine.gpus.filter(model_id=offer.gpu_model_id).count()
         if not taken <= changes["gpus"] <= installed:
             raise DomainError("GPUs out of range.", fields={"gpus": [f"Between {max(taken, 1)} (in use by trades) and {installed} (installed)."]})
+    if changes.get("state") == OfferState.OPEN and offer.state != OfferState.OPEN \
+            and hours.covers(changes.get("reclaim_hours", offer.reclaim_hours), timezone.now()):
+        raise Conflict(f"These are this offer's reclaim hours ({hours.text(changes.get('reclaim_hours', offer.reclaim_hours))} UTC): "
+                       "it reopens by itself as they end.",
+                       fields={"reclaim_hours": ["To lend the GPUs now, change or clear reclaim_hours."]})
     if "state" in changes and changes["state"] != offer.state:
         states.advance("offer", offer, changes.pop("state"))
         offer.paused_by = "provider" if offer.state == OfferState.PAUSED else ""
@@ -201,7 +208,7 @@ def offer_update(*, user: User, offer: Offer, **changes: Any) -> Offer:
         setattr(offer, key, value)
     if offer.reserved_only and offer.spot_allowed:
         raise DomainError("A reserved-only offer cannot also allow spot.", fields={"spot_allowed": ["Set spot_allowed to false for reserved-only offers."]})
-    _lent_check(reclaimable=offer.reclaimable, spot_allowed=offer.spot_allowed)
+    _lent_check(reclaimable=offer.reclaimable, spot_allowed=offer.spot_allowed, reclaim_hours=offer.reclaim_hours)
     if offer.max_duration_s < offer.min_duration_s:
         raise DomainError("max_duration_s is below min_duration_s.", fields={"max_duration_s": ["Must be at least min_duration_s."]})
     offer.save()
@@ -212,10 +219,13 @@ def offer_update(*, user: User, offer: Offer, **changes: Any) -> Offer:
     return offer
 
 
-def _lent_check(*, reclaimable: bool, spot_allowed: bool) -> None:
+def _lent_check(*, reclaimable: bool, spot_allowed: bool, reclaim_hours: int = 0) -> None:
     if reclaimable and not spot_allowed:
         raise DomainError("A reclaimable offer sells to spot bids only, so it must allow spot.",
                           fields={"spot_allowed": ["Set spot_allowed to true (and reserved_only to false) for a reclaimable offer."]})
+    if reclaim_hours and not reclaimable:
+        raise DomainError("Only a lent (reclaimable) offer has reclaim hours.",
+                          fields={"reclaim_hours": ["Set reclaimable to true to lend the GPUs outside these hours, or clear reclaim_hours."]})
 
 
 @transaction.atomic

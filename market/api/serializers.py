@@ -11,6 +11,7 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema_field, inline_serializer
 from rest_framework import serializers
 
+from contracts import hours
 from market.engine import limits
 from market.jobs import job_access, job_log_tail, job_preemption
 from market.models import (
@@ -234,14 +235,44 @@ class OfferSerializer(serializers.ModelSerializer):
     runs_containers = serializers.BooleanField(source="machine.runs_containers", read_only=True, help_text="Its machine runs container images (docker or podman)")
     publishes_ports = serializers.BooleanField(source="machine.publishes_ports", read_only=True, help_text="Its machine publishes ports and SSH")
     host = HostSerializer(source="machine", read_only=True, help_text="Its machine's host (CPU, RAM, free disk, bandwidth, CUDA, GPU links)")
+    reclaim_hours = serializers.SerializerMethodField(help_text="A lent offer's daily reclaim schedule: UTC hours like 08-20 or 22-06,12-13; empty for none")
 
     class Meta:
         model = Offer
-        fields = ["id", "machine", "provider", "region", "gpu_model", "gpus", "gpus_free", "price", "min_duration_s", "max_duration_s", "available_from", "available_until", "spot_allowed", "reserved_only", "reclaimable", "state", "paused_by", "reliability", "memory_gib", "compute_units", "price_per_compute_unit", "runs_containers", "publishes_ports", "host", "created_at", "updated_at"]
+        fields = ["id", "machine", "provider", "region", "gpu_model", "gpus", "gpus_free", "price", "min_duration_s", "max_duration_s", "available_from", "available_until", "spot_allowed", "reserved_only", "reclaimable", "reclaim_hours", "state", "paused_by", "reliability", "memory_gib", "compute_units", "price_per_compute_unit", "runs_containers", "publishes_ports", "host", "created_at", "updated_at"]
 
     @extend_schema_field(serializers.FloatField())
     def get_price_per_compute_unit(self, offer: Offer) -> float:
         return round(offer.price / offer.gpu_model.compute_units, 2)
+
+    @extend_schema_field(serializers.CharField())
+    def get_reclaim_hours(self, offer: Offer) -> str:
+        return hours.text(offer.reclaim_hours)
+
+
+@extend_schema_field({"type": "string", "maxLength": 200, "example": "08-20"})
+class ReclaimHoursField(serializers.Field):
+    """A lent offer's reclaim schedule, written as UTC hour ranges (``contracts.hours``); the
+    validated value is its mask, and it reads back in its canonical form."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("help_text", "The UTC hours you take the GPUs back every day (lent offers only): ranges like 08-20 "
+                                       "or 22-06, joined by commas; empty for none. Their spot jobs are preempted as the hours begin.")
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data: Any) -> int:
+        if not isinstance(data, str) or len(data) > 200:
+            raise serializers.ValidationError("Write the hours as text of at most 200 characters, like \"08-20\" or \"22-06,12-13\".")
+        try:
+            mask = hours.parse(data.strip())
+        except hours.HoursError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+        if mask == hours.ALL:
+            raise serializers.ValidationError("Every hour reclaimed means never lent: pause or withdraw the offer instead.")
+        return mask
+
+    def to_representation(self, value: int) -> str:
+        return hours.text(value)
 
 
 @extend_schema_field({"type": "integer", "description": "The id of one of your machines."})
@@ -269,6 +300,7 @@ class OfferCreateSerializer(serializers.Serializer):
     spot_allowed = serializers.BooleanField(default=True)
     reserved_only = serializers.BooleanField(default=False)
     reclaimable = serializers.BooleanField(default=False, help_text="Lent: you take the GPUs back when you need them (POST /api/v1/offers/{id}/reclaim/); sold to spot bids only")
+    reclaim_hours = ReclaimHoursField(required=False)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         errors: dict[str, str] = {}
@@ -291,6 +323,7 @@ class OfferUpdateSerializer(serializers.Serializer):
     spot_allowed = serializers.BooleanField(required=False)
     reserved_only = serializers.BooleanField(required=False)
     reclaimable = serializers.BooleanField(required=False)
+    reclaim_hours = ReclaimHoursField(required=False)
     state = serializers.ChoiceField(choices=[OfferState.OPEN, OfferState.PAUSED], required=False)
 
 

@@ -53,6 +53,9 @@ class Capacity:
     nodes: tuple[int, ...]
     gpus: int
     alloc_gpu_s: float  # GPU-seconds held on it within the window, the policy running there
+    preemptions: int = 0  # ... spot pods an inference service's tide preempted there
+    work_lost_gpu_s: float = 0.0
+    lent_gpu_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -323,7 +326,8 @@ class Simulation:
             keep = self.cluster(k)
             gpus = sum(self.nodes[j].gpus for j in keep.tolist())
             there = o if len(keep) == len(self.nodes) else self.at(name, keep)[0]
-            cap = Capacity(round(gpus / self.capacity, 6), tuple(keep.tolist()), gpus, there.alloc_gpu_s)
+            cap = Capacity(round(gpus / self.capacity, 6), tuple(keep.tolist()), gpus, there.alloc_gpu_s,
+                           there.preemptions, there.work_lost_gpu_s, there.lent_gpu_s)
         if mkt is not None:
             return PolicyResult(name, o, tuple(node.tolist()), cap, mkt.paid, mkt.rounds, self.queue(there))
         return PolicyResult(name, o, tuple(node.tolist()), cap, inference=self.queue(there))

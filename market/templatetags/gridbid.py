@@ -10,6 +10,7 @@ from django import template
 from django.utils.html import conditional_escape, format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
+from contracts import hours as utc_schedule
 from market import money as m
 from market.engine import STAGES
 from providers.catalogue import cuda_text
@@ -247,3 +248,9 @@ def links(machine: object) -> str:
     if len(kinds) == 1:
         return f"all pairs {next(iter(kinds))}"
     return "; ".join(f"{kind} ({', '.join(pairs[:4])}{' …' if len(pairs) > 4 else ''})" for kind, pairs in sorted(kinds.items()))
+
+
+@register.filter
+def utc_hours(mask: object) -> str:
+    """A lent offer's reclaim hours, as written (``contracts.hours``): ``08-20``."""
+    return utc_schedule.text(mask) if isinstance(mask, int) and 0 <= mask <= utc_schedule.ALL else ""

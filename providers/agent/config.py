@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from contracts import hours
+
 CONFIG_NAME = "agent.toml"
 
 
@@ -39,6 +41,7 @@ class PricingRule:
     max_duration_s: int = 30 * 24 * 3600
     spot_allowed: bool = True
     reclaimable: bool = False  # lent: sold to spot bids only, taken back with `gridbid-agent reclaim`
+    reclaim_hours: str = ""  # ... and every day in these UTC hours (contracts.hours), e.g. "08-20"
 
 
 @dataclass
@@ -106,6 +109,10 @@ def config_from_dict(raw: dict[str, Any], *, source: str = "config") -> AgentCon
         extra = set(rule) - rule_fields
         if extra or "gpu_model" not in rule:
             raise ConfigError(f"{source}: pricing[{i}] has unknown keys {sorted(extra)} or no gpu_model")
+        try:
+            hours.parse(rule.get("reclaim_hours", ""))
+        except (hours.HoursError, AttributeError, TypeError) as exc:
+            raise ConfigError(f"{source}: pricing[{i}].reclaim_hours: {exc}; write UTC hours like \"08-20\"") from None
         rules.append(PricingRule(**rule))
     config = AgentConfig(**data, pricing=rules)
     ports_check(config, source=source)

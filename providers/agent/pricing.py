@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from contracts import hours
 from providers.agent.config import PricingRule
 
 TOKEN_DECIMALS = 6
@@ -53,6 +54,17 @@ def validate_rule(rule: PricingRule) -> PricingRule:
         raise PricingError(f"{rule.gpu_model}: need 60 <= min_duration_s <= max_duration_s")
     if rule.reclaimable and not rule.spot_allowed:
         raise PricingError(f"{rule.gpu_model}: lent GPUs (--lend) sell to spot bids only, so they must allow spot (drop --no-spot)")
+    if not isinstance(rule.reclaim_hours, str):
+        raise PricingError(f"{rule.gpu_model}: reclaim_hours is text, like \"08-20\" (UTC hours)")
+    try:
+        mask = hours.parse(rule.reclaim_hours)
+    except hours.HoursError as exc:
+        raise PricingError(f"{rule.gpu_model}: reclaim hours: {exc}") from None
+    if mask and not rule.reclaimable:
+        raise PricingError(f"{rule.gpu_model}: only lent GPUs (--lend) have reclaim hours")
+    if mask == hours.ALL:
+        raise PricingError(f"{rule.gpu_model}: every hour reclaimed means never lent; drop --lend instead")
+    rule.reclaim_hours = hours.text(mask)
     return rule
 
 
@@ -107,13 +119,15 @@ def plan_offers(rules: Iterable[PricingRule], installed: Mapping[str, int], offe
             "max_duration_s": rule.max_duration_s,
             "spot_allowed": rule.spot_allowed,
             "reclaimable": rule.reclaimable,
+            "reclaim_hours": hours.text(hours.parse(rule.reclaim_hours)),
         }
         offer = live.get(model)
         if offer is None:
             actions.append(OfferAction("publish", model, None, {"gpus": count, **terms}))
             continue
-        # a market that predates lending says nothing of it: not lent
-        changes = {k: v for k, v in terms.items() if offer.get(k, False if k == "reclaimable" else None) != v}
+        # a market that predates lending says nothing of it: not lent, no reclaim hours
+        unsaid = {"reclaimable": False, "reclaim_hours": ""}
+        changes = {k: v for k, v in terms.items() if offer.get(k, unsaid.get(k)) != v}
         if int(offer["gpus"]) != count:
             changes["gpus"] = count
         if changes:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -588,3 +589,19 @@ def test_an_agent_lends_its_gpus_takes_them_back_and_lends_them_again(server, tm
     assert offer()["state"] == "open"
     r = agent(home, "reclaim", "H100-SXM-80GB")
     assert r.returncode == 2 and "No lent H100-SXM-80GB offer" in flat(r.stderr), r.stderr
+    # a daily reclaim schedule: checked by the agent, kept by the market in its canonical form
+    r = agent(home, "price", "set", "L4-24GB", "--fixed", "0.80", "--lend", "--reclaim-hours", "8-25")
+    assert r.returncode == 2 and "a range ends at 1-24" in flat(r.stderr), r.stderr
+    r = agent(home, "price", "set", "L4-24GB", "--fixed", "0.80", "--reclaim-hours", "8-20")
+    assert r.returncode == 2 and "only lent GPUs (--lend) have reclaim hours" in flat(r.stderr), r.stderr
+    h = (datetime.now(UTC).hour + 2) % 24  # two hours this test does not reach: the market keeps it open
+    r = agent(home, "price", "set", "L4-24GB", "--fixed", "0.80", "--lend", "--reclaim-hours", f"{h},{(h + 1) % 24}")
+    assert r.returncode == 0, r.stderr + r.stdout
+    written = f"{h:02d}-{h + 2:02d}" if h + 2 <= 24 else f"{h:02d}-{h + 2 - 24:02d}"  # one range, past midnight too
+    assert offer()["reclaim_hours"] == written and offer()["state"] == "open"
+    r = agent(home, "price", "show")
+    assert f"taken back {written} UTC" in flat(r.stdout), r.stdout
+    # --release leaves an offer its provider paused by hand alone
+    assert httpx.patch(f"{server}/api/v1/offers/{offer()['id']}/", headers=auth, json={"state": "paused"}).status_code == 200
+    r = agent(home, "reclaim", "--release")
+    assert r.returncode == 0 and "was not taken back" in flat(r.stdout) and offer()["state"] == "paused", r.stdout

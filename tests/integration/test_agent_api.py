@@ -731,3 +731,69 @@ def test_a_checkpoint_kept_by_the_market_is_read_by_whoever_resumes_it_and_its_u
     r = client_for(other_provider_user).get(url)
     assert r.status_code == 200 and b"".join(r.streaming_content) == body
     assert client_for(buyer).get(url).status_code == 200, "the buyer reads it like any output"
+
+
+def test_a_lent_offers_reclaim_hours_take_it_back_as_they_begin_and_lend_it_again_as_they_end(provider_user, buyer, make_offer, make_bid, client_for):
+    # issue 31, tides: a reclaim schedule ("08-20" UTC) run by the market before each round
+    from datetime import timedelta
+    from unittest import mock
+
+    from django.utils import timezone
+
+    from market.models import Bid, Job, Offer, Trade
+    from market.rounds import round_clear
+    from providers.models import Machine
+
+    provider = client_for(provider_user)
+    offer = make_offer(provider_user, model="A10-24GB", count=2, price=1_000_000)
+    Machine.objects.filter(pk=offer.machine_id).update(state="online")
+    url = f"/api/v1/offers/{offer.pk}/"
+    # the hour after next is reclaimed: now is outside it, in an hour inside, in two past it
+    night = timezone.now()
+    morning = night.replace(minute=0, second=5, microsecond=0) + timedelta(hours=1)
+    evening = morning + timedelta(hours=1)
+    hours = f"{morning.hour:02d}-{evening.hour or 24:02d}"
+    r = provider.patch(url, {"reclaim_hours": "08-20"}, format="json")
+    assert r.status_code == 400 and "Only a lent (reclaimable) offer has reclaim hours" in r.content.decode(), r.content
+    for bad, says in (("8-8", "empty range"), ("25", "an hour starts at 0-23"), ("mornings", "not a range of UTC hours"),
+                      ("0-24", "never lent")):
+        r = provider.patch(url, {"reclaimable": True, "reclaim_hours": bad}, format="json")
+        assert r.status_code == 400 and says in str(r.json()["error"]["fields"]["reclaim_hours"]), (bad, r.content)
+    r = provider.patch(url, {"reclaimable": True, "reclaim_hours": " 8-12, 12-20 "}, format="json")
+    assert r.status_code == 200 and r.json()["reclaim_hours"] == "08-20", r.content
+    r = provider.patch(url, {"reclaim_hours": hours}, format="json")
+    assert r.status_code == 200 and r.json()["reclaim_hours"] == hours, r.content
+
+    spot = make_bid(buyer, gpus=2, gpu_models=["A10-24GB"], max_price=2_000_000, klass="spot")
+    round_clear(now=night, slot=41_000_041)
+    job = Job.objects.get(trade__bid=spot)
+    assert post_event(provider, job, event="started").status_code == 200
+
+    late = make_bid(buyer, gpus=1, gpu_models=["A10-24GB"], max_price=2_000_000, klass="spot")
+    round_clear(now=morning, slot=41_000_042)
+    offer.refresh_from_db()
+    assert (offer.state, offer.paused_by) == ("paused", "schedule")
+    job.refresh_from_db()
+    assert job.checkpoint["preempt_requested"] and f"reclaim hours ({hours} UTC)" in job.checkpoint["preempt_reason"]
+    assert not Trade.objects.filter(bid=late).exists()
+    from django.test import Client
+
+    web = Client()
+    web.force_login(provider_user)
+    page = web.get("/provider/").content.decode()
+    assert f"lent, taken back {hours} UTC" in page and "in its reclaim hours: lent again as they end" in page, page[page.find("<tbody"):][:1500]
+    # reopening it by hand within its hours is refused, saying how
+    with mock.patch("django.utils.timezone.now", return_value=morning):
+        r = provider.patch(url, {"state": "open"}, format="json")
+    assert r.status_code == 409 and "reopens by itself" in r.content.decode(), r.content
+    assert post_event(provider, job, event="preempted", gpu_seconds=20).status_code == 200
+
+    round_clear(now=evening, slot=41_000_043)
+    offer.refresh_from_db()
+    assert (offer.state, offer.paused_by) == ("open", "")
+    # lent again as its hours end
+    assert Trade.objects.get(bid=late).offer_id == offer.pk, Bid.objects.get(pk=late.pk).explanation
+    # taken back by hand within no schedule: the schedule never reopens it
+    assert provider.post(f"/api/v1/offers/{offer.pk}/reclaim/").status_code == 200
+    round_clear(now=evening + timedelta(minutes=1), slot=41_000_044)
+    assert Offer.objects.get(pk=offer.pk).paused_by == "reclaimed"

@@ -20,9 +20,10 @@ def command() -> None:
 @option("--max-duration", type=int, default=30 * 24 * 3600, show_default=True, help="Seconds.")
 @option("--spot/--no-spot", default=True, show_default=True, help="Allow spot (preemptible) bids.")
 @option("--lend/--no-lend", default=False, show_default=True, help="Lend the GPUs while you do not need them: sold to spot bids only, taken back with `gridbid-agent reclaim`.")
+@option("--reclaim-hours", default="", help="With --lend: the UTC hours you take them back every day, e.g. 08-20 or 22-06,12-13.")
 @option("--publish/--no-publish", default=True, show_default=True, help="Publish the offers now.")
 @click.pass_context
-def set_(ctx: click.Context, gpu_model: str, fixed: str | None, floor: str | None, premium: str, exponent: float, min_duration: int, max_duration: int, spot: bool, lend: bool, publish: bool) -> None:
+def set_(ctx: click.Context, gpu_model: str, fixed: str | None, floor: str | None, premium: str, exponent: float, min_duration: int, max_duration: int, spot: bool, lend: bool, reclaim_hours: str, publish: bool) -> None:
     """Set the pricing rule for GPU_MODEL (a catalogue id)."""
     from providers import catalogue
     from providers.agent.commands import home_of, load
@@ -35,9 +36,9 @@ def set_(ctx: click.Context, gpu_model: str, fixed: str | None, floor: str | Non
         fail("Give either --fixed PRICE or --floor PRICE [--premium AMOUNT].", 2)
     try:
         if fixed is not None:
-            rule = PricingRule(gpu_model, "fixed", parse_amount(fixed), 0, 1.0, min_duration, max_duration, spot, lend)
+            rule = PricingRule(gpu_model, "fixed", parse_amount(fixed), 0, 1.0, min_duration, max_duration, spot, lend, reclaim_hours)
         else:
-            rule = PricingRule(gpu_model, "utilisation", parse_amount(floor), parse_amount(premium), exponent, min_duration, max_duration, spot, lend)  # type: ignore[arg-type]
+            rule = PricingRule(gpu_model, "utilisation", parse_amount(floor), parse_amount(premium), exponent, min_duration, max_duration, spot, lend, reclaim_hours)  # type: ignore[arg-type]
         validate_rule(rule)
     except PricingError as exc:
         fail(str(exc), 2)
@@ -75,9 +76,10 @@ def show(ctx: click.Context) -> None:
     from providers.agent.pricing import ask_price, format_amount
 
     config = load(ctx)
-    t = Table("GPU model", "kind", "floor / price", "premium", "ask idle", "ask full", "duration", "spot", title="Pricing (per GPU-hour)")
+    t = Table("GPU model", "kind", "floor / price", "premium", "ask idle", "ask full", "duration", "spot", "lent", title="Pricing (per GPU-hour)")
     for r in config.pricing:
-        t.add_row(r.gpu_model, r.kind, format_amount(r.price), format_amount(r.premium), format_amount(ask_price(r, 0)), format_amount(ask_price(r, 1)), f"{r.min_duration_s}-{r.max_duration_s}s", "yes" if r.spot_allowed else "no")
+        t.add_row(r.gpu_model, r.kind, format_amount(r.price), format_amount(r.premium), format_amount(ask_price(r, 0)), format_amount(ask_price(r, 1)), f"{r.min_duration_s}-{r.max_duration_s}s", "yes" if r.spot_allowed else "no",
+                  ("taken back " + r.reclaim_hours + " UTC" if r.reclaim_hours else "yes") if r.reclaimable else "no")
     console().print(t)
 
 

@@ -33,6 +33,16 @@ def command(ctx: click.Context, gpu_model: str | None, release: bool) -> None:
             if offer["state"] == "open":
                 out.print(f"Offer #{offer['id']} ({offer['gpu_model']}) is lent already.")
                 continue
+            why = offer.get("paused_by")
+            if why == "schedule":
+                out.print(f"Offer #{offer['id']} ({offer['gpu_model']}) is in its reclaim hours ({offer.get('reclaim_hours')} UTC) "
+                          "and is lent again as they end; to lend it now, change them with `gridbid-agent price set ... --reclaim-hours`.")
+                continue
+            if why not in ("reclaimed", None):
+                reason = {"offline": "its machine went quiet: the agent's next heartbeat reopens it",
+                          "provider": "you paused it: reopen it on the provider page or with PATCH state open"}.get(why, f"paused ({why})")
+                out.print(f"Offer #{offer['id']} ({offer['gpu_model']}) was not taken back, so it is left as it is: {reason}.")
+                continue
             market_call(lambda o=offer: client.offer_update(o["id"], {"state": "open"}))
             out.print(f"Offer #{offer['id']} ({offer['gpus']} x {offer['gpu_model']}) is lent again: spot bids may take it.")
             continue
