@@ -42,6 +42,13 @@ class PricingRule:
     spot_allowed: bool = True
     reclaimable: bool = False  # lent: sold to spot bids only, taken back with `gridbid-agent reclaim`
     reclaim_hours: str = ""  # ... and every day in these UTC hours (contracts.hours), e.g. "08-20"
+    # ... and when a queue runs deep (providers.agent.tides): a command printing its depth,
+    # taken back above reclaim_queue_above, lent again at or below release_queue_below
+    # (default: half of it) held for release_after_s
+    reclaim_queue_command: str = ""
+    reclaim_queue_above: float = 0.0
+    release_queue_below: float | None = None
+    release_after_s: float = 300.0
 
 
 @dataclass
@@ -113,7 +120,13 @@ def config_from_dict(raw: dict[str, Any], *, source: str = "config") -> AgentCon
             hours.parse(rule.get("reclaim_hours", ""))
         except (hours.HoursError, AttributeError, TypeError) as exc:
             raise ConfigError(f"{source}: pricing[{i}].reclaim_hours: {exc}; write UTC hours like \"08-20\"") from None
-        rules.append(PricingRule(**rule))
+        r = PricingRule(**rule)
+        number = (int, float)
+        if not isinstance(r.reclaim_queue_command, str) or not isinstance(r.reclaim_queue_above, number) \
+                or not isinstance(r.release_after_s, number) or not isinstance(r.release_queue_below, (*number, type(None))):
+            raise ConfigError(f"{source}: pricing[{i}]: reclaim_queue_command is text and reclaim_queue_above, release_queue_below "
+                              "and release_after_s are numbers; set them with `gridbid-agent price set MODEL ... --lend --reclaim-queue CMD`")
+        rules.append(r)
     config = AgentConfig(**data, pricing=rules)
     ports_check(config, source=source)
     return config

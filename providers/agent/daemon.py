@@ -58,6 +58,7 @@ from providers.agent.runtime import (
     tree_size,
 )
 from providers.agent.state import State
+from providers.agent.tides import QueueWatch, queue_step
 
 LOG_TAIL_BYTES = 4096
 
@@ -110,6 +111,7 @@ class Agent:
     next_heartbeat: float = 0.0
     next_poll: float = 0.0
     next_offer_sync: float = 0.0
+    queue_watch: QueueWatch = field(default_factory=QueueWatch)
     cosigns_answered: set[int] = field(default_factory=set)
     uploading: tuple[dict[str, Any], Future[Any]] | None = None  # (its row in the uploads queue, the PUT running)
     poll_now: threading.Event = field(default_factory=threading.Event)
@@ -203,6 +205,13 @@ class Agent:
                 for action in offers_sync(self.client, self.config, self.inventory):
                     log(f"offers: {action.describe()}")
             except Rejected as exc:  # a pricing problem must not stop the jobs
+                log(f"offers: {exc.message}")
+        if now >= self.queue_watch.next_check:
+            self.queue_watch.next_check = now + self.config.heartbeat_s
+            try:
+                for done in queue_step(self.client, self.config.pricing, self.machine_id, self.queue_watch, now, log):
+                    log(f"offers: {done}")
+            except Rejected as exc:
                 log(f"offers: {exc.message}")
         self.flush()
 

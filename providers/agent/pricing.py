@@ -8,6 +8,7 @@ rules want with the live offers and says what to publish, reprice or withdraw.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
@@ -65,6 +66,24 @@ def validate_rule(rule: PricingRule) -> PricingRule:
     if mask == hours.ALL:
         raise PricingError(f"{rule.gpu_model}: every hour reclaimed means never lent; drop --lend instead")
     rule.reclaim_hours = hours.text(mask)
+    if rule.reclaim_queue_command:
+        if not rule.reclaimable:
+            raise PricingError(f"{rule.gpu_model}: only lent GPUs (--lend) are taken back by a queue")
+        try:
+            words = shlex.split(rule.reclaim_queue_command)
+        except ValueError as exc:
+            raise PricingError(f"{rule.gpu_model}: the queue command cannot be split into words: {exc}") from None
+        if not words:
+            raise PricingError(f"{rule.gpu_model}: the queue command is empty")
+        if not rule.reclaim_queue_above > 0:
+            raise PricingError(f"{rule.gpu_model}: with a queue command, give --reclaim-above N (> 0): the depth that takes the GPUs back")
+        below = rule.release_queue_below
+        if below is not None and not 0 <= below < rule.reclaim_queue_above:
+            raise PricingError(f"{rule.gpu_model}: --release-below must be >= 0 and below --reclaim-above ({rule.reclaim_queue_above:g})")
+        if not 0 <= rule.release_after_s <= 86400:
+            raise PricingError(f"{rule.gpu_model}: --release-after must be 0-86400 seconds")
+    elif rule.reclaim_queue_above or rule.release_queue_below is not None:
+        raise PricingError(f"{rule.gpu_model}: --reclaim-above and --release-below need --reclaim-queue CMD: the command that prints the queue's depth")
     return rule
 
 

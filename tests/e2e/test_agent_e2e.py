@@ -605,3 +605,33 @@ def test_an_agent_lends_its_gpus_takes_them_back_and_lends_them_again(server, tm
     assert httpx.patch(f"{server}/api/v1/offers/{offer()['id']}/", headers=auth, json={"state": "paused"}).status_code == 200
     r = agent(home, "reclaim", "--release")
     assert r.returncode == 0 and "was not taken back" in flat(r.stdout) and offer()["state"] == "paused", r.stdout
+    assert httpx.patch(f"{server}/api/v1/offers/{offer()['id']}/", headers=auth, json={"state": "open"}).status_code == 200
+
+    # "when my inference queue exceeds N": the running daemon reads the queue (a file here,
+    # through a real command) and takes the GPUs back when it runs deep, lends them when quiet
+    queue = tmp_path / "queue_depth"
+    queue.write_text("3\n")
+    command = f"cat {queue}"
+    r = agent(home, "price", "set", "L4-24GB", "--fixed", "0.80", "--lend", "--reclaim-above", "50")
+    assert r.returncode == 2 and "need --reclaim-queue CMD" in flat(r.stderr), r.stderr
+    r = agent(home, "price", "set", "L4-24GB", "--fixed", "0.80", "--lend", "--reclaim-queue", command, "--reclaim-above", "50",
+              "--release-after", "2")
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert "taken back queue > 50 (again <= 25 for 2 s)" in flat(agent(home, "price", "show").stdout)
+    daemon = start_daemon(home, seconds=60)
+    try:
+        time.sleep(3)
+        assert offer()["state"] == "open", "a shallow queue leaves it lent"
+        queue.write_text("57\n")
+        wait_for("the deep queue to take the GPUs back", lambda: offer()["paused_by"] == "reclaimed", seconds=20,
+                 logs=lambda: (home / "daemon.log").read_text(), seen=offer)
+        queue.write_text("40\n")
+        time.sleep(4)
+        assert offer()["state"] == "paused", "between the marks: still taken back"
+        queue.write_text("0\n")
+        wait_for("the quiet queue to lend them again", lambda: offer()["state"] == "open", seconds=20,
+                 logs=lambda: (home / "daemon.log").read_text(), seen=offer)
+        log_text = (home / "daemon.log").read_text()
+        assert "queue 57 > 50" in log_text and "lent again" in log_text, log_text
+    finally:
+        stop_daemons([daemon])

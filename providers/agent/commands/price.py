@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from providers.agent.commands import fail, option
@@ -21,9 +23,13 @@ def command() -> None:
 @option("--spot/--no-spot", default=True, show_default=True, help="Allow spot (preemptible) bids.")
 @option("--lend/--no-lend", default=False, show_default=True, help="Lend the GPUs while you do not need them: sold to spot bids only, taken back with `gridbid-agent reclaim`.")
 @option("--reclaim-hours", default="", help="With --lend: the UTC hours you take them back every day, e.g. 08-20 or 22-06,12-13.")
+@option("--reclaim-queue", default="", help="With --lend: a command printing your own queue's depth (e.g. 'redis-cli llen jobs'); the daemon takes the GPUs back when it runs deep.")
+@option("--reclaim-above", type=float, default=0.0, help="With --reclaim-queue: take them back when the depth is above this.")
+@option("--release-below", type=float, default=None, help="With --reclaim-queue: lend them again at or below this depth (default: half of --reclaim-above).")
+@option("--release-after", type=float, default=300.0, show_default=True, help="With --reclaim-queue: ... held this many seconds.")
 @option("--publish/--no-publish", default=True, show_default=True, help="Publish the offers now.")
 @click.pass_context
-def set_(ctx: click.Context, gpu_model: str, fixed: str | None, floor: str | None, premium: str, exponent: float, min_duration: int, max_duration: int, spot: bool, lend: bool, reclaim_hours: str, publish: bool) -> None:
+def set_(ctx: click.Context, gpu_model: str, fixed: str | None, floor: str | None, premium: str, exponent: float, min_duration: int, max_duration: int, spot: bool, lend: bool, reclaim_hours: str, reclaim_queue: str, reclaim_above: float, release_below: float | None, release_after: float, publish: bool) -> None:
     """Set the pricing rule for GPU_MODEL (a catalogue id)."""
     from providers import catalogue
     from providers.agent.commands import home_of, load
@@ -35,10 +41,13 @@ def set_(ctx: click.Context, gpu_model: str, fixed: str | None, floor: str | Non
     if (fixed is None) == (floor is None):
         fail("Give either --fixed PRICE or --floor PRICE [--premium AMOUNT].", 2)
     try:
+        lent = {"reclaim_hours": reclaim_hours, "reclaim_queue_command": reclaim_queue, "reclaim_queue_above": reclaim_above,
+                "release_queue_below": release_below, "release_after_s": release_after}
         if fixed is not None:
-            rule = PricingRule(gpu_model, "fixed", parse_amount(fixed), 0, 1.0, min_duration, max_duration, spot, lend, reclaim_hours)
+            rule = PricingRule(gpu_model, "fixed", parse_amount(fixed), 0, 1.0, min_duration, max_duration, spot, lend, **lent)
         else:
-            rule = PricingRule(gpu_model, "utilisation", parse_amount(floor), parse_amount(premium), exponent, min_duration, max_duration, spot, lend, reclaim_hours)  # type: ignore[arg-type]
+            rule = PricingRule(gpu_model, "utilisation", parse_amount(floor), parse_amount(premium), exponent,  # type: ignore[arg-type]
+                               min_duration, max_duration, spot, lend, **lent)
         validate_rule(rule)
     except PricingError as exc:
         fail(str(exc), 2)
@@ -48,6 +57,19 @@ def set_(ctx: click.Context, gpu_model: str, fixed: str | None, floor: str | Non
     click.echo(f"Pricing for {gpu_model} saved.")
     if publish:
         ctx.invoke(sync)
+
+
+def lent_terms(r: Any) -> str:
+    """How a rule lends its GPUs, in a few words."""
+    if not r.reclaimable:
+        return "no"
+    back = []
+    if r.reclaim_hours:
+        back.append(f"{r.reclaim_hours} UTC")
+    if r.reclaim_queue_command:
+        below = r.release_queue_below if r.release_queue_below is not None else r.reclaim_queue_above / 2
+        back.append(f"queue > {r.reclaim_queue_above:g} (again <= {below:g} for {r.release_after_s:g} s)")
+    return "taken back " + " and ".join(back) if back else "yes"
 
 
 @command.command("remove")
@@ -79,7 +101,7 @@ def show(ctx: click.Context) -> None:
     t = Table("GPU model", "kind", "floor / price", "premium", "ask idle", "ask full", "duration", "spot", "lent", title="Pricing (per GPU-hour)")
     for r in config.pricing:
         t.add_row(r.gpu_model, r.kind, format_amount(r.price), format_amount(r.premium), format_amount(ask_price(r, 0)), format_amount(ask_price(r, 1)), f"{r.min_duration_s}-{r.max_duration_s}s", "yes" if r.spot_allowed else "no",
-                  ("taken back " + r.reclaim_hours + " UTC" if r.reclaim_hours else "yes") if r.reclaimable else "no")
+                  lent_terms(r))
     console().print(t)
 
 
