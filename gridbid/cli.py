@@ -239,8 +239,8 @@ def chain_deploy() -> None:
               help="How often a spot pod checkpoints: a preempted pod loses the work since its last one.")
 @click.option("--grace-s", type=click.FloatRange(0, 3600), default=30.0, show_default=True,
               help="Seconds a preempted pod takes to write its checkpoint before the service has its GPUs (PREEMPT_GRACE_S).")
-@click.option("--spot-qos", default="BE", show_default=True,
-              help="Comma-separated QoS classes whose pods run as spot (preemptible): BE, Burstable.")
+@click.option("--spot-qos", default="BE,Burstable", show_default=True,
+              help="Comma-separated QoS classes whose pods run as spot (preemptible) with --inference-share: BE, Burstable.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds regions, teams and the capacity search.")
 @click.option("--teams", type=click.IntRange(1, 64), default=12, show_default=True, help="Teams the static policies split the cluster into.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,

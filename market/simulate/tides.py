@@ -55,7 +55,12 @@ F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 
 
-SPOT_QOS = ("BE", "Burstable")  # what --spot-qos can name beside none
+SPOT_QOS = ("BE", "Burstable")  # what --spot-qos can name
+# The pods that run as spot by default: the trace's best-effort ones, and its Burstable ones,
+# which Kubernetes too evicts before Guaranteed pods under pressure. LS (latency-sensitive)
+# and Guaranteed pods are never preempted. BE alone is 4% of the trace's GPU work, too
+# little to fill what a service lends (docs/simulate.md measures both).
+DEFAULT_SPOT_QOS = ("BE", "Burstable")
 
 
 @dataclass(frozen=True)
@@ -68,7 +73,7 @@ class Options:
     share: float = 0.0
     checkpoint_s: float = 1800.0
     grace_s: float = 30.0
-    spot_qos: tuple[str, ...] = ("BE",)
+    spot_qos: tuple[str, ...] = DEFAULT_SPOT_QOS
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,7 @@ def test_an_inference_service_lends_its_tide_in_the_market_and_the_summary_says_
     # the service's GPUs count in every policy's utilisation
     assert pol["best-fit"]["utilisation"] >= svc["gpu_hours"] / (summary["cluster"]["gpus"] * 6)
     # its requests, one by one: served on its own slice (best-fit, no lending) alike
-    assert svc["grace_s"] == 30 and svc["spot_qos"] == ["BE"]
+    assert svc["grace_s"] == 30 and svc["spot_qos"] == ["BE", "Burstable"]
     alone = pol["best-fit"]["inference"]
     assert alone["requests"] > 0 and alone == pol["gridbid-no-preempt"]["inference"]
     assert alone["short_gpu_s"] == 0 and alone["queue_p95_s"] >= 0
