@@ -53,12 +53,15 @@ async def run(url: str, token: str | None, channels: list[str], bid: dict[str, A
             except TimeoutError:
                 click.echo(f"no message for {timeout:g} s", err=True)
                 return 1
-            seen += 1
             if msg.get("type") in ("snapshot", "update"):
                 ok = tracker.accept(msg)
+                if ok is None:  # sent before the snapshot was taken, and already in it
+                    click.echo(f"skipped {msg['channel']} update {msg['seq']}: older than the snapshot", err=True)
+                    continue
                 if ok is False:
                     click.echo(f"gap on {msg['channel']}: resubscribing", err=True)
                     await ws.send(json.dumps({"type": "subscribe", "channel": msg["channel"]}))
+            seen += 1
             click.echo(json.dumps(msg))
             if msg.get("type") == "error" and msg.get("code") == "not_authenticated":
                 return 2
