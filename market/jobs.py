@@ -39,7 +39,7 @@ from market.events import (
 )
 from market.funding import EscrowShort, funds_of, usdc
 from market.models import Bid, Booking, Job, Offer, Trade, User
-from market.services import bid_continue, spec_signature_custodial
+from market.services import MIN_CONTINUATION_S, bid_continue, spec_signature_custodial
 from market.ssh_keys import authorized_keys
 from market.states import BidState, BookingState, JobState, OfferState
 from providers.models import MachineState
@@ -130,7 +130,20 @@ def job_preemption(job: Job) -> dict[str, Any] | None:
         "stopped_at": job.ended_at.isoformat() if job.ended_at and job.state == JobState.PREEMPTED else None,
         "checkpoint": meta.get("latest_checkpoint") if job.state == JobState.PREEMPTED else None,
         "lost_gpu_seconds": meta.get("lost_gpu_seconds"), "resumed": resumed,
+        "not_resumed": None if resumed is not None or job.state != JobState.PREEMPTED else _not_resumed(job, meta),
     }
+
+
+def _not_resumed(job: Job, meta: dict[str, Any]) -> str:
+    """Why the rest of a preempted job has not gone back to the market (or not yet)."""
+    checkpoint = meta.get("latest_checkpoint")
+    if not checkpoint:
+        return ("it left no checkpoint, so there is nothing to resume from: it did not go back to the market, "
+                "and the time it did not run is not charged")
+    if str(checkpoint.get("url") or "").startswith(MARKET_SCHEME) and not job.outputs.filter(path=CHECKPOINT_OUTPUT).exists():
+        return "waiting for its agent to upload the checkpoint: the rest goes back to the market once it is in"
+    return (f"too little of its time was left (under {MIN_CONTINUATION_S} s) or its deadline would pass first: it did not go "
+            "back to the market, and the time it did not run is not charged")
 
 
 def job_log_tail(job: Job) -> str:

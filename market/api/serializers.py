@@ -541,6 +541,7 @@ class JobSerializer(serializers.ModelSerializer):
         "for_bid": serializers.IntegerField(allow_null=True), "grace_s": serializers.IntegerField(), "stopped_at": serializers.DateTimeField(allow_null=True),
         "checkpoint": serializers.DictField(allow_null=True), "lost_gpu_seconds": serializers.IntegerField(allow_null=True),
         "resumed": serializers.DictField(allow_null=True, help_text="bid, job, state, machine, region of the part that resumed from its checkpoint"),
+        "not_resumed": serializers.CharField(allow_null=True, help_text="Why the rest has not gone back to the market, or not yet; null once it has, or while the job is stopping"),
     }, allow_null=True))
     def get_preemption(self, job: Job) -> dict[str, Any] | None:
         return job_preemption(job)

@@ -797,3 +797,33 @@ def test_a_lent_offers_reclaim_hours_take_it_back_as_they_begin_and_lend_it_agai
     assert provider.post(f"/api/v1/offers/{offer.pk}/reclaim/").status_code == 200
     round_clear(now=evening + timedelta(minutes=1), slot=41_000_044)
     assert Offer.objects.get(pk=offer.pk).paused_by == "reclaimed"
+
+
+def test_a_preempted_jobs_buyer_is_told_why_the_rest_has_not_resumed(provider_user, buyer, make_job, client_for):
+    # issue 31: a job preempted without a checkpoint, or whose market-kept checkpoint is not
+    # in yet, said only "not resumed: too little time was left, or no checkpoint"
+    from contracts.receipts import checkpoint_url
+    from market.jobs import job_preempt_request
+
+    agent, api = client_for(provider_user), client_for(buyer)
+    bare = make_job(provider_user, gpus=1)
+    assert post_event(agent, bare, event="started").status_code == 200
+    job_preempt_request(job=bare, reason="spot capacity reclaimed")
+    assert api.get(f"/api/v1/jobs/{bare.pk}/").json()["preemption"]["not_resumed"] is None, "still stopping"
+    assert post_event(agent, bare, event="preempted", gpu_seconds=10).status_code == 200
+    pre = api.get(f"/api/v1/jobs/{bare.pk}/").json()["preemption"]
+    assert pre["resumed"] is None and "left no checkpoint" in pre["not_resumed"], pre
+
+    kept = make_job(provider_user, gpus=1)
+    assert post_event(agent, kept, event="started").status_code == 200
+    job_preempt_request(job=kept, reason="spot capacity reclaimed")
+    r = post_event(agent, kept, event="preempted", gpu_seconds=10, checkpoint={"size": 3, "sha256": "ab" * 32, "url": checkpoint_url(kept.pk)})
+    assert r.status_code == 200, r.content
+    pre = api.get(f"/api/v1/jobs/{kept.pk}/").json()["preemption"]
+    assert pre["resumed"] is None and "waiting for its agent to upload the checkpoint" in pre["not_resumed"], pre
+    from django.test import Client
+
+    web = Client()
+    web.force_login(buyer)
+    page = web.get(f"/jobs/{kept.pk}/").content.decode()
+    assert "not resumed: waiting for its agent to upload the checkpoint" in page
