@@ -322,7 +322,8 @@ def simulate(trace_name: str, pods: Path | None, nodes: Path | None, days: float
             click.echo(f"{name:<20}{q['requests']:>10,}{show(q['queue_p95_s'], ',.1f'):>13}{show(q['queue_p99_s'], ',.1f'):>8}"
                        f"{q['waited_share']:>8.2%}{show(f['lent_gpu_hours_at_slo'], ',.0f'):>12}{show(f['preemptions_at_slo'], ','):>11}"
                        f"{show(None if f['work_lost_gpu_s_at_slo'] is None else f['work_lost_gpu_s_at_slo'] / 3600, ',.1f'):>12}")
-    click.echo(f"wrote {path} (and summary.json and {len(report.CHARTS)} charts beside it)")
+    drawn = len(report.CHARTS) + (summary["inference_service"] is not None)
+    click.echo(f"wrote {path} (and summary.json and {drawn} charts beside it)")
 
 
 def _console():  # type: ignore[no-untyped-def]

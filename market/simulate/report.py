@@ -6,6 +6,7 @@ sorted, floats rounded (``metrics._r``), no timestamps."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,8 @@ def summary(trace: Trace, results: dict[str, PolicyResult], seed: int, sim: Simu
             "grace_s": sim.options.grace_s,
             "spot_qos": list(sim.options.spot_qos),
             "scale": round(t.scale, 6),
+            # per hour of the window, the GPUs it needs: what the report's tide chart draws
+            "need_over_time": [t.need(k * 3600.0) for k in range(math.ceil(trace.window_s / 3600))],
         }
     models: dict[str, int] = {}
     regions: dict[str, int] = {}
@@ -93,6 +96,7 @@ def write(summary: dict[str, Any], out: Path) -> Path:
 
 
 CHARTS = ("utilisation.png", "jct_cdf.png", "queue_cdf.png", "cost_carbon.png", "capacity.png")
+TIDE_CHART = "tide.png"  # with an inference service, beside them
 
 
 def charts(trace: Trace, results: dict[str, PolicyResult], summary: dict[str, Any], out: Path) -> list[Path]:
@@ -155,6 +159,21 @@ def charts(trace: Trace, results: dict[str, PolicyResult], summary: dict[str, An
          ("kg CO2", "#5a9e5a", [pol[n]["kg_co2"] or 0.0 for n in names]))
     bars(CHARTS[4], ("GPUs needed for p95 queueing <= 10 min", "#c0504d", [pol[n]["capacity_at_slo_gpus"] or 0 for n in names]),
          ("Utilisation at that capacity, %", "#8064a2", [(pol[n]["utilisation_at_slo"] or 0.0) * 100 for n in names]))
+    svc = summary.get("inference_service")
+    if svc:  # the tide: what the service owns, what it needs hour by hour; the gap is what it can lend
+        need = np.asarray(svc["need_over_time"], dtype=np.float64)
+        hours = np.arange(len(need) + 1) / 24
+        fig, ax = plt.subplots(figsize=(9, 3.2))
+        ax.stairs(need, hours, fill=True, color="#3b7dd8", alpha=0.6, label="GPUs it needs (its requests / a GPU's throughput)")
+        ax.axhline(svc["owned_gpus"], color="#c0504d", lw=1.2, label=f"GPUs it owns ({svc['owned_gpus']:,})")
+        lent = {n: pol[n].get("lent_gpu_hours_at_slo") for n in names if pol[n].get("lent_gpu_hours_at_slo")}
+        extra = "; lent at the SLO: " + ", ".join(f"{n} {v:,.0f} GPU-h" for n, v in lent.items()) if lent else ""
+        ax.set_title(f"The inference service's tide: idle between the line and the fill{extra}", fontsize=9)
+        ax.set_xlabel("day of the window")
+        ax.set_ylabel("GPUs")
+        ax.set_ylim(0, svc["owned_gpus"] * 1.35)
+        ax.legend(fontsize=8, loc="upper right", ncols=2)
+        save(fig, TIDE_CHART)
     return paths
 
 

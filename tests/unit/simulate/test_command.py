@@ -94,6 +94,10 @@ def test_an_inference_service_lends_its_tide_in_the_market_and_the_summary_says_
     assert alone["short_gpu_s"] == 0 and alone["queue_p95_s"] >= 0
     lent = pol["gridbid"]["inference"]
     assert lent["requests"] == alone["requests"]
+    # the tide, drawn: its need per hour of the window beside what it owns
+    assert len(svc["need_over_time"]) == 6 and max(svc["need_over_time"]) <= svc["owned_gpus"]
+    assert (tmp_path / "r" / report.TIDE_CHART).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "r" / "report.html").read_text().count("data:image/png;base64,") == len(report.CHARTS) + 1
     assert pol["static-sized" if "static-sized" in pol else "best-fit"]["inference"] is not None
 
 
