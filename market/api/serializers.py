@@ -225,31 +225,6 @@ class MachineCreateSerializer(serializers.Serializer):
 
 
 # --- offers ----------------------------------------------------------------------
-class OfferSerializer(serializers.ModelSerializer):
-    region = serializers.CharField(source="machine.region_id", read_only=True)
-    provider = serializers.IntegerField(source="machine.provider_id", read_only=True)
-    reliability = serializers.FloatField(source="machine.reliability", read_only=True)
-    memory_gib = serializers.IntegerField(source="gpu_model.memory_gib", read_only=True)
-    compute_units = serializers.FloatField(source="gpu_model.compute_units", read_only=True)
-    price_per_compute_unit = serializers.SerializerMethodField()
-    runs_containers = serializers.BooleanField(source="machine.runs_containers", read_only=True, help_text="Its machine runs container images (docker or podman)")
-    publishes_ports = serializers.BooleanField(source="machine.publishes_ports", read_only=True, help_text="Its machine publishes ports and SSH")
-    host = HostSerializer(source="machine", read_only=True, help_text="Its machine's host (CPU, RAM, free disk, bandwidth, CUDA, GPU links)")
-    reclaim_hours = serializers.SerializerMethodField(help_text="A lent offer's daily reclaim schedule: UTC hours like 08-20 or 22-06,12-13; empty for none")
-
-    class Meta:
-        model = Offer
-        fields = ["id", "machine", "provider", "region", "gpu_model", "gpus", "gpus_free", "price", "min_duration_s", "max_duration_s", "available_from", "available_until", "spot_allowed", "reserved_only", "reclaimable", "reclaim_hours", "state", "paused_by", "reliability", "memory_gib", "compute_units", "price_per_compute_unit", "runs_containers", "publishes_ports", "host", "created_at", "updated_at"]
-
-    @extend_schema_field(serializers.FloatField())
-    def get_price_per_compute_unit(self, offer: Offer) -> float:
-        return round(offer.price / offer.gpu_model.compute_units, 2)
-
-    @extend_schema_field(serializers.CharField())
-    def get_reclaim_hours(self, offer: Offer) -> str:
-        return hours.text(offer.reclaim_hours)
-
-
 @extend_schema_field({"type": "string", "maxLength": 200, "example": "08-20"})
 class ReclaimHoursField(serializers.Field):
     """A lent offer's reclaim schedule, written as UTC hour ranges (``contracts.hours``); the
@@ -273,6 +248,28 @@ class ReclaimHoursField(serializers.Field):
 
     def to_representation(self, value: int) -> str:
         return hours.text(value)
+
+
+class OfferSerializer(serializers.ModelSerializer):
+    region = serializers.CharField(source="machine.region_id", read_only=True)
+    provider = serializers.IntegerField(source="machine.provider_id", read_only=True)
+    reliability = serializers.FloatField(source="machine.reliability", read_only=True)
+    memory_gib = serializers.IntegerField(source="gpu_model.memory_gib", read_only=True)
+    compute_units = serializers.FloatField(source="gpu_model.compute_units", read_only=True)
+    price_per_compute_unit = serializers.SerializerMethodField()
+    runs_containers = serializers.BooleanField(source="machine.runs_containers", read_only=True, help_text="Its machine runs container images (docker or podman)")
+    publishes_ports = serializers.BooleanField(source="machine.publishes_ports", read_only=True, help_text="Its machine publishes ports and SSH")
+    host = HostSerializer(source="machine", read_only=True, help_text="Its machine's host (CPU, RAM, free disk, bandwidth, CUDA, GPU links)")
+    reclaim_hours = ReclaimHoursField(read_only=True, help_text="A lent offer's daily reclaim schedule: UTC hours like 08-20 or 22-06,12-13; empty for none")
+
+    class Meta:
+        model = Offer
+        fields = ["id", "machine", "provider", "region", "gpu_model", "gpus", "gpus_free", "price", "min_duration_s", "max_duration_s", "available_from", "available_until", "spot_allowed", "reserved_only", "reclaimable", "reclaim_hours", "state", "paused_by", "reliability", "memory_gib", "compute_units", "price_per_compute_unit", "runs_containers", "publishes_ports", "host", "created_at", "updated_at"]
+
+    @extend_schema_field(serializers.FloatField())
+    def get_price_per_compute_unit(self, offer: Offer) -> float:
+        return round(offer.price / offer.gpu_model.compute_units, 2)
+
 
 
 @extend_schema_field({"type": "integer", "description": "The id of one of your machines."})

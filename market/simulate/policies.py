@@ -211,11 +211,11 @@ class Simulation:
         if steps not in self.queues:
             arrival, took = self.requests
             w = tides.serve(arrival, took, steps)
+            n = len(w)
+            w = w if n else np.zeros(1)  # no request in the window: nothing waited
             self.queues[steps] = ServiceQueue(
-                requests=len(w), queue_mean_s=float(w.mean()) if len(w) else 0.0,
-                queue_p95_s=float(np.percentile(w, 95)) if len(w) else 0.0,
-                queue_p99_s=float(np.percentile(w, 99)) if len(w) else 0.0,
-                waited_share=float((w > 0).mean()) if len(w) else 0.0, short_gpu_s=o.service_short_gpu_s)
+                requests=n, queue_mean_s=float(w.mean()), queue_p95_s=float(np.percentile(w, 95)),
+                queue_p99_s=float(np.percentile(w, 99)), waited_share=float((w > 0).mean()), short_gpu_s=o.service_short_gpu_s)
         return self.queues[steps]
 
     # -- one run of each policy on a set of nodes ----------------------------------------

@@ -50,6 +50,11 @@ class PricingRule:
     release_queue_below: float | None = None
     release_after_s: float = 300.0
 
+    @property
+    def release_mark(self) -> float:
+        """The queue depth at or below which lent GPUs taken back by the queue go out again."""
+        return self.release_queue_below if self.release_queue_below is not None else self.reclaim_queue_above / 2
+
 
 @dataclass
 class AgentConfig:

@@ -70,7 +70,7 @@ class QueueWatch:
     def decide(self, rule: PricingRule, depth: float, offer: dict[str, Any], now: float) -> str | None:
         """``"reclaim"``, ``"release"`` or None, for ``offer`` (this rule's live offer) at
         queue ``depth``."""
-        below = rule.release_queue_below if rule.release_queue_below is not None else rule.reclaim_queue_above / 2
+        below = rule.release_mark
         if depth > rule.reclaim_queue_above:
             self.quiet_since.pop(rule.gpu_model, None)
             return "reclaim" if offer.get("state") == "open" else None

@@ -1,10 +1,13 @@
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
 from providers.agent.commands import fail, option
+
+if TYPE_CHECKING:
+    from providers.agent.config import PricingRule
 
 
 @click.group("price")
@@ -59,7 +62,7 @@ def set_(ctx: click.Context, gpu_model: str, fixed: str | None, floor: str | Non
         ctx.invoke(sync)
 
 
-def lent_terms(r: Any) -> str:
+def lent_terms(r: PricingRule) -> str:
     """How a rule lends its GPUs, in a few words."""
     if not r.reclaimable:
         return "no"
@@ -67,8 +70,7 @@ def lent_terms(r: Any) -> str:
     if r.reclaim_hours:
         back.append(f"{r.reclaim_hours} UTC")
     if r.reclaim_queue_command:
-        below = r.release_queue_below if r.release_queue_below is not None else r.reclaim_queue_above / 2
-        back.append(f"queue > {r.reclaim_queue_above:g} (again <= {below:g} for {r.release_after_s:g} s)")
+        back.append(f"queue > {r.reclaim_queue_above:g} (again <= {r.release_mark:g} for {r.release_after_s:g} s)")
     return "taken back " + " and ".join(back) if back else "yes"
 
 
