@@ -147,6 +147,18 @@ def market_buckets(*, gpu_model: str | None = None, region: str | None = None) -
     return [b for b in buckets if (not gpu_model or b.gpu_model == gpu_model) and (not region or b.region == region)]
 
 
+def market_bucket(gpu_model: str, region: str) -> Bucket:
+    """One market's figures, whether or not it has an open offer now: a market whose offers
+    are all sold or paused still has its best bid and its last clearing price (the markets
+    list, which lists markets with open offers, may have shown that price a moment before)."""
+    found = market_buckets(gpu_model=gpu_model, region=region)
+    if found:
+        return found[0]
+    n, best = _open_bids_per_bucket([(gpu_model, region)]).get((gpu_model, region), (0, None))
+    prices = _last_prices().get((gpu_model, region), [])
+    return Bucket(gpu_model, region, 0, 0, None, best, n, prices[0] if prices else None, prices[1] if len(prices) > 1 else None)
+
+
 def _market_buckets_compute() -> list[Bucket]:
     ask_rows = offers_open().order_by().values("gpu_model_id", "machine__region_id").annotate(
         n=Count("id"), free=Sum("gpus_free"), best=Min("price")

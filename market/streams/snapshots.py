@@ -24,14 +24,13 @@ def book(gpu_model: str, region: str) -> dict[str, Any]:
     """Best ask and bid, and ask depth by price level, for one bucket."""
     offers = selectors.offers_open().filter(gpu_model_id=gpu_model, machine__region_id=region, gpus_free__gt=0)
     levels = list(offers.values("price").annotate(gpus=Sum("gpus_free")).order_by("price")[:DEPTH_LEVELS])
-    buckets = selectors.market_buckets(gpu_model=gpu_model, region=region)
-    b = buckets[0] if buckets else None
+    b = selectors.market_bucket(gpu_model, region)
     return {
         "gpu_model": gpu_model,
         "region": region,
         "best_ask": levels[0]["price"] if levels else None,
-        "best_bid": b.best_bid if b else None,
-        "last_price": b.last_price if b else None,
+        "best_bid": b.best_bid,
+        "last_price": b.last_price,
         "gpus_free": sum(lv["gpus"] for lv in levels),
         "asks": [[lv["price"], lv["gpus"]] for lv in levels],
     }

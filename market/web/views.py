@@ -106,7 +106,6 @@ def market_detail(request: HttpRequest, gpu_model: str, region: str) -> HttpResp
     min_gpus = request.GET.get("min_gpus", "")
     if min_gpus.isascii() and min_gpus.isdigit():
         offers = offers.filter(gpus_free__gte=int(min_gpus))
-    buckets = selectors.market_buckets(gpu_model=model.id, region=reg.id)
     depth = _depth(offers)
     bid_depth = selectors.bucket_bid_depth(model.id, reg.id)
     history = selectors.bucket_price_history(model.id, reg.id)
@@ -114,7 +113,7 @@ def market_detail(request: HttpRequest, gpu_model: str, region: str) -> HttpResp
     return render(
         request,
         "market/market_detail.html",
-        {"model": model, "region": reg, "offers": offers[:200], "bucket": buckets[0] if buckets else None, "depth": depth, "bid_depth": bid_depth, "history": history, "history_prices": [p for _, p in history], "recent": recent, "min_gpus": min_gpus},
+        {"model": model, "region": reg, "offers": offers[:200], "bucket": selectors.market_bucket(model.id, reg.id), "depth": depth, "bid_depth": bid_depth, "history": history, "history_prices": [p for _, p in history], "recent": recent, "min_gpus": min_gpus},
     )
 
 

@@ -454,3 +454,24 @@ def test_offers_show_their_host_filter_on_it_and_rent_this_carries_the_filters_i
     assert "host: CUDA ≥ 12.0 disk ≥ 100 GB" in c.get("/orders/").content.decode(), "My orders says what the bid needs"
     r = c.post("/bids/new/", {"gpu_model": "A100-SXM-80GB", "gpus": 1, "max_price_usd": "2.00", "hours": "1", "klass": "on_demand", "command": "python x.py", "min_cuda": "12.x"})
     assert r.status_code == 200 and "is not a CUDA version" in r.content.decode()
+
+
+def test_a_market_with_no_open_offer_still_shows_its_last_clearing_price(buyer, make_bid):
+    # clean-clone CI: the markets list showed a price for a market whose offers were all
+    # sold a moment later, and its page then read "—" for the last clearing price, because
+    # the page's figures came only from markets with an open offer
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from market.models import AuctionRound
+
+    start = timezone.now() - timedelta(minutes=5)
+    for i, price in enumerate((1_400_000, 1_520_000)):
+        AuctionRound.objects.create(number=950 + i, scheduled_for=start, state="cleared", cleared_at=start + timedelta(minutes=i),
+                                    prices=[{"gpu_model": "A100-SXM-80GB", "region": "us-east", "price": price}])
+    make_bid(buyer, gpus=2, gpu_models=["A100-SXM-80GB"], max_price=1_600_000)
+    page = Client().get("/markets/A100-SXM-80GB/us-east/").content.decode()
+    assert '<dd data-kpi="last_price">1.52 USDC/GPU-h</dd>' in page, page[page.index("data-kpi"):][:600]
+    assert '<dd class="bid" data-kpi="best_bid">1.60 USDC/GPU-h</dd>' in page
+    assert '<dd data-kpi="gpus_free">0</dd>' in page
