@@ -45,12 +45,13 @@ from .market import (
 
 def milp_pick(
     mkt: Market, pair_bid: I64, pair_offer: I64, pair_score: I64, free: I64, node_limit: int,
-    rel_gap: float = 1e-6,
+    rel_gap: float = 1e-6, start: I64 | None = None,
 ) -> I64:
     """Indices of the pairs an exact MILP (HiGHS) picks; a node limit, not a
     time limit, bounds it so the answer does not depend on the machine. The
     divisibility rows (``market.size_tier``) are written too: they cut off
-    fractional points only, and tighten every node's relaxation."""
+    fractional points only, and tighten every node's relaxation. ``start``, a
+    feasible pick, is HiGHS's first incumbent."""
     n = len(pair_bid)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
@@ -77,10 +78,124 @@ def milp_pick(
         top += len(used)
     a = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(top, n)).tocsc()
     hi = np.concatenate(rhs)
-    x = _mip(a, pair_score.astype(np.float64), np.ones(n), np.full(len(hi), -np.inf), hi, node_limit, rel_gap)
+    x0 = None
+    if start is not None:
+        x0 = np.zeros(n, dtype=np.float64)
+        x0[start] = 1.0
+    x = _mip(a, pair_score.astype(np.float64), np.ones(n), np.full(len(hi), -np.inf), hi, node_limit, rel_gap, x0)
     if x is None:
         return np.zeros(0, dtype=np.int64)
     return np.flatnonzero(x > 0.5).astype(np.int64)
+
+
+DIVE_BATCH = 0.1  # per LP of a dive: the share of the pairs the LP uses that it fixes
+
+
+def dive_pick(mkt: Market, pair_bid: I64, pair_offer: I64, pair_score: I64, free: I64) -> tuple[I64, float]:
+    """A feasible pick of pairs (indices) by diving on the LP relaxation, and that
+    relaxation's optimum, which bounds every pick: the same model as ``milp_pick``,
+    with a divisibility row for every offer and tier. Each step solves the LP
+    (warm-started from the last), then fixes a tenth of the pairs it uses, biggest
+    bids first, among them those the LP holds at one half or more first, then by
+    LP value and score; a fixed pair takes its GPUs off its offer's rows, and every
+    pair that can no longer fit, or whose bid is placed, leaves the model. What is
+    left at the end is filled greedily by score.
+
+    Why biggest first: the LP shares a machine between a whole small job and half a
+    big one, so fixing its integral part first (every small job where the LP put
+    it) left the big jobs nowhere whole. On the 1,000-a-side bench rounds' fractional
+    rests (2,500-22,000 pairs) this reaches 0.9986-0.9999 of HiGHS's MILP in 0.05-0.8 s,
+    where the MILP took 0.6-38 s; fixing the integral part first reached 0.97-0.9999.
+    Each step fixes or removes at least one pair, so it ends within ``len(pairs)``
+    LPs; a count of steps, not a clock, so a replay dives the same way."""
+    n = len(pair_bid)
+    none_i = np.zeros(0, dtype=np.int64)
+    if n == 0 or _highs is None:  # pragma: no cover - no HiGHS binding: the MILP alone
+        return none_i, 0.0 if n == 0 else math.inf
+    _, bi = np.unique(pair_bid, return_inverse=True)
+    offs, oi = np.unique(pair_offer, return_inverse=True)
+    nb, no = int(bi.max()) + 1, len(offs)
+    g = mkt.b_gpus[pair_bid].astype(np.int64)
+    gf = g.astype(np.float64)
+    jp = size_tier(mkt.b_gpus[pair_bid], mkt.b_same[pair_bid])
+    rows, cols, vals = [bi, nb + oi], [np.arange(n), np.arange(n)], [np.ones(n), gf]
+    top = nb + no
+    tiers: list[tuple[int, I64, int]] = []
+    for j in range(1, CUT_TIERS):
+        sel = np.flatnonzero(jp >= j)
+        if not len(sel):
+            continue
+        used, local = np.unique(oi[sel], return_inverse=True)
+        rows.append(top + local)
+        cols.append(sel)
+        vals.append(gf[sel])
+        tiers.append((j, used, top))
+        top += len(used)
+    a = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(top, n)).tocsc()
+    cap = np.maximum(free[offs].astype(np.int64), 0)
+
+    def rhs() -> F64:
+        out = np.empty(top, dtype=np.float64)
+        out[:nb] = 1.0
+        out[nb:nb + no] = cap
+        for j, used, first in tiers:
+            out[first:first + len(used)] = (cap[used] >> j) << j
+        return out
+
+    h = _highs._Highs()
+    for k, v in (("output_flag", False), ("threads", 1), ("random_seed", 0), ("presolve", "off")):
+        h.setOptionValue(k, v)
+    none = np.zeros(0, dtype=np.int32)
+    hi = rhs()
+    h.addRows(top, np.full(top, -np.inf), hi, 0, none, none, np.zeros(0))
+    h.addCols(n, pair_score.astype(np.float64), np.zeros(n), np.ones(n), a.nnz, a.indptr[:-1].astype(np.int32),
+              a.indices.astype(np.int32), a.data)
+    h.changeObjectiveSense(_highs.ObjSense.kMaximize)
+    chosen = np.zeros(n, dtype=np.bool_)
+    gone = np.zeros(n, dtype=np.bool_)
+    placed = np.zeros(nb, dtype=np.bool_)
+    ids_b, ids_o = mkt.bids_id[pair_bid], mkt.o_id[pair_offer]
+    bound = math.inf
+    for step in range(n + 1):
+        h.run()
+        if h.getModelStatus() != _highs.HighsModelStatus.kOptimal:
+            break
+        x = np.asarray(h.getSolution().col_value, dtype=np.float64)
+        if step == 0:
+            bound = float(h.getInfo().objective_function_value)
+        cand = np.flatnonzero((x > 1e-6) & ~gone)
+        if not len(cand):
+            break
+        xr = np.round(x[cand], 6)
+        order = cand[np.lexsort((ids_o[cand], ids_b[cand], -pair_score[cand], -xr, xr < 0.5, -g[cand]))]
+        take = max(1, math.ceil(DIVE_BATCH * len(cand)))
+        fixed: list[int] = []
+        for i in order.tolist():
+            if len(fixed) >= take:
+                break
+            b, o = int(bi[i]), int(oi[i])
+            if placed[b] or cap[o] < g[i]:
+                continue
+            placed[b] = True
+            cap[o] -= g[i]
+            fixed.append(i)
+        chosen[fixed] = True
+        dead = np.flatnonzero(~gone & (placed[bi] | (g > cap[oi])))
+        if not fixed and not len(dead):
+            break
+        gone[dead] = True
+        h.changeColsBounds(len(dead), dead.astype(np.int32), np.zeros(len(dead)), np.zeros(len(dead)))
+        new = rhs()
+        for r in np.flatnonzero(new != hi).tolist():
+            h.changeRowBounds(r, -np.inf, float(new[r]))
+        hi = new
+    for i in np.lexsort((ids_o, ids_b, -pair_score)).tolist():
+        b, o = int(bi[i]), int(oi[i])
+        if not placed[b] and cap[o] >= g[i]:
+            placed[b] = True
+            cap[o] -= g[i]
+            chosen[i] = True
+    return np.flatnonzero(chosen).astype(np.int64), bound
 
 
 MIP_CHECKPOINTS = 500  # per MIP: how many times HiGHS may stop to ask whether to go on (``run_counted``)
@@ -108,7 +223,8 @@ def run_counted(h: Any, checkpoints: int) -> None:
         h.stopCallback(_highs.cb.HighsCallbackType.kCallbackMipInterrupt)
 
 
-def _mip(a: csc_matrix, obj: F64, ub: F64, lo: F64, hi: F64, node_limit: int, rel_gap: float) -> F64 | None:
+def _mip(a: csc_matrix, obj: F64, ub: F64, lo: F64, hi: F64, node_limit: int, rel_gap: float,
+         start: F64 | None = None) -> F64 | None:
     """Maximise ``obj @ x`` over integers ``0 <= x <= ub``, ``lo <= a @ x <= hi``
     (``a`` in CSC) with HiGHS, single-threaded, seeded and node-limited so the
     answer does not depend on the machine. HiGHS's root reduced-cost heuristic
@@ -132,6 +248,11 @@ def _mip(a: csc_matrix, obj: F64, ub: F64, lo: F64, hi: F64, node_limit: int, re
     h.addCols(n, obj, np.zeros(n), ub, a.nnz, a.indptr[:-1].astype(np.int32), a.indices.astype(np.int32), a.data)
     h.changeObjectiveSense(_highs.ObjSense.kMaximize)
     h.changeColsIntegrality(n, np.arange(n, dtype=np.int32), np.full(n, _highs.HighsVarType.kInteger, dtype=np.uint8))
+    if start is not None:
+        sol = _highs.HighsSolution()
+        sol.col_value = start.tolist()
+        sol.value_valid = True
+        h.setSolution(sol)
     run_counted(h, MIP_CHECKPOINTS)
     sol = np.asarray(h.getSolution().col_value, dtype=np.float64)
     if len(sol) != n or not h.getSolution().value_valid:

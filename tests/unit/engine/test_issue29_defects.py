@@ -418,3 +418,78 @@ def test_a_round_too_big_for_one_model_clears_each_class_by_its_own_mip(monkeypa
         assert best is not None and ub is not None, k
         assert got >= best * 0.9999, (k, got, best)  # the class's optimum on what the classes above left
         assert ub >= best, (k, ub, best)
+
+
+# 10. the LP path's large fractional rest: an LP dive, not a MILP at its root ------------
+
+
+def rest_of(seed: int, bids: int, offers: int, per_bid: int) -> tuple[Any, Any, Any, Any, Any]:
+    """A fractional rest as ``Solver._frac_milp`` hands it on: 1/2/4/8-GPU same-machine bids,
+    each feasible on ``per_bid`` offers of 0-8 free GPUs, with tied asks (many equal scores)."""
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(seed)
+    gpus = rng.choice([1, 2, 4, 8], size=bids, p=[0.4, 0.25, 0.2, 0.15]).astype(np.int64)
+    free = rng.choice([0, 1, 2, 4, 7, 8], size=offers, p=[0.1, 0.1, 0.15, 0.25, 0.05, 0.35]).astype(np.int64)
+    value = rng.integers(200, 400, size=bids)
+    ask = rng.choice([100, 120, 150], size=offers)
+    pb = np.repeat(np.arange(bids, dtype=np.int64), per_bid)
+    po = np.concatenate([rng.choice(offers, size=per_bid, replace=False) for _ in range(bids)]).astype(np.int64)
+    ps = (gpus[pb] * (value[pb] - ask[po]) * 1_000).astype(np.int64)
+    mkt = SimpleNamespace(b_gpus=gpus, b_same=np.ones(bids, dtype=np.bool_),
+                          bids_id=np.arange(bids, dtype=np.int64) + 1, o_id=np.arange(offers, dtype=np.int64) + 1)
+    return mkt, pb, po, ps, free
+
+
+def feasible(mkt: Any, pb: Any, po: Any, pick: Any, free: Any) -> bool:
+    used = np.zeros(len(free), dtype=np.int64)
+    np.add.at(used, po[pick], mkt.b_gpus[pb[pick]])
+    return len(set(pb[pick].tolist())) == len(pick) and bool((used <= free).all())
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_dive_picks_a_feasible_rest_close_to_the_milp_under_its_lp_bound(seed: int) -> None:
+    mkt, pb, po, ps, free = rest_of(seed, 150, 100, 10)
+    pick, ub = bound.dive_pick(mkt, pb, po, ps, free)  # type: ignore[arg-type]
+    assert feasible(mkt, pb, po, pick, free)
+    best = bound.milp_pick(mkt, pb, po, ps, free, 10_000)  # type: ignore[arg-type]
+    got, opt = int(ps[pick].sum()), int(ps[best].sum())
+    assert got <= opt <= ub + 1e-6 * ub  # the LP's optimum bounds the MILP's
+    assert got >= 0.99 * opt, (got, opt)
+    again, ub2 = bound.dive_pick(mkt, pb, po, ps, free)  # type: ignore[arg-type]
+    assert again.tolist() == pick.tolist() and ub2 == ub  # counted steps: the same dive
+
+
+def test_a_dive_places_the_big_job_whole_where_the_lp_shared_its_machine() -> None:
+    """Two 8-GPU machines; one 8-GPU job worth the most and five 2-GPU jobs. The LP may put
+    the small jobs on both machines and half the big one on each; fixing what the LP holds
+    whole first would leave the big job no machine. Biggest first, it gets one."""
+    from types import SimpleNamespace
+
+    gpus = np.asarray([8, 2, 2, 2, 2, 2], dtype=np.int64)
+    mkt = SimpleNamespace(b_gpus=gpus, b_same=np.ones(6, dtype=np.bool_), bids_id=np.arange(1, 7), o_id=np.arange(1, 3))
+    pb = np.repeat(np.arange(6, dtype=np.int64), 2)
+    po = np.tile(np.arange(2, dtype=np.int64), 6)
+    ps = np.asarray([1_000, 1_000] + [200, 200] * 5, dtype=np.int64)
+    free = np.asarray([8, 8], dtype=np.int64)
+    pick, ub = bound.dive_pick(mkt, pb, po, ps, free)  # type: ignore[arg-type]
+    assert feasible(mkt, pb, po, pick, free)
+    assert 0 in pb[pick].tolist() and int(ps[pick].sum()) == 1_800 == ub  # the big job and four small ones
+
+
+def test_only_a_large_fractional_rest_is_dived(monkeypatch: pytest.MonkeyPatch) -> None:
+    from market.engine import assign
+
+    seen: list[int] = []
+    real = bound.dive_pick
+
+    def spy(mkt: Any, pb: Any, *rest: Any) -> Any:
+        seen.append(len(pb))
+        return real(mkt, pb, *rest)
+
+    monkeypatch.setattr(assign, "dive_pick", spy)
+    clear_round(FAMILIES["all_reserved"](0, 1000))
+    assert seen and min(seen) > assign.DIVE_PAIRS, seen
+    seen.clear()
+    clear_round(FAMILIES["all_reserved"](0, 60))
+    assert not seen
