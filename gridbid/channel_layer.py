@@ -27,9 +27,15 @@ processes. CHANNEL_REDIS_POOL_SIZE sets it.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from typing import Any
 
+from channels.layers import InMemoryChannelLayer
 from channels_redis.core import RedisChannelLayer as _RedisChannelLayer
+
+log = logging.getLogger("gridbid.streams")
 
 READ_MARGIN_S = 10.0  # how much longer than the layer's blocking wait a read may take
 CONNECT_TIMEOUT_S = 5.0
@@ -52,3 +58,68 @@ class RedisChannelLayer(_RedisChannelLayer):
         host.setdefault("socket_connect_timeout", CONNECT_TIMEOUT_S)
         host.setdefault("socket_keepalive", True)
         return BlockingConnectionPool.from_url(address, max_connections=self.pool_size, timeout=POOL_WAIT_S, **host)
+
+
+class LocalChannelLayer(InMemoryChannelLayer):
+    """The embedded mode's layer: channels' in-memory layer, made safe to publish to from
+    another thread, and without a task per socket per update.
+
+    The embedded server publishes from its in-process Celery workers' threads (a round
+    clears there), while every socket's queue lives on the ASGI server's event loop.
+    channels' layer put the message into those queues from the worker's thread: asyncio
+    objects are not thread-safe, the server's loop was not woken (an update waited for the
+    loop's next I/O or timer), and a socket joining or leaving a group while a worker
+    iterated it raised "dictionary changed size during iteration", losing that update for
+    every socket. Here a send or group send from another thread runs on the server's loop
+    (the loop that receives) and waits for it there.
+
+    A group send puts the message into each member's queue directly. channels' layer
+    started one task per member and deep-copied the message for each (the socket's update
+    arrives encoded, a string: nothing to copy), and dropped the update silently for a
+    member whose queue was full; that is logged here, and the member's socket, which
+    drains its queue as it arrives, is the one that was stuck."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def _elsewhere(self) -> asyncio.AbstractEventLoop | None:
+        """The receiving loop, when this call runs on another (running) one."""
+        loop = self.loop
+        if loop is None or loop.is_closed() or not loop.is_running():
+            return None
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:  # pragma: no cover - the layer's methods run in a loop
+            here = None
+        return None if here is loop else loop
+
+    async def receive(self, channel: str) -> Any:
+        self.loop = asyncio.get_running_loop()
+        return await super().receive(channel)
+
+    async def send(self, channel: str, message: dict[str, Any]) -> None:
+        loop = self._elsewhere()
+        if loop is not None:
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(super().send(channel, message), loop))
+            return
+        await super().send(channel, message)
+
+    async def group_send(self, group: str, message: dict[str, Any]) -> None:
+        loop = self._elsewhere()
+        if loop is not None:
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._group_send_here(group, message), loop))
+            return
+        await self._group_send_here(group, message)
+
+    async def _group_send_here(self, group: str, message: dict[str, Any]) -> None:
+        assert isinstance(message, dict), "Message is not a dict"
+        self.require_valid_group_name(group)
+        self._clean_expired()
+        expires = time.time() + self.expiry
+        for channel in list(self.groups.get(group, ())):
+            queue = self.channels.setdefault(channel, asyncio.Queue(maxsize=self.get_capacity(channel)))
+            try:
+                queue.put_nowait((expires, message))
+            except asyncio.QueueFull:
+                log.warning("channel %s is full: an update to %s was not delivered to it", channel, group)

@@ -170,7 +170,7 @@ class MarketCollector(Collector):
     def _streams(self) -> Iterator[Metric]:
         consumers = list(open_streams)
         yield GaugeMetricFamily("gridbid_websocket_connections", "Open WebSocket stream connections (this process).", value=len(consumers))
-        depth = sum(c.outbox.qsize() for c in consumers if getattr(c, "outbox", None) is not None)
+        depth = sum(len(c.outbox) for c in consumers if getattr(c, "outbox", None) is not None)
         yield GaugeMetricFamily("gridbid_websocket_send_queue_depth", "Updates queued for WebSocket clients, not yet sent (this process).", value=depth)
 
 

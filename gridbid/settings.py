@@ -235,7 +235,8 @@ if CONFIG.redis_url:
     CELERY_BROKER_URL = CONFIG.redis_url
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": CONFIG.redis_url}}
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer", "CONFIG": {"capacity": 1000}}}
+    # channels' in-memory layer, safe to publish to from the in-process workers' threads
+    CHANNEL_LAYERS = {"default": {"BACKEND": "gridbid.channel_layer.LocalChannelLayer", "CONFIG": {"capacity": 1000}}}
     CELERY_BROKER_URL = "memory://localhost/"
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 

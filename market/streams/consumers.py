@@ -11,7 +11,7 @@ import asyncio
 import json
 import time
 import weakref
-from collections import Counter
+from collections import Counter, deque
 from datetime import datetime
 from typing import Any
 
@@ -45,6 +45,8 @@ RATE_BURST = 40.0
 RATE_STRIKES = 20  # refusals in a row before the connection is closed
 
 OUTBOX_LIMIT = 256  # updates waiting for a slow client before it is cut off
+SLOW_AFTER_S = 10.0  # ... or an update waiting this long for the client to read what came before it
+HEARTBEAT_S = 15.0  # a socket sent nothing for this long is sent {"type": "heartbeat"}
 CLOSE_SLOW = 4009  # the client did not read its updates fast enough
 CLOSE_POLICY = 4008  # policy violation: too many messages
 CLOSE_TOO_BIG = 1009
@@ -62,13 +64,18 @@ _OPEN_BY_CREDENTIAL: Counter[str] = Counter()
 
 class StreamConsumer(AsyncWebsocketConsumer):
     outbox_limit = OUTBOX_LIMIT
+    slow_after_s = SLOW_AFTER_S
+    heartbeat_s = HEARTBEAT_S
 
     async def connect(self) -> None:
         # Updates go through a bounded queue and a writer task: a client that stops
         # reading stalls only its writer (the server's send waits on TCP backpressure),
-        # the queue fills, and the client is disconnected with CLOSE_SLOW instead of
-        # the server buffering for it without limit.
-        self.outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=self.outbox_limit)
+        # the queue fills or its oldest update ages, and the client is disconnected with
+        # CLOSE_SLOW instead of the server buffering for it without limit. An update
+        # arrives encoded (publish.publish encodes it once for every socket): (when it
+        # was queued, its text).
+        self.outbox: deque[tuple[float, str]] = deque()
+        self.outbox_ready = asyncio.Event()
         self.writer: asyncio.Task[None] | None = None
         self.cut_off = False
         self.user = self.scope.get("user")
@@ -230,7 +237,7 @@ class StreamConsumer(AsyncWebsocketConsumer):
             self.writer.cancel()
 
     async def send_json(self, data: dict[str, Any]) -> None:
-        await self.send(text_data=json.dumps(data, separators=(",", ":"), default=str))
+        await self.send(text_data=pub.encode(data))
 
     async def error(self, code: str, message: str, ref: Any = None, fields: dict[str, Any] | None = None) -> None:
         await self.send_json({"type": "error", "code": code, "message": message, "fields": fields or {}, "ref": ref})
@@ -436,15 +443,30 @@ class StreamConsumer(AsyncWebsocketConsumer):
     async def stream_update(self, event: dict[str, Any]) -> None:
         if self.cut_off:
             return
-        try:
-            self.outbox.put_nowait({"type": "update", "channel": event["channel"], "seq": event["seq"], "data": event["data"]})
-        except asyncio.QueueFull:
+        now = time.monotonic()
+        if len(self.outbox) >= self.outbox_limit or (self.outbox and now - self.outbox[0][0] > self.slow_after_s):
             await self._leave_all()
             await self.close(code=CLOSE_SLOW)
+            return
+        self.outbox.append((now, event["text"]))
+        self.outbox_ready.set()
 
     async def _write_updates(self) -> None:
+        """Send what is queued, oldest first; the update being sent stays at the head until
+        the client has taken it, so its age is how long the client has kept it waiting. A
+        socket with nothing to send for ``heartbeat_s`` is sent a heartbeat."""
         while True:
-            message = await self.outbox.get()
-            await self.send_json(message)
+            if not self.outbox:
+                self.outbox_ready.clear()
+                try:
+                    await asyncio.wait_for(self.outbox_ready.wait(), self.heartbeat_s)
+                except TimeoutError:
+                    await self.send_json({"type": "heartbeat", "at": timezone.now().isoformat()})
+                continue
+            await self.send_update(self.outbox[0][1])
+            self.outbox.popleft()
+
+    async def send_update(self, text: str) -> None:
+        await self.send(text_data=text)
 
 

@@ -25,11 +25,11 @@ from providers.models import Machine, Provider
 def bid_changed(event: BidChanged) -> None:
     row = Bid.objects.filter(pk=event.bid_id).first()
     if row is not None:
-        publish("orders", {"order": snapshots.bid_private(row)}, user_id=event.user_id)
+        publish("orders", {"order": snapshots.bid_private(row)}, user_id=event.user_id, unchanged_key=f"bid:{row.pk}")
 
 
 def book_changed(event: BookChanged) -> None:
-    publish(f"book.{event.gpu_model}.{event.region}", snapshots.book(event.gpu_model, event.region))
+    publish(f"book.{event.gpu_model}.{event.region}", snapshots.book(event.gpu_model, event.region), unchanged_key="book")
 
 
 def round_cleared(event: RoundCleared) -> None:
@@ -38,12 +38,13 @@ def round_cleared(event: RoundCleared) -> None:
     trades = list(Trade.objects.filter(round=rnd).select_related("round", "bid", "job", "offer", "provider"))
     for t in trades:
         publish("trades", {"trade": snapshots.trade_public(t)})
-        publish("orders", {"order": snapshots.bid_private(t.bid)}, user_id=t.buyer_id)
+        publish("orders", {"order": snapshots.bid_private(t.bid)}, user_id=t.buyer_id, unchanged_key=f"bid:{t.bid_id}")
         publish("jobs", {"job": snapshots.job_private(t.job)}, user_id=t.buyer_id)
     for model, region in sorted({(t.gpu_model_id, t.region_id) for t in trades} | {(p["gpu_model"], p["region"]) for p in rnd.prices}):
-        publish(f"book.{model}.{region}", snapshots.book(model, region))
+        publish(f"book.{model}.{region}", snapshots.book(model, region), unchanged_key="book")  # a book no round moved: not again
+    # a bid still waiting is sent when what the round says of it changed (its explanation)
     for bid in Bid.objects.filter(pk__in=[u["bid_id"] for u in rnd.result.get("unmatched", [])]).only("id", "buyer_id", "client_order_id", "state", "gpus", "gpu_models", "max_price", "explanation"):
-        publish("orders", {"order": snapshots.bid_private(bid)}, user_id=bid.buyer_id)
+        publish("orders", {"order": snapshots.bid_private(bid)}, user_id=bid.buyer_id, unchanged_key=f"bid:{bid.pk}")
     sold: dict[int, list[int]] = {}
     for t in trades:
         sold.setdefault(t.provider.user_id, []).append(t.pk)

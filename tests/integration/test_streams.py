@@ -213,10 +213,8 @@ async def test_a_client_that_stops_reading_is_cut_off_with_4009_and_nothing_pile
     class StalledTransport(StreamConsumer):
         outbox_limit = 8
 
-        async def send_json(self, data):
-            if data.get("type") == "update":
-                await asyncio.Event().wait()  # never drains
-            await super().send_json(data)
+        async def send_update(self, text):
+            await asyncio.Event().wait()  # never drains
 
     comm = WebsocketCommunicator(StalledTransport.as_asgi(), "/ws/v1/stream")
     comm.scope["user"] = None
@@ -428,3 +426,98 @@ async def test_an_operator_token_without_the_operate_scope_is_refused_the_operat
     await comm.send_json_to({"type": "subscribe", "channel": "operator"})
     assert (await recv(comm))["code"] == "forbidden"
     await comm.disconnect()
+
+
+# --- fan-out (issue 33) -------------------------------------------------------------------
+
+
+async def test_an_update_published_from_a_worker_thread_reaches_an_idle_socket_at_once():
+    """The embedded server publishes from its in-process workers' threads while its event loop
+    sleeps. channels' in-memory layer filled the socket's queue from the worker's thread
+    without waking the loop: the update waited for the loop's next I/O or timer (here, the
+    test's own 5 s timeout)."""
+    import threading
+    import time
+
+    from market.streams.publish import publish
+
+    comm = await connect()
+    await welcome(comm)
+    await comm.send_json_to({"type": "subscribe", "channel": "rounds"})
+    assert (await recv(comm))["type"] == "snapshot"
+    worker = threading.Thread(target=publish, args=("rounds", {"round": {"number": 1}}))
+    start = time.monotonic()
+    worker.start()
+    update = await recv(comm)
+    took = time.monotonic() - start
+    worker.join(5)
+    assert update["type"] == "update" and update["data"] == {"round": {"number": 1}}
+    assert took < 1.0, f"the update waited {took:.1f} s for the loop to wake"
+    await comm.disconnect()
+
+
+async def test_a_book_no_round_moved_is_not_sent_again_and_takes_no_sequence_number(provider_user, make_offer):
+    """Every round re-sent every active book whole, though almost all were as before."""
+    from django.core.cache import cache
+
+    from market.events import BookChanged
+    from market.streams import handlers
+    from market.streams.publish import publish
+
+    await sync_to_async(cache.clear)()  # what earlier tests sent of the same book
+    await sync_to_async(make_offer)(provider_user, price=2_000_000, count=8)  # its book is sent as it commits
+    channel = "book.H100-SXM-80GB.us-east"
+    comm = await connect()
+    await welcome(comm)
+    await comm.send_json_to({"type": "subscribe", "channel": channel})
+    snap = await recv(comm)
+    again = BookChanged(gpu_model="H100-SXM-80GB", region="us-east")
+    await sync_to_async(handlers.book_changed)(again)  # as a round that moved nothing in it would
+    assert await comm.receive_nothing(timeout=0.3)
+    await sync_to_async(make_offer)(provider_user, price=1_900_000, count=2)
+    moved = await recv(comm)
+    assert moved["seq"] == snap["seq"] + 1 and moved["data"]["best_ask"] == 1_900_000  # no gap for what was not sent
+    sent = [await sync_to_async(publish)(channel, {"v": v}, unchanged_key="other") for v in (1, 1, 1, 2)]
+    assert sent == [True, False, False, True]
+    assert [(await recv(comm))["seq"] for _ in range(2)] == [snap["seq"] + 2, snap["seq"] + 3]
+    assert await comm.receive_nothing(timeout=0.3)
+    await comm.disconnect()
+
+
+async def test_an_idle_socket_is_sent_a_heartbeat():
+    from market.streams.consumers import StreamConsumer
+
+    class Quick(StreamConsumer):
+        heartbeat_s = 0.2
+
+    comm = WebsocketCommunicator(Quick.as_asgi(), "/ws/v1/stream")
+    comm.scope["user"] = None
+    assert (await comm.connect(timeout=5))[0]
+    await welcome(comm)
+    beat = await recv(comm)
+    assert beat["type"] == "heartbeat" and "at" in beat
+    await comm.disconnect()
+
+
+async def test_a_client_that_keeps_an_update_waiting_too_long_is_cut_off_with_4009():
+    """A client that reads, but too slowly: few updates pile up, the oldest waits past
+    slow_after_s, and the next update closes the socket with 4009."""
+    from market.streams.consumers import CLOSE_SLOW, StreamConsumer
+    from market.streams.publish import publish
+
+    class Stalled(StreamConsumer):
+        slow_after_s = 0.3
+
+        async def send_update(self, text):
+            await asyncio.Event().wait()  # never drains
+
+    comm = WebsocketCommunicator(Stalled.as_asgi(), "/ws/v1/stream")
+    comm.scope["user"] = None
+    assert (await comm.connect(timeout=5))[0]
+    await welcome(comm)
+    await comm.send_json_to({"type": "subscribe", "channel": "rounds"})
+    assert (await recv(comm))["type"] == "snapshot"
+    await sync_to_async(publish)("rounds", {"round": {"number": 1}})
+    assert await comm.receive_nothing(timeout=0.5)  # one update waiting is not yet too slow
+    await sync_to_async(publish)("rounds", {"round": {"number": 2}})
+    assert await comm.receive_output(timeout=5) == {"type": "websocket.close", "code": CLOSE_SLOW}
