@@ -142,6 +142,10 @@ def uvicorn_config(*, host: str, port: int) -> uvicorn.Config:
                           # a frame over the consumers' limit is refused (1009) by the protocol layer
                           # as it arrives, instead of being buffered whole (uvicorn's default: 16 MiB)
                           ws_max_size=MAX_MESSAGE_BYTES,
+                          # no permessage-deflate: it compressed each update once per socket (a
+                          # tenth of the server loop's time in a 1,000-socket fan-out) to save a
+                          # few kilobytes a round on each
+                          ws_per_message_deflate=False,
                           # uvicorn's own 5 s is httpx's pool expiry and under a proxy's 60 s: it closed
                           # idle connections just as clients sent on them, and they read a reset
                           timeout_keep_alive=settings.CONFIG.http_keepalive_seconds,

@@ -47,6 +47,10 @@ RATE_STRIKES = 20  # refusals in a row before the connection is closed
 OUTBOX_LIMIT = 256  # updates waiting for a slow client before it is cut off
 SLOW_AFTER_S = 10.0  # ... or an update waiting this long for the client to read what came before it
 HEARTBEAT_S = 15.0  # a socket sent nothing for this long is sent {"type": "heartbeat"}
+# A channel layer forgets a group membership after its group_expiry (channels' default: a
+# day): a socket open longer stopped getting its updates without a word. Each socket joins
+# its groups again this often, which renews them.
+GROUP_REFRESH_S = 3600.0
 CLOSE_SLOW = 4009  # the client did not read its updates fast enough
 CLOSE_POLICY = 4008  # policy violation: too many messages
 CLOSE_TOO_BIG = 1009
@@ -66,6 +70,7 @@ class StreamConsumer(AsyncWebsocketConsumer):
     outbox_limit = OUTBOX_LIMIT
     slow_after_s = SLOW_AFTER_S
     heartbeat_s = HEARTBEAT_S
+    group_refresh_s = GROUP_REFRESH_S
 
     async def connect(self) -> None:
         # Updates go through a bounded queue and a writer task: a client that stops
@@ -76,6 +81,7 @@ class StreamConsumer(AsyncWebsocketConsumer):
         # was queued, its text).
         self.outbox: deque[tuple[float, str]] = deque()
         self.outbox_ready = asyncio.Event()
+        self.groups_refreshed = time.monotonic()
         self.writer: asyncio.Task[None] | None = None
         self.cut_off = False
         self.user = self.scope.get("user")
@@ -440,6 +446,15 @@ class StreamConsumer(AsyncWebsocketConsumer):
         return True, dict(BidSerializer(bid).data)
 
     # --- outbound (from the channel layer) -------------------------------------------
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """An update goes straight to its handler. channels' dispatch first closes the
+        thread's stale database connections, a hop to a worker thread (sync_to_async) for
+        every message: for a fan-out, one per socket per update, which touches no database."""
+        if message["type"] == "stream.update":
+            await self.stream_update(message)
+            return
+        await super().dispatch(message)
+
     async def stream_update(self, event: dict[str, Any]) -> None:
         if self.cut_off:
             return
@@ -455,16 +470,33 @@ class StreamConsumer(AsyncWebsocketConsumer):
         """Send what is queued, oldest first; the update being sent stays at the head until
         the client has taken it, so its age is how long the client has kept it waiting. A
         socket with nothing to send for ``heartbeat_s`` is sent a heartbeat."""
+        idle = 0.0
         while True:
+            due = self.groups_refreshed + self.group_refresh_s - time.monotonic()
+            if due <= 0:
+                await self._refresh_groups()
+                continue
             if not self.outbox:
                 self.outbox_ready.clear()
+                wait = min(self.heartbeat_s - idle, due)
+                started = time.monotonic()
                 try:
-                    await asyncio.wait_for(self.outbox_ready.wait(), self.heartbeat_s)
+                    await asyncio.wait_for(self.outbox_ready.wait(), wait)
                 except TimeoutError:
-                    await self.send_json({"type": "heartbeat", "at": timezone.now().isoformat()})
+                    idle += time.monotonic() - started
+                    if idle >= self.heartbeat_s - 1e-3:
+                        idle = 0.0
+                        await self.send_json({"type": "heartbeat", "at": timezone.now().isoformat()})
                 continue
+            idle = 0.0
             await self.send_update(self.outbox[0][1])
             self.outbox.popleft()
+
+    async def _refresh_groups(self) -> None:
+        """Join this socket's groups again: the layer renews each membership's time."""
+        self.groups_refreshed = time.monotonic()
+        for group in [*self.groups_joined.values(), *self.credential_groups]:
+            await self.channel_layer.group_add(group, self.channel_name)
 
     async def send_update(self, text: str) -> None:
         await self.send(text_data=text)

@@ -499,11 +499,17 @@ async def test_an_idle_socket_is_sent_a_heartbeat():
     await comm.disconnect()
 
 
-async def test_a_client_that_keeps_an_update_waiting_too_long_is_cut_off_with_4009():
+async def test_a_client_that_keeps_an_update_waiting_too_long_is_cut_off_with_4009_and_the_others_keep_theirs():
     """A client that reads, but too slowly: few updates pile up, the oldest waits past
-    slow_after_s, and the next update closes the socket with 4009."""
+    slow_after_s, and the next update closes the socket with 4009; a socket beside it gets
+    every update, in order."""
     from market.streams.consumers import CLOSE_SLOW, StreamConsumer
     from market.streams.publish import publish
+
+    other = await connect()
+    await welcome(other)
+    await other.send_json_to({"type": "subscribe", "channel": "rounds"})
+    first = (await recv(other))["seq"]
 
     class Stalled(StreamConsumer):
         slow_after_s = 0.3
@@ -521,3 +527,32 @@ async def test_a_client_that_keeps_an_update_waiting_too_long_is_cut_off_with_40
     assert await comm.receive_nothing(timeout=0.5)  # one update waiting is not yet too slow
     await sync_to_async(publish)("rounds", {"round": {"number": 2}})
     assert await comm.receive_output(timeout=5) == {"type": "websocket.close", "code": CLOSE_SLOW}
+    await sync_to_async(publish)("rounds", {"round": {"number": 3}})
+    got = [await recv(other) for _ in range(3)]
+    assert [(m["seq"], m["data"]["round"]["number"]) for m in got] == [(first + 1, 1), (first + 2, 2), (first + 3, 3)]
+    await other.disconnect()
+
+
+async def test_a_socket_open_past_the_layers_group_expiry_still_gets_its_updates(settings):
+    """channels' layers forget a group membership after group_expiry (a day by default): a
+    bot connected for longer stopped getting updates, with nothing closed and no gap seen."""
+    from market.streams.consumers import StreamConsumer
+    from market.streams.publish import publish
+
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "gridbid.channel_layer.LocalChannelLayer",
+                                           "CONFIG": {"capacity": 1000, "group_expiry": 1}}}
+
+    class Renewing(StreamConsumer):
+        group_refresh_s = 0.3
+
+    comm = WebsocketCommunicator(Renewing.as_asgi(), "/ws/v1/stream")
+    comm.scope["user"] = None
+    assert (await comm.connect(timeout=5))[0]
+    await welcome(comm)
+    await comm.send_json_to({"type": "subscribe", "channel": "rounds"})
+    snap = await recv(comm)
+    await asyncio.sleep(2.5)  # past the membership's expiry: renewed meanwhile
+    await sync_to_async(publish)("rounds", {"round": {"number": 1}})
+    update = await recv(comm)
+    assert update["seq"] == snap["seq"] + 1 and update["data"] == {"round": {"number": 1}}
+    await comm.disconnect()
