@@ -14,6 +14,7 @@ import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +26,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow, pytest.
 IDLE_SOCKETS = 50
 IDLE_S = 120
 PER_ADDRESS = 100  # WS_MAX_PER_ADDRESS's default
+METRICS_TOKEN = "test-sockets-metrics-0123456789"
 
 
 @pytest.fixture(scope="module")
@@ -32,11 +34,36 @@ def server(production_env: dict[str, str], tmp_path_factory: pytest.TempPathFact
     """`gridbid up` in production mode for this file's tests: (its ws URL, its log)."""
     data = tmp_path_factory.mktemp("sockets") / "data"
     data.mkdir()
-    proc, base, _ = start_server(data, demo=False, extra_env=production_env, up_args=("--no-worker",))
+    proc, base, _ = start_server(data, demo=False, extra_env={**production_env, "METRICS_TOKEN": METRICS_TOKEN}, up_args=("--no-worker",))
     try:
         yield base.replace("http://", "ws://") + "/ws/v1/stream", data / "server.log"
     finally:
         stop_server(proc)
+
+
+async def answer(ws: Any) -> str:
+    """The type of the next message that is not a heartbeat (an idle socket gets one every 15 s)."""
+    while True:
+        kind = json.loads(await asyncio.wait_for(ws.recv(), 30))["type"]
+        if kind != "heartbeat":
+            return str(kind)
+
+
+def no_sockets_left(base: str) -> None:
+    """Wait until the server holds no socket of an earlier test: a client's close returns once
+    the server's protocol answered it, a moment before the socket's own count is let go."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        text = httpx.get(f"{base}/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}, timeout=10).text
+        line = next(x for x in text.splitlines() if x.startswith("gridbid_websocket_connections "))
+        if float(line.split()[1]) == 0:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"the server still holds sockets after 60 s: {line}")
 
 
 def test_fifty_idle_sockets_stay_open_for_two_minutes_on_the_redis_channel_layer(server: tuple[str, Path]) -> None:
@@ -56,7 +83,7 @@ def test_fifty_idle_sockets_stay_open_for_two_minutes_on_the_redis_channel_layer
             for ws in sockets:
                 if ws.close_code is None:
                     await ws.send(json.dumps({"type": "subscribe", "channel": "rounds"}))
-                    answers.append(json.loads(await asyncio.wait_for(ws.recv(), 30))["type"])
+                    answers.append(await answer(ws))
             return closed, answers
         finally:
             for ws in sockets:
@@ -76,6 +103,7 @@ def test_one_address_gets_its_cap_of_sockets_and_they_all_subscribe_at_once(serv
     from websockets.asyncio.client import connect
 
     url, log_path = server
+    no_sockets_left(url.replace("ws://", "http://").removesuffix("/ws/v1/stream"))
 
     async def crowd() -> tuple[int, list[tuple[str, int | None]], list[str]]:
         attempts = await asyncio.gather(*(connect(url, ping_interval=None, open_timeout=60) for _ in range(PER_ADDRESS + 50)))

@@ -3,6 +3,7 @@ through the Celery tasks, the listener across a reorg, and the journal's verify.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -505,7 +506,7 @@ def test_a_deposit_reaches_the_buyers_balances_channel_once_confirmed(ctx: Any, 
         sync_chain(ctx)
     message = async_to_sync(layer.receive)(mine)
     assert message["channel"] == "balances"
-    got = message["data"]["balances"]
+    got = json.loads(message["text"])["data"]["balances"]  # the socket's frame, encoded once for all
     assert (got["address"], got["free"], got["locked"], got["custodial"]) == (address, 25 * TOKENS, 0, True)
 
     async def nothing_for_them() -> bool:
