@@ -60,6 +60,17 @@ class RedisChannelLayer(_RedisChannelLayer):
         return BlockingConnectionPool.from_url(address, max_connections=self.pool_size, timeout=POOL_WAIT_S, **host)
 
 
+def _hand_over(coro: Any, loop: asyncio.AbstractEventLoop, where: str) -> None:
+    """Run ``coro`` on ``loop`` without waiting for it: a worker thread publishing a round's
+    many updates is not held up by a busy web loop, and the loop runs what one thread hands
+    over in the order it was handed over. A failure is logged, as a publish's own is."""
+    def done(fut: Any) -> None:
+        if not fut.cancelled() and fut.exception() is not None:
+            log.error("sending to %s failed", where, exc_info=fut.exception())
+
+    asyncio.run_coroutine_threadsafe(coro, loop).add_done_callback(done)
+
+
 class LocalChannelLayer(InMemoryChannelLayer):
     """The embedded mode's layer: channels' in-memory layer, made safe to publish to from
     another thread, and without a task per socket per update.
@@ -70,8 +81,8 @@ class LocalChannelLayer(InMemoryChannelLayer):
     objects are not thread-safe, the server's loop was not woken (an update waited for the
     loop's next I/O or timer), and a socket joining or leaving a group while a worker
     iterated it raised "dictionary changed size during iteration", losing that update for
-    every socket. Here a send or group send from another thread runs on the server's loop
-    (the loop that receives) and waits for it there.
+    every socket. Here a send or group send from another thread is handed to the server's
+    loop (the loop that receives), which runs it in the order handed over.
 
     A group send puts the message into each member's queue directly. channels' layer
     started one task per member and deep-copied the message for each (the socket's update
@@ -115,14 +126,14 @@ class LocalChannelLayer(InMemoryChannelLayer):
     async def send(self, channel: str, message: dict[str, Any]) -> None:
         loop = self._elsewhere()
         if loop is not None:
-            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(super().send(channel, message), loop))
+            _hand_over(super().send(channel, message), loop, channel)
             return
         await super().send(channel, message)
 
     async def group_send(self, group: str, message: dict[str, Any]) -> None:
         loop = self._elsewhere()
         if loop is not None:
-            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._group_send_here(group, message), loop))
+            _hand_over(self._group_send_here(group, message), loop, group)
             return
         await self._group_send_here(group, message)
 
