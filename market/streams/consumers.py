@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import weakref
 from collections import Counter, deque
@@ -34,6 +35,8 @@ from market.streams import publish as pub
 from market.streams import snapshots
 from market.streams.auth import credentials_problem, live_token
 from providers.models import GpuModel, Provider, Region
+
+log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 64 * 1024
 # the live stream consumers of this process (gridbid.metrics counts them and their queued
@@ -469,7 +472,15 @@ class StreamConsumer(AsyncWebsocketConsumer):
     async def _write_updates(self) -> None:
         """Send what is queued, oldest first; the update being sent stays at the head until
         the client has taken it, so its age is how long the client has kept it waiting. A
-        socket with nothing to send for ``heartbeat_s`` is sent a heartbeat."""
+        socket with nothing to send for ``heartbeat_s`` is sent a heartbeat. A send to a
+        client that has gone (uvicorn's ClientDisconnected, an OSError) ends the writer:
+        the server's disconnect follows."""
+        try:
+            await self._write_loop()
+        except OSError as exc:
+            log.debug("stream writer stopped: the client has gone (%r)", exc)
+
+    async def _write_loop(self) -> None:
         idle = 0.0
         while True:
             due = self.groups_refreshed + self.group_refresh_s - time.monotonic()

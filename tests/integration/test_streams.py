@@ -499,6 +499,37 @@ async def test_an_idle_socket_is_sent_a_heartbeat():
     await comm.disconnect()
 
 
+async def test_a_heartbeat_to_a_client_that_has_gone_ends_the_writer_quietly():
+    """The server learns a client vanished when a send fails (uvicorn's ClientDisconnected):
+    the writer ended with an exception nobody read, logged as 'Task exception was never
+    retrieved' with a traceback in the server's log."""
+    from uvicorn.protocols.utils import ClientDisconnected
+
+    from market.streams.consumers import StreamConsumer
+
+    class Gone(StreamConsumer):
+        heartbeat_s = 0.1
+        instance = None
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            Gone.instance = self
+
+        async def send_json(self, data):
+            if data.get("type") == "heartbeat":
+                raise ClientDisconnected()
+            await super().send_json(data)
+
+    comm = WebsocketCommunicator(Gone.as_asgi(), "/ws/v1/stream")
+    comm.scope["user"] = None
+    assert (await comm.connect(timeout=5))[0]
+    await welcome(comm)
+    writer = Gone.instance.writer
+    await asyncio.wait_for(asyncio.shield(writer), 5)  # ends, and not with the exception
+    assert writer.done() and writer.exception() is None
+    await comm.disconnect()
+
+
 async def test_a_client_that_keeps_an_update_waiting_too_long_is_cut_off_with_4009_and_the_others_keep_theirs():
     """A client that reads, but too slowly: few updates pile up, the oldest waits past
     slow_after_s, and the next update closes the socket with 4009; a socket beside it gets
