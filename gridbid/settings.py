@@ -238,7 +238,11 @@ else:
     # channels' in-memory layer, safe to publish to from the in-process workers' threads
     CHANNEL_LAYERS = {"default": {"BACKEND": "gridbid.channel_layer.LocalChannelLayer", "CONFIG": {"capacity": 1000}}}
     CELERY_BROKER_URL = "memory://localhost/"
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    # local memory holds 300 entries by default and then drops a third of them: the demo's
+    # per-bid stream digests pushed out the streams' sequence counters (every socket then
+    # skipped its channel's updates as old), the log-in limits and the throttles. An entry
+    # is a few hundred bytes: 200,000 are tens of MB at most
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "OPTIONS": {"MAX_ENTRIES": 200_000}}}
 
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True

@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import re
+import time
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -29,6 +30,8 @@ PRIVATE_CHANNELS = ("orders", "jobs", "balances", "machines", "sales")  # your o
 PROVIDER_CHANNELS = ("machines", "sales")  # private channels that only a provider account has
 OPERATOR_CHANNELS = ("operator",)  # every account's activity: operators only, one shared group
 SEQ_TTL = 7 * 24 * 3600
+# a digest lost sends identical data once more, nothing worse: an hour keeps few in the cache
+DIGEST_TTL = 3600
 
 
 def group_name(channel: str, user_id: int | None = None) -> str:
@@ -54,12 +57,24 @@ def _seq_key(group: str) -> str:
     return f"stream-seq:{group}"
 
 
+def _seq_start() -> int:
+    """Where a channel's counter starts when the cache holds none: the clock, in
+    microseconds (about 1.8e15, exact in a JavaScript number). A counter the cache lost
+    (evicted; Redis restarted without its data) starts again above every number it gave,
+    unless it gave over a million a second: its clients see a gap and take a snapshot. From
+    1, they took every later update for one older than their snapshot and skipped it."""
+    return time.time_ns() // 1000
+
+
 def current_seq(group: str) -> int:
-    return int(cache.get(_seq_key(group), 0))
+    """The channel's last number: what a snapshot taken now carries."""
+    key = _seq_key(group)
+    cache.add(key, _seq_start(), SEQ_TTL)
+    return int(cache.get(key) or 0)
 
 
 def next_seq(group: str) -> int:
-    return cache_count_up(_seq_key(group), timeout=SEQ_TTL)
+    return cache_count_up(_seq_key(group), timeout=SEQ_TTL, start=_seq_start())
 
 
 def encode(frame: dict[str, Any]) -> str:
@@ -74,7 +89,7 @@ def publish(channel: str, data: Any, *, user_id: int | None = None, unchanged_ke
     With ``unchanged_key`` (what the data is of: "book", "bid:17"), data identical to what
     was last sent under that key in this group is not sent again, and takes no sequence
     number: a book no round moved is not re-sent every round. The last text's digest is kept
-    in the cache (shared by every process in production) for a day. A subscriber that joins
+    in the cache (shared by every process in production) for an hour (DIGEST_TTL). A subscriber that joins
     later is sent a snapshot, so it never needs what was skipped. Two processes sending
     different data under one key at the same instant may leave the digest of the one the
     sockets ordered first (by seq, they keep the later); the key's next change is sent
@@ -90,7 +105,7 @@ def publish(channel: str, data: Any, *, user_id: int | None = None, unchanged_ke
         digest = hashlib.blake2b(body.encode(), digest_size=16).hexdigest()
         if cache.get(key) == digest:
             return False
-        cache.set(key, digest, timeout=24 * 3600)
+        cache.set(key, digest, timeout=DIGEST_TTL)
     seq = next_seq(group)
     # the socket's frame, written around the encoded data: no second encoding of it
     text = f'{{"type":"update","channel":{json.dumps(channel)},"seq":{seq},"data":{body}}}'

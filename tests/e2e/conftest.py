@@ -161,3 +161,35 @@ def receiver() -> Iterator[Any]:
     r = Receiver()
     yield r
     r.close()
+
+
+def settlement_trace(env: dict[str, str], username: str) -> str:
+    """Where each of `username`'s trades stands on its way to settling, read from the embedded
+    server's database (its source of truth), with the end of the server's log: what a failed
+    wait for 'settled' prints, so the next failure says which step held it."""
+    import json
+    import sqlite3
+
+    data = Path(env["GRIDBID_DATA_DIR"])
+    lines = []
+    with contextlib.closing(sqlite3.connect(f"file:{data / 'gridbid.sqlite3'}?mode=ro", uri=True, timeout=10)) as db:
+        rows = db.execute(
+            """select t.id, t.state, j.state, j.ended_at, j.checkpoint, rb.state, sb.id, sb.state, sb.error, sb.created_at,
+                      (select count(*) from ledger_cosign c where c.batch_id = sb.id and c.signature = ''),
+                      (select count(*) from ledger_cosign c where c.batch_id = sb.id)
+               from market_trade t join market_user u on u.id = t.buyer_id left join market_job j on j.trade_id = t.id
+               left join ledger_recorditem ri on ri.trade_id = t.id left join ledger_recordbatch rb on rb.id = ri.batch_id
+               left join ledger_settleitem si on si.trade_id = t.id left join ledger_settlebatch sb on sb.id = si.batch_id
+               where u.username = ?""", (username,)).fetchall()
+        for (tid, tstate, jstate, ended, checkpoint, rstate, sid, sstate, serror, screated, unsigned, cosigns) in rows:
+            receipt = "receipt" in json.loads(checkpoint or "{}")
+            lines.append(f"trade {tid} {tstate}: job {jstate} (ended {ended}, receipt {receipt}); record batch {rstate}; "
+                         f"settle batch {sid} {sstate} (created {screated}, {unsigned} of {cosigns} co-signatures missing) {serror or ''}")
+        backlog = db.execute("""select count(*), min(j.ended_at) from market_trade t join market_job j on j.trade_id = t.id
+                                left join ledger_settleitem si on si.trade_id = t.id
+                                where t.state = 'recorded' and si.id is null and j.ended_at is not null""").fetchone()
+        lines.append(f"finished trades not yet in a settle batch: {backlog[0]} (oldest ended {backlog[1]}); now {time.strftime('%H:%M:%S')}")
+        lines.append("settle batches: " + ", ".join(f"{s} {n}" for s, n in db.execute("select state, count(*) from ledger_settlebatch group by state")))
+    log = data / "server.log"
+    tail = log.read_text(errors="replace").splitlines()[-40:] if log.exists() else []
+    return "\n".join(lines + ["--- the server's log, its end:"] + tail)

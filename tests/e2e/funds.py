@@ -149,3 +149,16 @@ def escrow_deposit_many(env: Mapping[str, str], usernames: list[str], amount: in
 
     out = manage_shell(env, DEPOSIT_SCRIPT.format(args=json.dumps([usernames, amount])), timeout=300)
     assert f"DEPOSITED {len(usernames)}" in out, out
+
+
+def buyer_view(server: str, headers: Mapping[str, str]) -> str:
+    """A buyer's bids (state, what the last round said of each), trades and jobs, from the
+    API: what a wait for a job prints when it fails, so the failure says which step held it."""
+    import httpx
+
+    def rows(path: str, *fields: str) -> list[tuple[Any, ...]]:
+        r = httpx.get(f"{server}/api/v1/{path}/", headers=dict(headers), timeout=10)
+        return [tuple(x.get(f) for f in fields) for x in r.json().get("results", [])] if r.status_code == 200 else [(r.status_code, r.text[:200])]
+
+    return (f"bids {rows('bids', 'id', 'state', 'explanation')}; trades {rows('trades', 'id', 'state', 'offer', 'round')}; "
+            f"jobs {rows('jobs', 'id', 'state', 'machine')}; at {time.strftime('%H:%M:%S')}")

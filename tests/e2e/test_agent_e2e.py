@@ -21,6 +21,7 @@ import pytest
 from tests.e2e.conftest import running_server
 from tests.e2e.funds import (
     TOKENS,
+    buyer_view,
     chain_rpc,
     escrow_deposit,
     fund,
@@ -502,7 +503,8 @@ def test_a_round_preempts_a_spot_job_for_an_on_demand_bid_it_resumes_on_another_
         def spot_jobs() -> list[dict[str, Any]]:
             return sorted(httpx.get(f"{server}/api/v1/jobs/", headers=spotter).json()["results"], key=lambda j: j["id"])
 
-        first = wait_for("the spot job running on A", lambda: next((j for j in spot_jobs() if j["state"] == "running"), None), seconds=60, logs=logs)
+        first = wait_for("the spot job running on A", lambda: next((j for j in spot_jobs() if j["state"] == "running"), None), seconds=60, logs=logs,
+                         seen=lambda: buyer_view(server, spotter))
         assert first["machine"] == machine_a, "the cheaper machine"
         work = home_a / "jobs" / str(first["trade"]) / "work"
         wait_for("the spot job making progress", lambda: (work / "outputs" / "progress.txt").exists(), seconds=15, logs=logs)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import service_missing
-from tests.e2e.conftest import wait_for_js
+from tests.e2e.conftest import settlement_trace, wait_for_js
 
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = Path(os.environ.get("GRIDBID_TEST_OUTPUT", ROOT / "test-output")) / "screenshots"
@@ -186,11 +186,12 @@ def reload_until(page: Any, selector: str, text: str, timeout_s: float = 60) -> 
     raise AssertionError(f"{selector} never showed {text!r}: {page.inner_text(selector)!r}")
 
 
-def test_a_new_buyer_funds_escrow_bids_and_watches_the_job_run_and_settle(page, embedded_server):
+def test_a_new_buyer_funds_escrow_bids_and_watches_the_job_run_and_settle(page, embedded):
     """The buyer's whole tour on the dev chain: test tokens from the faucet, a deposit, a
     bid that matches live, the job's progress and the payment settling without a reload,
     and the trade's Merkle proof checked in the browser."""
-    sign_up(page, embedded_server, "f")
+    embedded_server, env = embedded
+    buyer = sign_up(page, embedded_server, "f")
     page.goto(embedded_server + "/wallet/")
     page.click("#faucet")
     reload_until(page, "#tokens-held", "1,000.00 USDC")
@@ -205,7 +206,10 @@ def test_a_new_buyer_funds_escrow_bids_and_watches_the_job_run_and_settle(page, 
     page.wait_for_selector("tr[data-order] .pill.state-matched", timeout=40_000)
     page.wait_for_selector("[data-job-state]:text('completed')", timeout=60_000)
     assert page.evaluate("document.querySelector('progress[data-job]').value") == 1
-    page.wait_for_selector("[data-trade-state].state-settled", timeout=120_000)
+    try:
+        page.wait_for_selector("[data-trade-state].state-settled", timeout=120_000)
+    except Exception as exc:
+        raise AssertionError(f"the payment never showed settled on the page:\n{settlement_trace(env, buyer)}") from exc
     assert page.evaluate("window.__stillHere === true"), "the page reloaded instead of updating live"
     shot(page, "orders-settled")
 
