@@ -109,6 +109,22 @@ def machine_heartbeat(*, user: User, machine_id: int, gpus: list[dict[str, Any]]
     return {"machine": machine.pk, "state": machine.state, "reopened_offers": reopened, "jobs_updated": updated, "next_heartbeat_s": HEARTBEAT_INTERVAL_S}
 
 
+@transaction.atomic
+def machine_going_offline(*, user: User, machine_id: int) -> dict[str, Any]:
+    """The machine's agent is stopping: the machine goes offline now and its open offers
+    pause, so no round matches a buyer to GPUs nobody runs (silence took 30 s, and rounds
+    went on matching it). Its reliability stays: an announced stop is not a failure. The next
+    heartbeat brings it back with the offers this paused; saying it twice changes nothing."""
+    machine = own_machine(user, machine_id, lock=True)
+    paused = 0
+    if machine.state == MachineState.ONLINE:
+        machine.state = MachineState.OFFLINE
+        machine.save(update_fields=["state"])
+        paused = Offer.objects.filter(machine=machine, state=OfferState.OPEN).update(state=OfferState.PAUSED, paused_by="offline", updated_at=timezone.now())
+        announce(MachinesChanged(machine_ids=(machine.pk,), states_changed=True))
+    return {"machine": machine.pk, "state": machine.state, "paused_offers": paused}
+
+
 # --- key challenge -------------------------------------------------------------------------------
 def agent_challenge_issue(*, user: User) -> dict[str, Any]:
     """A short-lived, server-signed text for the agent to sign with its Ethereum key."""

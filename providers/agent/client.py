@@ -124,6 +124,9 @@ class MarketClient:
     def heartbeat(self, machine_id: int, body: dict[str, Any]) -> dict[str, Any]:
         return self.request("POST", f"/api/v1/agent/machines/{machine_id}/heartbeat/", json=body)
 
+    def machine_offline(self, machine_id: int) -> dict[str, Any]:
+        return self.request("POST", f"/api/v1/agent/machines/{machine_id}/offline/")
+
     def assignments(self, machine_id: int) -> list[dict[str, Any]]:
         return self.request("GET", f"/api/v1/agent/machines/{machine_id}/assignments/")["assignments"]
 

@@ -184,7 +184,18 @@ class Agent:
                 raise Stop(f"{exc.message}. Check the token in {self.home}/agent.toml (it needs the 'provide' scope) or run `gridbid-agent init` again.") from exc
             except Rejected as exc:
                 raise Stop(f"The market rejected the agent: {exc.message}") from exc
+        if connected:
+            self.say_offline()
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def say_offline(self) -> None:
+        """Tell the market this machine stops now, so no round matches it meanwhile; a market
+        that does not answer learns it from the heartbeats stopping (30 s)."""
+        try:
+            paused = self.client.machine_offline(self.machine_id).get("paused_offers", 0)
+            log(f"stopping: the market has machine {self.machine_id} offline; {paused} open offer{'' if paused == 1 else 's'} paused until the next start")
+        except (Transient, Rejected, AuthFailed) as exc:
+            log(f"stopping: could not tell the market ({exc.message}); it will see the machine go quiet")
 
     def tick(self, now: float | None = None) -> None:
         now = time.time() if now is None else now

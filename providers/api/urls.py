@@ -8,6 +8,7 @@ from providers.api import views
 urlpatterns = [
     path("machines/<int:machine_id>/heartbeat/", views.HeartbeatView.as_view(), name="agent-heartbeat"),
     path("machines/<int:machine_id>/assignments/", views.AssignmentsView.as_view(), name="agent-assignments"),
+    path("machines/<int:machine_id>/offline/", views.MachineOfflineView.as_view(), name="agent-machine-offline"),
     path("jobs/<int:job_id>/events/", views.JobEventView.as_view(), name="agent-job-events"),
     path("jobs/<int:job_id>/receipt/", views.JobReceiptView.as_view(), name="agent-job-receipt"),
     path("jobs/<int:job_id>/outputs/<path:path>", views.JobOutputUploadView.as_view(), name="agent-job-output"),

@@ -40,6 +40,14 @@ class HeartbeatView(AgentView):
         return Response(jobs.machine_heartbeat(user=request.user, machine_id=machine_id, **data.validated_data))
 
 
+class MachineOfflineView(AgentView):
+    """The agent is stopping: the machine goes offline at once and its open offers pause until its next heartbeat."""
+
+    @extend_schema(request=None, responses=inline_serializer("OfflineResult", {"machine": serializers.IntegerField(), "state": serializers.CharField(), "paused_offers": serializers.IntegerField()}))
+    def post(self, request: Request, machine_id: int) -> Response:
+        return Response(jobs.machine_going_offline(user=request.user, machine_id=machine_id))
+
+
 class AssignmentsView(AgentView):
     """Jobs this machine should run: trade, job spec and its hash, GPU indexes, duration, preempt order."""
 

@@ -118,8 +118,11 @@ def test_an_agent_joins_the_market_and_its_offers_appear(server, tmp_path):
     r = agent(home, "run", "--max-seconds", "4", timeout=30)
     assert r.returncode == 0, r.stderr + r.stdout
     assert "connected to" in r.stdout
+    # it heartbeated while it ran; stopping, it took its machine offline at once, so no round
+    # matches a buyer to it until it runs again
+    assert f"the market has machine {machine_id} offline; 1 open offer paused" in r.stdout, r.stdout
     machine = httpx.get(f"{server}/api/v1/machines/{machine_id}/", headers=auth).json()
-    assert machine["state"] == "online" and machine["last_heartbeat"]
+    assert machine["state"] == "offline" and machine["last_heartbeat"]
 
 
 def test_a_fresh_agent_gets_test_tokens_from_the_faucet_then_registers_on_chain(server, tmp_path):

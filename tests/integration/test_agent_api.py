@@ -62,6 +62,31 @@ def test_an_offer_its_provider_paused_stays_paused_when_the_machine_comes_back(p
     assert r.status_code == 200 and r.json()["state"] == "open"
 
 
+def test_an_agent_that_stops_takes_its_machine_offline_at_once_and_its_offers_come_back_with_it(provider_user, other_provider_user, client_for, make_offer):
+    """A stopped agent's machine stayed online until 30 s of silence: a round matched a buyer
+    to it meanwhile, and the job waited on a machine nobody ran (the preemption e2e's spot bid
+    took the cheaper L4 of the test before it, stopped a moment earlier)."""
+    offer = make_offer(provider_user, count=2)
+    machine = offer.machine
+    client = client_for(provider_user)
+    assert client.post(f"/api/v1/agent/machines/{machine.id}/heartbeat/", {"gpus": [telemetry(0)]}, format="json").status_code == 200
+    reliability = type(machine).objects.get(pk=machine.pk).reliability
+
+    r = client.post(f"/api/v1/agent/machines/{machine.id}/offline/")
+    assert r.status_code == 200, r.content
+    assert r.json() == {"machine": machine.id, "state": "offline", "paused_offers": 1}
+    machine.refresh_from_db()
+    offer.refresh_from_db()
+    assert machine.state == "offline" and (offer.state, offer.paused_by) == ("paused", "offline")
+    assert machine.reliability == reliability, "a stop the agent announced is not the silence of a failure"
+    assert client.post(f"/api/v1/agent/machines/{machine.id}/offline/").json()["paused_offers"] == 0  # said twice: the same
+
+    assert client.post(f"/api/v1/agent/machines/{machine.id}/heartbeat/", {"gpus": [telemetry(0)]}, format="json").json()["reopened_offers"] == 1
+    offer.refresh_from_db()
+    assert offer.state == "open"
+    assert client_for(other_provider_user).post(f"/api/v1/agent/machines/{machine.id}/offline/").status_code == 404
+
+
 def test_heartbeat_carries_job_progress(provider_user, client_for, make_job):
     job = make_job(provider_user)
     Job.objects.filter(pk=job.pk).update(state="running")

@@ -36,6 +36,7 @@ class FakeMarket:
         self.events: list[tuple[int, dict]] = []
         self.receipts: list[tuple[int, dict]] = []
         self.heartbeats: list[dict] = []
+        self.offline: list[int] = []
         self.fail_next: Exception | None = None
 
     def _maybe_fail(self) -> None:
@@ -51,6 +52,11 @@ class FakeMarket:
         self._maybe_fail()
         self.heartbeats.append(body)
         return {}
+
+    def machine_offline(self, machine_id):
+        self._maybe_fail()
+        self.offline.append(machine_id)
+        return {"machine": machine_id, "state": "offline", "paused_offers": 0}
 
     def assignments(self, machine_id):
         self._maybe_fail()
@@ -299,6 +305,31 @@ def test_transport_errors_back_off_and_retry(tmp_path, key, monkeypatch):
     threading.Timer(0.5, stop.set).start()
     agent.run_forever(stop, tick_s=0.05)
     assert market.heartbeats  # it connected after the failure and carried on
+
+
+def test_a_stopped_daemon_tells_the_market_its_machine_is_going_offline(tmp_path, key):
+    market = FakeMarket()
+    agent = make_agent(tmp_path, market, key)
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    agent.run_forever(stop, tick_s=0.05)
+    assert market.heartbeats and market.offline == [agent.machine_id]
+
+
+def test_a_daemon_stopping_while_the_market_is_away_still_stops(tmp_path, key):
+    market = FakeMarket()
+    agent = make_agent(tmp_path, market, key)
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    original = market.machine_offline
+
+    def away(machine_id):
+        market.fail_next = Transient("cannot reach the market")
+        return original(machine_id)
+
+    market.machine_offline = away
+    agent.run_forever(stop, tick_s=0.05)  # returns: the machine goes offline by its silence instead
+    assert market.offline == []
 
 
 def test_the_agent_cosigns_only_a_root_holding_its_own_receipt(tmp_path, key):
