@@ -81,16 +81,23 @@ def manage(ctx: click.Context) -> None:
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535), envvar="GRIDBID_PORT", help="Port to listen on.")
 @click.option("--demo", is_flag=True, envvar="GRIDBID_DEMO", help="Load a demo market (providers, offers, bids) if the database is empty.")
 @click.option("--no-worker", is_flag=True, envvar="GRIDBID_NO_WORKER", help="Do not run Celery inside this process.")
-def up(host: str, port: int, demo: bool, no_worker: bool) -> None:
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64), envvar="GRIDBID_WEB_WORKERS",
+              help="Server processes sharing the port (production mode: REDIS_URL's channel layer carries each update to all of them). About one per core.")
+def up(host: str, port: int, demo: bool, no_worker: bool, workers: int) -> None:
     """Start the marketplace: migrate, then serve HTTP and WebSocket."""
     configure_or_exit()
+    from django.conf import settings
+
+    if workers > 1 and settings.CONFIG.embedded:
+        raise click.UsageError("--workers above 1 needs REDIS_URL: the embedded mode's channel layer and Celery live inside one "
+                               "process. Set REDIS_URL (and DATABASE_URL), or drop --workers.")
     services_or_exit()
     # the CLI loads what a command needs when it runs, after Django is set up
     from gridbid.runner import serve
     from ledger.devchain import DevChainError
 
     try:
-        serve(host=host, port=port, demo=demo, worker=not no_worker)
+        serve(host=host, port=port, demo=demo, worker=not no_worker, workers=workers)
     except DevChainError as exc:
         click.echo(f"gridbid: {exc}", err=True)
         sys.exit(2)

@@ -131,14 +131,14 @@ def _stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(0)
 
 
-def uvicorn_config(*, host: str, port: int) -> uvicorn.Config:
-    """How `gridbid up` serves HTTP and WebSockets."""
+def uvicorn_config(*, host: str, port: int, workers: int = 1) -> uvicorn.Config:
+    """How `gridbid up` serves HTTP and WebSockets (in `workers` processes)."""
     import uvicorn
 
     # the runner imports Django code only after django.setup()
     from market.streams.consumers import MAX_MESSAGE_BYTES
 
-    return uvicorn.Config("gridbid.asgi:application", host=host, port=port, lifespan="off", log_level="warning", ws="websockets-sansio",
+    return uvicorn.Config("gridbid.asgi:application", host=host, port=port, workers=workers, lifespan="off", log_level="warning", ws="websockets-sansio",
                           # a frame over the consumers' limit is refused (1009) by the protocol layer
                           # as it arrives, instead of being buffered whole (uvicorn's default: 16 MiB)
                           ws_max_size=MAX_MESSAGE_BYTES,
@@ -149,12 +149,16 @@ def uvicorn_config(*, host: str, port: int) -> uvicorn.Config:
                           # uvicorn's own 5 s is httpx's pool expiry and under a proxy's 60 s: it closed
                           # idle connections just as clients sent on them, and they read a reset
                           timeout_keep_alive=settings.CONFIG.http_keepalive_seconds,
+                          # on SIGTERM, requests in flight get this long to finish before they are
+                          # cancelled (uvicorn waits forever by default): a service manager's stop
+                          # ends in seconds, never in its own kill
+                          timeout_graceful_shutdown=10,
                           # the client address comes from X-Forwarded-For only behind our own proxies
                           proxy_headers=bool(settings.CONFIG.trusted_proxies),
                           forwarded_allow_ips=list(settings.CONFIG.trusted_proxies) or None)
 
 
-def serve(*, host: str, port: int, demo: bool, worker: bool) -> None:
+def serve(*, host: str, port: int, demo: bool, worker: bool, workers: int = 1) -> None:
     import uvicorn
 
     # uvicorn shuts down on SIGTERM, then raises the signal again under the handler it
@@ -208,9 +212,19 @@ def serve(*, host: str, port: int, demo: bool, worker: bool) -> None:
 
         gc.collect()
         gc.freeze()
-        console.print(f"[bold]GridBid[/] at [link]http://{host}:{port}/[/]  ·  API docs http://{host}:{port}/api/docs/  ·  Ctrl-C stops")
-        server = uvicorn.Server(uvicorn_config(host=host, port=port))
-        server.run()
+        processes = f" in {workers} processes" if workers > 1 else ""
+        console.print(f"[bold]GridBid[/] at [link]http://{host}:{port}/[/]{processes}  ·  API docs http://{host}:{port}/api/docs/  ·  Ctrl-C stops")
+        config = uvicorn_config(host=host, port=port, workers=workers)
+        if workers > 1:
+            # production only (the CLI refuses it embedded): uvicorn's supervisor spawns the
+            # processes on one listening socket, restarts one that dies, and stops them all
+            # on SIGINT / SIGTERM. Each loads the app itself; the Redis channel layer carries
+            # an update published anywhere to the sockets of every process.
+            from uvicorn.supervisors import Multiprocess
+
+            Multiprocess(config, sockets=[config.bind_socket()]).run()
+        else:
+            uvicorn.Server(config).run()
     finally:
         if celery is not None:
             with console.status("Stopping the worker…"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -129,3 +130,87 @@ def test_one_address_gets_its_cap_of_sockets_and_they_all_subscribe_at_once(serv
     assert refused == [("too_many_connections", 4029)] * 50
     assert answers == ["snapshot"] * PER_ADDRESS
     assert "MaxConnectionsError" not in log and "Too many connections" not in log, log[-3000:]
+
+
+# --- several server processes (issue 33: `gridbid up --workers N`) ------------------------------
+def _children(pid: int) -> list[int]:
+    """The processes `pid` spawned for serving (multiprocessing's spawn_main)."""
+    kids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if ppid == pid and b"spawn_main" in (entry / "cmdline").read_bytes():
+                kids.append(int(entry.name))
+    return sorted(kids)
+
+
+def _connections_held(pid: int, port: int) -> int:
+    """Established TCP connections to `port` whose server end this process holds."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                f = line.split()
+                if f[3] == "01" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(f[9])
+    held = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            link = os.readlink(fd)
+            if link.startswith("socket:[") and link[8:-1] in inodes:
+                held += 1
+    return held
+
+
+def test_two_server_processes_share_the_port_and_an_update_reaches_the_sockets_of_both(production_env: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
+    """`gridbid up --workers 2`: two processes accept on one port, and an update published
+    anywhere (here a separate process, as the Celery worker is) reaches every socket of
+    either through the Redis channel layer, in sequence."""
+    from websockets.asyncio.client import connect
+
+    from tests.e2e.funds import wait_for
+    from tests.e2e.test_production_mode import _manage_shell
+
+    data = tmp_path / "data"
+    data.mkdir()
+    proc, base, _ = start_server(data, demo=False, extra_env=production_env, up_args=("--no-worker", "--workers", "2"))
+    try:
+        port = int(base.rsplit(":", 1)[1])
+        kids = wait_for("two server processes", lambda: k if len(k := _children(proc.pid)) == 2 else None, seconds=60,
+                        seen=lambda: _children(proc.pid))
+        url = base.replace("http://", "ws://") + "/ws/v1/stream"
+
+        async def scenario() -> tuple[list[int], list[dict[str, Any]], list[int]]:
+            sockets, snapshots = [], []
+            try:
+                # the kernel hands each connection to whichever process accepts first: open
+                # sockets until both hold some (bounded)
+                for _ in range(60):
+                    ws = await connect(url, ping_interval=None, open_timeout=30)
+                    sockets.append(ws)
+                    assert json.loads(await asyncio.wait_for(ws.recv(), 30))["type"] == "welcome"
+                    await ws.send(json.dumps({"type": "subscribe", "channel": "rounds"}))
+                    snap = json.loads(await asyncio.wait_for(ws.recv(), 30))
+                    assert snap["type"] == "snapshot", snap
+                    snapshots.append(snap["seq"])
+                    held = [_connections_held(k, port) for k in kids]
+                    if len(sockets) >= 4 and min(held) >= 1:
+                        break
+                await asyncio.to_thread(_manage_shell, production_env, "from market.streams.publish import publish\n"
+                                        "print(publish('rounds', {'round': {'number': 424242}}))")
+                got = [json.loads(await asyncio.wait_for(ws.recv(), 30)) for ws in sockets]
+                return held, got, snapshots
+            finally:
+                await asyncio.gather(*(ws.close() for ws in sockets), return_exceptions=True)
+
+        held, got, snapshots = asyncio.run(scenario())
+        assert min(held) >= 1, f"one process served every socket: {held}"
+        assert [(m["type"], m["data"]["round"]["number"]) for m in got] == [("update", 424242)] * len(got)
+        assert len({m["seq"] for m in got}) == 1 and got[0]["seq"] == max(snapshots) + 1, (snapshots, [m["seq"] for m in got])
+    finally:
+        stop_server(proc)
+    assert proc.returncode == 0, f"`gridbid up --workers 2` did not stop on SIGTERM by itself (exit {proc.returncode})"
+    left = {k: (Path(f"/proc/{k}/stat").read_text().rsplit(")", 1)[1].split()[0] if Path(f"/proc/{k}").exists() else "gone") for k in kids}
+    assert set(left.values()) <= {"gone", "Z"}, f"a server process outlived `gridbid up` ({left}): {(data / 'server.log').read_text()[-3000:]}"
