@@ -6,6 +6,12 @@ loopback. Each socket subscribes to ``rounds`` and the busiest ``book.*``; ``--s
 sockets subscribe the same way and then never read (a raw socket with a small receive
 buffer, so the server meets TCP backpressure as it would from a stalled client).
 
+Two servers: ``embedded`` (`gridbid up --demo`, one process with its Celery threads and
+demo market) and ``production`` (`gridbid up --workers 2 --no-worker` on PostgreSQL and the
+Redis channel layer, with `gridbid worker` and `gridbid beat` beside it, as README's
+Production section runs them; the demo's data without its ticks, so its books move only when
+a round does).
+
 Printed per server and N:
 - the connect storm: how long N sockets took to connect, subscribe and hold both snapshots,
   and how many failed;
@@ -22,7 +28,7 @@ for one that reads, too slowly, and is tested in tests/integration/test_streams.
 Exits 1 if a target is missed.
 
     python tests/bench/bench_fanout.py [--sizes 100,1000,5000] [--rounds 6] [--round-seconds 5]
-        [--slow 5] [--server embedded]
+        [--slow 5] [--server embedded,production] [--workers 2]
 
 The clients are asyncio on the `websockets` package, in ``--client-procs`` processes (1; at
 most one per 100 sockets). On this 2-core box they share the CPUs with the server and its
@@ -241,14 +247,58 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
 # --- the server ---------------------------------------------------------------------------
 
 
-def start(kind: str, round_s: float, data: Path) -> tuple[subprocess.Popen[bytes], str]:
-    from tests.e2e.conftest import start_server
+class Server:
+    """A server under test, as a person would run it; `stop()` ends every process it started."""
 
-    if kind != "embedded":
-        raise SystemExit(f"--server {kind}: only the embedded server is measured here so far")
-    proc, base, _ = start_server(data, demo=True, extra_env={
-        "ROUND_SECONDS": str(round_s), "WS_MAX_PER_ADDRESS": "100000", "WS_MAX_PER_TOKEN": "100000"})
-    return proc, base
+    def __init__(self, kind: str, round_s: float, data: Path, workers: int) -> None:
+        from tests.e2e.conftest import start_server
+
+        self.kind, self.extra, self.database = kind, [], ""
+        caps = {"ROUND_SECONDS": str(round_s), "WS_MAX_PER_ADDRESS": "100000", "WS_MAX_PER_TOKEN": "100000"}
+        if kind == "embedded":
+            self.proc, self.base, _ = start_server(data, demo=True, extra_env=caps)
+            return
+        if kind != "production":
+            raise SystemExit(f"--server {kind}: embedded or production")
+        # README's Production section: `gridbid up --workers N --no-worker` on PostgreSQL and
+        # Redis, a `gridbid worker` and `gridbid beat` beside it. A scratch database and Redis
+        # database; no chain (settlement off). The demo's data is loaded, but its ticks are the
+        # embedded mode's: rounds clear every round_s and each sends its `rounds` update, the
+        # books move only when a round does
+        import psycopg
+        import redis
+
+        admin_url = os.environ.get("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+        self.admin_url = admin_url
+        self.database = f"gridbid_fanout_{os.getpid()}"
+        with psycopg.connect(admin_url, autocommit=True, connect_timeout=5) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
+            admin.execute(f'CREATE DATABASE "{self.database}"')
+        redis_url = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15").rsplit("/", 1)[0] + f"/{1 + os.getpid() % 14}"
+        redis.Redis.from_url(redis_url).flushdb()
+        env = {**caps, "DATABASE_URL": f"{admin_url.rsplit('/', 1)[0]}/{self.database}", "REDIS_URL": redis_url}
+        self.proc, self.base, full_env = start_server(data, demo=True, extra_env=env, up_args=("--no-worker", "--workers", str(workers)))
+        for args, name in ((["worker", "-Q", "rounds,chain,default,notify", "-c", "1"], "worker"), (["beat"], "beat")):
+            with open(data / f"{name}.log", "w") as log:
+                self.extra.append(subprocess.Popen([sys.executable, "-m", "gridbid.cli", *args], cwd=ROOT, env=full_env, stdout=log,
+                                                   stderr=subprocess.STDOUT, start_new_session=True))
+
+    def stop(self) -> None:
+        from tests.e2e.conftest import stop_server
+
+        for p in self.extra:
+            p.terminate()
+        for p in self.extra:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        stop_server(self.proc)
+        if self.database:
+            import psycopg
+
+            with psycopg.connect(self.admin_url, autocommit=True, connect_timeout=5) as admin:
+                admin.execute(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
 
 
 def busiest_book(base: str) -> str:
@@ -258,12 +308,11 @@ def busiest_book(base: str) -> str:
     while time.monotonic() < deadline:
         rows = httpx.get(f"{base}/api/v1/markets/", timeout=30).json()
         rows = rows.get("results", rows) if isinstance(rows, dict) else rows
-        rows = [r for r in rows if r.get("open_bids")]
-        if rows:
-            top = max(rows, key=lambda r: (r["open_bids"], r["offers"]))
+        if rows:  # the most bids waiting; with none yet, the most offers
+            top = max(rows, key=lambda r: (r.get("open_bids") or 0, r.get("offers") or 0))
             return f"book.{top['gpu_model']}.{top['region']}"
         time.sleep(2)
-    raise SystemExit("the demo market has no bids after 120 s")
+    raise SystemExit("the demo market lists no market after 120 s")
 
 
 def ms(x: float | None) -> str:
@@ -276,7 +325,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=6, help="rounds measured per size")
     ap.add_argument("--round-seconds", type=float, default=5.0)
     ap.add_argument("--slow", type=int, default=5, help="consumers that never read")
-    ap.add_argument("--server", default="embedded")
+    ap.add_argument("--server", default="embedded", help="embedded, production, or both comma-separated")
+    ap.add_argument("--workers", type=int, default=2, help="server processes of the production server")
     ap.add_argument("--client-procs", type=int, default=1,
                     help="client processes the sockets are split between (at most one per 100 sockets)")
     ap.add_argument("--client", help=argparse.SUPPRESS)  # internal: run as the client process
@@ -297,7 +347,8 @@ def main() -> int:
           f"{'rounds':>6} {'lost':>5} {'worst':>5} {'closed':>12} {'slow closed':>16}  notes", flush=True)
     for kind in a.server.split(","):
         with tempfile.TemporaryDirectory(prefix="fanout-") as tmp:
-            proc, base = start(kind, a.round_seconds, Path(tmp))
+            server = Server(kind, a.round_seconds, Path(tmp), a.workers)
+            base = server.base
             try:
                 book = busiest_book(base)
                 url = base.replace("http://", "ws://") + "/ws/v1/stream"
@@ -331,9 +382,7 @@ def main() -> int:
                     if r["failures"]:
                         print(f"          failures: {r['failures']}")
             finally:
-                from tests.e2e.conftest import stop_server
-
-                stop_server(proc)
+                server.stop()
     return 1 if missed else 0
 
 
