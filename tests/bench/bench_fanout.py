@@ -253,7 +253,7 @@ class Server:
     def __init__(self, kind: str, round_s: float, data: Path, workers: int) -> None:
         from tests.e2e.conftest import start_server
 
-        self.kind, self.extra, self.database = kind, [], ""
+        self.kind, self.extra, self.database, self.chain = kind, [], "", None
         caps = {"ROUND_SECONDS": str(round_s), "WS_MAX_PER_ADDRESS": "100000", "WS_MAX_PER_TOKEN": "100000"}
         if kind == "embedded":
             self.proc, self.base, _ = start_server(data, demo=True, extra_env=caps)
@@ -261,12 +261,18 @@ class Server:
         if kind != "production":
             raise SystemExit(f"--server {kind}: embedded or production")
         # README's Production section: `gridbid up --workers N --no-worker` on PostgreSQL and
-        # Redis, a `gridbid worker` and `gridbid beat` beside it. A scratch database and Redis
-        # database; no chain (settlement off). The demo's data is loaded, but its ticks are the
-        # embedded mode's: rounds clear every round_s and each sends its `rounds` update, the
-        # books move only when a round does
+        # Redis, a `gridbid worker` and `gridbid beat` beside it, and a chain of its own (anvil,
+        # contracts deployed by `gridbid chain deploy`). A scratch database and Redis database.
+        # The demo's data is loaded, but its ticks are the embedded mode's: a buyer funded on
+        # the chain keeps one bid open below every ask, so every round clears (a round with no
+        # open bid is skipped) and sends its `rounds` update; the books move only when a round does
+        import httpx
         import psycopg
         import redis
+
+        from ledger.chain.anvil import start_anvil
+        from tests.e2e.test_production_mode import _gridbid_env, _tokens
+        from tests.workers import free_port
 
         admin_url = os.environ.get("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
         self.admin_url = admin_url
@@ -276,8 +282,20 @@ class Server:
             admin.execute(f'CREATE DATABASE "{self.database}"')
         redis_url = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15").rsplit("/", 1)[0] + f"/{1 + os.getpid() % 14}"
         redis.Redis.from_url(redis_url).flushdb()
-        env = {**caps, "DATABASE_URL": f"{admin_url.rsplit('/', 1)[0]}/{self.database}", "REDIS_URL": redis_url}
+        chain_port = free_port()
+        self.chain = start_anvil(port=chain_port)
+        env = {**caps, "DATABASE_URL": f"{admin_url.rsplit('/', 1)[0]}/{self.database}", "REDIS_URL": redis_url,
+               "CHAIN_RPC_URL": f"http://127.0.0.1:{chain_port}", "CHAIN_CONFIRMATIONS": "0", "GRIDBID_DATA_DIR": str(data)}
+        for step in (("manage", "migrate", "--no-input"), ("chain", "deploy")):
+            out = subprocess.run([sys.executable, "-m", "gridbid.cli", *step], cwd=ROOT, env=_gridbid_env(env), capture_output=True, text=True, timeout=300)
+            if out.returncode:
+                raise SystemExit(f"gridbid {' '.join(step)}: {out.stdout[-2000:]}{out.stderr[-2000:]}")
         self.proc, self.base, full_env = start_server(data, demo=True, extra_env=env, up_args=("--no-worker", "--workers", str(workers)))
+        [token] = _tokens(env, 1, "fanout")
+        bid = httpx.post(f"{self.base}/api/v1/bids/", headers={"Authorization": f"Bearer {token}"}, timeout=30, json={
+            "job_spec": {"image": "ghcr.io/acme/train:1"}, "gpus": 1, "gpu_models": ["H100-SXM-80GB"], "max_price": 10_000, "duration_s": 3600})
+        if bid.status_code != 201:
+            raise SystemExit(f"the standing bid was refused: {bid.text}")
         for args, name in ((["worker", "-Q", "rounds,chain,default,notify", "-c", "1"], "worker"), (["beat"], "beat")):
             with open(data / f"{name}.log", "w") as log:
                 self.extra.append(subprocess.Popen([sys.executable, "-m", "gridbid.cli", *args], cwd=ROOT, env=full_env, stdout=log,
@@ -294,6 +312,10 @@ class Server:
             except subprocess.TimeoutExpired:
                 p.kill()
         stop_server(self.proc)
+        if self.chain is not None:
+            from ledger.chain.anvil import stop_anvil
+
+            stop_anvil(self.chain)
         if self.database:
             import psycopg
 
