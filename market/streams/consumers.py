@@ -85,7 +85,12 @@ class StreamConsumer(AsyncWebsocketConsumer):
         self.outbox: deque[tuple[float, str]] = deque()
         self.outbox_ready = asyncio.Event()
         self.groups_refreshed = time.monotonic()
+        self.last_sent = time.monotonic()
         self.writer: asyncio.Task[None] | None = None
+        # the heartbeat's and the group refresh's timers: one each per socket, rescheduled
+        # when they fire, never per update (a wait with a timeout per update cost a task and
+        # a timer per socket per update, a fifth of a server process's time in a fan-out)
+        self.timers: list[asyncio.TimerHandle] = []
         self.cut_off = False
         self.user = self.scope.get("user")
         self.scopes: set[str] | None = set(self.scope["token_scopes"]) if self.scope.get("token_scopes") is not None else None
@@ -120,6 +125,8 @@ class StreamConsumer(AsyncWebsocketConsumer):
             return
         await self.accept()
         self.writer = asyncio.create_task(self._write_updates())
+        loop = asyncio.get_running_loop()
+        self.timers = [loop.call_later(self.heartbeat_s, self._heartbeat_due), loop.call_later(self.group_refresh_s, self._refresh_due)]
         open_streams.add(self)  # counted in /metrics: connections and their queued updates
         await self._watch_credentials()
         await self.send_json({"type": "welcome", "user": self.user.username if self.authenticated else None, "protocol": 1})
@@ -186,6 +193,8 @@ class StreamConsumer(AsyncWebsocketConsumer):
         open_streams.discard(self)
         if getattr(self, "writer", None) is not None:
             self.writer.cancel()
+        for timer in getattr(self, "timers", ()):
+            timer.cancel()
         if getattr(self, "expiry", None) is not None:
             self.expiry.cancel()
         for group in [*getattr(self, "groups_joined", {}).values(), *getattr(self, "credential_groups", [])]:
@@ -244,6 +253,8 @@ class StreamConsumer(AsyncWebsocketConsumer):
         self.groups_joined.clear()
         if self.writer is not None:
             self.writer.cancel()
+        for timer in self.timers:
+            timer.cancel()
 
     async def send_json(self, data: dict[str, Any]) -> None:
         await self.send(text_data=pub.encode(data))
@@ -472,36 +483,46 @@ class StreamConsumer(AsyncWebsocketConsumer):
     async def _write_updates(self) -> None:
         """Send what is queued, oldest first; the update being sent stays at the head until
         the client has taken it, so its age is how long the client has kept it waiting. A
-        socket with nothing to send for ``heartbeat_s`` is sent a heartbeat. A send to a
-        client that has gone (uvicorn's ClientDisconnected, an OSError) ends the writer:
-        the server's disconnect follows."""
+        send to a client that has gone (uvicorn's ClientDisconnected, an OSError) ends the
+        writer: the server's disconnect follows."""
         try:
             await self._write_loop()
         except OSError as exc:
             log.debug("stream writer stopped: the client has gone (%r)", exc)
 
     async def _write_loop(self) -> None:
-        idle = 0.0
         while True:
-            due = self.groups_refreshed + self.group_refresh_s - time.monotonic()
-            if due <= 0:
-                await self._refresh_groups()
-                continue
             if not self.outbox:
                 self.outbox_ready.clear()
-                wait = min(self.heartbeat_s - idle, due)
-                started = time.monotonic()
-                try:
-                    await asyncio.wait_for(self.outbox_ready.wait(), wait)
-                except TimeoutError:
-                    idle += time.monotonic() - started
-                    if idle >= self.heartbeat_s - 1e-3:
-                        idle = 0.0
-                        await self.send_json({"type": "heartbeat", "at": timezone.now().isoformat()})
+                await self.outbox_ready.wait()
                 continue
-            idle = 0.0
             await self.send_update(self.outbox[0][1])
             self.outbox.popleft()
+            self.last_sent = time.monotonic()
+
+    def _heartbeat_due(self) -> None:
+        """A socket that was sent nothing for ``heartbeat_s`` is sent a heartbeat (queued like
+        an update, so it never overtakes one)."""
+        now = time.monotonic()
+        idle = now - self.last_sent
+        delay = self.heartbeat_s
+        if self.outbox:
+            pass  # something is on its way (or stuck, which the 4009 rule handles)
+        elif idle >= self.heartbeat_s - 1e-3:
+            self.outbox.append((now, pub.encode({"type": "heartbeat", "at": timezone.now().isoformat()})))
+            self.outbox_ready.set()
+        else:
+            delay = self.heartbeat_s - idle
+        self._reschedule(0, delay, self._heartbeat_due)
+
+    def _refresh_due(self) -> None:
+        if not self.cut_off:
+            self.refreshing = asyncio.ensure_future(self._refresh_groups())
+        self._reschedule(1, self.group_refresh_s, self._refresh_due)
+
+    def _reschedule(self, slot: int, delay: float, callback: Any) -> None:
+        if not self.cut_off and len(self.timers) > slot:
+            self.timers[slot] = asyncio.get_running_loop().call_later(delay, callback)
 
     async def _refresh_groups(self) -> None:
         """Join this socket's groups again: the layer renews each membership's time."""
