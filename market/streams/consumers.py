@@ -84,13 +84,14 @@ class StreamConsumer(AsyncWebsocketConsumer):
         # was queued, its text).
         self.outbox: deque[tuple[float, str]] = deque()
         self.outbox_ready = asyncio.Event()
-        self.groups_refreshed = time.monotonic()
         self.last_sent = time.monotonic()
         self.writer: asyncio.Task[None] | None = None
         # the heartbeat's and the group refresh's timers: one each per socket, rescheduled
         # when they fire, never per update (a wait with a timeout per update cost a task and
         # a timer per socket per update, a fifth of a server process's time in a fan-out)
-        self.timers: list[asyncio.TimerHandle] = []
+        self.heartbeat_timer: asyncio.TimerHandle | None = None
+        self.refresh_timer: asyncio.TimerHandle | None = None
+        self.refreshing: asyncio.Future[None] | None = None
         self.cut_off = False
         self.user = self.scope.get("user")
         self.scopes: set[str] | None = set(self.scope["token_scopes"]) if self.scope.get("token_scopes") is not None else None
@@ -126,7 +127,8 @@ class StreamConsumer(AsyncWebsocketConsumer):
         await self.accept()
         self.writer = asyncio.create_task(self._write_updates())
         loop = asyncio.get_running_loop()
-        self.timers = [loop.call_later(self.heartbeat_s, self._heartbeat_due), loop.call_later(self.group_refresh_s, self._refresh_due)]
+        self.heartbeat_timer = loop.call_later(self.heartbeat_s, self._heartbeat_due)
+        self.refresh_timer = loop.call_later(self.group_refresh_s, self._refresh_due)
         open_streams.add(self)  # counted in /metrics: connections and their queued updates
         await self._watch_credentials()
         await self.send_json({"type": "welcome", "user": self.user.username if self.authenticated else None, "protocol": 1})
@@ -193,8 +195,7 @@ class StreamConsumer(AsyncWebsocketConsumer):
         open_streams.discard(self)
         if getattr(self, "writer", None) is not None:
             self.writer.cancel()
-        for timer in getattr(self, "timers", ()):
-            timer.cancel()
+        self._stop_timers()
         if getattr(self, "expiry", None) is not None:
             self.expiry.cancel()
         for group in [*getattr(self, "groups_joined", {}).values(), *getattr(self, "credential_groups", [])]:
@@ -253,8 +254,12 @@ class StreamConsumer(AsyncWebsocketConsumer):
         self.groups_joined.clear()
         if self.writer is not None:
             self.writer.cancel()
-        for timer in self.timers:
-            timer.cancel()
+        self._stop_timers()
+
+    def _stop_timers(self) -> None:
+        for timer in (getattr(self, "heartbeat_timer", None), getattr(self, "refresh_timer", None)):
+            if timer is not None:
+                timer.cancel()
 
     async def send_json(self, data: dict[str, Any]) -> None:
         await self.send(text_data=pub.encode(data))
@@ -503,30 +508,26 @@ class StreamConsumer(AsyncWebsocketConsumer):
     def _heartbeat_due(self) -> None:
         """A socket that was sent nothing for ``heartbeat_s`` is sent a heartbeat (queued like
         an update, so it never overtakes one)."""
+        if self.cut_off:
+            return
         now = time.monotonic()
         idle = now - self.last_sent
-        delay = self.heartbeat_s
-        if self.outbox:
-            pass  # something is on its way (or stuck, which the 4009 rule handles)
-        elif idle >= self.heartbeat_s - 1e-3:
+        delay = self.heartbeat_s  # with something queued (or stuck: the 4009 rule's), no heartbeat
+        if not self.outbox and idle >= self.heartbeat_s - 1e-3:
             self.outbox.append((now, pub.encode({"type": "heartbeat", "at": timezone.now().isoformat()})))
             self.outbox_ready.set()
-        else:
+        elif not self.outbox:
             delay = self.heartbeat_s - idle
-        self._reschedule(0, delay, self._heartbeat_due)
+        self.heartbeat_timer = asyncio.get_running_loop().call_later(delay, self._heartbeat_due)
 
     def _refresh_due(self) -> None:
-        if not self.cut_off:
-            self.refreshing = asyncio.ensure_future(self._refresh_groups())
-        self._reschedule(1, self.group_refresh_s, self._refresh_due)
-
-    def _reschedule(self, slot: int, delay: float, callback: Any) -> None:
-        if not self.cut_off and len(self.timers) > slot:
-            self.timers[slot] = asyncio.get_running_loop().call_later(delay, callback)
+        if self.cut_off:
+            return
+        self.refreshing = asyncio.ensure_future(self._refresh_groups())
+        self.refresh_timer = asyncio.get_running_loop().call_later(self.group_refresh_s, self._refresh_due)
 
     async def _refresh_groups(self) -> None:
         """Join this socket's groups again: the layer renews each membership's time."""
-        self.groups_refreshed = time.monotonic()
         for group in [*self.groups_joined.values(), *self.credential_groups]:
             await self.channel_layer.group_add(group, self.channel_name)
 

@@ -68,9 +68,7 @@ def _seq_start() -> int:
 
 def current_seq(group: str) -> int:
     """The channel's last number: what a snapshot taken now carries."""
-    key = _seq_key(group)
-    cache.add(key, _seq_start(), SEQ_TTL)
-    return int(cache.get(key) or 0)
+    return int(cache.get_or_set(_seq_key(group), _seq_start, SEQ_TTL) or 0)
 
 
 def next_seq(group: str) -> int:

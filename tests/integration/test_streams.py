@@ -39,6 +39,16 @@ async def welcome(comm: WebsocketCommunicator) -> dict[str, Any]:
     return msg
 
 
+async def connect_anonymous(consumer: Any) -> WebsocketCommunicator:
+    """An anonymous socket served by `consumer` (a StreamConsumer made quicker or stuck for
+    the test), welcomed."""
+    comm = WebsocketCommunicator(consumer.as_asgi(), "/ws/v1/stream")
+    comm.scope["user"] = None
+    assert (await comm.connect(timeout=5))[0]
+    await welcome(comm)
+    return comm
+
+
 @pytest.fixture
 def token_of(client_for):
     def make(user, scopes=None) -> str:
@@ -216,10 +226,7 @@ async def test_a_client_that_stops_reading_is_cut_off_with_4009_and_nothing_pile
         async def send_update(self, text):
             await asyncio.Event().wait()  # never drains
 
-    comm = WebsocketCommunicator(StalledTransport.as_asgi(), "/ws/v1/stream")
-    comm.scope["user"] = None
-    assert (await comm.connect(timeout=5))[0]
-    await welcome(comm)
+    comm = await connect_anonymous(StalledTransport)
     await comm.send_json_to({"type": "subscribe", "channel": "rounds"})
     assert (await recv(comm))["type"] == "snapshot"
     for i in range(12):
@@ -490,10 +497,7 @@ async def test_an_idle_socket_is_sent_a_heartbeat():
     class Quick(StreamConsumer):
         heartbeat_s = 0.2
 
-    comm = WebsocketCommunicator(Quick.as_asgi(), "/ws/v1/stream")
-    comm.scope["user"] = None
-    assert (await comm.connect(timeout=5))[0]
-    await welcome(comm)
+    comm = await connect_anonymous(Quick)
     beat = await recv(comm)
     assert beat["type"] == "heartbeat" and "at" in beat
     await comm.disconnect()
@@ -520,10 +524,7 @@ async def test_a_heartbeat_to_a_client_that_has_gone_ends_the_writer_quietly():
                 raise ClientDisconnected()
             await super().send_update(text)
 
-    comm = WebsocketCommunicator(Gone.as_asgi(), "/ws/v1/stream")
-    comm.scope["user"] = None
-    assert (await comm.connect(timeout=5))[0]
-    await welcome(comm)
+    comm = await connect_anonymous(Gone)
     writer = Gone.instance.writer
     await asyncio.wait_for(asyncio.shield(writer), 5)  # ends, and not with the exception
     assert writer.done() and writer.exception() is None
@@ -548,10 +549,7 @@ async def test_a_client_that_keeps_an_update_waiting_too_long_is_cut_off_with_40
         async def send_update(self, text):
             await asyncio.Event().wait()  # never drains
 
-    comm = WebsocketCommunicator(Stalled.as_asgi(), "/ws/v1/stream")
-    comm.scope["user"] = None
-    assert (await comm.connect(timeout=5))[0]
-    await welcome(comm)
+    comm = await connect_anonymous(Stalled)
     await comm.send_json_to({"type": "subscribe", "channel": "rounds"})
     assert (await recv(comm))["type"] == "snapshot"
     await sync_to_async(publish)("rounds", {"round": {"number": 1}})
@@ -576,10 +574,7 @@ async def test_a_socket_open_past_the_layers_group_expiry_still_gets_its_updates
     class Renewing(StreamConsumer):
         group_refresh_s = 0.3
 
-    comm = WebsocketCommunicator(Renewing.as_asgi(), "/ws/v1/stream")
-    comm.scope["user"] = None
-    assert (await comm.connect(timeout=5))[0]
-    await welcome(comm)
+    comm = await connect_anonymous(Renewing)
     await comm.send_json_to({"type": "subscribe", "channel": "rounds"})
     snap = await recv(comm)
     await asyncio.sleep(2.5)  # past the membership's expiry: renewed meanwhile
