@@ -232,12 +232,16 @@ if CONFIG.redis_url:
                        "pool_size": CONFIG.channel_redis_pool_size},
         }
     }
+    # the streams' updates: one Redis PUBLISH each, heard once by every server process
+    # (market/streams/hub.py); the channel layer carries the rest
+    STREAM_REDIS_URL = CONFIG.redis_url
     CELERY_BROKER_URL = CONFIG.redis_url
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": CONFIG.redis_url}}
 else:
     # channels' in-memory layer, safe to publish to from the in-process workers' threads
     CHANNEL_LAYERS = {"default": {"BACKEND": "gridbid.channel_layer.LocalChannelLayer", "CONFIG": {"capacity": 1000}}}
     CELERY_BROKER_URL = "memory://localhost/"
+    STREAM_REDIS_URL = None  # one process: updates are handed to the server's loop directly
     # local memory holds 300 entries by default and then drops a third of them: the demo's
     # per-bid stream digests pushed out the streams' sequence counters (every socket then
     # skipped its channel's updates as old), the log-in limits and the throttles. An entry

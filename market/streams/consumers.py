@@ -34,6 +34,7 @@ from market.models import Bid, Scope
 from market.streams import publish as pub
 from market.streams import snapshots
 from market.streams.auth import credentials_problem, live_token
+from market.streams.hub import CLOSE_FEED_LOST, hub
 from providers.models import GpuModel, Provider, Region
 
 log = logging.getLogger(__name__)
@@ -80,8 +81,8 @@ class StreamConsumer(AsyncWebsocketConsumer):
         # reading stalls only its writer (the server's send waits on TCP backpressure),
         # the queue fills or its oldest update ages, and the client is disconnected with
         # CLOSE_SLOW instead of the server buffering for it without limit. An update
-        # arrives encoded (publish.publish encodes it once for every socket): (when it
-        # was queued, its text).
+        # arrives encoded, from this process's hub (market.streams.hub), which puts it into
+        # every subscribed socket's outbox in one pass: (when it was queued, its text).
         self.outbox: deque[tuple[float, str]] = deque()
         self.outbox_ready = asyncio.Event()
         self.last_sent = time.monotonic()
@@ -93,6 +94,10 @@ class StreamConsumer(AsyncWebsocketConsumer):
         self.refresh_timer: asyncio.TimerHandle | None = None
         self.refreshing: asyncio.Future[None] | None = None
         self.cut_off = False
+        # subscriptions whose snapshot is being taken: the writer holds queued updates until
+        # it is sent, so that no channel's update ever reaches the client before its snapshot
+        self.snapshots_pending = 0
+        self._closing: asyncio.Future[None] | None = None  # a close the hub's push started
         self.user = self.scope.get("user")
         self.scopes: set[str] | None = set(self.scope["token_scopes"]) if self.scope.get("token_scopes") is not None else None
         self.groups_joined: dict[str, str] = {}
@@ -198,7 +203,8 @@ class StreamConsumer(AsyncWebsocketConsumer):
         self._stop_timers()
         if getattr(self, "expiry", None) is not None:
             self.expiry.cancel()
-        for group in [*getattr(self, "groups_joined", {}).values(), *getattr(self, "credential_groups", [])]:
+        hub().leave_all(getattr(self, "groups_joined", {}).values(), self)
+        for group in getattr(self, "credential_groups", []):
             await self.channel_layer.group_discard(group, self.channel_name)
 
     # --- credentials that end while the socket is open -------------------------------
@@ -242,15 +248,14 @@ class StreamConsumer(AsyncWebsocketConsumer):
         """Its credentials are gone: it leaves every channel, says why and closes with CLOSE_AUTH."""
         if self.cut_off:
             return
-        await self._leave_all()
+        self._leave_all()
         await self.error("not_authenticated", message)
         await self.close(code=CLOSE_AUTH)
 
-    async def _leave_all(self) -> None:
+    def _leave_all(self) -> None:
         """No more updates: out of every channel's group, the writer stopped, messages ignored."""
         self.cut_off = True
-        for group in list(self.groups_joined.values()):
-            await self.channel_layer.group_discard(group, self.channel_name)
+        hub().leave_all(self.groups_joined.values(), self)
         self.groups_joined.clear()
         if self.writer is not None:
             self.writer.cancel()
@@ -351,10 +356,32 @@ class StreamConsumer(AsyncWebsocketConsumer):
         if channel not in self.groups_joined and len(self.groups_joined) >= MAX_SUBSCRIPTIONS:
             await self.error("too_many_subscriptions", f"At most {MAX_SUBSCRIPTIONS} subscriptions per connection.", ref=channel)
             return
+        self.snapshots_pending += 1
+        try:
+            await self._join_with_snapshot(channel)
+        finally:
+            self.snapshots_pending -= 1
+            if not self.snapshots_pending and self.outbox:
+                self.outbox_ready.set()
+
+    async def _join_with_snapshot(self, channel: str) -> None:
+        """Join the channel's group, then send its snapshot, numbered before it was taken:
+        what is published from the join on reaches the outbox, and the writer (held while
+        ``snapshots_pending``) sends it after the snapshot. An update the snapshot already
+        holds carries a number at or below the snapshot's, and the client skips it."""
         group = pub.group_name(channel, self.user.pk if self.authenticated else None)
-        await self.channel_layer.group_add(group, self.channel_name)
+        try:
+            await hub().join(group, self)
+        except ConnectionError:
+            await self.error("unavailable", "The live feed is not connected on this server (Redis): subscribe again in a few seconds.", ref=channel)
+            return
+        if self.cut_off:  # closed while it waited for the feed
+            hub().leave(group, self)
+            return
+        previous = self.groups_joined.get(channel)
+        if previous is not None and previous != group:
+            hub().leave(previous, self)
         self.groups_joined[channel] = group
-        # the seq is read before the snapshot: updates after it are newer than the snapshot
         seq, data = await self._snapshot(channel, group)
         await self.send_json({"type": "snapshot", "channel": channel, "seq": seq, "data": data})
 
@@ -400,7 +427,7 @@ class StreamConsumer(AsyncWebsocketConsumer):
         if group is None:
             await self.error("not_subscribed", "You are not subscribed to that channel.", ref=channel if isinstance(channel, str) else None)
             return
-        await self.channel_layer.group_discard(group, self.channel_name)
+        hub().leave(group, self)
         await self.send_json({"type": "unsubscribed", "channel": channel})
 
     async def on_place_bid(self, msg: dict[str, Any]) -> None:
@@ -464,26 +491,31 @@ class StreamConsumer(AsyncWebsocketConsumer):
             return False, {"code": "conflict", "message": str(exc)}
         return True, dict(BidSerializer(bid).data)
 
-    # --- outbound (from the channel layer) -------------------------------------------
-    async def dispatch(self, message: dict[str, Any]) -> None:
-        """An update goes straight to its handler. channels' dispatch first closes the
-        thread's stale database connections, a hop to a worker thread (sync_to_async) for
-        every message: for a fan-out, one per socket per update, which touches no database."""
-        if message["type"] == "stream.update":
-            await self.stream_update(message)
-            return
-        await super().dispatch(message)
-
-    async def stream_update(self, event: dict[str, Any]) -> None:
+    # --- outbound (from this process's hub) ----------------------------------------------
+    def push(self, now: float, text: str) -> None:
+        """Queue an update (the hub calls this on the server's loop, for every subscribed
+        socket in one pass). A client that has kept ``outbox_limit`` updates waiting, or one
+        for over ``slow_after_s``, is cut off: out of every group, closed with CLOSE_SLOW."""
         if self.cut_off:
             return
-        now = time.monotonic()
         if len(self.outbox) >= self.outbox_limit or (self.outbox and now - self.outbox[0][0] > self.slow_after_s):
-            await self._leave_all()
-            await self.close(code=CLOSE_SLOW)
+            self._leave_all()
+            self._closing = asyncio.ensure_future(self.close(code=CLOSE_SLOW))
             return
-        self.outbox.append((now, event["text"]))
+        self.outbox.append((now, text))
         self.outbox_ready.set()
+
+    def feed_lost(self, message: str) -> None:
+        """The hub stopped hearing updates (production: its Redis connection broke): say so
+        and close with 1012, so that the client reconnects for fresh snapshots."""
+        if self.cut_off:
+            return
+        self._leave_all()
+        self._closing = asyncio.ensure_future(self._say_and_close("feed_lost", message, CLOSE_FEED_LOST))
+
+    async def _say_and_close(self, code: str, message: str, close_code: int) -> None:
+        await self.error(code, message)
+        await self.close(code=close_code)
 
     async def _write_updates(self) -> None:
         """Send what is queued, oldest first; the update being sent stays at the head until
@@ -497,7 +529,7 @@ class StreamConsumer(AsyncWebsocketConsumer):
 
     async def _write_loop(self) -> None:
         while True:
-            if not self.outbox:
+            if not self.outbox or self.snapshots_pending:
                 self.outbox_ready.clear()
                 await self.outbox_ready.wait()
                 continue
@@ -527,8 +559,9 @@ class StreamConsumer(AsyncWebsocketConsumer):
         self.refresh_timer = asyncio.get_running_loop().call_later(self.group_refresh_s, self._refresh_due)
 
     async def _refresh_groups(self) -> None:
-        """Join this socket's groups again: the layer renews each membership's time."""
-        for group in [*self.groups_joined.values(), *self.credential_groups]:
+        """Join this socket's credential groups again: the layer renews each membership's
+        time (its channels' groups are the hub's, which forgets none)."""
+        for group in self.credential_groups:
             await self.channel_layer.group_add(group, self.channel_name)
 
     async def send_update(self, text: str) -> None:

@@ -1,6 +1,8 @@
 """Publishing to the live streams, always after the writing transaction commits.
 
-Every channel has its own sequence number, incremented atomically in the cache
+An update is encoded once and handed to market.streams.hub, which takes it to every
+subscribed socket of every server process (Redis pub/sub in production; a direct hand-over
+to the server's loop in the embedded mode). Every channel has its own sequence number, incremented atomically in the cache
 (Redis in production, so every ASGI server and worker shares it; local memory in
 the embedded mode, where everything is one process). A client that sees a gap
 in a channel's sequence knows it missed something and resubscribes for a fresh
@@ -22,6 +24,7 @@ from django.core.cache import cache
 from django.db import transaction
 
 from market.cache_counters import cache_count_up
+from market.streams.hub import hub
 
 log = logging.getLogger("gridbid.streams")
 
@@ -92,9 +95,6 @@ def publish(channel: str, data: Any, *, user_id: int | None = None, unchanged_ke
     different data under one key at the same instant may leave the digest of the one the
     sockets ordered first (by seq, they keep the later); the key's next change is sent
     either way."""
-    layer = get_channel_layer()
-    if layer is None:
-        return False
     group = group_name(channel, user_id)
     body = encode(data)
     key = digest = None
@@ -104,11 +104,12 @@ def publish(channel: str, data: Any, *, user_id: int | None = None, unchanged_ke
         if cache.get(key) == digest:
             return False
         cache.set(key, digest, timeout=DIGEST_TTL)
-    seq = next_seq(group)
-    # the socket's frame, written around the encoded data: no second encoding of it
-    text = f'{{"type":"update","channel":{json.dumps(channel)},"seq":{seq},"data":{body}}}'
+    # the socket's frame, written around the encoded data (no second encoding of it) and
+    # numbered as it is sent, so that a channel's numbers reach every socket in order
+    head = f'{{"type":"update","channel":{json.dumps(channel)},"seq":'
     try:
-        async_to_sync(layer.group_send)(group, {"type": "stream.update", "channel": channel, "seq": seq, "text": text})
+        hub().publish_numbered(group, head, f',"data":{body}}}', seq_key=cache.make_key(_seq_key(group)),
+                               start=_seq_start(), ttl=SEQ_TTL, next_seq=lambda: next_seq(group))
     except Exception:  # a stream hiccup must never undo or fail a committed write
         log.exception("publishing to %s failed", group)
         if key is not None:  # what the sockets hold is not known: the next one is sent whatever it is

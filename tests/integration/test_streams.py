@@ -582,3 +582,25 @@ async def test_a_socket_open_past_the_layers_group_expiry_still_gets_its_updates
     update = await recv(comm)
     assert update["seq"] == snap["seq"] + 1 and update["data"] == {"round": {"number": 1}}
     await comm.disconnect()
+
+
+async def test_an_update_published_while_its_snapshot_is_taken_arrives_after_the_snapshot():
+    """The snapshot's number is read as the socket joins, and the snapshot is then built: an
+    update published meanwhile reached the client before the snapshot, the client took the
+    snapshot's lower number as its last, and the next update looked like a gap."""
+    from market.streams.consumers import StreamConsumer
+    from market.streams.publish import publish
+
+    class SlowSnapshot(StreamConsumer):
+        async def _snapshot(self, channel: str, group: str) -> tuple[int, Any]:
+            taken = await super()._snapshot(channel, group)
+            await sync_to_async(publish)("rounds", {"round": {"number": 1}})  # while it is built
+            await asyncio.sleep(0.2)  # time for the writer to send what is queued
+            return taken
+
+    comm = await connect_anonymous(SlowSnapshot)
+    await comm.send_json_to({"type": "subscribe", "channel": "rounds"})
+    first, second = await recv(comm), await recv(comm)
+    assert (first["type"], second["type"]) == ("snapshot", "update")
+    assert second["seq"] == first["seq"] + 1 and second["data"] == {"round": {"number": 1}}
+    await comm.disconnect()
