@@ -49,7 +49,11 @@ RATE_BURST = 40.0
 RATE_STRIKES = 20  # refusals in a row before the connection is closed
 
 OUTBOX_LIMIT = 256  # updates waiting for a slow client before it is cut off
-SLOW_AFTER_S = 10.0  # ... or an update waiting this long for the client to read what came before it
+# ... or one send to it blocked this long: the client's TCP window stayed full, it did not
+# read. The time an update waits in the queue is not the measure: while the server's loop is
+# busy (a connect storm of thousands) every queue waits, and that is the server's doing; at
+# 5,000 sockets that rule closed a third of them with 4009, all of them reading.
+SLOW_AFTER_S = 10.0
 HEARTBEAT_S = 15.0  # a socket sent nothing for this long is sent {"type": "heartbeat"}
 # A channel layer forgets a group membership after its group_expiry (channels' default: a
 # day): a socket open longer stopped getting its updates without a word. Each socket joins
@@ -82,10 +86,11 @@ class StreamConsumer(AsyncWebsocketConsumer):
         # the queue fills or its oldest update ages, and the client is disconnected with
         # CLOSE_SLOW instead of the server buffering for it without limit. An update
         # arrives encoded, from this process's hub (market.streams.hub), which puts it into
-        # every subscribed socket's outbox in one pass: (when it was queued, its text).
-        self.outbox: deque[tuple[float, str]] = deque()
+        # every subscribed socket's outbox in one pass.
+        self.outbox: deque[str] = deque()
         self.outbox_ready = asyncio.Event()
         self.last_sent = time.monotonic()
+        self.sending_since: float | None = None  # when the send in progress began
         self.writer: asyncio.Task[None] | None = None
         # the heartbeat's and the group refresh's timers: one each per socket, rescheduled
         # when they fire, never per update (a wait with a timeout per update cost a task and
@@ -492,17 +497,18 @@ class StreamConsumer(AsyncWebsocketConsumer):
         return True, dict(BidSerializer(bid).data)
 
     # --- outbound (from this process's hub) ----------------------------------------------
-    def push(self, now: float, text: str) -> None:
+    def push(self, text: str) -> None:
         """Queue an update (the hub calls this on the server's loop, for every subscribed
-        socket in one pass). A client that has kept ``outbox_limit`` updates waiting, or one
-        for over ``slow_after_s``, is cut off: out of every group, closed with CLOSE_SLOW."""
+        socket in one pass). A client that has kept ``outbox_limit`` updates waiting, or kept
+        one send blocked for over ``slow_after_s`` (it does not read), is cut off: out of
+        every group, closed with CLOSE_SLOW."""
         if self.cut_off:
             return
-        if len(self.outbox) >= self.outbox_limit or (self.outbox and now - self.outbox[0][0] > self.slow_after_s):
+        if len(self.outbox) >= self.outbox_limit or (self.sending_since is not None and time.monotonic() - self.sending_since > self.slow_after_s):
             self._leave_all()
             self._closing = asyncio.ensure_future(self.close(code=CLOSE_SLOW))
             return
-        self.outbox.append((now, text))
+        self.outbox.append(text)
         self.outbox_ready.set()
 
     def feed_lost(self, message: str) -> None:
@@ -519,7 +525,7 @@ class StreamConsumer(AsyncWebsocketConsumer):
 
     async def _write_updates(self) -> None:
         """Send what is queued, oldest first; the update being sent stays at the head until
-        the client has taken it, so its age is how long the client has kept it waiting. A
+        the client has taken it, and ``sending_since`` says since when it has waited. A
         send to a client that has gone (uvicorn's ClientDisconnected, an OSError) ends the
         writer: the server's disconnect follows."""
         try:
@@ -533,7 +539,9 @@ class StreamConsumer(AsyncWebsocketConsumer):
                 self.outbox_ready.clear()
                 await self.outbox_ready.wait()
                 continue
-            await self.send_update(self.outbox[0][1])
+            self.sending_since = time.monotonic()
+            await self.send_update(self.outbox[0])
+            self.sending_since = None
             self.outbox.popleft()
             self.last_sent = time.monotonic()
 
@@ -546,7 +554,7 @@ class StreamConsumer(AsyncWebsocketConsumer):
         idle = now - self.last_sent
         delay = self.heartbeat_s  # with something queued (or stuck: the 4009 rule's), no heartbeat
         if not self.outbox and idle >= self.heartbeat_s - 1e-3:
-            self.outbox.append((now, pub.encode({"type": "heartbeat", "at": timezone.now().isoformat()})))
+            self.outbox.append(pub.encode({"type": "heartbeat", "at": timezone.now().isoformat()}))
             self.outbox_ready.set()
         elif not self.outbox:
             delay = self.heartbeat_s - idle

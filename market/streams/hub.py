@@ -32,7 +32,6 @@ import itertools
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
@@ -61,7 +60,7 @@ return seq
 class Member(Protocol):
     """A socket as the hub sees it (market.streams.consumers.StreamConsumer)."""
 
-    def push(self, now: float, text: str) -> None:
+    def push(self, text: str) -> None:
         """Queue an update's text for the client (on the server's loop)."""
 
     def feed_lost(self, message: str) -> None:
@@ -124,10 +123,9 @@ class Hub:
         members = self.members.get(group)
         if not members:
             return
-        now = time.monotonic()
         for member in list(members):  # a slow member leaves the group as it is pushed
             try:
-                member.push(now, text)
+                member.push(text)
             except Exception:  # one socket's fault (its loop closed under it) is not the others'
                 log.exception("a stream socket could not take an update of %s; it leaves the group", group)
                 members.discard(member)

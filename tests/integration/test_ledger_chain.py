@@ -498,7 +498,7 @@ def test_a_deposit_reaches_the_buyers_balances_channel_once_confirmed(ctx: Any, 
         def __init__(self) -> None:
             self.texts: list[str] = []
 
-        def push(self, now: float, text: str) -> None:
+        def push(self, text: str) -> None:
             self.texts.append(text)
 
         def feed_lost(self, message: str) -> None:

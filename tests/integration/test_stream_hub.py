@@ -36,7 +36,7 @@ class Socket:
         self.lost: list[str] = []
         self.arrived = asyncio.Event()
 
-    def push(self, now: float, text: str) -> None:
+    def push(self, text: str) -> None:
         self.texts.append(text)
         self.arrived.set()
 

@@ -604,3 +604,32 @@ async def test_an_update_published_while_its_snapshot_is_taken_arrives_after_the
     assert (first["type"], second["type"]) == ("snapshot", "update")
     assert second["seq"] == first["seq"] + 1 and second["data"] == {"round": {"number": 1}}
     await comm.disconnect()
+
+
+async def test_updates_the_server_itself_held_up_do_not_cut_off_a_client_that_reads():
+    """4009 is for a client that does not read (a send to it stays blocked). Updates queued
+    while the server is busy (here: held while another channel's snapshot is taken; at 5,000
+    sockets, a connect storm) are the server's delay: the old rule, an update queued longer
+    than slow_after_s, closed a third of 5,000 reading sockets during the storm."""
+    from market.streams.consumers import StreamConsumer
+    from market.streams.publish import publish
+
+    class SlowBookSnapshot(StreamConsumer):
+        slow_after_s = 0.3
+
+        async def _snapshot(self, channel: str, group: str) -> tuple[int, Any]:
+            taken = await super()._snapshot(channel, group)
+            if channel.startswith("book."):
+                for n in (1, 2, 3):  # rounds' updates queue meanwhile, held for the snapshot
+                    await sync_to_async(publish)("rounds", {"round": {"number": n}})
+                    await asyncio.sleep(0.25)
+            return taken
+
+    comm = await connect_anonymous(SlowBookSnapshot)
+    await comm.send_json_to({"type": "subscribe", "channel": "rounds"})
+    first = await recv(comm)
+    await comm.send_json_to({"type": "subscribe", "channel": "book.H100-SXM-80GB.us-east"})
+    got = [await recv(comm) for _ in range(4)]
+    assert [m["type"] for m in got] == ["snapshot", "update", "update", "update"]
+    assert [m["seq"] for m in got[1:]] == [first["seq"] + 1, first["seq"] + 2, first["seq"] + 3]
+    await comm.disconnect()
