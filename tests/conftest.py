@@ -155,6 +155,19 @@ def service_missing(reason: str) -> None:
 PASSWORD = "correct-horse-battery-staple"
 
 
+@pytest.fixture(autouse=True)
+def _stream_memos_cleared() -> None:
+    """The stream consumers' process-wide memos (a public channel's snapshot per number, the
+    books known to exist) hold one test's database after it is flushed: cleared before each
+    test. A running server's database is never flushed under it."""
+    import sys
+
+    consumers = sys.modules.get("market.streams.consumers")
+    if consumers is not None:
+        consumers._PUBLIC_SNAPSHOTS.clear()
+        consumers._KNOWN_BOOKS.clear()
+
+
 @pytest.fixture
 def make_user(db: Any) -> Callable[..., Any]:
     from market import services

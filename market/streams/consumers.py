@@ -73,6 +73,16 @@ CLOSE_TOO_MANY = 4029  # past WS_MAX_PER_ADDRESS or WS_MAX_PER_TOKEN on this ser
 _OPEN_BY_ADDRESS: Counter[str] = Counter()
 _OPEN_BY_CREDENTIAL: Counter[str] = Counter()
 
+# A connect storm of 5,000 sockets took 54 s, most of it building the same public snapshots
+# (rounds, a book) and checking the same book's model and region, query after query, on the
+# one thread database_sync_to_async runs them on. A public channel's snapshot frame is
+# shared by every subscriber at the same number, and a book found to exist is not looked
+# up again for a minute (models and regions are not removed while a server runs).
+PUBLIC_SNAPSHOT_MAX_AGE_S = 2.0  # bounds what a change that sends no update could leave unseen
+_PUBLIC_SNAPSHOTS: dict[str, tuple[int, float, str]] = {}  # channel -> (seq, built at, frame)
+KNOWN_BOOK_S = 60.0
+_KNOWN_BOOKS: dict[str, float] = {}  # book channel -> known to exist until
+
 
 class StreamConsumer(AsyncWebsocketConsumer):
     outbox_limit = OUTBOX_LIMIT
@@ -387,8 +397,7 @@ class StreamConsumer(AsyncWebsocketConsumer):
         if previous is not None and previous != group:
             hub().leave(previous, self)
         self.groups_joined[channel] = group
-        seq, data = await self._snapshot(channel, group)
-        await self.send_json({"type": "snapshot", "channel": channel, "seq": seq, "data": data})
+        await self.send(text_data=await self._snapshot(channel, group))
 
     async def _refusal(self, channel: str) -> str | None:
         """Why this connection may not read `channel`, in words; None when it may."""
@@ -407,6 +416,8 @@ class StreamConsumer(AsyncWebsocketConsumer):
     @database_sync_to_async
     def _unknown_book(self, channel: str) -> str | None:
         """What is wrong with a book channel's model or region, naming the valid ones; None when both exist."""
+        if time.monotonic() < _KNOWN_BOOKS.get(channel, 0.0):
+            return None
         gpu_model, _, region = channel.removeprefix("book.").rpartition(".")
         problems = []
         if not GpuModel.objects.filter(pk=gpu_model).exists():
@@ -414,6 +425,7 @@ class StreamConsumer(AsyncWebsocketConsumer):
         if not Region.objects.filter(pk=region).exists():
             problems.append(f"no region {region[:32]!r} (regions: {', '.join(Region.objects.order_by('id').values_list('id', flat=True))})")
         if not problems:
+            _KNOWN_BOOKS[channel] = time.monotonic() + KNOWN_BOOK_S
             return None
         return f"Book channels are book.<gpu_model>.<region>; there is {' and '.join(problems)}. GET /api/v1/gpu-models/ and /api/v1/regions/ list them."
 
@@ -422,9 +434,23 @@ class StreamConsumer(AsyncWebsocketConsumer):
         return Provider.objects.filter(user=self.user).exists()
 
     @database_sync_to_async
-    def _snapshot(self, channel: str, group: str) -> tuple[int, Any]:
+    def _snapshot(self, channel: str, group: str) -> str:
+        """The channel's snapshot frame, encoded, numbered before it was built. A public
+        channel's is built once per number (and at most PUBLIC_SNAPSHOT_MAX_AGE_S old) and
+        shared: a frame built after the number was read holds at least what that number
+        says, whoever it is sent to."""
         seq = pub.current_seq(group)
-        return seq, snapshots.snapshot(channel, self.user if self.authenticated else None)
+        public = channel not in pub.PRIVATE_CHANNELS and channel not in pub.OPERATOR_CHANNELS
+        now = time.monotonic()
+        if public:
+            built = _PUBLIC_SNAPSHOTS.get(channel)
+            if built is not None and built[0] == seq and now - built[1] < PUBLIC_SNAPSHOT_MAX_AGE_S:
+                return built[2]
+        data = snapshots.snapshot(channel, self.user if self.authenticated else None)
+        text = pub.encode({"type": "snapshot", "channel": channel, "seq": seq, "data": data})
+        if public:
+            _PUBLIC_SNAPSHOTS[channel] = (seq, now, text)
+        return text
 
     async def on_unsubscribe(self, msg: dict[str, Any]) -> None:
         channel = msg.get("channel")

@@ -592,7 +592,7 @@ async def test_an_update_published_while_its_snapshot_is_taken_arrives_after_the
     from market.streams.publish import publish
 
     class SlowSnapshot(StreamConsumer):
-        async def _snapshot(self, channel: str, group: str) -> tuple[int, Any]:
+        async def _snapshot(self, channel: str, group: str) -> str:
             taken = await super()._snapshot(channel, group)
             await sync_to_async(publish)("rounds", {"round": {"number": 1}})  # while it is built
             await asyncio.sleep(0.2)  # time for the writer to send what is queued
@@ -617,7 +617,7 @@ async def test_updates_the_server_itself_held_up_do_not_cut_off_a_client_that_re
     class SlowBookSnapshot(StreamConsumer):
         slow_after_s = 0.3
 
-        async def _snapshot(self, channel: str, group: str) -> tuple[int, Any]:
+        async def _snapshot(self, channel: str, group: str) -> str:
             taken = await super()._snapshot(channel, group)
             if channel.startswith("book."):
                 for n in (1, 2, 3):  # rounds' updates queue meanwhile, held for the snapshot
