@@ -532,7 +532,7 @@ async def test_a_heartbeat_to_a_client_that_has_gone_ends_the_writer_quietly():
 
 
 async def test_a_client_that_keeps_an_update_waiting_too_long_is_cut_off_with_4009_and_the_others_keep_theirs():
-    """A client that reads, but too slowly: few updates pile up, the oldest waits past
+    """A client that does not take what it is sent: the send to it stays blocked past
     slow_after_s, and the next update closes the socket with 4009; a socket beside it gets
     every update, in order."""
     from market.streams.consumers import CLOSE_SLOW, StreamConsumer
