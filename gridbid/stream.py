@@ -24,7 +24,8 @@ class SequenceTracker:
         self.last: dict[str, int] = {}
 
     def accept(self, msg: dict[str, Any]) -> bool | None:
-        """None: stale (older than the snapshot), True: in order, False: a gap."""
+        """None: stale (older than the snapshot), True: in order, False: a gap (the last
+        number held stays where it was: resubscribe with it as since_seq)."""
         channel, seq = msg["channel"], msg["seq"]
         if msg["type"] == "snapshot":
             self.last[channel] = seq
@@ -32,8 +33,10 @@ class SequenceTracker:
         prev = self.last.get(channel)
         if prev is not None and seq <= prev:
             return None
+        if prev is not None and seq != prev + 1:
+            return False
         self.last[channel] = seq
-        return prev is None or seq == prev + 1
+        return True
 
 
 async def run(url: str, token: str | None, channels: list[str], bid: dict[str, Any] | None, count: int, timeout: float) -> int:
@@ -58,9 +61,11 @@ async def run(url: str, token: str | None, channels: list[str], bid: dict[str, A
                 if ok is None:  # sent before the snapshot was taken, and already in it
                     click.echo(f"skipped {msg['channel']} update {msg['seq']}: older than the snapshot", err=True)
                     continue
-                if ok is False:
-                    click.echo(f"gap on {msg['channel']}: resubscribing", err=True)
-                    await ws.send(json.dumps({"type": "subscribe", "channel": msg["channel"]}))
+                if ok is False:  # the server replays what is missing (or resyncs with a snapshot)
+                    since = tracker.last[msg["channel"]]
+                    click.echo(f"gap on {msg['channel']} after {since}: resuming", err=True)
+                    await ws.send(json.dumps({"type": "subscribe", "channel": msg["channel"], "since_seq": since}))
+                    continue
             seen += 1
             click.echo(json.dumps(msg))
             if msg.get("type") == "error" and msg.get("code") == "not_authenticated":

@@ -34,7 +34,7 @@ from market.models import Bid, Scope
 from market.streams import publish as pub
 from market.streams import snapshots
 from market.streams.auth import credentials_problem, live_token
-from market.streams.hub import CLOSE_FEED_LOST, hub
+from market.streams.hub import CLOSE_FEED_LOST, HISTORY_LEN, HISTORY_TTL_S, hub
 from providers.models import GpuModel, Provider, Region
 
 log = logging.getLogger(__name__)
@@ -284,7 +284,8 @@ class StreamConsumer(AsyncWebsocketConsumer):
                 timer.cancel()
 
     async def send_json(self, data: dict[str, Any]) -> None:
-        await self.send(text_data=pub.encode(data))
+        """Send a frame, stamped with the server's time (every frame carries one)."""
+        await self.send(text_data=pub.encode({**data, "time": pub.server_time()}))
 
     async def error(self, code: str, message: str, ref: Any = None, fields: dict[str, Any] | None = None) -> None:
         await self.send_json({"type": "error", "code": code, "message": message, "fields": fields or {}, "ref": ref})
@@ -373,19 +374,29 @@ class StreamConsumer(AsyncWebsocketConsumer):
         if channel not in self.groups_joined and len(self.groups_joined) >= MAX_SUBSCRIPTIONS:
             await self.error("too_many_subscriptions", f"At most {MAX_SUBSCRIPTIONS} subscriptions per connection.", ref=channel)
             return
+        since_seq = msg.get("since_seq")
+        if since_seq is not None and (not isinstance(since_seq, int) or isinstance(since_seq, bool) or since_seq < 0):
+            await self.error("invalid", "since_seq is the last seq you hold on this channel: a whole number, 0 or more.",
+                             ref=channel, fields={"since_seq": ["A whole number, 0 or more."]})
+            return
         self.snapshots_pending += 1
         try:
-            await self._join_with_snapshot(channel)
+            await self._join_with_snapshot(channel, since_seq)
         finally:
             self.snapshots_pending -= 1
             if not self.snapshots_pending and self.outbox:
                 self._wake_writer()
 
-    async def _join_with_snapshot(self, channel: str) -> None:
+    async def _join_with_snapshot(self, channel: str, since_seq: int | None = None) -> None:
         """Join the channel's group, then send its snapshot, numbered before it was taken:
         what is published from the join on reaches the outbox, and the writer (held while
         ``snapshots_pending``) sends it after the snapshot. An update the snapshot already
-        holds carries a number at or below the snapshot's, and the client skips it."""
+        holds carries a number at or below the snapshot's, and the client skips it.
+
+        With ``since_seq`` (the last number the client holds), the updates after it are
+        replayed from the channel's history instead, when it still reaches back that far:
+        ``resumed``, then the updates in order. Otherwise ``resync`` says why, and the
+        snapshot follows."""
         group = pub.group_name(channel, self.user.pk if self.authenticated else None)
         try:
             await hub().join(group, self)
@@ -399,7 +410,31 @@ class StreamConsumer(AsyncWebsocketConsumer):
         if previous is not None and previous != group:
             hub().leave(previous, self)
         self.groups_joined[channel] = group
+        if since_seq is not None:
+            replay, why_not = await self._replay(group, since_seq)
+            if replay is not None:
+                await self.send_json({"type": "resumed", "channel": channel, "since_seq": since_seq, "replayed": len(replay),
+                                      "seq": since_seq + len(replay)})
+                for text in replay:
+                    await self.send(text_data=text)
+                return
+            await self.send_json({"type": "resync", "channel": channel, "since_seq": since_seq, "reason": why_not})
         await self.send(text_data=await self._snapshot(channel, group))
+
+    @database_sync_to_async
+    def _replay(self, group: str, since_seq: int) -> tuple[list[str] | None, str]:
+        """The frames after ``since_seq`` when the history holds every one of them; else None
+        and why not, in words."""
+        kept = hub().history(group, since_seq)
+        if kept and kept[0][0] == since_seq + 1:
+            return [text for _, text in kept], ""
+        current = pub.current_seq(group)
+        if not kept and since_seq == current:
+            return [], ""
+        if since_seq > current:
+            return None, f"since_seq {since_seq} is ahead of this channel's last update ({current}): a snapshot follows."
+        return None, (f"The updates after {since_seq} are no longer kept (each channel keeps its last {HISTORY_LEN}, "
+                      f"for {HISTORY_TTL_S // 60} minutes after the last): a snapshot follows.")
 
     async def _refusal(self, channel: str) -> str | None:
         """Why this connection may not read `channel`, in words; None when it may."""
@@ -449,7 +484,7 @@ class StreamConsumer(AsyncWebsocketConsumer):
             if built is not None and built[0] == seq and now - built[1] < PUBLIC_SNAPSHOT_MAX_AGE_S:
                 return built[2]
         data = snapshots.snapshot(channel, self.user if self.authenticated else None)
-        text = pub.encode({"type": "snapshot", "channel": channel, "seq": seq, "data": data})
+        text = pub.encode({"type": "snapshot", "channel": channel, "seq": seq, "time": pub.server_time(), "data": data})
         if public:
             _PUBLIC_SNAPSHOTS[channel] = (seq, now, text)
         return text
@@ -587,7 +622,7 @@ class StreamConsumer(AsyncWebsocketConsumer):
         idle = now - self.last_sent
         delay = self.heartbeat_s  # with something queued (or stuck: the 4009 rule's), no heartbeat
         if not self.outbox and idle >= self.heartbeat_s - 1e-3:
-            self.outbox.append(pub.encode({"type": "heartbeat", "at": timezone.now().isoformat()}))
+            self.outbox.append(pub.encode({"type": "heartbeat", "time": pub.server_time()}))
             self._wake_writer()
         elif not self.outbox:
             delay = self.heartbeat_s - idle

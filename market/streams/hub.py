@@ -32,6 +32,8 @@ import itertools
 import logging
 import os
 import threading
+import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
@@ -45,16 +47,25 @@ CLOSE_FEED_LOST = 1012  # "service restart": the process lost its feed; reconnec
 
 _NUMBERS = itertools.count(1)
 
-# KEYS[1]: the channel's counter; ARGV: the stream channel, the counter's start when absent,
-# its ttl, the text before the number, the text after it. Django's Redis cache keeps an int as
+# KEYS[1]: the channel's counter; ARGV[1..3]: the stream channel, the counter's start when
+# absent, its ttl. Django's Redis cache keeps an int as
 # its digits, so cache.get reads the counter this leaves. %d, not tostring: Lua prints
 # 1.8e15, a double, as "1.8e+15".
+# KEYS[2]: the channel's history, a sorted set of frames scored by number. ARGV[4]: the group;
+# ARGV[5], ARGV[6]: the frame's text before and after its number; ARGV[7], ARGV[8]: how many
+# frames the history keeps, and for how long after the last.
 _PUBLISH_NUMBERED = """
 redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3], 'NX')
-local seq = redis.call('INCR', KEYS[1])
-redis.call('PUBLISH', ARGV[1], ARGV[4] .. string.format('%d', seq) .. ARGV[5])
+local seq = string.format('%d', redis.call('INCR', KEYS[1]))
+local frame = ARGV[5] .. seq .. ARGV[6]
+redis.call('PUBLISH', ARGV[1], ARGV[4] .. '\\n' .. frame)
+redis.call('ZADD', KEYS[2], seq, frame)
+redis.call('ZREMRANGEBYRANK', KEYS[2], 0, -1 - tonumber(ARGV[7]))
+redis.call('EXPIRE', KEYS[2], ARGV[8])
 return seq
 """
+HISTORY_LEN = 200  # updates kept per channel for a resume (subscribe with since_seq)
+HISTORY_TTL_S = 900  # ... for at most this long after the channel's last update
 
 
 class Member(Protocol):
@@ -86,6 +97,8 @@ class Hub:
         self._publisher_lock = threading.Lock()
         self._numbered: Any = None  # the registered _PUBLISH_NUMBERED script
         self._order_lock = threading.Lock()
+        # the embedded mode's histories: group -> (number, when, frame), the last HISTORY_LEN
+        self.histories: dict[str, deque[tuple[int, float, str]]] = {}
         self._listener: asyncio.Task[None] | None = None
         self._ready: asyncio.Event | None = None
         self.delivered = 0  # updates this process received (and delivered where wanted)
@@ -165,11 +178,34 @@ class Hub:
         if self.redis_url:
             if self._numbered is None:
                 self._numbered = self._redis().register_script(_PUBLISH_NUMBERED)
-            return int(self._numbered(keys=[seq_key], args=[self.channel, start, ttl, f"{group}\n{head}", tail]))
+            return int(self._numbered(keys=[seq_key, self._history_key(group)],
+                                      args=[self.channel, start, ttl, group, head, tail, HISTORY_LEN, HISTORY_TTL_S]))
         with self._order_lock:
             seq = next_seq()
-            self.publish(group, f"{head}{seq}{tail}")
+            text = f"{head}{seq}{tail}"
+            kept = self.histories.get(group)
+            if kept is None:
+                kept = self.histories[group] = deque(maxlen=HISTORY_LEN)
+            kept.append((seq, time.monotonic(), text))
+            self.publish(group, text)
         return seq
+
+    def history(self, group: str, since_seq: int) -> list[tuple[int, str]]:
+        """The kept frames of ``group`` numbered above ``since_seq``, oldest first, as (number,
+        text). Whether they reach back to ``since_seq + 1`` is the caller's to check: the
+        history keeps the last HISTORY_LEN updates, for HISTORY_TTL_S after the last one."""
+        if self.redis_url:
+            rows = self._redis().zrangebyscore(self._history_key(group), f"({since_seq}", "+inf", withscores=True)
+            return [(int(score), frame.decode()) for frame, score in rows]
+        with self._order_lock:
+            kept = list(self.histories.get(group, ()))
+        if kept and time.monotonic() - kept[-1][1] > HISTORY_TTL_S:
+            return []
+        return [(seq, text) for seq, _, text in kept if seq > since_seq]
+
+    @staticmethod
+    def _history_key(group: str) -> str:
+        return f"gridbid:stream-history:{group}"
 
     def _redis(self) -> Any:
         if self._publisher is None:

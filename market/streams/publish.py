@@ -16,6 +16,7 @@ import json
 import logging
 import re
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -78,6 +79,11 @@ def next_seq(group: str) -> int:
     return cache_count_up(_seq_key(group), timeout=SEQ_TTL, start=_seq_start())
 
 
+def server_time() -> str:
+    """The time every frame carries: ISO 8601, UTC, to the microsecond."""
+    return datetime.now(UTC).isoformat()
+
+
 def encode(frame: dict[str, Any]) -> str:
     """A frame as the sockets send it: compact JSON (dates and decimals as strings)."""
     return json.dumps(frame, separators=(",", ":"), default=str)
@@ -106,7 +112,7 @@ def publish(channel: str, data: Any, *, user_id: int | None = None, unchanged_ke
         cache.set(key, digest, timeout=DIGEST_TTL)
     # the socket's frame, written around the encoded data (no second encoding of it) and
     # numbered as it is sent, so that a channel's numbers reach every socket in order
-    head = f'{{"type":"update","channel":{json.dumps(channel)},"seq":'
+    head = f'{{"type":"update","channel":{json.dumps(channel)},"time":"{server_time()}","seq":'
     try:
         hub().publish_numbered(group, head, f',"data":{body}}}', seq_key=cache.make_key(_seq_key(group)),
                                start=_seq_start(), ttl=SEQ_TTL, next_seq=lambda: next_seq(group))

@@ -204,3 +204,36 @@ def test_racing_publishers_reach_every_socket_in_the_order_of_their_numbers(mode
     assert seqs == list(range(start + 1, start + 1 + 3 * 150))  # from the counter's start, none out of order
     assert cache.get(key) == seqs[-1]  # what a snapshot reads (publish.current_seq)
     cache.delete(key)
+
+
+def test_the_redis_history_keeps_the_last_updates_of_a_channel_for_a_resume(redis_url: str, monkeypatch: Any) -> None:
+    import uuid
+
+    from django.core.cache.backends.redis import RedisCache
+
+    from market.streams import hub as hub_module
+
+    monkeypatch.setattr(hub_module, "HISTORY_LEN", 3)
+    cache = RedisCache(redis_url, {})
+    group, key = f"pub.book.test-{uuid.uuid4().hex[:8]}", f"stream-seq:hist-{uuid.uuid4().hex[:8]}"
+    start = time.time_ns() // 1000
+    worker = hub_module.Hub(redis_url)
+    for n in range(5):
+        worker.publish_numbered(group, '{"seq":', f',"n":{n}}}', seq_key=cache.make_key(key), start=start, ttl=60, next_seq=lambda: 0)
+    kept = worker.history(group, start)  # asks from the first: only the last 3 are kept
+    assert [seq for seq, _ in kept] == [start + 3, start + 4, start + 5]
+    assert [json_n(text) for _, text in kept] == [2, 3, 4]
+    assert worker.history(group, start + 4) == [(start + 5, kept[-1][1])]
+    import redis
+
+    with redis.Redis.from_url(redis_url) as admin:
+        ttl = admin.ttl(f"gridbid:stream-history:{group}")
+        assert 0 < ttl <= hub_module.HISTORY_TTL_S
+        admin.delete(f"gridbid:stream-history:{group}")
+    cache.delete(key)
+
+
+def json_n(text: str) -> int:
+    import json
+
+    return int(json.loads(text)["n"])

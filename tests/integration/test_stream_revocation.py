@@ -145,4 +145,5 @@ async def test_another_token_of_the_same_account_stays_open(buyer, client_for):
     assert (await sync_to_async(admin.post)(f"/api/v1/tokens/{revoked_id}/revoke/")).status_code == 200
     await shut_out(revoked)
     await kept.send_json_to({"type": "ping", "ref": 1})
-    assert await recv(kept) == {"type": "pong", "ref": 1}
+    pong = await recv(kept)
+    assert (pong["type"], pong["ref"]) == ("pong", 1)

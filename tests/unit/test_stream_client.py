@@ -7,6 +7,9 @@ def test_sequence_tracker_flags_gaps_and_skips_stale_updates():
     assert t.accept({"type": "update", "channel": "rounds", "seq": 4}) is None
     assert t.accept({"type": "update", "channel": "rounds", "seq": 6}) is True
     assert t.accept({"type": "update", "channel": "rounds", "seq": 8}) is False
+    assert t.last["rounds"] == 6  # resume from the last one held: 7 comes in the replay
+    assert t.accept({"type": "update", "channel": "rounds", "seq": 7}) is True
+    assert t.accept({"type": "update", "channel": "rounds", "seq": 8}) is True
 
 
 def test_the_client_skips_an_update_older_than_its_snapshot_and_does_not_count_it(capsys) -> None:
