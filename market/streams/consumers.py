@@ -513,22 +513,37 @@ class StreamConsumer(AsyncWebsocketConsumer):
             body = {**body, "client_order_id": ref}
         ok, result = await self._place(body)
         if ok:
-            await self.send_json({"type": "ack", "action": "place_bid", "client_order_id": ref, "bid": result})
+            duplicate = bool(result.pop("_duplicate", False))
+            await self.send_json({"type": "ack", "action": "place_bid", "client_order_id": ref, "bid": result, "duplicate": duplicate})
         else:
             await self.error(result["code"], result["message"], ref=ref, fields=result["fields"])
 
     @database_sync_to_async
     def _place(self, body: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
+        """Place the bid; a ``client_order_id`` this account already used answers with that
+        bid (``_duplicate``), so a bot that resends after a disconnect gets its order, not
+        an error and not a second order."""
         data = BidCreateSerializer(data=body)
         try:
             data.is_valid(raise_exception=True)
+            bid = self._existing_order(data.validated_data.get("client_order_id"))
+            if bid is not None:
+                return True, {**BidSerializer(bid).data, "_duplicate": True}
             bid = services.bid_place(user=self.user, data=dict(data.validated_data))
         except ValidationError as exc:
             fields = _flatten(exc.detail)
             return False, {"code": "invalid", "message": _summary(fields), "fields": fields}
         except DomainError as exc:
+            bid = self._existing_order(body.get("client_order_id")) if "client_order_id" in exc.fields else None
+            if bid is not None:  # placed by a twin message at the same instant
+                return True, {**BidSerializer(bid).data, "_duplicate": True}
             return False, {"code": exc.code, "message": exc.message, "fields": exc.fields}
         return True, dict(BidSerializer(bid).data)
+
+    def _existing_order(self, client_order_id: Any) -> Bid | None:
+        if not isinstance(client_order_id, str) or not client_order_id:
+            return None
+        return Bid.objects.filter(buyer=self.user, client_order_id=client_order_id).first()
 
     async def on_cancel_bid(self, msg: dict[str, Any]) -> None:
         bid_id = msg.get("bid_id")

@@ -634,3 +634,24 @@ async def test_updates_the_server_itself_held_up_do_not_cut_off_a_client_that_re
     assert [m["type"] for m in got] == ["snapshot", "update", "update", "update"]
     assert [m["seq"] for m in got[1:]] == [first["seq"] + 1, first["seq"] + 2, first["seq"] + 3]
     await comm.disconnect()
+
+
+async def test_a_resent_client_order_id_returns_the_bid_it_placed_and_places_no_second(buyer, token_of):
+    """A bot that resends place_bid after a disconnect (it never saw the ack) gets its bid
+    back, marked duplicate, and the account still holds one bid."""
+    from market.models import Bid
+
+    comm = await connect(await sync_to_async(token_of)(buyer))
+    await welcome(comm)
+    await comm.send_json_to({"type": "place_bid", "client_order_id": "bot-9", "bid": bid_body()})
+    first = await recv(comm)
+    assert (first["type"], first["duplicate"]) == ("ack", False)
+    await comm.disconnect()
+    again = await connect(await sync_to_async(token_of)(buyer))
+    await welcome(again)
+    await again.send_json_to({"type": "place_bid", "client_order_id": "bot-9", "bid": bid_body(gpus=3)})
+    second = await recv(again)
+    assert (second["type"], second["action"], second["duplicate"]) == ("ack", "place_bid", True)
+    assert second["bid"]["id"] == first["bid"]["id"] and second["bid"]["gpus"] == first["bid"]["gpus"]
+    assert await sync_to_async(Bid.objects.filter(buyer=buyer).count)() == 1
+    await again.disconnect()
