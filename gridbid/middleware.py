@@ -194,6 +194,28 @@ class ContentSecurityPolicyMiddleware:
         return response
 
 
+class RateLimitHeadersMiddleware:
+    """Every throttled API response says where its caller stands (IETF draft
+    httpapi-ratelimit-headers): `RateLimit-Limit` requests per window, `RateLimit-Remaining`,
+    `RateLimit-Reset` seconds, and `RateLimit-Policy` ("120;w=60"). A 429 says 0 remaining
+    and the same wait as its Retry-After. The throttles (market.api.throttles) leave the
+    figures on the request."""
+
+    def __init__(self, get_response: Any) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: Any) -> Any:
+        response = self.get_response(request)
+        told = getattr(request, "rate_limit", None)
+        if told is not None:
+            limit, remaining, reset_s, window_s, _scope = told
+            response["RateLimit-Limit"] = str(limit)
+            response["RateLimit-Remaining"] = str(remaining)
+            response["RateLimit-Reset"] = str(reset_s)
+            response["RateLimit-Policy"] = f"{limit};w={window_s}"
+        return response
+
+
 class SyncMiddlewareChainMiddleware:
     """Runs the middleware chain above it in one worker thread per request under ASGI.
 

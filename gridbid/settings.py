@@ -48,6 +48,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "gridbid.middleware.RateLimitHeadersMiddleware",  # the API throttles' RateLimit-* headers
     "gridbid.middleware.SyncMiddlewareChainMiddleware",  # last: see its docstring
 ]
 

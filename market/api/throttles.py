@@ -16,6 +16,7 @@ rate; a refused one is taken back out, so waiting as told is enough to get in ag
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from django.core.cache import DEFAULT_CACHE_ALIAS, cache, caches
@@ -52,7 +53,9 @@ class _WindowCounter(throttling.SimpleRateThrottle):
         current, previous = f"{key}:{int(window)}", f"{key}:{int(window) - 1}"
         count, before = self._count(current, previous)
         overlap = 1.0 - into / self.duration
-        if before * overlap + count <= self.num_requests:
+        used = before * overlap + count
+        if used <= self.num_requests:
+            self._tell(request, remaining=int(self.num_requests - used), reset_s=self.duration - into)
             return True
         self.cache.decr(current)  # a refused request does not use up the allowance
         # when will the next request fit? the previous window's weight falls as time passes
@@ -62,7 +65,15 @@ class _WindowCounter(throttling.SimpleRateThrottle):
         else:  # this window alone is full: wait until it is the previous one and has faded enough
             carried = count - 1
             self.wait_s = self.duration - into + (1.0 - (self.num_requests - 1) / carried) * self.duration if carried else self.duration - into
+        self._tell(request, remaining=0, reset_s=self.wait())
         return False
+
+    def _tell(self, request: Any, *, remaining: int, reset_s: float) -> None:
+        """What the response's RateLimit-* headers say (gridbid.middleware.RateLimitHeadersMiddleware
+        writes them): the allowance, what is left of it, and in how many seconds the window
+        moves on (when refused: when the next request fits)."""
+        http_request = getattr(request, "_request", request)
+        http_request.rate_limit = (self.num_requests, max(0, remaining), max(1, math.ceil(reset_s)), int(self.duration), self.scope)
 
     def _count(self, current: str, previous: str) -> tuple[int, int]:
         """Raise this window's counter; (its new value, the previous window's count)."""

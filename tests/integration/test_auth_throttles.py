@@ -159,3 +159,17 @@ def test_on_redis_the_counter_is_one_round_trip_and_holds_the_limit(throttled, a
     counters = [k for k in client.keys("*throttle:anon:203.0.113.80:*")]
     assert len(counters) == 1 and int(client.get(counters[0])) == LIMIT, "the refused requests were taken back out"
     redis_cache.clear()
+
+
+def test_every_throttled_answer_says_the_limit_what_is_left_and_when_it_resets(throttled, anon, buyer, client_for):
+    """RateLimit-* headers (IETF draft httpapi-ratelimit-headers) on every API answer a
+    throttle counted, the 429 included; a bot paces itself on them instead of on refusals."""
+    answers = [anon.get("/api/v1/markets/", REMOTE_ADDR="203.0.113.77") for _ in range(LIMIT + 1)]
+    assert [r.status_code for r in answers] == [200] * LIMIT + [429]
+    assert [r["RateLimit-Remaining"] for r in answers] == [str(LIMIT - 1 - i) for i in range(LIMIT)] + ["0"]
+    for r in answers:
+        assert r["RateLimit-Limit"] == str(LIMIT) and r["RateLimit-Policy"] == f"{LIMIT};w=60"
+        assert 1 <= int(r["RateLimit-Reset"]) <= 60
+    assert answers[-1]["RateLimit-Reset"] == answers[-1]["Retry-After"]
+    mine = client_for(buyer).get("/api/v1/bids/")  # a token's own allowance: the user rate
+    assert mine.status_code == 200 and mine["RateLimit-Limit"] == "1000" and mine["RateLimit-Remaining"] == "999"
