@@ -161,7 +161,8 @@ def market_bucket(gpu_model: str, region: str) -> Bucket:
 
 def _market_buckets_compute() -> list[Bucket]:
     ask_rows = offers_open().order_by().values("gpu_model_id", "machine__region_id").annotate(
-        n=Count("id"), free=Sum("gpus_free"), best=Min("price")
+        # an ask is an offer with a GPU free now, as on the book channel (docs/stream.md)
+        n=Count("id"), free=Sum("gpus_free"), best=Min("price", filter=Q(gpus_free__gt=0))
     )
     buckets: dict[tuple[str, str], dict[str, int | None]] = {}
     for row in ask_rows:

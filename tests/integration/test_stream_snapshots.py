@@ -62,3 +62,19 @@ def test_rounds_snapshot_is_built_once_then_shared_until_a_round_clears() -> Non
     after: dict[str, Any] = snapshots.rounds()
     assert [r["number"] for r in after["rounds"]] == [4, 3, 2, 1]
     assert after["rounds"][0]["prices"][0]["price"] == 2_500_000
+
+
+def test_best_ask_is_the_same_on_the_socket_and_in_rest_an_offer_with_no_free_gpus_is_not_an_ask(provider_user, make_offer, anon, settings) -> None:
+    """The markets list took the cheapest open offer, booked full or not; the book the
+    cheapest with a GPU free. docs/stream.md: an ask is an offer with a GPU free now."""
+    from market.models import Offer
+    from market.streams.snapshots import book
+
+    settings.GRIDBID = {**settings.GRIDBID, "MARKETS_CACHE_SECONDS": 0}
+    full = make_offer(provider_user, price=1_000_000, count=2)
+    make_offer(provider_user, price=2_000_000, count=4)
+    Offer.objects.filter(pk=full.pk).update(gpus_free=0)  # booked whole: still open, nothing to sell
+    rows = anon.get("/api/v1/markets/").json()
+    row = next(r for r in (rows["results"] if isinstance(rows, dict) else rows) if r["gpu_model"] == "H100-SXM-80GB" and r["region"] == "us-east")
+    assert book("H100-SXM-80GB", "us-east")["best_ask"] == 2_000_000
+    assert row["best_ask"] == 2_000_000 and row["gpus_free"] == 4
