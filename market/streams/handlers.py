@@ -36,15 +36,17 @@ def round_cleared(event: RoundCleared) -> None:
     rnd = AuctionRound.objects.get(pk=event.round_id)
     publish("rounds", {"round": snapshots.round_summary(rnd)})
     trades = list(Trade.objects.filter(round=rnd).select_related("round", "bid", "job", "offer", "provider"))
+    unmatched = [u["bid_id"] for u in rnd.result.get("unmatched", [])]
+    links = snapshots.trade_links([t.bid_id for t in trades] + unmatched)  # one query for every bid below
     for t in trades:
         publish("trades", {"trade": snapshots.trade_public(t)})
-        publish("orders", {"order": snapshots.bid_private(t.bid)}, user_id=t.buyer_id, unchanged_key=f"bid:{t.bid_id}")
+        publish("orders", {"order": snapshots.bid_private(t.bid, links)}, user_id=t.buyer_id, unchanged_key=f"bid:{t.bid_id}")
         publish("jobs", {"job": snapshots.job_private(t.job)}, user_id=t.buyer_id)
     for model, region in sorted({(t.gpu_model_id, t.region_id) for t in trades} | {(p["gpu_model"], p["region"]) for p in rnd.prices}):
         publish(f"book.{model}.{region}", snapshots.book(model, region), unchanged_key="book")  # a book no round moved: not again
     # a bid still waiting is sent when what the round says of it changed (its explanation)
-    for bid in Bid.objects.filter(pk__in=[u["bid_id"] for u in rnd.result.get("unmatched", [])]).only("id", "buyer_id", "client_order_id", "state", "gpus", "gpu_models", "max_price", "explanation"):
-        publish("orders", {"order": snapshots.bid_private(bid)}, user_id=bid.buyer_id, unchanged_key=f"bid:{bid.pk}")
+    for bid in Bid.objects.filter(pk__in=unmatched).only("id", "buyer_id", "client_order_id", "state", "gpus", "gpu_models", "max_price", "explanation", "expires_at"):
+        publish("orders", {"order": snapshots.bid_private(bid, links)}, user_id=bid.buyer_id, unchanged_key=f"bid:{bid.pk}")
     sold: dict[int, list[int]] = {}
     for t in trades:
         sold.setdefault(t.provider.user_id, []).append(t.pk)

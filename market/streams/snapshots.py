@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.cache import cache
 from django.db.models import Sum
+from django.utils import timezone
 
 from ledger.balances import escrow_of
 from ledger.journal import account_balances
 from market import selectors
 from market.jobs import job_log_tail
 from market.models import AuctionRound, Bid, Job, Trade, User
-from market.states import RoundState
+from market.states import BidState, RoundState
 from providers.models import Provider
 
 DEPTH_LEVELS = 20
@@ -72,20 +73,57 @@ def rounds() -> dict[str, Any]:
 
 
 def trade_public(t: Trade) -> dict[str, Any]:
-    return {"id": t.pk, "round": t.round.number if t.round else None, "gpu_model": t.gpu_model_id, "region": t.region_id, "price": t.price, "gpus": t.gpus, "duration_s": t.duration_s}
+    """A trade as the public ``trades`` channel shows it: with the bid it filled and the job
+    it runs (ids only, as an exchange's match names its orders)."""
+    return {"id": t.pk, "round": t.round.number if t.round else None, "gpu_model": t.gpu_model_id, "region": t.region_id, "price": t.price,
+            "gpus": t.gpus, "duration_s": t.duration_s, "bid": t.bid_id, "job": _job_id(t)}
+
+
+def _job_id(t: Trade) -> int | None:
+    try:
+        return int(t.job.pk)
+    except Job.DoesNotExist:
+        return None
 
 
 def trades() -> dict[str, Any]:
     return {"trades": [trade_public(t) for t in Trade.objects.select_related("round").order_by("-id")[:50]]}
 
 
-def bid_private(b: Bid) -> dict[str, Any]:
+def trade_links(bid_ids: list[int]) -> dict[int, list[dict[str, int | None]]]:
+    """Each bid's trades and their jobs, oldest first, in one query: {bid: [{trade, job}]}."""
+    out: dict[int, list[dict[str, int | None]]] = {}
+    rows = Trade.objects.filter(bid_id__in=bid_ids).order_by("id").values_list("bid_id", "id", "job__id")
+    for bid_id, trade_id, job_id in rows:
+        out.setdefault(bid_id, []).append({"trade": trade_id, "job": job_id})
+    return out
+
+
+def bid_private(b: Bid, links: dict[int, list[dict[str, int | None]]] | None = None) -> dict[str, Any]:
+    """A bid for its buyer's ``orders`` channel, with the trades it made and their jobs
+    (``links``: trade_links of a batch of bids; read for this one alone when not given)."""
+    if links is None:
+        links = trade_links([b.pk])
     return {"id": b.pk, "client_order_id": b.client_order_id, "state": b.state, "gpus": b.gpus, "gpu_models": b.gpu_models, "max_price": b.max_price, "explanation": b.explanation,
-            "expires_at": _iso(b.expires_at)}
+            "expires_at": _iso(b.expires_at), "trades": links.get(b.pk, [])}
+
+
+OPEN_ORDERS_SHOWN = 1000  # the orders snapshot's bound on open bids (newest first)
+RECENT_ORDERS_SHOWN = 50  # ... and on the others (matched, cancelled, expired) ...
+RECENT_ORDERS_S = 24 * 3600  # ... changed within this long
 
 
 def orders(user: User) -> dict[str, Any]:
-    return {"orders": [bid_private(b) for b in Bid.objects.filter(buyer=user).order_by("-id")[:100]]}
+    """Every open bid of the account (the newest OPEN_ORDERS_SHOWN; ``open_truncated`` says
+    whether there are more: GET /api/v1/bids/?state=open pages through them), then its
+    RECENT_ORDERS_SHOWN most recently changed others of the last day. The newest 100 of
+    any state, as before, left out an open bid once 100 newer ones existed."""
+    open_rows = list(Bid.objects.filter(buyer=user, state=BidState.OPEN).order_by("-id")[:OPEN_ORDERS_SHOWN + 1])
+    since = timezone.now() - timedelta(seconds=RECENT_ORDERS_S)
+    recent = list(Bid.objects.filter(buyer=user, updated_at__gte=since).exclude(state=BidState.OPEN).order_by("-updated_at", "-id")[:RECENT_ORDERS_SHOWN])
+    shown = open_rows[:OPEN_ORDERS_SHOWN] + recent
+    links = trade_links([b.pk for b in shown])
+    return {"orders": [bid_private(b, links) for b in shown], "open_truncated": len(open_rows) > OPEN_ORDERS_SHOWN}
 
 
 def job_private(j: Job, *, log: bool = False) -> dict[str, Any]:

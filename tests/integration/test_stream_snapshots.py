@@ -78,3 +78,41 @@ def test_best_ask_is_the_same_on_the_socket_and_in_rest_an_offer_with_no_free_gp
     row = next(r for r in (rows["results"] if isinstance(rows, dict) else rows) if r["gpu_model"] == "H100-SXM-80GB" and r["region"] == "us-east")
     assert book("H100-SXM-80GB", "us-east")["best_ask"] == 2_000_000
     assert row["best_ask"] == 2_000_000 and row["gpus_free"] == 4
+
+
+def test_the_orders_snapshot_holds_every_open_bid_and_the_last_days_others_bounded(buyer, make_bid, monkeypatch) -> None:
+    """The newest 100 bids of any state left out an open bid once 100 newer ones existed."""
+    from market.models import Bid
+
+    oldest_open = make_bid(buyer)
+    closed = [make_bid(buyer) for _ in range(6)]
+    Bid.objects.filter(pk__in=[b.pk for b in closed]).update(state="cancelled", updated_at=timezone.now())
+    Bid.objects.filter(pk=closed[0].pk).update(updated_at=timezone.now() - timedelta(days=2))  # older than a day: left out
+    monkeypatch.setattr(snapshots, "RECENT_ORDERS_SHOWN", 3)
+    got = snapshots.orders(buyer)
+    assert got["open_truncated"] is False
+    assert [o["id"] for o in got["orders"]][0] == oldest_open.pk
+    assert [o["state"] for o in got["orders"]] == ["open", "cancelled", "cancelled", "cancelled"]
+    assert closed[0].pk not in [o["id"] for o in got["orders"]]
+    more_open = [make_bid(buyer) for _ in range(3)]
+    monkeypatch.setattr(snapshots, "OPEN_ORDERS_SHOWN", 3)
+    got = snapshots.orders(buyer)
+    assert got["open_truncated"] is True
+    assert [o["id"] for o in got["orders"] if o["state"] == "open"] == [b.pk for b in reversed(more_open)]
+
+
+def test_a_trade_frame_and_its_order_link_the_bid_the_trade_and_the_job(buyer, provider_user, make_offer, make_bid) -> None:
+    from market.models import Job, Trade
+    from market.rounds import round_clear
+
+    make_offer(provider_user, price=2_000_000)
+    bid = make_bid(buyer, gpus=2)
+    round_clear()
+    trade = Trade.objects.select_related("round", "job").get(bid=bid)
+    job = Job.objects.get(trade=trade)
+    public = snapshots.trade_public(trade)
+    assert (public["id"], public["bid"], public["job"]) == (trade.pk, bid.pk, job.pk)
+    bid.refresh_from_db()
+    order = snapshots.bid_private(bid)
+    assert order["state"] == "matched" and order["trades"] == [{"trade": trade.pk, "job": job.pk}]
+    assert snapshots.orders(buyer)["orders"][0]["trades"] == [{"trade": trade.pk, "job": job.pk}]

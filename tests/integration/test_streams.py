@@ -86,7 +86,7 @@ async def test_place_and_cancel_bid_over_the_socket_with_acks_and_order_updates(
     comm = await connect(await sync_to_async(token_of)(buyer))
     await welcome(comm)
     await comm.send_json_to({"type": "subscribe", "channel": "orders"})
-    assert (await recv(comm))["data"] == {"orders": []}
+    assert (await recv(comm))["data"] == {"orders": [], "open_truncated": False}
     await comm.send_json_to({"type": "place_bid", "client_order_id": "bot-1", "bid": bid_body()})
     replies = [await recv(comm), await recv(comm)]
     ack = next(r for r in replies if r["type"] == "ack")
@@ -124,7 +124,7 @@ async def test_a_user_never_receives_another_users_orders(buyer, stranger, token
     snoop = await connect(await sync_to_async(token_of)(stranger))
     await welcome(snoop)
     await snoop.send_json_to({"type": "subscribe", "channel": "orders"})
-    assert (await recv(snoop))["data"] == {"orders": []}
+    assert (await recv(snoop))["data"] == {"orders": [], "open_truncated": False}
     await sync_to_async(make_bid)(buyer)
     assert await snoop.receive_nothing(timeout=0.5)
 
