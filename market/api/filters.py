@@ -3,7 +3,7 @@ from typing import Any
 from django import forms
 from django_filters import rest_framework as filters
 
-from market.models import AuditAction, AuditEvent, Bid, Offer, Trade
+from market.models import AuctionRound, AuditAction, AuditEvent, Bid, Offer, Trade
 from market.selectors import bids_search
 from providers.catalogue import cuda_code
 from providers.models import Runtime
@@ -84,6 +84,18 @@ class TradeFilter(filters.FilterSet):
 
     class Meta:
         model = Trade
+        fields: list[str] = []
+
+
+class RoundFilter(filters.FilterSet):
+    """A range of rounds by number, to backfill the `rounds` channel (docs/stream.md)."""
+
+    number_from = filters.NumberFilter(field_name="number", lookup_expr="gte", min_value=0, help_text="Rounds numbered this or above")
+    number_to = filters.NumberFilter(field_name="number", lookup_expr="lte", min_value=0, help_text="Rounds numbered this or below")
+    state = filters.ChoiceFilter(choices=AuctionRound._meta.get_field("state").choices)
+
+    class Meta:
+        model = AuctionRound
         fields: list[str] = []
 
 

@@ -466,6 +466,32 @@ class BidSerializer(serializers.ModelSerializer):
 
 
 # --- rounds, trades, jobs ---------------------------------------------------------
+class TapeQuerySerializer(serializers.Serializer):
+    from_id = serializers.IntegerField(min_value=1, help_text="The first trade id wanted (the one after the last you hold)")
+    to_id = serializers.IntegerField(min_value=1, required=False, help_text="The last trade id wanted")
+    limit = serializers.IntegerField(min_value=1, max_value=500, default=100)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs.get("to_id") is not None and attrs["to_id"] < attrs["from_id"]:
+            raise serializers.ValidationError({"to_id": [f"Must be at least from_id ({attrs['from_id']})."]})
+        return attrs
+
+
+class TapeTradeSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    round = serializers.IntegerField(allow_null=True)
+    gpu_model = serializers.CharField()
+    region = serializers.CharField()
+    price = serializers.IntegerField()
+    gpus = serializers.IntegerField()
+    duration_s = serializers.IntegerField()
+
+
+class TapeSerializer(serializers.Serializer):
+    trades = TapeTradeSerializer(many=True)
+    next_from_id = serializers.IntegerField(allow_null=True)
+
+
 class RoundSerializer(serializers.ModelSerializer):
     trades = serializers.IntegerField(source="trades.count", read_only=True)
 

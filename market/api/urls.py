@@ -20,6 +20,7 @@ router.register("webhooks", webhooks_api.WebhookViewSet, basename="webhook")
 
 urlpatterns = [
     path("markets/", views.MarketsView.as_view(), name="markets"),
+    path("markets/trades/", views.MarketTradesView.as_view(), name="market-trades"),
     path("accounts/signup/", views.SignupView.as_view(), name="signup"),
     path("me/", views.MeView.as_view(), name="me"),
     path("quote/", views.QuoteView.as_view(), name="quote"),

@@ -27,7 +27,7 @@ from rest_framework.views import APIView
 from ledger.wallet import wallet_order, wallet_order_sign
 from market import rounds, selectors, services
 from market.api import serializers as s
-from market.api.filters import AuditFilter, BidFilter, OfferFilter, TradeFilter
+from market.api.filters import AuditFilter, BidFilter, OfferFilter, RoundFilter, TradeFilter
 from market.api.idempotency import idempotent
 from market.api.permissions import is_operator, request_token
 from market.api.schema import ErrorSerializer
@@ -99,6 +99,27 @@ class MarketsView(APIView):
             for b in buckets
         ]
         return Response(data)
+
+
+class MarketTradesView(APIView):
+    """The public trade tape by id, oldest first: the `trades` channel's objects (no buyer, bid
+    or job), to backfill a gap in it. `from_id` is required; `to_id` bounds the range; at
+    most `limit` (1-500, default 100) come back, and `next_from_id` continues from there."""
+
+    public_read = True
+
+    @extend_schema(parameters=[s.TapeQuerySerializer], responses=s.TapeSerializer)
+    def get(self, request: Request) -> Response:
+        from market.streams.snapshots import trade_public
+
+        query = s.TapeQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        from_id, to_id, limit = query.validated_data["from_id"], query.validated_data.get("to_id"), query.validated_data["limit"]
+        rows = Trade.objects.select_related("round").filter(id__gte=from_id).order_by("id")
+        if to_id is not None:
+            rows = rows.filter(id__lte=to_id)
+        page = list(rows[:limit + 1])
+        return Response({"trades": [trade_public(t) for t in page[:limit]], "next_from_id": page[limit].pk if len(page) > limit else None})
 
 
 # --- accounts ------------------------------------------------------------------
@@ -351,6 +372,7 @@ class RoundViewSet(viewsets.ReadOnlyModelViewSet):
     public_read = True
     lookup_field = "number"
     lookup_value_regex = r"\d+"
+    filterset_class = RoundFilter
     ordering_fields = ["number"]
     ordering = ["-number"]
     queryset = AuctionRound.objects.all()

@@ -73,17 +73,12 @@ def rounds() -> dict[str, Any]:
 
 
 def trade_public(t: Trade) -> dict[str, Any]:
-    """A trade as the public ``trades`` channel shows it: with the bid it filled and the job
-    it runs (ids only, as an exchange's match names its orders)."""
+    """A trade as public market data (the ``trades`` channel, GET /api/v1/markets/trades/):
+    no buyer, no bid, no job. Bid ids are sequential: on a public tape they would tell
+    everyone how many orders the market takes. The buyer's own ``orders`` channel links
+    each bid to its trades and their jobs, and ``jobs`` each job to its trade and bid."""
     return {"id": t.pk, "round": t.round.number if t.round else None, "gpu_model": t.gpu_model_id, "region": t.region_id, "price": t.price,
-            "gpus": t.gpus, "duration_s": t.duration_s, "bid": t.bid_id, "job": _job_id(t)}
-
-
-def _job_id(t: Trade) -> int | None:
-    try:
-        return int(t.job.pk)
-    except Job.DoesNotExist:
-        return None
+            "gpus": t.gpus, "duration_s": t.duration_s}
 
 
 def trades() -> dict[str, Any]:
@@ -129,7 +124,7 @@ def orders(user: User) -> dict[str, Any]:
 def job_private(j: Job, *, log: bool = False) -> dict[str, Any]:
     """A job for its buyer's ``jobs`` channel; an update (``log``) carries the end of its
     output too (at most 8 KiB: what its agent last reported, kept after it ends)."""
-    out = {"id": j.pk, "trade": j.trade_id, "state": j.state, "progress": j.progress, "gpu_seconds": j.gpu_seconds,
+    out = {"id": j.pk, "trade": j.trade_id, "bid": j.trade.bid_id, "state": j.state, "progress": j.progress, "gpu_seconds": j.gpu_seconds,
            "trade_state": j.trade.state}
     if log:
         out["log_tail"] = job_log_tail(j)

@@ -15,6 +15,7 @@ WRITES = {"post", "put", "patch"}
 PUBLIC = {
     ("post", "/api/v1/accounts/signup/"),
     ("get", "/api/v1/markets/"),
+    ("get", "/api/v1/markets/trades/"),
     ("get", "/api/v1/rounds/"),
     ("get", "/api/v1/rounds/{number}/"),
     ("get", "/api/v1/offers/"),
