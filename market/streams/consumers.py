@@ -31,6 +31,7 @@ from market.api.permissions import ROLE_SCOPES
 from market.api.serializers import BidCreateSerializer, BidSerializer
 from market.errors import DomainError
 from market.models import Bid, Scope
+from market.states import BidState
 from market.streams import publish as pub
 from market.streams import snapshots
 from market.streams.auth import credentials_problem, live_token
@@ -62,6 +63,7 @@ GROUP_REFRESH_S = 3600.0
 CLOSE_SLOW = 4009  # the client did not read its updates fast enough
 CLOSE_POLICY = 4008  # policy violation: too many messages
 CLOSE_TOO_BIG = 1009
+DEAD_MAN_MAX_S = 3600  # the longest silence a cancel-on-disconnect switch may allow
 CLOSE_AUTH = 4001  # bad credentials at the handshake, or the token revoked or expired or the account disabled since
 CLOSE_TOO_MANY = 4029  # past WS_MAX_PER_ADDRESS or WS_MAX_PER_TOKEN on this server process
 
@@ -124,6 +126,12 @@ class StreamConsumer(AsyncWebsocketConsumer):
         self.tokens = RATE_BURST
         self.last = time.monotonic()
         self.strikes = 0
+        # cancel-on-disconnect (a dead-man switch): (timeout_s, scope) while armed, the timer
+        # that fires after timeout_s of silence, and the bids this connection placed
+        self.dead_man: tuple[int, str] | None = None
+        self.dead_man_timer: asyncio.TimerHandle | None = None
+        self.dead_man_firing: asyncio.Future[None] | None = None
+        self.placed_here: set[int] = set()
         # an id and the address for this connection's log lines and audit records: the
         # handlers run in this task's context, and database_sync_to_async copies it
         logs.request_id.set(logs.request_id_new())
@@ -208,6 +216,8 @@ class StreamConsumer(AsyncWebsocketConsumer):
         await self.close(code=CLOSE_TOO_MANY)
 
     async def disconnect(self, code: int) -> None:
+        if getattr(self, "dead_man", None) is not None:  # armed: the connection's end fires it
+            await self._dead_man_fire("disconnected")
         address, self.counted_address = getattr(self, "counted_address", None), None
         if address is not None:
             _OPEN_BY_ADDRESS[address] -= 1
@@ -305,6 +315,8 @@ class StreamConsumer(AsyncWebsocketConsumer):
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if self.cut_off:  # closing (4001, 4009): what the client sent meanwhile is not acted on
             return
+        if self.dead_man is not None:  # any frame from the client says it is alive
+            self._dead_man_schedule()
         raw = text_data if text_data is not None else (bytes_data or b"").decode("utf-8", "replace")
         if len(raw.encode()) > MAX_MESSAGE_BYTES:
             await self.error("message_too_big", f"Messages are limited to {MAX_MESSAGE_BYTES} bytes.")
@@ -335,6 +347,75 @@ class StreamConsumer(AsyncWebsocketConsumer):
 
     async def on_ping(self, msg: dict[str, Any]) -> None:
         await self.send_json({"type": "pong", "ref": msg.get("ref")})
+
+    # --- cancel-on-disconnect: a dead-man switch -----------------------------------------
+    async def on_cancel_on_disconnect(self, msg: dict[str, Any]) -> None:
+        """Arm (``timeout_s`` 1-3600), re-arm, or disarm (0) the switch: when this connection
+        closes, or sends nothing for ``timeout_s``, the open bids it placed (``scope``
+        "connection", the default) or all the account's (``scope`` "account") are cancelled."""
+        timeout_s, scope = msg.get("timeout_s"), msg.get("scope", "connection")
+        fields: dict[str, list[str]] = {}
+        if not isinstance(timeout_s, int) or isinstance(timeout_s, bool) or not 0 <= timeout_s <= DEAD_MAN_MAX_S:
+            fields["timeout_s"] = [f"Seconds of silence before your bids are cancelled: 1-{DEAD_MAN_MAX_S}, or 0 to disarm."]
+        if scope not in ("connection", "account"):
+            fields["scope"] = ["'connection' (the bids placed over this socket) or 'account' (all your open bids)."]
+        if fields:
+            await self.error("invalid", " ".join(f"{k}: {v[0]}" for k, v in fields.items()), fields=fields)
+            return
+        if timeout_s and not await self._credentials_hold():
+            return
+        if timeout_s and not self.allowed(Scope.TRADE):
+            await self.error("forbidden", "Cancel-on-disconnect cancels bids: it needs the 'trade' scope.")
+            return
+        if timeout_s == 0:
+            self._dead_man_disarm()
+        else:
+            self.dead_man = (timeout_s, scope)
+            self._dead_man_schedule()
+        await self.send_json({"type": "cancel_on_disconnect", "armed": bool(timeout_s), "timeout_s": timeout_s,
+                              "scope": scope if timeout_s else None})
+
+    def _dead_man_schedule(self) -> None:
+        assert self.dead_man is not None
+        if self.dead_man_timer is not None:
+            self.dead_man_timer.cancel()
+        self.dead_man_timer = asyncio.get_running_loop().call_later(self.dead_man[0], self._dead_man_silent)
+
+    def _dead_man_disarm(self) -> None:
+        self.dead_man = None
+        if self.dead_man_timer is not None:
+            self.dead_man_timer.cancel()
+            self.dead_man_timer = None
+
+    def _dead_man_silent(self) -> None:
+        if self.dead_man is not None:
+            self.dead_man_firing = asyncio.ensure_future(self._dead_man_fire("silent"))
+
+    async def _dead_man_fire(self, why: str) -> None:
+        """Cancel the bids in the switch's scope, once; tell the client if it is still there."""
+        if self.dead_man is None:
+            return
+        _, scope = self.dead_man
+        self._dead_man_disarm()
+        cancelled = await self._cancel_all(scope)
+        log.info("cancel-on-disconnect fired (%s): %d bid(s) of %s cancelled", why, len(cancelled), self.user.username)
+        if why == "silent" and not self.cut_off:
+            await self.send_json({"type": "cancelled_on_disconnect", "reason": f"Nothing came from you for the switch's timeout: your {scope}'s open bids were cancelled.",
+                                  "bids": cancelled})
+
+    @database_sync_to_async
+    def _cancel_all(self, scope: str) -> list[int]:
+        open_bids = Bid.objects.filter(buyer=self.user, state=BidState.OPEN)
+        if scope == "connection":
+            open_bids = open_bids.filter(pk__in=self.placed_here)
+        cancelled = []
+        for bid in open_bids.order_by("id"):
+            try:
+                services.bid_cancel(user=self.user, bid=bid)
+            except DomainError:  # matched or cancelled meanwhile: nothing to cancel
+                continue
+            cancelled.append(bid.pk)
+        return cancelled
 
     async def on_auth(self, msg: dict[str, Any]) -> None:
         token = msg.get("token")
@@ -513,6 +594,7 @@ class StreamConsumer(AsyncWebsocketConsumer):
             body = {**body, "client_order_id": ref}
         ok, result = await self._place(body)
         if ok:
+            self.placed_here.add(int(result["id"]))
             duplicate = bool(result.pop("_duplicate", False))
             await self.send_json({"type": "ack", "action": "place_bid", "client_order_id": ref, "bid": result, "duplicate": duplicate})
         else:
