@@ -53,6 +53,7 @@ from market.models import (
 )
 from market.outputs import output_open, outputs_of
 from market.ssh_keys import ssh_key_add, ssh_key_delete
+from market.streams.snapshots import trade_public
 from providers.models import GpuModel, Machine, Region
 from providers.selectors import JOB_TELEMETRY_COLUMNS
 
@@ -110,8 +111,6 @@ class MarketTradesView(APIView):
 
     @extend_schema(parameters=[s.TapeQuerySerializer], responses=s.TapeSerializer)
     def get(self, request: Request) -> Response:
-        from market.streams.snapshots import trade_public
-
         query = s.TapeQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         from_id, to_id, limit = query.validated_data["from_id"], query.validated_data.get("to_id"), query.validated_data["limit"]

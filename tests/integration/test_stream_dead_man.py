@@ -12,9 +12,17 @@ from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 
 from tests.conftest import bid_body
-from tests.integration.test_streams import connect, recv, token_of, welcome  # noqa: F401 - token_of is a fixture
+from tests.integration.test_streams import connect, recv, welcome
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+
+
+@pytest.fixture
+def token_of(client_for: Any) -> Any:
+    def make(user: Any, scopes: list[str] | None = None) -> str:
+        return client_for(user, scopes).raw_token
+
+    return make
 
 
 async def armed(token: str, **switch: Any) -> WebsocketCommunicator:
