@@ -442,3 +442,23 @@ FAMILIES: dict[str, Callable[[int, int], RoundInput]] = {
     "at_limits": at_limits,
     "catalogue": catalogue_round,
 }
+
+
+def next_round(inp: RoundInput, seed: int, churn: float = 0.10) -> RoundInput:
+    """The next round of a continuous market (issue 35's warm rounds): about ``churn`` of
+    the book changed. Half of it on the bids: that many leave (filled or cancelled) and as
+    many new ones arrive, drawn like the rest; half on the offers: some repriced by up to
+    5% either way, some with a GPU sold. Five seconds later. Seeded."""
+    rng = np.random.default_rng(seed)
+    bids, offers = list(inp.bids), list(inp.offers)
+    k = int(round(len(bids) * churn / 2))
+    gone = set(rng.choice(len(bids), size=k, replace=False).tolist()) if k else set()
+    top = max((b.id for b in bids), default=0)
+    arrivals = make_round(max(1, k), max(1, k), seed=seed + 1_000_003, config=inp.config).bids[:k]
+    kept = [b for i, b in enumerate(bids) if i not in gone]
+    kept += [replace(b, id=top + 1 + i) for i, b in enumerate(arrivals)]
+    m = int(round(len(offers) * churn / 2))
+    for j, i in enumerate(rng.choice(len(offers), size=m, replace=False).tolist() if m else []):
+        o = offers[i]
+        offers[i] = replace(o, ask=max(1, int(o.ask * rng.uniform(0.95, 1.05)))) if j % 2 or o.gpus == 1 else replace(o, gpus=o.gpus - 1)
+    return replace(inp, now=inp.now + 5, bids=tuple(kept), offers=tuple(offers))
