@@ -111,3 +111,21 @@ def agent_for(tmp_path, client_for):
         return Agent(home=home, config=config, client=client, state=State(home / "state.sqlite3"), inventory=inv, bls_key=bls_key, account=keys.load_eth(home))
 
     return make
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> str:
+    """This worker's own Redis database (tests/settings.py), emptied of what a killed run
+    left there; FLUSHDB touches no other worker's database."""
+    import redis
+    from django.conf import settings
+
+    from tests.conftest import service_missing
+
+    url: str = settings.TEST_REDIS_URL
+    try:
+        with redis.Redis.from_url(url, socket_connect_timeout=2) as client:
+            client.flushdb()
+    except Exception as exc:
+        service_missing(f"Redis at {url} is unreachable ({exc}); set TEST_REDIS_URL")
+    return url

@@ -5,26 +5,6 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-import pytest
-
-from tests.conftest import service_missing
-
-
-@pytest.fixture(scope="module")
-def redis_url() -> str:
-    """This worker's own Redis database (tests/settings.py), emptied of what a killed run
-    left there; FLUSHDB touches no other worker's database."""
-    import redis
-    from django.conf import settings
-
-    url: str = settings.TEST_REDIS_URL
-    try:
-        with redis.Redis.from_url(url, socket_connect_timeout=2) as client:
-            client.flushdb()
-    except Exception as exc:
-        service_missing(f"Redis at {url} is unreachable ({exc}); set TEST_REDIS_URL")
-    return url
-
 
 def test_celery_task_round_trips_through_the_redis_broker(redis_url):
     from celery import Celery

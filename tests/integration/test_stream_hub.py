@@ -11,22 +11,6 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import service_missing
-
-
-@pytest.fixture
-def redis_url() -> str:
-    import redis
-    from django.conf import settings
-
-    url: str = settings.TEST_REDIS_URL
-    try:
-        with redis.Redis.from_url(url, socket_connect_timeout=2) as client:
-            client.ping()
-    except Exception as exc:
-        service_missing(f"Redis at {url} is unreachable ({exc}); set TEST_REDIS_URL")
-    return url
-
 
 class Socket:
     """What the hub takes updates to: a socket's outbox, and its close."""
