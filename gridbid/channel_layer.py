@@ -85,10 +85,10 @@ class LocalChannelLayer(InMemoryChannelLayer):
     loop (the loop that receives), which runs it in the order handed over.
 
     A group send puts the message into each member's queue directly. channels' layer
-    started one task per member and deep-copied the message for each (the socket's update
-    arrives encoded, a string: nothing to copy), and dropped the update silently for a
-    member whose queue was full; that is logged here, and the member's socket, which
-    drains its queue as it arrives, is the one that was stuck."""
+    started one task per member and deep-copied the message for each (the messages are
+    flat: nothing to copy), and dropped the message silently for a member whose queue was
+    full; that is logged here. The streams' updates no longer come this way (one hand-over
+    per update through market.streams.hub); revocations and the agents' wake-ups do."""
 
     CLEAN_EVERY_S = 1.0
 
