@@ -149,6 +149,8 @@ class Solver:
     assigned: dict[int, list[Part]] = field(default_factory=dict)
     buyer: list[int] = field(default_factory=list)
     lap: Callable[[str], None] = no_lap  # ``clear_round``'s stopwatch: the end of a stage
+    limited: list[str] = field(default_factory=list)  # classes whose LP stopped at ``bound.LP_WORK_LIMIT``
+    capped: list[str] = field(default_factory=list)  # classes whose LP held its fills at ``bound.LP_MAX_FILLS``
 
     def __post_init__(self) -> None:
         self.buyer = [b.buyer_id for b in self.mkt.bids]
@@ -364,6 +366,10 @@ class Solver:
         if lp is None:  # pragma: no cover - HiGHS failing on a feasible LP
             self.greedy(bids)
             return None
+        if lp.limited:
+            self.limited.append(klass)
+        if lp.capped:
+            self.capped.append(klass)
         self.gpu_price = lp.lam[:, 0]
         try:
             self.round_lp(bids, lp.pb, lp.po, lp.ps, lp.x, lp.pair_price(self.mkt), lp.fills, lp.fx)

@@ -329,6 +329,8 @@ class ClassLP:
     columns_added: int
     fills: Fills  # the multi-machine bids' columns: whole placements
     fx: F64  # the LP's weight on each fill
+    limited: bool = False  # column generation stopped at ``LP_WORK_LIMIT``: this is its last whole round
+    capped: bool = False  # the fills stopped at ``LP_MAX_FILLS``
 
     def pair_price(self, mkt: Market) -> F64:
         """Per column, the shadow price per GPU its bid's size pays on its offer."""
@@ -401,6 +403,7 @@ def class_lp(
     multi = np.flatnonzero(~mkt.b_same[bids])
     whole = whole_fills and fills is not None and _highs is not None and len(multi) > 0
     cache: _FillCache = {}  # each multi-machine bid's feasible offers per view, on this ``free``
+    capped = False
     if whole:
         assert fills is not None
         keep = mkt.b_same[pb]  # multi-machine bids enter as whole fills only
@@ -409,12 +412,22 @@ def class_lp(
             rest = rest.copy()
             rest[bids[multi]] = 0  # their fills are priced exactly below, not by pairs
         _, fresh = best_fills(mkt, bids[multi], np.zeros(len(mkt.offers), dtype=np.int64), free, fills, cache)
-        lp.add_fills(fresh)
+        capped = len(fresh) > LP_MAX_FILLS
+        lp.add_fills(fresh.pick(np.arange(LP_MAX_FILLS, dtype=np.int64)) if capped else fresh)
     lp.add(pb, po, ps)
+    # the last whole round, kept while the next one runs (``done``'s arguments)
+    prev: tuple[int, float, tuple[I64, I64, I64], F64, F64, I64, I64, int, int, F64] | None = None
+
+    def done(bound: int, value: float, cols: tuple[I64, I64, I64], x: F64, lam_f: F64, lam: I64, best: I64,
+             added: int, parts: int, fx: F64, limited: bool = False) -> ClassLP:
+        bound += _multi_correction(mkt, bids[multi], lam, best[multi], free, fills, whole)  # at the last prices
+        got = Fills.join(lp.fill_parts[:parts]) if parts else NO_FILLS
+        return ClassLP(bound, value, *cols, x, lam_f, added, got, fx, limited=limited, capped=capped)
+
     for it in range(rounds + 1):
-        sol = lp.solve()
+        sol = lp.solve(None if prev is None else LP_WORK_LIMIT - lp.iterations)
         if sol is None:
-            return None
+            return done(*prev, True) if lp.limited and prev is not None else None
         value, x, lam_f, fx, u = sol
         lam = np.floor(np.maximum(lam_f, 0.0) + 1e-9).astype(np.int64)
         bound, (nb_, no_, ns_), best = bound_at(mkt, bids, (pb, po, ps), free, lam, rest, views, skip,
@@ -428,9 +441,14 @@ def class_lp(
             keep_n = mkt.b_same[nb_]
             nb_, no_, ns_ = nb_[keep_n], no_[keep_n], ns_[keep_n]
             fresh = lp.new_fills(fresh, lam[:, 0], u)
+            room = LP_MAX_FILLS - sum(len(f) for f in lp.fill_parts)
+            if len(fresh) > room:  # past it, multi-machine bids keep the fills they have
+                fresh = fresh.pick(np.arange(max(room, 0), dtype=np.int64))
+                capped = True
         stalled = not whole and last is not None and last - bound < CG_STALL * last
         last = bound if last is None else min(last, bound)
         if (len(nb_) or len(fresh)) and it < rounds and bound - value > CG_TOLERANCE * bound and not stalled:
+            prev = (bound, value, (pb, po, ps), x, lam_f, lam, best, added, len(lp.fill_parts), fx)
             lp.add_fills(fresh)
             lp.add(nb_, no_, ns_)
             pb = np.concatenate([pb, nb_])
@@ -438,11 +456,34 @@ def class_lp(
             ps = np.concatenate([ps, ns_])
             added += len(nb_) + len(fresh)
             continue
-        if not whole and fills is not None and len(multi):  # once, at the last prices
-            fill = multi_fill_bound(mkt, bids[multi], lam[:, 0], free, fills)
-            bound -= int((best[multi] - np.minimum(best[multi], fill)).sum())
-        return ClassLP(bound, value, pb, po, ps, x, lam_f, added, lp.fills, fx)
+        return done(bound, value, (pb, po, ps), x, lam_f, lam, best, added, len(lp.fill_parts), fx)
     return None  # pragma: no cover - the loop always returns
+
+
+# The class LP's work limits, counted, never timed, so a replay stops where the first run did.
+# LP_WORK_LIMIT: simplex iterations over all its rounds of column generation. A round that
+# would pass it is stopped and the last whole round stands (its solution, and its bound: any
+# prices give one). LP_MAX_FILLS: whole placements of multi-machine bids (``Fills``) in the LP;
+# past it those bids keep the fills they have (their bound terms stay exact). The catalogue
+# bench round's largest class LP (10k orders a side) takes 97k iterations and 6.6k fills. A
+# heavy-tailed round's on-demand LP (10k a side, 1,605 multi-machine bids) grew to 51k fills,
+# each iteration 0.9 ms, one round 54k iterations and 47 s: that round took over 300 s in all,
+# 42 s with these limits.
+LP_WORK_LIMIT = 100_000
+LP_MAX_FILLS = 20_000
+
+
+def _multi_correction(
+    mkt: Market, multi: I64, lam: I64, best: I64, free: I64,
+    fills: Sequence[list[tuple[int, int, int]]] | BidViews | None, whole: bool,
+) -> int:
+    """What the bound loses when each multi-machine bid of a class LP with every bid as
+    pairs counts its exact best whole fill at prices ``lam`` instead of its best pair
+    (``best``); 0 with whole fills, whose terms are already their fills."""
+    if whole or fills is None or not len(multi):
+        return 0
+    fill = multi_fill_bound(mkt, multi, lam[:, 0], free, fills)
+    return -int((best - np.minimum(best, fill)).sum())
 
 
 def bound_at(
@@ -665,6 +706,8 @@ class _WarmLP:
     def __init__(self, mkt: Market, free: I64) -> None:
         self.mkt, self.free = mkt, free
         self.cols: list[tuple[I64, I64, I64]] = []
+        self.iterations = 0  # simplex iterations of every solve so far
+        self.limited = False  # the last solve stopped at its iteration limit
         if _highs is None:  # pragma: no cover
             return
         nb, no = len(mkt.bids), len(mkt.offers)
@@ -765,10 +808,12 @@ class _WarmLP:
         self.fcol.append(self.ncol + np.arange(n))
         self.ncol += n
 
-    def solve(self) -> tuple[float, F64, F64, F64, F64] | None:
+    def solve(self, limit: int | None = None) -> tuple[float, F64, F64, F64, F64] | None:
         """(optimum, x per pair, price per offer and divisibility row, x per
-        fill, price per bid row), prices in score units."""
+        fill, price per bid row), prices in score units; None, with ``limited``
+        set, when ``limit`` simplex iterations did not reach the optimum."""
         nf = sum(len(f) for f in self.fill_parts)
+        self.limited = False
         if _highs is None:  # pragma: no cover
             pb, po, ps = (np.concatenate(c) for c in zip(*self.cols, strict=True))
             got = _lp(self.mkt, pb, po, ps, self.free)
@@ -777,8 +822,12 @@ class _WarmLP:
         if self.ncol == 0:
             npair = sum(len(c[0]) for c in self.cols)
             return 0.0, np.zeros(npair), np.zeros((no, CUT_TIERS)), np.zeros(nf), np.zeros(self.nb)
+        self.h.setOptionValue("simplex_iteration_limit", _highs.kHighsIInf if limit is None else max(0, limit))
         self.h.run()
-        if self.h.getModelStatus() != _highs.HighsModelStatus.kOptimal:
+        self.iterations += int(self.h.getInfo().simplex_iteration_count)
+        status = self.h.getModelStatus()
+        if status != _highs.HighsModelStatus.kOptimal:
+            self.limited = status == _highs.HighsModelStatus.kIterationLimit
             return None
         sol = self.h.getSolution()
         # maximising under <= rows, HiGHS's row duals are the prices (>= 0; clip round-off)

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from . import bound as bound_mod
 from . import exact
 from .assign import Snapshot, Solver, State, fair_share_limits, priority_order
 from .explain import Explainer, money, trade_reason
@@ -122,9 +123,17 @@ def _clear(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
                "with column generation; fair-share cap relaxed)")
         if mips:
             how += f"; {', '.join(mips)} by a MIP (HiGHS) over every feasible pair and placement of the class"
+        if solver.limited:
+            how += (f"; the LP of {', '.join(solver.limited)} stopped at its work limit ({bound_mod.LP_WORK_LIMIT:,} "
+                    "simplex iterations): its last whole round of column generation stands, bound included")
+        if solver.capped:
+            how += (f"; the LP of {', '.join(solver.capped)} held its multi-machine placements at "
+                    f"{bound_mod.LP_MAX_FILLS:,} (work limit): those bids' bound terms stay exact")
         method = "exact" if proven else "mip-per-class" if mips else "lp-per-class+rounding+improve"
         if failed:
             method += " (exact path failed)"
+        if solver.limited or solver.capped:
+            method += " (work limit)"
     assigned = solver.assigned
     surplus = sum(p[2] for parts in assigned.values() for p in parts) * unit
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
-from market.engine import Bid, Offer, RoundInput, assign, clear_round
+from market.engine import Bid, Offer, RoundInput, assign, bound, clear_round
 from market.engine.market import (
     CUT_TIERS,
     BidViews,
@@ -322,3 +322,56 @@ def test_lagrangian_bound_prices_out_pruned_pairs_and_stays_near_the_lp_bound(mo
     assert lp.stats.upper_bound is not None and lag.stats.upper_bound is not None
     assert lag.stats.surplus <= lag.stats.upper_bound
     assert lag.stats.upper_bound <= 1.04 * lp.stats.upper_bound
+
+
+def test_a_class_lp_stopped_at_its_work_limit_keeps_its_last_whole_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past ``LP_WORK_LIMIT`` simplex iterations the round of column generation running is
+    dropped and the one before stands: its solution over its own columns, and a bound (any
+    prices give one) no tighter than the whole LP's and never below the LP's own optimum.
+    Capping the fills (``LP_MAX_FILLS``) keeps the bound too: a multi-machine bid's term is
+    its exact best fill whether or not its fills are columns."""
+    from market.engine.bound import class_lp
+
+    inp = one_class(make_round(300, 300, seed=13))
+    mkt = build_market(inp)
+    c = top_candidates(mkt, 2)  # short lists: the LP's columns grow round by round
+    assert isinstance(c.views, BidViews) and c.rest is not None
+    bids = np.arange(len(mkt.bids), dtype=np.int64)
+    sizes = [len(o) for o in c.offers]
+    cols = (np.repeat(bids, sizes), np.asarray([o for x in c.offers for o in x], dtype=np.int64),
+            np.asarray([v for x in c.scores for v in x], dtype=np.int64))
+
+    def lp() -> bound.ClassLP:
+        got = class_lp(mkt, bids, cols, mkt.o_gpus.copy(), c.rest, c.views, rounds=12, fills=c.views)
+        assert got is not None
+        return got
+
+    whole = lp()
+    monkeypatch.setattr(bound, "LP_WORK_LIMIT", 0)
+    cut = lp()
+    monkeypatch.setattr(bound, "LP_MAX_FILLS", 0)
+    no_fills = lp()
+    assert whole.columns_added > 0 and not whole.limited and cut.limited
+    assert len(cut.x) == len(cut.pb) and len(cut.fx) == len(cut.fills)
+    assert cut.value <= whole.value + 1 and cut.bound >= whole.bound - 1
+    assert float(cut.x @ cut.ps + cut.fx @ cut.fills.score) == pytest.approx(cut.value, rel=1e-6)
+    assert no_fills.capped and len(no_fills.fills) == 0 and no_fills.bound >= whole.bound - 1
+
+
+def test_a_round_whose_lps_stop_at_their_work_limit_says_so_and_keeps_its_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A round large enough for column generation over pruned pairs: with every class LP
+    stopped after its first round, the round is feasible, says so in its method and scope,
+    and reports a bound no tighter than the whole LPs' and still above its surplus; a
+    replay clears the same (the limit is counted, not timed)."""
+    inp = make_round(2000, 2000, seed=3)
+    full = clear_round(inp)
+    monkeypatch.setattr(bound, "LP_WORK_LIMIT", 0)
+    cut = clear_round(inp)
+    assert full.stats.upper_bound is not None and cut.stats.upper_bound is not None
+    assert "(work limit)" not in full.stats.method
+    assert cut.stats.method.endswith("(work limit)") and "stopped at its work limit" in cut.stats.bound_scope
+    assert cut.stats.surplus <= cut.stats.upper_bound
+    assert cut.stats.upper_bound >= 0.999 * full.stats.upper_bound
+    assert clear_round(inp).trades == cut.trades
