@@ -10,6 +10,12 @@ relaxation with column generation over every feasible pair, reported in
 first, cheapest feasible offer), then where the (median) run's time went,
 stage by stage. ``--quick`` runs 1k and 10k once each.
 
+Besides that round (the catalogue family), every other family of tests/bench/instances.py
+runs at ``--family-sizes`` (10k a side), one run each, with the same columns and targets
+(``--families`` picks them; ``--quick`` skips them). The reference engine of
+bench_families.py (the exact path off) clears rounds this size by the same path, so it is not
+run beside them. A stage line ending in ``[work limit]`` is a round that hit one.
+
 Up to 10k a side it also measures (issue 35; ``--no-warm`` skips it), each in fresh
 processes: the cold start (the engine's imports and the first round of a fresh process),
 and the next round of the same market (``instances.next_round``: about 10% of the book
@@ -128,12 +134,12 @@ def optimum(inp: object, res: object) -> tuple[float | None, str]:
     return total, how if proven else how + ", a class hit the time limit (dual bound used)"
 
 
-def one(n: int, runs: int, seed: int) -> dict[str, object]:
+def one(n: int, runs: int, seed: int, family: str = "catalogue") -> dict[str, object]:
     from market.engine import RoundConfig, clear_round
     from market.stopwatch import StageTimes
-    from tests.bench.instances import make_round
+    from tests.bench.instances import FAMILIES, make_round
 
-    inp = make_round(n, n, seed=seed, config=RoundConfig())
+    inp = make_round(n, n, seed=seed, config=RoundConfig()) if family == "catalogue" else FAMILIES[family](seed, n)
     times: list[float] = []
     laps: list[dict[str, float]] = []
     res = None
@@ -154,6 +160,16 @@ def one(n: int, runs: int, seed: int) -> dict[str, object]:
         "opt": opt, "opt_how": how, "greedy": base, "method": res.stats.method,
         "gap": res.stats.gap, "upper_bound": res.stats.upper_bound, "stages": laps[mid],
     }
+
+
+def family_list(arg: str) -> list[str]:
+    from tests.bench.instances import FAMILIES
+
+    names = list(FAMILIES) if arg == "all" else [f for f in arg.split(",") if f]
+    unknown = [f for f in names if f not in FAMILIES]
+    if unknown:
+        raise SystemExit(f"unknown families: {', '.join(unknown)} (known: {', '.join(FAMILIES)})")
+    return [f for f in names if f != "catalogue"]
 
 
 def warm(n: int, seed: int) -> dict[str, object]:
@@ -235,12 +251,16 @@ def main() -> int:
     ap.add_argument("--one-cold", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--no-warm", dest="warm", action="store_false",
                     help="skip the cold start and the warm next round (10%% of the book changed) measured per size up to 10k")
+    ap.add_argument("--families", default="all",
+                    help="the families of tests/bench/instances.py measured besides the catalogue round, or 'all' or ''")
+    ap.add_argument("--family-sizes", default="10000", help="orders a side the other families run at (one run each)")
+    ap.add_argument("--family", default="catalogue", help=argparse.SUPPRESS)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--timeout", type=int, default=600, help="seconds per size before it counts as missed")
     a = ap.parse_args()
     if a.one:
-        print(json.dumps(one(a.one, a.runs, a.seed)))
+        print(json.dumps(one(a.one, a.runs, a.seed, a.family)))
         return 0
     if a.one_warm:
         print(json.dumps(warm(a.one_warm, a.seed)))
@@ -249,17 +269,22 @@ def main() -> int:
         print(json.dumps(cold(a.one_cold, a.seed)))
         return 0
     sizes = [1000, 10_000] if a.quick else [int(x) for x in a.sizes.split(",")]
+    # the catalogue round at every size, then every other family at --family-sizes, one run each
+    # (at 10k the reference engine - the exact path off - clears by the same path: not run twice)
+    plan = [("catalogue", n) for n in sizes]
+    if not a.quick:
+        plan += [(f, int(n)) for n in a.family_sizes.split(",") if n for f in family_list(a.families)]
     ok = True
-    print(f"{'orders/side':>11} {'time (s)':>9} {'peak MiB':>9} {'matched':>8} {'surplus':>18} "
+    print(f"{'family':>13} {'orders/side':>11} {'time (s)':>9} {'peak MiB':>9} {'matched':>8} {'surplus':>26} "
           f"{'/opt|bound':>10} {'/greedy':>8}  compared with")
-    for n in sizes:
-        runs = 1 if a.quick or n >= 100_000 else a.runs
+    for family, n in plan:
+        runs = 1 if a.quick or n >= 100_000 or family != "catalogue" else a.runs
         try:
             out = subprocess.run([sys.executable, __file__, "--one", str(n), "--runs", str(runs),
-                                  "--seed", str(a.seed)], capture_output=True, text=True, check=False,
-                                 timeout=a.timeout)
+                                  "--seed", str(a.seed), "--family", family], capture_output=True, text=True,
+                                 check=False, timeout=a.timeout)
         except subprocess.TimeoutExpired:
-            print(f"{n:>11,} {'>' + str(a.timeout):>9}  MISSED: did not finish within {a.timeout} s")
+            print(f"{family:>13} {n:>11,} {'>' + str(a.timeout):>9}  MISSED: did not finish within {a.timeout} s")
             ok = False
             continue
         if out.returncode:
@@ -268,23 +293,23 @@ def main() -> int:
         r = json.loads(out.stdout.strip().splitlines()[-1])
         ratio = r["surplus"] / r["opt"] if r["opt"] else None
         vs_greedy = r["surplus"] / r["greedy"] if r["greedy"] else None
-        print(f"{n:>11,} {r['time_s']:>9.2f} {r['peak_mib']:>9.0f} {r['matched']:>8.1%} "
-              f"{r['surplus']:>18,} {'n/a' if ratio is None else f'{ratio:.4f}':>10} "
+        print(f"{family:>13} {n:>11,} {r['time_s']:>9.2f} {r['peak_mib']:>9.0f} {r['matched']:>8.1%} "
+              f"{r['surplus']:>26,} {'n/a' if ratio is None else f'{ratio:.4f}':>10} "
               f"{'n/a' if vs_greedy is None else f'{vs_greedy:.3f}':>8}  {r['opt_how']}")
-        print(stage_line(r["stages"]))
-        if a.warm and n <= 10_000:
+        print(stage_line(r["stages"]) + ("" if "work limit" not in str(r["method"]) else "  [work limit]"))
+        if a.warm and n <= 10_000 and family == "catalogue":
             line, warm_ok = warm_line(n, a.seed, a.timeout)
             print(line)
             ok = ok and warm_ok
         t_max, r_min, mem_max = TARGETS.get(n, (None, None, None))
         if t_max is not None and r["time_s"] > t_max:
-            print(f"  MISSED: {n:,} took {r['time_s']:.2f} s > {t_max} s")
+            print(f"  MISSED: {family} {n:,} took {r['time_s']:.2f} s > {t_max} s")
             ok = False
         if r_min is not None and (ratio is None or ratio < r_min):
-            print(f"  MISSED: {n:,} surplus ratio {ratio} < {r_min}")
+            print(f"  MISSED: {family} {n:,} surplus ratio {ratio if ratio is None else round(ratio, 4)} < {r_min}")
             ok = False
         if mem_max is not None and r["peak_mib"] > mem_max:
-            print(f"  MISSED: {n:,} peak {r['peak_mib']:.0f} MiB > {mem_max} MiB")
+            print(f"  MISSED: {family} {n:,} peak {r['peak_mib']:.0f} MiB > {mem_max} MiB")
             ok = False
     return 0 if ok else 1
 
