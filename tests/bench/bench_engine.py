@@ -131,6 +131,7 @@ def optimum(inp: object, res: object) -> tuple[float | None, str]:
         x = np.round(np.asarray(r.x[:m]))
         free = free - np.bincount(po, weights=coef * x, minlength=no)
     how = "lexicographic MILP optimum, class by class"
+    total *= mkt.score_unit  # in base units, as the surplus is
     return total, how if proven else how + ", a class hit the time limit (dual bound used)"
 
 
@@ -153,7 +154,9 @@ def one(n: int, runs: int, seed: int, family: str = "catalogue") -> dict[str, ob
     mid = sorted(range(runs), key=lambda i: times[i])[runs // 2]  # the median run's stages
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     opt, how = optimum(inp, res)
-    base = greedy_baseline(inp)
+    from market.engine.market import build_market
+
+    base = greedy_baseline(inp) * build_market(inp).score_unit  # its scores count in the round's unit
     return {
         "n": n, "time_s": statistics.median(times), "peak_mib": rss,
         "matched": res.stats.matched_bids / max(1, n), "surplus": res.stats.surplus,
