@@ -14,7 +14,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 PROBE = """
 import json, time
+from datetime import timedelta
 from django.db.models import Count
+from django.utils import timezone
 from market.models import AuctionRound, Bid, Trade
 rounds = AuctionRound.objects.annotate(n=Count("trades")).order_by("number").values_list("number", "started_at", "state", "n")
 print(json.dumps({
@@ -22,10 +24,11 @@ print(json.dumps({
     "rounds": [[number, started.timestamp(), state, n] for number, started, state, n in rounds],
     "open_bids": Bid.objects.filter(state="open").count(),
     "expired_bids": Bid.objects.filter(state="expired").count(),
+    "overdue_bids": Bid.objects.filter(state="open", expires_at__lt=timezone.now() - timedelta(seconds=OVERDUE_S)).count(),
     "bids": Bid.objects.count(),
     "trades": Trade.objects.count(),
 }))
-"""
+""".replace("OVERDUE_S", "10")  # a bid this long past its expiry is one the server failed to expire
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,7 @@ class Sample:
     expired_bids: int
     bids: int
     trades: int
+    overdue_bids: int = 0  # open more than 10 s past their expiry: rounds run every few seconds and expire them
 
 
 def sample(env: dict[str, str]) -> Sample:
@@ -45,7 +49,8 @@ def sample(env: dict[str, str]) -> Sample:
     if out.returncode != 0:
         raise RuntimeError(f"probe failed: {out.stderr[-2000:]}")
     d = json.loads(out.stdout.strip().splitlines()[-1])
-    return Sample(d["now"], [tuple(r) for r in d["rounds"]], d["open_bids"], d["expired_bids"], d["bids"], d["trades"])
+    return Sample(d["now"], [tuple(r) for r in d["rounds"]], d["open_bids"], d["expired_bids"], d["bids"], d["trades"],
+                  d["overdue_bids"])
 
 
 def rounds_between(s: Sample, start: float, end: float) -> list[tuple[int, float, str, int]]:

@@ -1,6 +1,6 @@
 """`gridbid up --demo` keeps trading: over a minute of the real demo (its own worker,
 beat, dev chain and simulated agents, at the default GRIDBID_DEMO_SPEED), at least 80% of
-its rounds make a trade, its unmatched bids expire, and it never runs out of bids. Counted
+its rounds make a trade, no unmatched bid outlives its expiry, and it never runs out of bids. Counted
 from the server's database, not from the demo's own counters."""
 
 from __future__ import annotations
@@ -42,5 +42,7 @@ def test_the_demo_trades_in_at_least_80_percent_of_its_rounds_for_a_minute(tmp_p
     idle = [r[0] for r in rounds if r[3] == 0]
     assert len(rounds) >= WINDOW_S / 2 / 2, f"only {len(rounds)} rounds in {WINDOW_S:g} s at ROUND_SECONDS=2: the book ran dry"
     assert share >= 0.8, f"{share:.0%} of {len(rounds)} rounds traded; rounds without a trade: {idle}"
-    assert end.expired_bids > 0, "unmatched demo bids expire"
+    # unmatched bids expire: none is left open past its expiry (how many expire depends on how
+    # liquid the demo was that minute: a run where every bid traded within its 30 s expired none)
+    assert end.overdue_bids == 0, f"{end.overdue_bids} open bids are over 10 s past their expiry"
     assert end.open_bids < 40, f"{end.open_bids} open bids: the book only grows"
