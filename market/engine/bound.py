@@ -409,7 +409,6 @@ def class_lp(
     multi = np.flatnonzero(~mkt.b_same[bids])
     whole = whole_fills and fills is not None and _highs is not None and len(multi) > 0
     cache: _FillCache = {}  # each multi-machine bid's feasible offers per view, on this ``free``
-    capped = False
     if whole:
         assert fills is not None
         keep = mkt.b_same[pb]  # multi-machine bids enter as whole fills only
@@ -418,8 +417,7 @@ def class_lp(
             rest = rest.copy()
             rest[bids[multi]] = 0  # their fills are priced exactly below, not by pairs
         _, fresh = best_fills(mkt, bids[multi], np.zeros(len(mkt.offers), dtype=np.int64), free, fills, cache)
-        capped = len(fresh) > LP_MAX_FILLS
-        lp.add_fills(fresh.pick(np.arange(LP_MAX_FILLS, dtype=np.int64)) if capped else fresh)
+        lp.add_fills(lp.within_cap(fresh))
     lp.add(pb, po, ps)
     # the last whole round, kept while the next one runs (``done``'s arguments)
     prev: tuple[int, float, tuple[I64, I64, I64], F64, F64, I64, I64, int, int, F64] | None = None
@@ -428,7 +426,7 @@ def class_lp(
              added: int, parts: int, fx: F64, limited: bool = False) -> ClassLP:
         bound += _multi_correction(mkt, bids[multi], lam, best[multi], free, fills, whole)  # at the last prices
         got = Fills.join(lp.fill_parts[:parts]) if parts else NO_FILLS
-        return ClassLP(bound, value, *cols, x, lam_f, added, got, fx, limited=limited, capped=capped)
+        return ClassLP(bound, value, *cols, x, lam_f, added, got, fx, limited=limited, capped=lp.capped)
 
     for it in range(rounds + 1):
         sol = lp.solve(None if prev is None else LP_WORK_LIMIT - lp.iterations)
@@ -446,11 +444,7 @@ def class_lp(
             bound += int((term - best[multi]).sum())
             keep_n = mkt.b_same[nb_]
             nb_, no_, ns_ = nb_[keep_n], no_[keep_n], ns_[keep_n]
-            fresh = lp.new_fills(fresh, lam[:, 0], u)
-            room = LP_MAX_FILLS - sum(len(f) for f in lp.fill_parts)
-            if len(fresh) > room:  # past it, multi-machine bids keep the fills they have
-                fresh = fresh.pick(np.arange(max(room, 0), dtype=np.int64))
-                capped = True
+            fresh = lp.within_cap(lp.new_fills(fresh, lam[:, 0], u))
         stalled = not whole and last is not None and last - bound < CG_STALL * last
         last = bound if last is None else min(last, bound)
         if (len(nb_) or len(fresh)) and it < rounds and bound - value > CG_TOLERANCE * bound and not stalled:
@@ -714,6 +708,8 @@ class _WarmLP:
         self.cols: list[tuple[I64, I64, I64]] = []
         self.iterations = 0  # simplex iterations of every solve so far
         self.limited = False  # the last solve stopped at its iteration limit
+        self.nfills = 0  # fills in the LP
+        self.capped = False  # fills were left out at ``LP_MAX_FILLS``
         if _highs is None:  # pragma: no cover
             return
         nb, no = len(mkt.bids), len(mkt.offers)
@@ -794,6 +790,15 @@ class _WarmLP:
                 keep.append(j)
         return fills.pick(np.asarray(keep, dtype=np.int64)) if keep else NO_FILLS
 
+    def within_cap(self, fills: Fills) -> Fills:
+        """The first of ``fills`` that the LP still has room for under ``LP_MAX_FILLS``;
+        past it, multi-machine bids keep the fills they have (``capped``)."""
+        room = max(LP_MAX_FILLS - self.nfills, 0)
+        if len(fills) <= room:
+            return fills
+        self.capped = True
+        return fills.pick(np.arange(room, dtype=np.int64))
+
     def add_fills(self, fills: Fills) -> None:
         """Whole placements of multi-machine bids as columns: 1 in the bid's
         row, its GPUs in each offer's capacity row (parts of a multi-machine
@@ -802,6 +807,7 @@ class _WarmLP:
         if n == 0 or _highs is None:
             return
         self.fill_parts.append(fills)
+        self.nfills += n
         self.seen.update(fills.key(j) for j in range(n))
         sizes = np.diff(fills.start)
         col = np.repeat(np.arange(n), sizes)

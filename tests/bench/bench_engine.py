@@ -46,6 +46,8 @@ TARGETS = {10_000: (2.0, 0.993, 500.0), 100_000: (20.0, 0.97, 2048.0)}
 
 
 def greedy_baseline(inp: object) -> int:
+    """Highest bid first, each on its cheapest feasible offer (same-machine bids only): the
+    surplus in base units, as the engine reports its own."""
     from market.engine.market import build_market, top_candidates
 
     mkt = build_market(inp)  # type: ignore[arg-type]
@@ -63,7 +65,7 @@ def greedy_baseline(inp: object) -> int:
                 free[o] -= g
                 total += s
                 break
-    return total
+    return total * mkt.score_unit  # scores count in the round's unit
 
 
 def optimum(inp: object, res: object) -> tuple[float | None, str]:
@@ -136,11 +138,11 @@ def optimum(inp: object, res: object) -> tuple[float | None, str]:
 
 
 def one(n: int, runs: int, seed: int, family: str = "catalogue") -> dict[str, object]:
-    from market.engine import RoundConfig, clear_round
+    from market.engine import clear_round
     from market.stopwatch import StageTimes
-    from tests.bench.instances import FAMILIES, make_round
+    from tests.bench.instances import FAMILIES
 
-    inp = make_round(n, n, seed=seed, config=RoundConfig()) if family == "catalogue" else FAMILIES[family](seed, n)
+    inp = FAMILIES[family](seed, n)
     times: list[float] = []
     laps: list[dict[str, float]] = []
     res = None
@@ -154,9 +156,7 @@ def one(n: int, runs: int, seed: int, family: str = "catalogue") -> dict[str, ob
     mid = sorted(range(runs), key=lambda i: times[i])[runs // 2]  # the median run's stages
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     opt, how = optimum(inp, res)
-    from market.engine.market import build_market
-
-    base = greedy_baseline(inp) * build_market(inp).score_unit  # its scores count in the round's unit
+    base = greedy_baseline(inp)
     return {
         "n": n, "time_s": statistics.median(times), "peak_mib": rss,
         "matched": res.stats.matched_bids / max(1, n), "surplus": res.stats.surplus,
