@@ -59,6 +59,23 @@ SCORE_CAP = float(2**62)  # no score gets near it; clipping to it keeps a cast t
 CHUNK_CELLS = 1 << 19  # cells of one bids x offers block: bounds peak memory
 
 
+def tie_key(bid_ids: I64, offer_ids: I64) -> I64:
+    """A pair's place among pairs of equal score: a fixed hash of the bid's and the
+    offer's ids (broadcast), in [0, 2**63). Equal scores are common (one price
+    level, one reliability): broken by the offer alone, every bid would keep the
+    same first offers of a view and the LP's columns would crowd onto a few
+    hundred machines out of thousands. By ids, not positions, so a pair keeps
+    its place whatever else is in the book."""
+    with np.errstate(over="ignore"):
+        h = (bid_ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ (
+            offer_ids.astype(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F))
+        h ^= h >> np.uint64(31)
+        h *= np.uint64(0xBF58476D1CE4E5B9)
+        h ^= h >> np.uint64(29)
+    out: I64 = (h >> np.uint64(1)).astype(np.int64)
+    return out
+
+
 def _tier(g: int) -> int:
     return 1 << (g.bit_length() - 1)
 
@@ -640,7 +657,8 @@ def top_candidates(
             feasible += int(ok.sum())
             ms = np.concatenate([top_s[bids], np.where(ok, score, np.int64(-1))], axis=1)
             mo = np.concatenate([top_o[bids], np.broadcast_to(offs, score.shape)], axis=1)
-            order = np.argsort(-ms, axis=1, kind="stable")
+            # best score first; among equal scores, each bid its own order (``tie_key``)
+            order = np.lexsort((-tie_key(mkt.bids_id[bids][:, None], mkt.o_id[mo]), -ms), axis=1)
             ms = np.take_along_axis(ms, order, axis=1)
             mo = np.take_along_axis(mo, order, axis=1)
             top_s[bids] = ms[:, :kmax]
@@ -797,13 +815,14 @@ def price_out(
                 score = np.where(same_rows[:, None], score, s2)
             red = score - mkt.b_gpus[b_act][:, None] * price[offs[None, :], jb[act][:, None]]
             red = np.where(ok, red, lo)
-            if not (red > top_r[sl, -1][:, None]).any():
+            if not (red >= top_r[sl, -1][:, None]).any():
                 pos += len(offs)
                 continue
             mr = np.concatenate([top_r[sl], red], axis=1)
             mo = np.concatenate([top_o[sl], np.broadcast_to(offs, red.shape)], axis=1)
             ms = np.concatenate([top_s[sl], score], axis=1)
-            order = np.argsort(-mr, axis=1, kind="stable")[:, :width]
+            # among equal reduced scores, each bid its own order (``tie_key``), as in ``top_candidates``
+            order = np.lexsort((-tie_key(mkt.bids_id[b_act][:, None], mkt.o_id[mo]), -mr), axis=1)[:, :width]
             top_r[sl] = np.take_along_axis(mr, order, axis=1)
             top_o[sl] = np.take_along_axis(mo, order, axis=1)
             top_s[sl] = np.take_along_axis(ms, order, axis=1)
