@@ -267,7 +267,7 @@ def _mip(a: csc_matrix, obj: F64, ub: F64, lo: F64, hi: F64, node_limit: int, re
 
 
 CG_TOLERANCE = 1e-3  # column generation stops once the bound is this close to the LP
-CG_STALL = 1e-3  # ... or, with multi-machine bids as pairs, once a round moved the bound less than this
+CG_STALL = 1e-3  # ... or, with multi-machine bids as pairs, once a round narrowed the bound's gap to the LP by less than this share
 CG_WIDTH_FILLS = 8  # columns a bid may gain per round when the LP has fills (classes small enough for them)
 
 
@@ -398,13 +398,15 @@ def class_lp(
     best whole fill at the prices (``best_fills``), not its best pair. Fills
     make the LP tight for these bids but slower to solve, so big classes
     (``assign.LP_FILL_COLUMNS``) keep pairs; there, rounds also stop once a
-    round moved the bound less than ``CG_STALL`` (with fills the bound moves
+    round narrowed the gap between the best bound and the LP by less than
+    ``CG_STALL`` of it (with fills the bound moves
     in uneven steps as fills come in, so they run until the bound meets the
     LP or ``rounds`` run out).
     """
     pb, po, ps = cols
     added = 0
     last: int | None = None
+    last_gap: float | None = None
     lp = _WarmLP(mkt, free)
     multi = np.flatnonzero(~mkt.b_same[bids])
     whole = whole_fills and fills is not None and _highs is not None and len(multi) > 0
@@ -445,8 +447,13 @@ def class_lp(
             keep_n = mkt.b_same[nb_]
             nb_, no_, ns_ = nb_[keep_n], no_[keep_n], ns_[keep_n]
             fresh = lp.within_cap(lp.new_fills(fresh, lam[:, 0], u))
-        stalled = not whole and last is not None and last - bound < CG_STALL * last
+        # the gap between the best bound so far and the LP over the columns; a round that
+        # narrowed it by less than ``CG_STALL`` of it stalled (the bound alone is no measure:
+        # at new prices it may rise while the LP climbs)
+        gap = (bound if last is None else min(last, bound)) - value
+        stalled = not whole and last_gap is not None and last_gap - gap < CG_STALL * last_gap
         last = bound if last is None else min(last, bound)
+        last_gap = gap
         if (len(nb_) or len(fresh)) and it < rounds and bound - value > CG_TOLERANCE * bound and not stalled:
             prev = (bound, value, (pb, po, ps), x, lam_f, lam, best, added, len(lp.fill_parts), fx)
             lp.add_fills(fresh)
