@@ -88,6 +88,13 @@ def milp_pick(
     return np.flatnonzero(x > 0.5).astype(np.int64)
 
 
+def objective_scale(scores: I64 | F64) -> float:
+    """The power of two that brings the largest of ``scores`` near 1e6, where HiGHS
+    solves well (1 where they are smaller): dividing by it is exact."""
+    top = float(np.abs(scores).max()) if len(scores) else 1.0
+    return 2.0 ** max(0, math.ceil(math.log2(max(top, 1.0) / 1e6)))
+
+
 DIVE_BATCH = 0.1  # per LP of a dive: the share of the pairs the LP uses that it fixes
 
 
@@ -148,8 +155,12 @@ def dive_pick(mkt: Market, pair_bid: I64, pair_offer: I64, pair_score: I64, free
     none = np.zeros(0, dtype=np.int32)
     hi = rhs()
     h.addRows(top, np.full(top, -np.inf), hi, 0, none, none, np.zeros(0))
-    h.addCols(n, pair_score.astype(np.float64), np.zeros(n), np.ones(n), a.nnz, a.indptr[:-1].astype(np.int32),
-              a.indices.astype(np.int32), a.data)
+    # HiGHS wants costs near 1e6: at the validated limits scores reach 1e16 and its LP
+    # came back unsolved, so no bound and a MILP of 23 s on the dive's pick (a power of
+    # two: exact, the same optimum)
+    scale = objective_scale(pair_score)
+    h.addCols(n, pair_score.astype(np.float64) / scale, np.zeros(n), np.ones(n), a.nnz,
+              a.indptr[:-1].astype(np.int32), a.indices.astype(np.int32), a.data)
     h.changeObjectiveSense(_highs.ObjSense.kMaximize)
     chosen = np.zeros(n, dtype=np.bool_)
     gone = np.zeros(n, dtype=np.bool_)
@@ -162,7 +173,7 @@ def dive_pick(mkt: Market, pair_bid: I64, pair_offer: I64, pair_score: I64, free
             break
         x = np.asarray(h.getSolution().col_value, dtype=np.float64)
         if step == 0:
-            bound = float(h.getInfo().objective_function_value)
+            bound = float(h.getInfo().objective_function_value) * scale
         cand = np.flatnonzero((x > 1e-6) & ~gone)
         if not len(cand):
             break
@@ -733,8 +744,7 @@ class _WarmLP:
         # scores reach 1e10 and more; HiGHS's dual simplex wants costs nearer 1e6
         # (it fails with "excessive dual values" on some rounds otherwise): solve
         # in units of ``scale`` (a power of two, so exact) and read prices back
-        top_score = float((mkt.b_gpus * mkt.b_hours * mkt.b_maxp).max()) if nb else 1.0
-        self.scale = 2.0 ** max(0, math.ceil(math.log2(max(top_score, 1.0) / 1e6)))
+        self.scale = objective_scale(mkt.b_gpus * mkt.b_hours * mkt.b_maxp)
         h = _highs._Highs()
         h.setOptionValue("output_flag", False)
         h.setOptionValue("threads", 1)
