@@ -344,8 +344,9 @@ class Solver:
         arr = np.asarray(sorted(bids), dtype=np.int64)
         skip = unfillable(self.mkt, bids, free, self.cand.views)
         pb, po, ps = self.columns(bids)
+        huge = len(pb) > LP_MAX_COLUMNS  # no LP: the greedy's placement stands, under a Lagrangian bound
         if rest is not None:  # lists pruned: the LP starts from what the greedy would place too
-            pb, po, ps = self._seed(bids, pb, po, ps)
+            pb, po, ps = self._seed(bids, pb, po, ps, keep=huge)
         if skip:
             nr = len(self.mkt.region_ids)
             bucket = self.mkt.o_model[po] * nr + self.mkt.o_region[po]
@@ -354,8 +355,9 @@ class Solver:
                 drop |= (bucket == m * nr + r) & np.isin(pb, out)
             pb, po, ps = pb[~drop], po[~drop], ps[~drop]
         klass = CLASSES[int(self.mkt.b_klass[bids[0]])] if bids else CLASSES[0]
-        if len(pb) > LP_MAX_COLUMNS:
-            self.greedy(bids)
+        if huge:
+            if rest is None:
+                self.greedy(bids)
             got = sum(p[2] for b in bids for p in self.assigned.get(b, ()))
             self.lap(klass)
             ub = lagrange_bound(self.mkt, arr, (pb, po, ps), free, rest, views, skip, got)
@@ -380,9 +382,10 @@ class Solver:
             self.gpu_price = None
         return lp.bound
 
-    def _seed(self, bids: list[int], pb: I64, po: I64, ps: I64) -> tuple[I64, I64, I64]:
+    def _seed(self, bids: list[int], pb: I64, po: I64, ps: I64, keep: bool = False) -> tuple[I64, I64, I64]:
         """Columns ``pb, po, ps`` and the pairs the greedy (with its refills) would place
-        the class's same-machine bids on, from here; the solver is left as it was.
+        the class's same-machine bids on, from here; the solver is left as it was, or
+        with ``keep`` holding that placement (a class too big for its LP keeps it).
 
         Every bid of a view ranks its offers alike (by ask, within a bid's weights), so
         each bid's best pairs are the same few cheapest offers: at 10k orders a side of
@@ -395,15 +398,14 @@ class Solver:
         others go) but join the LP as before, pairs or whole fills."""
         start = self.snapshot()
         lists = [(self.cand.offers[b], self.cand.scores[b], self.cand.truncated[b]) for b in bids]
-        try:
-            same = [b for b in bids if self.mkt.b_same[b]]
-            self.greedy(bids)
-            self.refill(same, SEED_KMAX)
-            got = [(b, o, s) for b in same for o, _, s in self.assigned.get(b, ())]
-        finally:
+        same = [b for b in bids if self.mkt.b_same[b]]
+        self.greedy(bids)
+        self.refill(same, SEED_KMAX)
+        got = [(b, o, s) for b in same for o, _, s in self.assigned.get(b, ())]
+        if not keep:
             self.restore(start)
-            for b, (o, s, t) in zip(bids, lists, strict=True):
-                self.cand.offers[b], self.cand.scores[b], self.cand.truncated[b] = o, s, t
+        for b, (o, s, t) in zip(bids, lists, strict=True):  # the lists ``rest`` bounds the others of
+            self.cand.offers[b], self.cand.scores[b], self.cand.truncated[b] = o, s, t
         if not got:
             return pb, po, ps
         gb = np.asarray([g[0] for g in got], dtype=np.int64)
