@@ -404,13 +404,13 @@ class Solver:
         got = [(b, o, s) for b in same for o, _, s in self.assigned.get(b, ())]
         if not keep:
             self.restore(start)
-        for b, (o, s, t) in zip(bids, lists, strict=True):  # the lists ``rest`` bounds the others of
+        # the greedy and its refills widen candidate lists; the class LP's ``rest`` bound
+        # counts the pairs off each bid's list as they were, so the lists go back too
+        for b, (o, s, t) in zip(bids, lists, strict=True):
             self.cand.offers[b], self.cand.scores[b], self.cand.truncated[b] = o, s, t
         if not got:
             return pb, po, ps
-        gb = np.asarray([g[0] for g in got], dtype=np.int64)
-        go = np.asarray([g[1] for g in got], dtype=np.int64)
-        gs = np.asarray([g[2] for g in got], dtype=np.int64)
+        gb, go, gs = np.asarray(got, dtype=np.int64).T
         no = len(self.mkt.offers)
         new = ~np.isin(gb * no + go, pb * no + po)
         return np.concatenate([pb, gb[new]]), np.concatenate([po, go[new]]), np.concatenate([ps, gs[new]])

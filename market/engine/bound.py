@@ -841,7 +841,7 @@ class _WarmLP:
         """(optimum, x per pair, price per offer and divisibility row, x per
         fill, price per bid row), prices in score units; None, with ``limited``
         set, when ``limit`` simplex iterations did not reach the optimum."""
-        nf = sum(len(f) for f in self.fill_parts)
+        nf = self.nfills
         self.limited = False
         if _highs is None:  # pragma: no cover
             pb, po, ps = (np.concatenate(c) for c in zip(*self.cols, strict=True))
