@@ -32,6 +32,7 @@ TASK_QUEUES: dict[str, Queue] = {
     "market.tasks.bookings_expire": Queue.DEFAULT,
     "market.tasks.idempotency_prune": Queue.DEFAULT,
     "market.tasks.outputs_expire": Queue.DEFAULT,
+    "market.tasks.runtime_refit": Queue.DEFAULT,
     "demo.tasks.tick": Queue.DEMO,
     "market.tasks.webhook_deliver": Queue.NOTIFY,
     "market.tasks.webhooks_retry": Queue.NOTIFY,
@@ -75,6 +76,8 @@ def _schedule(sender: Celery, **_: object) -> None:
         "machines-offline": {"task": "providers.tasks.machines_mark_offline", "schedule": 10.0},
         "idempotency-prune": {"task": "market.tasks.idempotency_prune", "schedule": 3600.0},
         "outputs-expire": {"task": "market.tasks.outputs_expire", "schedule": 300.0, "options": {"expires": 600}},
+        "runtime-refit": {"task": "market.tasks.runtime_refit", "schedule": settings.GRIDBID["RUNTIME_REFIT_S"],
+                          "options": {"expires": settings.GRIDBID["RUNTIME_REFIT_S"]}},
         "webhooks-retry": {"task": "market.tasks.webhooks_retry", "schedule": 30.0, "options": {"expires": 60}},
         # ledger (settlement): all on the chain queue, each idempotent
         "ledger-record": {"task": "ledger.tasks.trades_record", "schedule": 5.0, "options": {"expires": 10}},

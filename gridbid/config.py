@@ -52,6 +52,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("PREEMPT_GRACE_S", "30", "Seconds a preempted job has to write its checkpoint after its agent signals it (1-3600); a bid may ask for less (`preempt_grace_s`), never more. Then the agent stops it, and what it did since its last checkpoint is lost."),
     Variable("BID_TTL_DEFAULT_S", "86400", "Seconds a bid stays in the book when it names no `expires_at` (60-BID_TTL_MAX_S); unmatched by then, it expires."),
     Variable("BID_TTL_MAX_S", "2592000", "Longest a bid may stay in the book, in seconds (60-31536000); a bid whose `expires_at` is further ahead is refused (400)."),
+    Variable("RUNTIME_REFIT_S", "600", "Seconds between refits of the runtime predictor on completed jobs (60-86400); a refit with no new completed job is skipped."),
+    Variable("RUNTIME_FIT_JOBS", "20000", "How many of the latest completed jobs the runtime predictor learns from (100-1000000)."),
     Variable("PRICING_RULE", "uniform", "Auction price rule: uniform (clearing price per bucket) or pay_as_ask."),
     Variable("PRICE_POINT", "0", "Where the uniform price sits in each bucket's clearing interval: 0 = the lowest clearing price (buyer-friendly), 0.5 = midpoint, 1 = top."),
     Variable("FAIR_SHARE_CAP", "1.0", "Largest fraction (0-1] of a scarce bucket's GPUs one buyer may take in one round."),
@@ -175,6 +177,8 @@ class Config:
     preempt_grace_s: int
     bid_ttl_default_s: int
     bid_ttl_max_s: int
+    runtime_refit_s: float
+    runtime_fit_jobs: int
     pricing_rule: str
     fair_share_cap: float
     price_point: float
@@ -376,6 +380,8 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         preempt_grace_s=int(_number(env, "PREEMPT_GRACE_S", 30, 1, 3600, int)),
         bid_ttl_default_s=bid_ttl_default_s,
         bid_ttl_max_s=bid_ttl_max_s,
+        runtime_refit_s=_number(env, "RUNTIME_REFIT_S", 600.0, 60, 86_400),
+        runtime_fit_jobs=int(_number(env, "RUNTIME_FIT_JOBS", 20_000, 100, 1_000_000, int)),
         pricing_rule=_choice(env, "PRICING_RULE", "uniform", ("uniform", "pay_as_ask")),
         fair_share_cap=_number(env, "FAIR_SHARE_CAP", 1.0, 0.01, 1.0),
         price_point=_number(env, "PRICE_POINT", 0.0, 0.0, 1.0),

@@ -202,6 +202,8 @@ class Bid(models.Model):
     resume_from = models.JSONField(null=True, blank=True)
     # the buyer's EIP-191 signature of the job spec's hash: agents run only specs their buyer signed
     spec_signature = models.CharField(max_length=132, blank=True, default="")
+    # what the runtime predictor said when it was placed (market.runtime.Prediction.as_dict); null: too few jobs yet
+    runtime_prediction = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -304,6 +306,37 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.pk} ({self.state})"
+
+
+class RuntimeFit(models.Model):
+    """One fit of the runtime predictor (market.runtime) on completed jobs; the latest is
+    the one in use, its stats in RuntimeStat."""
+
+    fitted_at = models.DateTimeField(auto_now_add=True)
+    jobs = models.PositiveIntegerField(help_text="Completed jobs it learnt from")
+    last_job = models.PositiveBigIntegerField(default=0, help_text="Highest job id among them: a refit with none newer is skipped")
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"runtime fit {self.pk} on {self.jobs} jobs"
+
+
+class RuntimeStat(models.Model):
+    """One key of a fit: its job count and the log run time at market.runtime.QUANTILES."""
+
+    fit = models.ForeignKey(RuntimeFit, on_delete=models.CASCADE, related_name="stats")
+    level = models.PositiveSmallIntegerField()
+    key = models.CharField(max_length=32)
+    n = models.PositiveIntegerField()
+    q = models.JSONField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["fit", "level", "key"], name="runtime_stat_unique_key")]
+
+    def __str__(self) -> str:
+        return f"runtime stat {self.level}/{self.key}: {self.n} jobs"
 
 
 class ReleaseReason(models.TextChoices):

@@ -31,7 +31,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
-from market import bookings, engine, funding, repository, states
+from market import bookings, engine, funding, predictions, repository, states
 from market import jobs as jobs_
 from market.engine import serialize
 from market.errors import Conflict, NotFound
@@ -371,6 +371,7 @@ class Quote:
     funded: bool = True
     max_cost: int = 0
     escrow_available: int = 0
+    runtime: dict[str, Any] | None = None  # how long jobs like it ran (predictions.runtime_predict)
 
 
 def bid_quote(*, user_id: int, data: dict[str, Any], now: datetime | None = None) -> Quote:
@@ -394,9 +395,14 @@ def bid_quote(*, user_id: int, data: dict[str, Any], now: datetime | None = None
         f"Your escrow does not cover it: it may cost up to {funding.usdc(cost)} and {funding.usdc(max(funds.available, 0))} is free to commit; "
         f"deposit at least {funding.usdc(cost - max(funds.available, 0))} more before placing it."]
     mine = [t for t in result.trades if t.bid_id == QUOTE_BID_ID]
+    # the model it would run on, where the round found it one
+    models = [mine[0].gpu_model] if mine else data.get("gpu_models")
+    runtime = predictions.runtime_predict(buyer_id=user_id, job_spec=data.get("job_spec"), gpus=data["gpus"], gpu_models=models,
+                                          duration_s=data["duration_s"])
     if mine:
         trades = [{"offer": t.offer_id, "gpu_model": t.gpu_model, "region": t.region, "gpus": t.gpus, "price": t.price, "amount": t.amount, "reason": t.reason} for t in mine]
         # an offer would take it; it matches only with the money behind it
-        return Quote(not short, trades, sum(t.amount for t in mine), short, None, **money)
+        return Quote(not short, trades, sum(t.amount for t in mine), short, None, **money, runtime=runtime)
     why = next((u for u in result.unmatched if u.bid_id == QUOTE_BID_ID), None)
-    return Quote(False, [], 0, short + (list(why.reasons) if why else ["No offer could take this bid."]), why.nearest if why else None, **money)
+    return Quote(False, [], 0, short + (list(why.reasons) if why else ["No offer could take this bid."]), why.nearest if why else None, **money,
+                 runtime=runtime)

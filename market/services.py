@@ -20,7 +20,7 @@ from contracts import hours
 from contracts.receipts import spec_hash, spec_message
 from ledger.custody import custodial_key_get_or_create, custodial_signer
 from ledger.wallet import is_wallet_buyer
-from market import states
+from market import predictions, states
 from market.api.auth import TOKEN_PREFIX, token_digest
 from market.api.permissions import ROLE_SCOPES
 from market.audit import AuditAction, audit_record, offer_change_record, offer_snapshot
@@ -288,8 +288,10 @@ def bid_place(*, user: User, data: dict[str, Any]) -> Bid:
         raise _client_order_taken(user=user, client_order_id=client_order_id)
     try:
         # two requests with one id can both pass the check above; the unique index decides
+        runtime = predictions.runtime_predict(buyer_id=user.pk, job_spec=data.get("job_spec"), gpus=data["gpus"],
+                                              gpu_models=data.get("gpu_models"), duration_s=data["duration_s"])
         with transaction.atomic():
-            bid = Bid.objects.create(buyer=user, **data)
+            bid = Bid.objects.create(buyer=user, runtime_prediction=runtime, **data)
     except IntegrityError:
         if not client_order_id or not Bid.objects.filter(buyer=user, client_order_id=client_order_id).exists():
             raise  # another constraint: a real fault, not the race

@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 
 import gridbid.celery  # noqa: F401 - binds the tasks to the configured app (eager in tests), wherever .delay() is called
-from market import bookings, notify, outputs, rounds, webhooks
+from market import bookings, notify, outputs, predictions, rounds, webhooks
 from market.api import idempotency
 from market.events import EmailsWanted, WebhookDeliveriesWritten
 
@@ -32,6 +32,14 @@ def idempotency_prune() -> int:
 def outputs_expire() -> int:
     """Delete job outputs kept past OUTPUTS_TTL_S, files and rows."""
     return outputs.outputs_expire()
+
+
+@shared_task(name="market.tasks.runtime_refit")
+def runtime_refit() -> int | None:
+    """Refit the runtime predictor on the latest completed jobs (skipped when none is new);
+    the new fit's id."""
+    fit = predictions.runtime_fit()
+    return None if fit is None else fit.pk
 
 
 @shared_task(name="market.tasks.round_run", ignore_result=True)

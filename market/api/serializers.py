@@ -456,12 +456,24 @@ class BidCreateSerializer(serializers.Serializer):
         return value
 
 
+class RuntimePredictionSerializer(serializers.Serializer):
+    p10_s = serializers.IntegerField(help_text="Seconds: 10% of jobs like it ended sooner")
+    p50_s = serializers.IntegerField(help_text="Seconds: the median run time of jobs like it")
+    p80_s = serializers.IntegerField(help_text="Seconds: 80% of jobs like it finished within this")
+    p90_s = serializers.IntegerField(help_text="Seconds: 90% of jobs like it finished within this (what backfill trusts)")
+    jobs = serializers.IntegerField(help_text="Completed jobs at the narrowest key the prediction used")
+    basis = serializers.CharField(help_text="That key in words: all jobs in the market, this buyer's jobs, ...")
+    text = serializers.CharField(help_text="The prediction in one sentence")
+
+
 class BidSerializer(serializers.ModelSerializer):
     min_cuda = CudaVersionField(read_only=True)
+    runtime_prediction = RuntimePredictionSerializer(read_only=True, allow_null=True,
+                                                     help_text="How long jobs like it ran, as predicted when it was placed; null: too few completed jobs then")
 
     class Meta:
         model = Bid
-        fields = ["id", "client_order_id", "buyer", "job_spec", "gpus", "gpu_models", "min_memory_gib", "min_compute_units", "vendor", "same_machine", "allowed_regions", "preferred_regions", "location_region", "max_latency_ms", "max_price", "duration_s", "deadline", "expires_at", "klass", "min_reliability", "min_cuda", "min_ram_gib", "min_disk_gb", "min_net_down_mbps", "preempt_grace_s", "weights", "state", "explanation", "resume_from", "spec_signature", "created_at", "updated_at"]
+        fields = ["id", "client_order_id", "buyer", "job_spec", "gpus", "gpu_models", "min_memory_gib", "min_compute_units", "vendor", "same_machine", "allowed_regions", "preferred_regions", "location_region", "max_latency_ms", "max_price", "duration_s", "deadline", "expires_at", "klass", "min_reliability", "min_cuda", "min_ram_gib", "min_disk_gb", "min_net_down_mbps", "preempt_grace_s", "weights", "state", "explanation", "runtime_prediction", "resume_from", "spec_signature", "created_at", "updated_at"]
         read_only_fields = ["resume_from", "spec_signature"]
 
 
@@ -539,6 +551,7 @@ class QuoteSerializer(serializers.Serializer):
     funded = serializers.BooleanField(help_text="Whether your free escrow covers the bid's worst case; an unfunded bid is refused (402)")
     max_cost = serializers.IntegerField(help_text="The bid's worst case, max_price x GPUs x hours, base units")
     escrow_available = serializers.IntegerField(help_text="Your free escrow less what your open bids and unrecorded trades may take, base units")
+    runtime = RuntimePredictionSerializer(allow_null=True, help_text="How long jobs like it really ran (never past its duration); null until the market has enough completed jobs")
 
 
 class TradeSerializer(serializers.ModelSerializer):

@@ -1,0 +1,264 @@
+"""How long a job will really run (issue 36): quantiles per key, shrunk to broader keys.
+
+Buyers book a duration; real jobs end earlier or later. This module learns from finished
+jobs and predicts a new one's run time with an interval. It is pure (records in, a table
+out, no Django, no clock), so the server (fitted on completed jobs, shown at quote time,
+used to backfill) and the simulator (fitted on a trace's earlier jobs, scored on its later
+ones) run the same model.
+
+The model, chosen to be explained in one sentence to the buyer it is shown to:
+- A job's key is its buyer, its workload (image and command), its GPU count and GPU model.
+  ``LEVELS`` nests four keys from broad to narrow: every job; the buyer's; the buyer's with
+  this workload; those on this many GPUs of this model.
+- Each key keeps its job count ``n`` and the quantiles ``QUANTILES`` of log run time.
+  Log, because run times span minutes to days and err by factors, not by seconds.
+- A prediction starts from the broadest key and walks down. At each narrower key that
+  has jobs, ``q = w * q_key + (1 - w) * q_so_far`` with ``w = n / (n + SHRINK_K)``: one
+  job moves the estimate a fifth of the way, 20 jobs most of it. A new buyer gets the
+  market's figures; a buyer's tenth run of one script gets mostly its own.
+- Quantiles shrink toward a broader key's, whose spread is wider, so a key with few jobs
+  gets a wider interval: cautious where it knows little.
+- A job cannot outrun its booking (``cap_s``): every quantile is clipped to it.
+
+The interval is p10-p90: 80% of jobs should end inside it (the simulator measures how
+often they do). p80 is what the quote shows ("80% finished under ..."); backfill trusts
+p90.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+QUANTILES = (0.1, 0.5, 0.8, 0.9)
+LEVELS: tuple[tuple[str, ...], ...] = (
+    (),
+    ("buyer",),
+    ("buyer", "workload"),
+    ("buyer", "workload", "gpus", "model"),
+)
+SHRINK_K = 4.0
+MIN_JOBS = 5  # fewer finished jobs in the whole market: no prediction at all
+MIN_RUNTIME_S = 1.0  # a run time shorter than this counts as this (log of zero)
+
+
+@dataclass(frozen=True)
+class Record:
+    """One finished job as the model sees it."""
+
+    buyer: str
+    workload: str
+    gpus: int
+    model: str
+    runtime_s: float
+
+    def field(self, name: str) -> str:
+        return str(getattr(self, name))
+
+
+@dataclass(frozen=True)
+class Stat:
+    """One key's finished jobs: how many, and the QUANTILES of their log run time."""
+
+    n: int
+    q: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Seconds at QUANTILES; ``jobs`` finished jobs at the narrowest key that had any,
+    which is LEVELS[``level``]."""
+
+    p10_s: float
+    p50_s: float
+    p80_s: float
+    p90_s: float
+    jobs: int
+    level: int
+
+    def as_dict(self) -> dict[str, float | int | str]:
+        return {
+            "p10_s": round(self.p10_s),
+            "p50_s": round(self.p50_s),
+            "p80_s": round(self.p80_s),
+            "p90_s": round(self.p90_s),
+            "jobs": self.jobs,
+            "basis": BASIS[self.level],
+            "text": self.text(),
+        }
+
+    def text(self) -> str:
+        """What the quote says: "jobs like this ran 1.6 h; 80% finished under 2.4 h"."""
+        return f"jobs like this ran {span(self.p50_s)}; 80% finished under {span(self.p80_s)}"
+
+
+BASIS = (
+    "all jobs in the market",
+    "this buyer's jobs",
+    "this buyer's jobs with this image and command",
+    "this buyer's jobs with this image and command on this many GPUs of this model",
+)
+
+
+def span(seconds: float) -> str:
+    """A duration the way a person reads it: 45 s, 12 min, 1.6 h, 2.3 d."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def key(level: int, fields: Sequence[str]) -> str:
+    """The stored key of one level: a digest of its fields (an image and command may be
+    long), 32 hex digits."""
+    text = "\x1f".join((str(level), *fields))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def workload(image: str, command: Sequence[str] | str | None) -> str:
+    """A job's workload identity: its image and its command, as one string."""
+    cmd = command if isinstance(command, str) else " ".join(command or ())
+    return f"{image.strip()} {cmd.strip()}".strip()
+
+
+class Model:
+    """Fitted stats per (level, key); ``predict`` walks LEVELS down as the module says."""
+
+    def __init__(self, stats: dict[tuple[int, str], Stat]) -> None:
+        self.stats = stats
+
+    @property
+    def jobs(self) -> int:
+        top = self.stats.get((0, key(0, ())))
+        return top.n if top else 0
+
+    def predict(
+        self, *, buyer: str, workload: str, gpus: int, model: str | None, cap_s: float | None = None
+    ) -> Prediction | None:
+        """None when the market has fewer than MIN_JOBS finished jobs; ``model`` None (not
+        known yet) stops before the narrowest key."""
+        values = {"buyer": buyer, "workload": workload, "gpus": str(gpus), "model": model or ""}
+        est: np.ndarray | None = None
+        jobs, level = 0, 0
+        for lv, names in enumerate(LEVELS):
+            if model is None and "model" in names:
+                break
+            st = self.stats.get((lv, key(lv, [values[n] for n in names])))
+            if st is None:
+                break  # a narrower key of one that has no jobs has none either
+            q = np.asarray(st.q)
+            if est is None:
+                if st.n < MIN_JOBS:
+                    return None
+                est = q
+            else:
+                w = st.n / (st.n + SHRINK_K)
+                est = w * q + (1 - w) * est
+            jobs, level = st.n, lv
+        if est is None:
+            return None
+        est = np.maximum.accumulate(
+            est
+        )  # a weighted mix of ordered quantiles stays ordered; rounding may not
+        secs = np.exp(est)
+        if cap_s is not None:
+            secs = np.minimum(secs, max(float(cap_s), MIN_RUNTIME_S))
+        p10, p50, p80, p90 = (float(s) for s in secs)
+        return Prediction(p10, p50, p80, p90, jobs, level)
+
+    def rows(self) -> list[tuple[int, str, int, tuple[float, ...]]]:
+        """(level, key, n, quantiles) per key, for storage."""
+        return [(lv, k, st.n, st.q) for (lv, k), st in sorted(self.stats.items())]
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[tuple[int, str, int, Sequence[float]]]) -> Model:
+        return cls(
+            {(int(lv), str(k)): Stat(int(n), tuple(float(x) for x in q)) for lv, k, n, q in rows}
+        )
+
+
+def fit(records: Iterable[Record]) -> Model:
+    """The stats of every key that any record has, at every level."""
+    groups: dict[tuple[int, str], list[float]] = defaultdict(list)
+    for r in records:
+        if not (r.runtime_s == r.runtime_s) or r.runtime_s < 0 or math.isinf(r.runtime_s):
+            raise ValueError(
+                f"run time {r.runtime_s!r} of a {r.gpus}-GPU job is not a finite count of seconds >= 0"
+            )
+        y = math.log(max(r.runtime_s, MIN_RUNTIME_S))
+        for lv, names in enumerate(LEVELS):
+            groups[(lv, key(lv, [r.field(n) for n in names]))].append(y)
+    stats = {}
+    for k, ys in groups.items():
+        q = np.quantile(np.asarray(ys), QUANTILES)
+        stats[k] = Stat(len(ys), tuple(float(x) for x in q))
+    return Model(stats)
+
+
+class MeanModel:
+    """The baseline a prediction must beat: the mean run time of the narrowest key with
+    jobs (the same LEVELS), no interval."""
+
+    def __init__(self, records: Iterable[Record]) -> None:
+        sums: dict[tuple[int, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+        for r in records:
+            for lv, names in enumerate(LEVELS):
+                s = sums[(lv, key(lv, [r.field(n) for n in names]))]
+                s[0] += r.runtime_s
+                s[1] += 1
+        self.means = {k: s[0] / s[1] for k, s in sums.items()}
+
+    def predict(self, *, buyer: str, workload: str, gpus: int, model: str | None) -> float | None:
+        values = {"buyer": buyer, "workload": workload, "gpus": str(gpus), "model": model or ""}
+        got = None
+        for lv, names in enumerate(LEVELS):
+            m = self.means.get((lv, key(lv, [values[n] for n in names])))
+            if m is None:
+                break
+            got = m
+        return got
+
+
+@dataclass(frozen=True)
+class Score:
+    """How a predictor did on held-out jobs: mean and median absolute percentage error of
+    its point (p50, or the baseline's mean), and how often the truth fell in p10-p90."""
+
+    jobs: int
+    mape: float
+    median_ape: float
+    coverage: float | None
+
+
+def score(model: Model | MeanModel, records: Sequence[Record]) -> Score | None:
+    """``model`` on ``records`` it was not fitted on; None when it predicts none of them
+    (a model fitted on fewer than MIN_JOBS jobs predicts nothing)."""
+    apes, inside = [], []
+    for r in records:
+        truth = max(r.runtime_s, MIN_RUNTIME_S)
+        if isinstance(model, Model):
+            p = model.predict(buyer=r.buyer, workload=r.workload, gpus=r.gpus, model=r.model)
+            if p is None:
+                continue
+            point = p.p50_s
+            inside.append(p.p10_s <= truth <= p.p90_s)
+        else:
+            m = model.predict(buyer=r.buyer, workload=r.workload, gpus=r.gpus, model=r.model)
+            if m is None:
+                continue
+            point = max(m, MIN_RUNTIME_S)
+        apes.append(abs(point - truth) / truth)
+    if not apes:
+        return None
+    a = np.asarray(apes)
+    return Score(
+        len(a), float(a.mean()), float(np.median(a)), float(np.mean(inside)) if inside else None
+    )

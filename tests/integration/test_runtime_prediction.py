@@ -1,0 +1,82 @@
+"""The runtime predictor in the market (issue 36): fitted on completed jobs, shown at quote
+time and kept on the bid placed."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from market import predictions
+from market.models import Bid, Job, RuntimeFit
+from tests.conftest import bid_body
+
+pytestmark = pytest.mark.django_db
+
+SPEC = {"image": "ghcr.io/acme/train:1", "command": ["python", "train.py"]}
+
+
+def finish(job: Job, *, seconds: int, gpus: int = 2, receipt: bool = True) -> Job:
+    end = timezone.now()
+    job.state, job.started_at, job.ended_at = "completed", end - timedelta(seconds=seconds), end
+    job.gpu_seconds = gpus * seconds if receipt else 0
+    job.save()
+    return job
+
+
+@pytest.fixture
+def history(make_job, provider_user):
+    """Six completed 2-GPU jobs of the buyer's train.py, 40-60 min each (an offer each)."""
+    return [finish(make_job(provider_user, gpus=2, duration_s=4 * 3600, job_spec=SPEC), seconds=s)
+            for s in (2400, 2700, 3000, 3000, 3300, 3600)]
+
+
+def test_a_quote_says_how_long_jobs_like_it_ran(history, buyer, client_for, provider_user, make_offer):
+    make_offer(provider_user, price=2_000_000, count=8)
+    assert predictions.runtime_fit() is not None
+    body = client_for(buyer).post("/api/v1/quote/", bid_body(gpus=2, duration_s=4 * 3600, job_spec=SPEC), format="json").json()
+    got = body["runtime"]
+    assert got is not None and got["jobs"] == 6, body
+    assert 2400 <= got["p10_s"] <= got["p50_s"] <= got["p80_s"] <= got["p90_s"] <= 3600
+    assert got["text"].startswith("jobs like this ran ") and "80% finished under" in got["text"]
+    assert got["basis"].startswith("this buyer's jobs with this image")
+
+
+def test_a_placed_bid_keeps_the_prediction_it_was_placed_with(history, buyer, client_for, make_bid):
+    predictions.runtime_fit()
+    bid = make_bid(buyer, gpus=2, duration_s=1800, job_spec=SPEC)
+    shown = client_for(buyer).get(f"/api/v1/bids/{bid.id}/").json()["runtime_prediction"]
+    assert shown is not None and shown["p90_s"] <= 1800, "a prediction never outruns the booking"
+    assert Bid.objects.get(pk=bid.pk).runtime_prediction == shown
+
+
+def test_before_enough_jobs_completed_there_is_no_prediction(buyer, client_for, provider_user, make_offer, make_job):
+    finish(make_job(provider_user, job_spec=SPEC), seconds=600)
+    predictions.runtime_fit()
+    make_offer(provider_user, price=2_000_000, count=8)
+    assert client_for(buyer).post("/api/v1/quote/", bid_body(gpus=2), format="json").json()["runtime"] is None
+
+
+def test_a_refit_with_no_new_completed_job_is_skipped(history, make_job, provider_user):
+    first = predictions.runtime_fit()
+    assert first is not None and first.jobs == 6
+    assert predictions.runtime_fit() is None
+    finish(make_job(provider_user, job_spec=SPEC), seconds=900)
+    again = predictions.runtime_fit()
+    assert again is not None and again.jobs == 7
+    for _ in range(predictions.KEEP_FITS + 1):
+        predictions.runtime_fit(force=True)
+    assert RuntimeFit.objects.count() == predictions.KEEP_FITS, "old fits are deleted with their stats"
+
+
+def test_run_time_is_the_receipts_gpu_seconds_over_the_gpus(make_job, provider_user, buyer):
+    finish(make_job(provider_user, gpus=4, job_spec=SPEC), seconds=1000, gpus=4)  # 4,000 GPU-seconds on 4 GPUs
+    nothing = finish(make_job(provider_user, gpus=2, job_spec=SPEC), seconds=500, receipt=False)
+    cont = finish(make_job(provider_user, gpus=2, job_spec=SPEC), seconds=77)
+    cont.trade.bid.resume_from = {"url": "https://x/ck", "sha256": "0" * 64, "trade": 1}
+    cont.trade.bid.save()
+    records, last = predictions.runtime_records(limit=100)
+    assert sorted(r.runtime_s for r in records) == [500.0, 1000.0], "the continuation is left out; no receipt: the wall-clock span"
+    assert last >= nothing.pk
+    assert {r.buyer for r in records} == {str(buyer.pk)} and {r.workload for r in records} == {"ghcr.io/acme/train:1 python train.py"}
