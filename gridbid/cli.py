@@ -127,6 +127,23 @@ def worker(concurrency: int, queues: str) -> None:
     app.worker_main(["worker", f"--concurrency={concurrency}", f"--queues={queues}", "--loglevel=INFO"])
 
 
+@main.command(name="runtime-refit")
+def runtime_refit() -> None:
+    """Refit the runtime predictor on the completed jobs now (beat does every RUNTIME_REFIT_S)."""
+    configure_or_exit()
+    services_or_exit()
+    # the CLI loads what a command needs when it runs, after Django is set up
+    from market import predictions
+
+    fit = predictions.runtime_fit(force=True)
+    assert fit is not None  # forced: always written
+    model = predictions.runtime_model()
+    if model is None or model.jobs < predictions.runtime.MIN_JOBS:
+        click.echo(f"refitted on {fit.jobs} completed jobs: too few to predict from (at least {predictions.runtime.MIN_JOBS})")
+    else:
+        click.echo(f"refitted on {fit.jobs} completed jobs (fit {fit.pk}): quotes now show how long jobs like theirs ran")
+
+
 @main.command()
 def beat() -> None:
     """Run the Celery beat scheduler (needs REDIS_URL; run exactly one)."""

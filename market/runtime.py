@@ -109,7 +109,7 @@ def span(seconds: float) -> str:
     """A duration the way a person reads it: 45 s, 12 min, 1.6 h, 2.3 d."""
     if seconds < 90:
         return f"{seconds:.0f} s"
-    if seconds < 5400:
+    if seconds < 3570:  # what rounds to 60 min reads as 1.0 h
         return f"{seconds / 60:.0f} min"
     if seconds < 2 * 86400:
         return f"{seconds / 3600:.1f} h"

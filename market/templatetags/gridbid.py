@@ -12,6 +12,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from contracts import hours as utc_schedule
 from market import money as m
+from market import runtime
 from market.engine import STAGES
 from providers.catalogue import cuda_text
 
@@ -133,6 +134,12 @@ def hours(seconds: int | None) -> str:
         return "—"
     h = seconds / 3600
     return f"{h:g} h" if h >= 1 else f"{seconds // 60} min"
+
+
+@register.filter
+def span(seconds: float | None) -> str:
+    """A run time as the runtime predictor words it: 45 s, 12 min, 1.6 h, 2.3 d."""
+    return "—" if seconds is None else runtime.span(float(seconds))
 
 
 @register.filter

@@ -311,7 +311,18 @@ def job_page(request: HttpRequest, job_id: int) -> HttpResponse:
                                                "continued_by": meta.get("continued_by_bid"), "resume_from": meta.get("resume_from"),
                                                "rental": _rental(request.user, job), "extend_form": ExtendForm(),
                                                "access": job_access(job), "reason": meta.get("reason"), "spec_ports": job_ports(job.trade.bid.job_spec or {}),
-                                               "preemption": job_preemption(job)})
+                                               "preemption": job_preemption(job), "runtime": _job_runtime(job)})
+
+
+def _job_runtime(job: Any) -> dict[str, Any] | None:
+    """What the runtime predictor said when the job's bid was placed and, once it completed,
+    what it ran (its receipt's GPU-seconds over its GPUs) against that."""
+    prediction = job.trade.bid.runtime_prediction
+    ran = job.gpu_seconds / max(1, job.trade.gpus) if job.state == "completed" and job.gpu_seconds else None
+    if prediction is None and ran is None:
+        return None
+    inside = prediction is not None and ran is not None and prediction["p10_s"] <= ran <= prediction["p90_s"]
+    return {"prediction": prediction, "ran_s": ran, "inside": inside}
 
 
 def _rental(user: Any, job: Any) -> dict[str, Any] | None:

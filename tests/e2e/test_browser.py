@@ -111,6 +111,43 @@ def test_buyer_signs_up_quotes_places_a_bid_and_sees_it_match_live(page, embedde
     shot(page, "orders-matched")
 
 
+def completed_jobs(env: dict[str, str]) -> int:
+    """Completed jobs in the embedded server's database, its source of truth."""
+    import contextlib
+    import sqlite3
+
+    db_path = Path(env["GRIDBID_DATA_DIR"]) / "gridbid.sqlite3"
+    with contextlib.closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=10)) as db:
+        return int(db.execute("select count(*) from market_job where state = 'completed'").fetchone()[0])
+
+
+def test_the_quote_says_how_long_jobs_like_it_ran(page, embedded):
+    # issue 36: the demo's jobs end in seconds (1,800 times real speed); once five have, an
+    # operator's refit (beat does it every RUNTIME_REFIT_S) gives quotes a prediction
+    import subprocess
+    import sys
+    import time
+
+    base, env = embedded
+    deadline, seen = time.monotonic() + 120, 0
+    while (seen := completed_jobs(env)) < 5:
+        assert time.monotonic() < deadline, f"the demo market completed {seen} jobs in 120 s, not the 5 a prediction needs"
+        time.sleep(1)
+    out = subprocess.run([sys.executable, "-m", "gridbid.cli", "runtime-refit"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "quotes now show" in out.stdout, out.stdout + out.stderr
+    sign_up(page, base, "r")
+    page.goto(base + "/bids/new/")
+    page.select_option("#id_gpu_model", "A100-SXM-80GB")
+    page.fill("#id_gpus", "1")
+    page.fill("#id_hours", "2")
+    wait_for_js(page, "document.getElementById('quote-runtime').textContent.startsWith('Run time: Jobs like this ran')")
+    text = page.inner_text("#quote-runtime")
+    jobs = int(text.rsplit("(", 1)[1].split(" completed")[0])
+    assert "80% finished under" in text and "all jobs in the market" in text, text
+    assert seen <= jobs <= completed_jobs(env), f"the quote counts {jobs} completed jobs; the database had {seen} before the refit"
+    shot(page, "quote-runtime")
+
+
 def test_a_bad_bid_shows_errors_a_person_understands(page, embedded_server):
     sign_up(page, embedded_server, "c")
     page.goto(embedded_server + "/bids/new/")

@@ -80,3 +80,23 @@ def test_run_time_is_the_receipts_gpu_seconds_over_the_gpus(make_job, provider_u
     assert sorted(r.runtime_s for r in records) == [500.0, 1000.0], "the continuation is left out; no receipt: the wall-clock span"
     assert last >= nothing.pk
     assert {r.buyer for r in records} == {str(buyer.pk)} and {r.workload for r in records} == {"ghcr.io/acme/train:1 python train.py"}
+
+
+def test_the_job_page_shows_the_prediction_and_what_the_job_ran(history, buyer, provider_user, make_job):
+    from django.test import Client
+
+    from market.jobs import job_event
+
+    predictions.runtime_fit()
+    job = make_job(provider_user, gpus=2, duration_s=4 * 3600, job_spec=SPEC)
+    bid = job.trade.bid
+    bid.runtime_prediction = predictions.runtime_predict(buyer_id=buyer.pk, job_spec=SPEC, gpus=2, gpu_models=["H100-SXM-80GB"], duration_s=4 * 3600)
+    bid.save()
+    c = Client()
+    c.force_login(buyer)
+    page = c.get(f"/jobs/{job.pk}/").content.decode()
+    assert "Predicted when the bid was placed: jobs like this ran " in page and "This one ran" not in page
+    job_event(user=provider_user, job_id=job.pk, event="started")
+    job_event(user=provider_user, job_id=job.pk, event="completed", exit_code=0, gpu_seconds=2 * 2880)
+    page = c.get(f"/jobs/{job.pk}/").content.decode()
+    assert "This one ran <b>48 min</b>, inside the predicted 80% range" in page

@@ -119,5 +119,5 @@ def test_the_interval_covers_about_four_in_five_held_out_jobs() -> None:
 
 
 def test_durations_read_as_a_person_says_them() -> None:
-    assert [span(s) for s in (45, 720, 5760, 3 * 86400)] == ["45 s", "12 min", "1.6 h", "3.0 d"]
+    assert [span(s) for s in (45, 720, 3590, 5760, 3 * 86400)] == ["45 s", "12 min", "1.0 h", "1.6 h", "3.0 d"]
     assert workload(" img ", ["python", "t.py"]) == "img python t.py"
