@@ -346,6 +346,12 @@ def simulate(trace_name: str, pods: Path | None, nodes: Path | None, days: float
             click.echo(f"{name:<20}{q['requests']:>10,}{show(q['queue_p95_s'], ',.1f'):>13}{show(q['queue_p99_s'], ',.1f'):>8}"
                        f"{q['waited_share']:>8.2%}{show(f['lent_gpu_hours_at_slo'], ',.0f'):>12}{show(f['preemptions_at_slo'], ','):>11}"
                        f"{show(None if f['work_lost_gpu_s_at_slo'] is None else f['work_lost_gpu_s_at_slo'] / 3600, ',.1f'):>12}")
+    pred = summary["runtime_prediction"]
+    if pred["model"] is not None:
+        m, b = pred["model"], pred["baseline_key_mean"]
+        click.echo(f"\nruntime prediction, {pred['jobs']:,} pods scored chronologically (refit every {pred['refit_s'] / 3600:g} h): "
+                   f"MAPE {m['mape']:.0%} (baseline, the key's mean: {b['mape']:.0%}), median APE {m['median_ape']:.0%} "
+                   f"({b['median_ape']:.0%}), {m['coverage_p10_p90']:.0%} ran inside the predicted 80% interval")
     drawn = len(report.CHARTS) + (summary["inference_service"] is not None)
     click.echo(f"wrote {path} (and summary.json and {drawn} charts beside it)")
 

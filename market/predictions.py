@@ -14,7 +14,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import IntegerField, OuterRef, Subquery, Sum
+from django.db.models import F, IntegerField, OuterRef, Subquery, Sum
 from django.db.models.functions import Coalesce
 
 from market import runtime
@@ -41,7 +41,7 @@ def runtime_records(*, limit: int) -> tuple[list[runtime.Record], int]:
             trade__bid__resume_from__isnull=True,
         )
         .annotate(ext_gpu_s=Coalesce(Subquery(ext, output_field=IntegerField()), 0))
-        .order_by("-id")
+        .order_by(F("ended_at").desc(nulls_last=True), "-id")
         .values_list(
             "id",
             "gpu_seconds",
@@ -73,6 +73,7 @@ def runtime_records(*, limit: int) -> tuple[list[runtime.Record], int]:
                 runtime_s=seconds,
             )
         )
+    records.reverse()  # oldest first: the order runtime.fit calibrates by
     return records, last
 
 

@@ -45,6 +45,9 @@ LEVELS: tuple[tuple[str, ...], ...] = (
 SHRINK_K = 4.0
 MIN_JOBS = 5  # fewer finished jobs in the whole market: no prediction at all
 MIN_RUNTIME_S = 1.0  # a run time shorter than this counts as this (log of zero)
+CALIBRATE_SHARE = 0.2  # the newest jobs held out to calibrate the quantiles (``fit``)
+CALIBRATE_MIN = 100  # fewer jobs in all: no calibration
+CALIBRATION_LEVEL = len(LEVELS)  # the stored row that holds the calibration shift
 
 
 @dataclass(frozen=True)
@@ -130,21 +133,20 @@ def workload(image: str, command: Sequence[str] | str | None) -> str:
 
 
 class Model:
-    """Fitted stats per (level, key); ``predict`` walks LEVELS down as the module says."""
+    """Fitted stats per (level, key), and the calibration ``shift`` (log seconds per quantile);
+    ``predict`` walks LEVELS down as the module says."""
 
-    def __init__(self, stats: dict[tuple[int, str], Stat]) -> None:
+    def __init__(self, stats: dict[tuple[int, str], Stat], shift: tuple[float, ...] = (0.0,) * len(QUANTILES)) -> None:
         self.stats = stats
+        self.shift = shift
 
     @property
     def jobs(self) -> int:
         top = self.stats.get((0, key(0, ())))
         return top.n if top else 0
 
-    def predict(
-        self, *, buyer: str, workload: str, gpus: int, model: str | None, cap_s: float | None = None
-    ) -> Prediction | None:
-        """None when the market has fewer than MIN_JOBS finished jobs; ``model`` None (not
-        known yet) stops before the narrowest key."""
+    def log_quantiles(self, *, buyer: str, workload: str, gpus: int, model: str | None) -> tuple[np.ndarray, int, int] | None:
+        """The shrunk log quantiles before calibration, and the jobs and level they came from."""
         values = {"buyer": buyer, "workload": workload, "gpus": str(gpus), "model": model or ""}
         est: np.ndarray | None = None
         jobs, level = 0, 0
@@ -163,36 +165,70 @@ class Model:
                 w = st.n / (st.n + SHRINK_K)
                 est = w * q + (1 - w) * est
             jobs, level = st.n, lv
-        if est is None:
+        return None if est is None else (est, jobs, level)
+
+    def predict(self, *, buyer: str, workload: str, gpus: int, model: str | None, cap_s: float | None = None) -> Prediction | None:
+        """None when the market has fewer than MIN_JOBS finished jobs; ``model`` None (not
+        known yet) stops before the narrowest key."""
+        got = self.log_quantiles(buyer=buyer, workload=workload, gpus=gpus, model=model)
+        if got is None:
             return None
-        est = np.maximum.accumulate(
-            est
-        )  # a weighted mix of ordered quantiles stays ordered; rounding may not
-        secs = np.exp(est)
+        est, jobs, level = got
+        # shifted by different amounts, quantiles may cross; kept in order, they stay quantiles
+        secs = np.exp(np.maximum.accumulate(est + np.asarray(self.shift)))
         if cap_s is not None:
             secs = np.minimum(secs, max(float(cap_s), MIN_RUNTIME_S))
         p10, p50, p80, p90 = (float(s) for s in secs)
         return Prediction(p10, p50, p80, p90, jobs, level)
 
     def rows(self) -> list[tuple[int, str, int, tuple[float, ...]]]:
-        """(level, key, n, quantiles) per key, for storage."""
-        return [(lv, k, st.n, st.q) for (lv, k), st in sorted(self.stats.items())]
+        """(level, key, n, quantiles) per key, for storage; the calibration shift is one more
+        row, at level CALIBRATION_LEVEL."""
+        out = [(lv, k, st.n, st.q) for (lv, k), st in sorted(self.stats.items())]
+        return [*out, (CALIBRATION_LEVEL, "calibration", 0, self.shift)]
 
     @classmethod
     def from_rows(cls, rows: Iterable[tuple[int, str, int, Sequence[float]]]) -> Model:
-        return cls(
-            {(int(lv), str(k)): Stat(int(n), tuple(float(x) for x in q)) for lv, k, n, q in rows}
-        )
+        stats, shift = {}, (0.0,) * len(QUANTILES)
+        for lv, k, n, q in rows:
+            if int(lv) == CALIBRATION_LEVEL:
+                shift = tuple(float(x) for x in q)
+            else:
+                stats[(int(lv), str(k))] = Stat(int(n), tuple(float(x) for x in q))
+        return cls(stats, shift)
 
 
 def fit(records: Iterable[Record]) -> Model:
-    """The stats of every key that any record has, at every level."""
+    """The stats of every key that any record has, at every level, calibrated.
+
+    ``records`` come in the order the jobs finished, oldest first. The newest
+    CALIBRATE_SHARE are predicted by a model fitted on the rest, and each quantile is
+    shifted (in log seconds) so that its share of those jobs ended below it: p90 then holds
+    about 90% of new jobs, however narrow the keys' own spreads were (quantiles of a few
+    jobs each, shrunk, under-cover: 69% of the trace's jobs fell in an uncalibrated
+    p10-p90). With fewer than CALIBRATE_MIN jobs, no shift."""
+    recs = list(records)
+    model = _fit(recs)
+    if len(recs) < CALIBRATE_MIN:
+        return model
+    hold = int(len(recs) * CALIBRATE_SHARE)
+    early = _fit(recs[: len(recs) - hold])
+    diffs = []
+    for r in recs[len(recs) - hold :]:
+        got = early.log_quantiles(buyer=r.buyer, workload=r.workload, gpus=r.gpus, model=r.model)
+        if got is not None:
+            diffs.append(math.log(max(r.runtime_s, MIN_RUNTIME_S)) - got[0])
+    if diffs:
+        d = np.asarray(diffs)
+        model.shift = tuple(float(np.quantile(d[:, i], q)) for i, q in enumerate(QUANTILES))
+    return model
+
+
+def _fit(recs: Sequence[Record]) -> Model:
     groups: dict[tuple[int, str], list[float]] = defaultdict(list)
-    for r in records:
+    for r in recs:
         if not (r.runtime_s == r.runtime_s) or r.runtime_s < 0 or math.isinf(r.runtime_s):
-            raise ValueError(
-                f"run time {r.runtime_s!r} of a {r.gpus}-GPU job is not a finite count of seconds >= 0"
-            )
+            raise ValueError(f"run time {r.runtime_s!r} of a {r.gpus}-GPU job is not a finite count of seconds >= 0")
         y = math.log(max(r.runtime_s, MIN_RUNTIME_S))
         for lv, names in enumerate(LEVELS):
             groups[(lv, key(lv, [r.field(n) for n in names]))].append(y)
@@ -238,9 +274,10 @@ class Score:
     coverage: float | None
 
 
-def score(model: Model | MeanModel, records: Sequence[Record]) -> Score | None:
-    """``model`` on ``records`` it was not fitted on; None when it predicts none of them
-    (a model fitted on fewer than MIN_JOBS jobs predicts nothing)."""
+def errors(model: Model | MeanModel, records: Sequence[Record]) -> tuple[np.ndarray, np.ndarray]:
+    """Per record ``model`` predicts: the absolute percentage error of its point (p50, or the
+    baseline's mean), and whether the truth fell in p10-p90 (a MeanModel has no interval:
+    an empty array). A model fitted on fewer than MIN_JOBS jobs predicts none."""
     apes, inside = [], []
     for r in records:
         truth = max(r.runtime_s, MIN_RUNTIME_S)
@@ -256,9 +293,15 @@ def score(model: Model | MeanModel, records: Sequence[Record]) -> Score | None:
                 continue
             point = max(m, MIN_RUNTIME_S)
         apes.append(abs(point - truth) / truth)
-    if not apes:
+    return np.asarray(apes, dtype=np.float64), np.asarray(inside, dtype=np.bool_)
+
+
+def score(model: Model | MeanModel, records: Sequence[Record]) -> Score | None:
+    """``model`` on ``records`` it was not fitted on (``errors``); None when it predicts none."""
+    return summarise(*errors(model, records))
+
+
+def summarise(apes: np.ndarray, inside: np.ndarray) -> Score | None:
+    if not len(apes):
         return None
-    a = np.asarray(apes)
-    return Score(
-        len(a), float(a.mean()), float(np.median(a)), float(np.mean(inside)) if inside else None
-    )
+    return Score(len(apes), float(apes.mean()), float(np.median(apes)), float(inside.mean()) if len(inside) else None)

@@ -102,7 +102,6 @@ def figures(res: PolicyResult, pods: Sequence[Pod], nodes: Sequence[Node], windo
         "jain": _r(jain(team_slowdown)),
         "worst_team_slowdown": _r(max(team_slowdown) if team_slowdown else None),
         "stranded_gpu_fraction": _r(o.stranded_gpu_s / (capacity * window_s)),
-        "prediction_mape": None,
         "inference": None if res.inference is None else {
             "requests": res.inference.requests,
             "queue_mean_s": _r(res.inference.queue_mean_s, 3),

@@ -13,6 +13,7 @@ from typing import Any
 
 from .metrics import figures, work_gpu_s
 from .policies import DEFAULT_POLICIES, POLICIES, PolicyResult, Progress, Simulation, _quiet
+from .prediction import evaluate as prediction_evaluate
 from .tides import Options
 from .trace import Trace, load_inside, offered_load
 
@@ -85,6 +86,8 @@ def summary(trace: Trace, results: dict[str, PolicyResult], seed: int, sim: Simu
         },
         "policies": out,
         "inference_service": service,
+        # the market's runtime predictor on the trace, chronologically (policy-free: prediction.py)
+        "runtime_prediction": prediction_evaluate(trace.pods, trace.window_s).as_dict(),
     }
 
 
@@ -248,8 +251,30 @@ on {c['nodes']:,} nodes with {c['gpus']:,} GPUs, {c['teams']} teams, seed {c['se
 <p class="note">The SLO: every pod that fits the cluster starts, with the 95th percentile of queueing delay at most 10 minutes.
 "Utilisation at the SLO" is the utilisation of the smallest cluster on which each policy meets it: what a fleet costs.
 Every figure is defined in docs/simulate.md; the numbers are those of summary.json beside this file.</p>
-<table><tr><th></th>{head}</tr>{rows}</table>{imgs}</body></html>
+<table><tr><th></th>{head}</tr>{rows}</table>{_prediction_html(summary.get("runtime_prediction"))}{imgs}</body></html>
 """
+
+
+def _prediction_html(pred: dict[str, Any] | None) -> str:
+    """The runtime predictor's error and coverage beside the baseline's, as a small table."""
+    from html import escape
+
+    if not pred or not pred.get("model"):
+        return "<p class=\"note\">Runtime prediction: too few pods finished before the window's later pods to score it.</p>"
+
+    def cells(b: dict[str, Any] | None) -> str:
+        if b is None:
+            return "<td>–</td>" * 3
+        cov = "–" if b["coverage_p10_p90"] is None else f"{b['coverage_p10_p90']:.1%}"
+        return f"<td>{b['mape']:.1%}</td><td>{b['median_ape']:.1%}</td><td>{cov}</td>"
+
+    return (f"<h2>Runtime prediction</h2><p class=\"note\">The market's predictor (market/runtime.py) refitted every "
+            f"{pred['refit_s'] / 3600:g} h on the pods finished by then, scored on the {pred['jobs']:,} pods that arrived before "
+            f"its next refit (after a {pred['warmup_s'] / 3600:g} h warm-up): keys {escape(' / '.join(pred['keys']))}. "
+            "The point is p50 (the baseline's: the key's mean); coverage is how many ran inside p10-p90 (80% nominal).</p>"
+            "<table><tr><th></th><th>MAPE</th><th>median APE</th><th>in p10-p90</th></tr>"
+            f"<tr><th>quantiles per key, shrunk and calibrated</th>{cells(pred['model'])}</tr>"
+            f"<tr><th>baseline: the key's mean</th>{cells(pred['baseline_key_mean'])}</tr></table>")
 
 
 def write_report(trace: Trace, results: dict[str, PolicyResult], summary: dict[str, Any], out: Path) -> Path:

@@ -217,6 +217,7 @@ class Pod:
     qos: str
     team: int  # 0 .. teams-1
     scheduled_in_trace: bool
+    cpu_milli: int = 0  # CPU it asked for, thousandths of a core (a workload's shape, for runtime prediction)
 
 
 @dataclass(frozen=True, slots=True)
@@ -631,6 +632,7 @@ def load(
             qos=r.qos,
             team=team_of(r, teams, seed),
             scheduled_in_trace=r.scheduled is not None,
+            cpu_milli=r.cpu_milli,
         )
         for r in chosen
     ]

@@ -14,6 +14,7 @@ from market.runtime import (
     MeanModel,
     Model,
     Record,
+    _fit,
     fit,
     score,
     span,
@@ -121,3 +122,21 @@ def test_the_interval_covers_about_four_in_five_held_out_jobs() -> None:
 def test_durations_read_as_a_person_says_them() -> None:
     assert [span(s) for s in (45, 720, 3590, 5760, 3 * 86400)] == ["45 s", "12 min", "1.0 h", "1.6 h", "3.0 d"]
     assert workload(" img ", ["python", "t.py"]) == "img python t.py"
+
+
+def test_calibration_widens_intervals_that_held_too_few_of_the_newest_jobs() -> None:
+    # each buyer's early runs took 1,000 s to the second; its newer ones spread by a factor of e
+    rng = np.random.default_rng(5)
+
+    def runs(sigma: float, n: int) -> list[Record]:
+        return [rec(buyer=f"b{b}", runtime=float(1000 * np.exp(rng.normal(0, sigma)))) for _ in range(n) for b in range(50)]
+
+    history = runs(0.01, 8) + runs(1.0, 2)  # oldest first: the newest fifth has spread
+    later = runs(1.0, 4)
+    calibrated = score(fit(history), later)
+    raw = score(_fit(history), later)
+    assert raw is not None and calibrated is not None and raw.coverage is not None and calibrated.coverage is not None
+    assert raw.coverage < 0.4 and calibrated.coverage > 0.65, (raw, calibrated)
+    model = fit(history)
+    assert model.shift[3] > 0.5 > -0.5 > model.shift[0], "p90 moves up and p10 down, in log seconds"
+    assert Model.from_rows(model.rows()).shift == model.shift

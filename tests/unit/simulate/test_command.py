@@ -35,6 +35,10 @@ def test_a_day_of_the_shipped_trace_writes_its_summary(tmp_path: Path) -> None:
     assert 0 < gb["cost_per_gpu_hour"] < 6
     assert gb["capacity_at_slo_gpus"] <= pol["static"]["capacity_at_slo_gpus"]
     assert "gridbid" in done.stdout and "wrote" in done.stdout
+    # issue 36: the runtime predictor scored on the day's later pods, beside its baseline
+    pred = summary["runtime_prediction"]
+    assert pred["jobs"] > 0 and 0 < pred["model"]["coverage_p10_p90"] <= 1 and pred["baseline_key_mean"]["mape"] > 0
+    assert "runtime prediction" in done.stdout and "Runtime prediction" in (tmp_path / "r" / "report.html").read_text()
     page = (tmp_path / "r" / "report.html").read_text()
     assert page.count("data:image/png;base64,") == len(report.CHARTS)  # self-contained
     assert "utilisation at the SLO" in page and "gridbid" in page
