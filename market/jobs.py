@@ -324,6 +324,28 @@ def offers_reclaim_due(*, now: datetime | None = None) -> dict[str, list[int]]:
     return out
 
 
+def backfills_due(*, now: datetime | None = None) -> list[int]:
+    """Backfilled jobs (issue 36) still running when their offer's window closed, run before
+    each round: each is told to checkpoint and stop, as a preempted spot job is, and the rest
+    of it goes back to the book from its checkpoint. Returns the jobs told."""
+    now = now or timezone.now()
+    told = []
+    due = Job.objects.filter(trade__backfill_until__lte=now, state__in=ACTIVE_JOB_STATES).select_related("trade").order_by("id")
+    for job in due:
+        if (job.checkpoint or {}).get("preempt_requested"):
+            continue
+        with transaction.atomic():
+            until = job.trade.backfill_until
+            assert until is not None
+            job_preempt_request(job=job, by={"backfill": True}, reason=(
+                f"backfilled on its predicted run time before the offer's window closed at {until.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC, "
+                "and still running then: these GPUs are taken from then on"))
+        told.append(job.pk)
+    if told:
+        log.info("backfilled jobs past their offer's window, told to stop: %s", told)
+    return told
+
+
 def round_preempt(*, round_number: int, preemptions: tuple[Any, ...]) -> list[int]:
     """The spot jobs a round preempts for the higher-class bids that waited (the engine's
     ``RoundResult.preemptions``): each is told to checkpoint and stop within its grace

@@ -271,6 +271,9 @@ class Trade(models.Model):
     amount = models.BigIntegerField(help_text="price x GPUs x hours, what the buyer's escrow locks")
     state = models.CharField(max_length=16, choices=TradeState.choices, default=TradeState.PENDING)
     reason = models.TextField(blank=True, default="")
+    # backfilled (issue 36): its offer's window closes then, before the time bought; a job
+    # still running then is preempted (market.jobs.backfills_due)
+    backfill_until = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

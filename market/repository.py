@@ -59,7 +59,14 @@ def bid_to_domain(bid: Bid) -> engine.Bid:
         min_ram_gib=bid.min_ram_gib,
         min_disk_gb=bid.min_disk_gb,
         min_net_down_mbps=bid.min_net_down_mbps,
+        runtime_p90_s=_p90(bid.runtime_prediction),
     )
+
+
+def _p90(prediction: Any) -> int | None:
+    """The p90 run time a bid was placed with (market.predictions), None without one."""
+    p90 = prediction.get("p90_s") if isinstance(prediction, dict) else None
+    return int(p90) if isinstance(p90, int | float) and p90 >= 1 else None
 
 
 def offer_to_domain(offer: Offer) -> engine.Offer:

@@ -221,6 +221,7 @@ def round_clear(*, now: datetime | None = None, slot: int | None = None) -> Auct
 def _round_clear_locked(*, now: datetime, slot: int | None) -> AuctionRound | None:
     rounds_recover()
     jobs_.offers_reclaim_due(now=now)  # lent offers in their reclaim hours are out of the book it reads
+    jobs_.backfills_due(now=now)  # backfilled jobs still running when their offer's window closed
     expired = bids_expire(now=now)  # out of the book before the round reads it
     if not Bid.objects.filter(state=BidState.OPEN).exists():
         return None
@@ -278,6 +279,8 @@ def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundRes
                     round=rnd, bid=bid, offer=offer, buyer_id=bid.buyer_id, provider=providers[p.provider_id],
                     gpu_model_id=p.gpu_model, region_id=p.region, price=p.price, gpus=p.gpus,
                     duration_s=p.duration_s, amount=p.amount, reason=p.reason,
+                    # the offer's own end (the engine counts whole seconds)
+                    backfill_until=None if p.backfill_until is None else offer.available_until,
                 )
             )
         bid.state = BidState.MATCHED

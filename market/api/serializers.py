@@ -559,7 +559,7 @@ class TradeSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Trade
-        fields = ["id", "round", "extends", "bid", "offer", "buyer", "provider", "gpu_model", "region", "price", "gpus", "duration_s", "amount", "state", "reason", "created_at"]
+        fields = ["id", "round", "extends", "bid", "offer", "buyer", "provider", "gpu_model", "region", "price", "gpus", "duration_s", "amount", "state", "reason", "backfill_until", "created_at"]
 
 
 class JobSerializer(serializers.ModelSerializer):

@@ -160,6 +160,13 @@ def _clear(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
                 reason += f"; pays the {off.gpu_model} {off.region} {what} {money(price)}"
             else:
                 reason += f"; pays the ask {money(price)}"
+            until = int(mkt.o_until[o])
+            backfill = until < mkt.now + bid.duration_s  # only a spot bid's p90 lets a pair past its window
+            if backfill:
+                assert bid.runtime_p90_s is not None
+                reason += (f"; backfilled: the offer's window closes in {(until - mkt.now) / 3600:.1f} h, before the "
+                           f"{bid.duration_s / 3600:.1f} h bought, and 9 in 10 jobs like this finished within "
+                           f"{bid.runtime_p90_s / 3600:.1f} h; still running then, it is preempted (checkpoint first)")
             trades.append(
                 Trade(
                     bid_id=bid.id,
@@ -175,6 +182,7 @@ def _clear(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
                     amount=price * g * bid.duration_s // 3600,
                     reason=reason,
                     score=s * unit,
+                    backfill_until=until if backfill else None,
                 )
             )
 

@@ -119,7 +119,8 @@ class Explainer:
         # maximum and what is left of its window (none before it opens)
         longest = np.where(mkt.o_from[offs] <= mkt.now,
                            np.minimum(mkt.o_max_dur[offs], mkt.o_until[offs] - mkt.now), -1)
-        f_time = (dur < mkt.o_min_dur[offs][None, :]) | (dur > longest[None, :])
+        span = mkt.b_span[bs][:, None]  # a backfilled spot bid's window need is its p90
+        f_time = (dur < mkt.o_min_dur[offs][None, :]) | (dur > mkt.o_max_dur[offs][None, :]) | (span > longest[None, :])
         resv = mkt.o_resv[offs]
         lent = mkt.o_spotonly[offs]
         by_class = np.stack([lent, resv | lent, resv | ~mkt.o_spot[offs]])

@@ -153,6 +153,9 @@ class Market:
     b_gpus: I64
     b_maxp: I64
     b_dur: I64
+    # what must fit before an offer's window closes: the duration, or for a spot bid with a
+    # runtime prediction the shorter p90 (backfill, issue 36)
+    b_span: I64
     b_hours: F64  # the job's hours over ``score_unit``: what a score multiplies
     b_klass: I64
     b_minrel: F64
@@ -199,7 +202,7 @@ class Market:
             and self.o_rel[o] >= self.b_minrel[b]
             and self.o_min_dur[o] <= dur <= self.o_max_dur[o]
             and self.o_from[o] <= self.now
-            and self.o_until[o] >= self.now + dur
+            and self.o_until[o] >= self.now + int(self.b_span[b])
             and (not self.o_resv[o] or k == 0)
             and (not self.o_spotonly[o] or k == 2)
             and (k != 2 or self.o_spot[o])
@@ -309,6 +312,7 @@ def build_market(inp: RoundInput) -> Market:
         b_gpus=b_gpus,
         b_maxp=ia([b.max_price for b in bids]),
         b_dur=b_dur,
+        b_span=ia([min(b.duration_s, b.runtime_p90_s) if b.klass == "spot" and b.runtime_p90_s else b.duration_s for b in bids]),
         b_hours=b_dur.astype(np.float64) / 3600.0 / unit,
         b_klass=ia([CLASSES.index(b.klass) for b in bids]),
         b_minrel=np.asarray([b.min_reliability for b in bids], dtype=np.float64).reshape(-1),
@@ -404,7 +408,7 @@ def pair_values(mkt: Market, bids: I64, offs: I64) -> tuple[F64, BoolA]:
     ok = ask <= mkt.b_maxp[bc]
     ok &= mkt.o_rel[offs][None, :] >= mkt.b_minrel[bc]
     ok &= (mkt.o_min_dur[offs][None, :] <= dur) & (dur <= mkt.o_max_dur[offs][None, :])
-    ok &= mkt.o_until[offs][None, :] >= mkt.now + dur
+    ok &= mkt.o_until[offs][None, :] >= mkt.now + mkt.b_span[bc]
     klass = mkt.b_klass[bc]
     ok &= ~mkt.o_resv[offs][None, :] | (klass == 0)
     ok &= ~mkt.o_spotonly[offs][None, :] | (klass == 2)

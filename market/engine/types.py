@@ -165,6 +165,11 @@ class Bid:
     min_ram_gib: int = 0
     min_disk_gb: int = 0
     min_net_down_mbps: int = 0
+    # issue 36, backfill: the run time its job finishes within 9 times in 10 (the market's
+    # runtime predictor), or None. A spot bid with one may take an offer whose window closes
+    # before its duration is up but after this (``Market.b_span``); past the window its
+    # job is preempted, checkpoint first, like any spot job.
+    runtime_p90_s: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +251,9 @@ class Trade:
     amount: int
     reason: str
     score: int = 0
+    # backfilled (issue 36): the offer's window closes then, before the duration bought is
+    # up; the job is preempted at that time if it is still running. None: it fits the window
+    backfill_until: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

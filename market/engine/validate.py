@@ -294,6 +294,7 @@ def _bid_ok(b: Bid, models: set[str], regions: set[str]) -> bool:
         and _i(b.min_ram_gib, 0, MAX_HOST)
         and _i(b.min_disk_gb, 0, MAX_HOST)
         and _i(b.min_net_down_mbps, 0, MAX_HOST)
+        and (b.runtime_p90_s is None or _i(b.runtime_p90_s, 1, MAX_DURATION_S))
         and _f(b.min_reliability, 0.0, 1.0)
         and type(w) is Weights
         and _f(w.latency_per_ms, 0.0, MAX_WEIGHT)
@@ -383,6 +384,8 @@ def _bid(p: str, b: Bid, models: set[str], regions: set[str]) -> None:
         _int(f"{p}.min_{name}", getattr(b, f"min_{name}"), 0, MAX_HOST)
     _weights(f"{p}.weights", b.weights)
     _int(f"{p}.created_at", b.created_at, 0, 2**62)
+    if b.runtime_p90_s is not None:
+        _int(f"{p}.runtime_p90_s", b.runtime_p90_s, 1, MAX_DURATION_S)
 
 
 def _running(p: str, j: RunningJob) -> None:

@@ -100,3 +100,29 @@ def test_the_job_page_shows_the_prediction_and_what_the_job_ran(history, buyer, 
     job_event(user=provider_user, job_id=job.pk, event="completed", exit_code=0, gpu_seconds=2 * 2880)
     page = c.get(f"/jobs/{job.pk}/").content.decode()
     assert "This one ran <b>48 min</b>, inside the predicted 80% range" in page
+
+
+def test_a_round_backfills_a_short_spot_job_before_the_window_closes_and_preempts_it_there(history, buyer, provider_user, make_offer, make_bid):
+    from market import jobs
+    from market.models import Offer, Trade
+    from market.rounds import round_clear
+
+    predictions.runtime_fit()
+    now = timezone.now()
+    gap = make_offer(provider_user, count=4, available_until=now + timedelta(hours=2))  # its owner takes it back in 2 h
+    Offer.objects.exclude(pk=gap.pk).update(state="withdrawn")  # the history's offers: nothing else to match
+    short = make_bid(buyer, gpus=2, duration_s=6 * 3600, klass="spot", job_spec=SPEC)  # booked 6 h; jobs like it ran < 1 h
+    assert short.runtime_prediction["p90_s"] < 2 * 3600
+    unknown = make_bid(buyer, gpus=2, duration_s=6 * 3600, klass="spot", job_spec={"image": "ghcr.io/acme/other:2"})
+    unknown.runtime_prediction = None  # nothing known of it: its booking must fit the window whole
+    unknown.save()
+    round_clear(now=now)
+    trade = Trade.objects.get(bid=short)
+    assert trade.backfill_until == gap.available_until and "backfilled" in trade.reason
+    assert not Trade.objects.filter(bid=unknown).exists()
+    assert jobs.backfills_due(now=now + timedelta(hours=1)) == [], "inside the window it runs on"
+    told = jobs.backfills_due(now=gap.available_until)
+    job = Job.objects.get(trade=trade)
+    assert told == [job.pk] and job.checkpoint["preempt_requested"] and job.checkpoint["backfill"]
+    assert "before the offer's window closed" in job.checkpoint["preempt_reason"]
+    assert jobs.backfills_due(now=gap.available_until + timedelta(minutes=1)) == [], "told once"
