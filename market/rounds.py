@@ -31,7 +31,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
-from market import bookings, engine, funding, predictions, repository, states
+from market import bookings, engine, estimates, funding, predictions, repository, states
 from market import jobs as jobs_
 from market.engine import serialize
 from market.errors import Conflict, NotFound
@@ -304,9 +304,13 @@ def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundRes
     Bid.objects.bulk_update(matched, ["state", "explanation"])
     unmatched = {u.bid_id: u for u in result.unmatched}
     stale = list(Bid.objects.filter(pk__in=list(unmatched), state=BidState.OPEN))
+    starts = estimates.starts_estimate(stale, now=now)
     for b in stale:
         u = unmatched[b.pk]
         b.explanation = {"round": rnd.number, "matched": False, "reasons": list(u.reasons), "nearest": u.nearest}
+        if b.pk in starts:  # when the GPUs it waits for are likely to free up (issue 36)
+            b.explanation["reasons"].append(starts[b.pk].text(now))
+            b.explanation["estimated_start"] = starts[b.pk].at.isoformat()
     Bid.objects.bulk_update(stale, ["explanation"])
     result_dict = serialize.result_to_dict(result)
     inputs = serialize.input_to_dict(inp)
@@ -407,5 +411,8 @@ def bid_quote(*, user_id: int, data: dict[str, Any], now: datetime | None = None
         # an offer would take it; it matches only with the money behind it
         return Quote(not short, trades, sum(t.amount for t in mine), short, None, **money, runtime=runtime)
     why = next((u for u in result.unmatched if u.bid_id == QUOTE_BID_ID), None)
-    return Quote(False, [], 0, short + (list(why.reasons) if why else ["No offer could take this bid."]), why.nearest if why else None, **money,
-                 runtime=runtime)
+    reasons = short + (list(why.reasons) if why else ["No offer could take this bid."])
+    start = estimates.starts_estimate([hypothetical], now=now).get(0)
+    if start is not None:
+        reasons.append(start.text(now))
+    return Quote(False, [], 0, reasons, why.nearest if why else None, **money, runtime=runtime)

@@ -3,7 +3,7 @@ time and kept on the bid placed."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.utils import timezone
@@ -126,3 +126,31 @@ def test_a_round_backfills_a_short_spot_job_before_the_window_closes_and_preempt
     assert told == [job.pk] and job.checkpoint["preempt_requested"] and job.checkpoint["backfill"]
     assert "before the offer's window closed" in job.checkpoint["preempt_reason"]
     assert jobs.backfills_due(now=gap.available_until + timedelta(minutes=1)) == [], "told once"
+
+
+def test_a_waiting_bid_is_told_when_the_gpus_it_needs_are_likely_to_free_up(buyer, client_for, provider_user, make_offer, make_job, make_bid):
+    from market.models import Offer
+    from market.rounds import round_clear
+
+    now = timezone.now()
+    full = make_offer(provider_user, count=4)
+    for _ in range(2):  # both halves held by jobs 10 min in, that jobs like them finish in 40 min (median)
+        job = make_job(provider_user, offer=full, gpus=2, duration_s=4 * 3600)
+        job.started_at = now - timedelta(minutes=10)
+        job.state = "running"
+        job.save()
+        job.trade.bid.runtime_prediction = {"p10_s": 1200, "p50_s": 2400, "p80_s": 3000, "p90_s": 3300, "jobs": 9, "basis": "b", "text": "t"}
+        job.trade.bid.save()
+    Offer.objects.exclude(pk=full.pk).update(state="withdrawn")
+    waiting = make_bid(buyer, gpus=4, duration_s=3600)
+    cheap = make_bid(buyer, gpus=4, duration_s=3600, max_price=1_000_000)  # below the ask: no offer will take it
+    round_clear(now=now)
+    waiting.refresh_from_db()
+    cheap.refresh_from_db()
+    said = waiting.explanation["reasons"][-1]
+    assert said.startswith("likely to start in about 30 min") and "when 4 × H100-SXM-80GB in us-east free up" in said, waiting.explanation
+    at = datetime.fromisoformat(waiting.explanation["estimated_start"])
+    assert abs((at - (now + timedelta(minutes=30))).total_seconds()) < 2
+    assert "estimated_start" not in cheap.explanation
+    quoted = client_for(buyer).post("/api/v1/quote/", bid_body(gpus=4, duration_s=3600), format="json").json()
+    assert not quoted["would_match"] and any(r.startswith("likely to start in about") for r in quoted["reasons"]), quoted
