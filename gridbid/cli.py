@@ -255,7 +255,8 @@ def chain_deploy() -> None:
               help="Compress arrival times so the offered load averages this (0-1], durations kept.")
 @click.option("--policies", default=None,
               help="Comma-separated policies to compare on the same jobs (static, static-sized, fifo, best-fit, gridbid, "
-                   "gridbid-no-preempt). Default: all, gridbid-no-preempt only with --inference-share.")
+                   "gridbid-no-preempt, gridbid-no-predict). Default: all, gridbid-no-preempt and gridbid-no-predict only with "
+                   "--inference-share.")
 @click.option("--inference-share", type=click.FloatRange(0, 0.9), default=0.0, show_default=True,
               help="A tidal inference service (the alibaba-genai-2026 requests) owns this share of the GPUs; "
                    "gridbid lends what it does not need to spot pods and preempts them when the tide rises.")

@@ -17,17 +17,30 @@ Orders, the way the server maps its rows (``market/repository.py``):
   node's usual ask, since its owner would otherwise leave those GPUs dark. Its ask is the catalogue's rate for the
   model times a seeded spread, uniform in [0.8, 1.2] per node (``ask_spread``).
 * **Bids**: one per waiting pod, same machine, for its GPUs and its models (any, where the
-  trace gives none), for its runtime (whole seconds, at least 1); the buyer is the pod's
-  team. Its class follows its QoS: ``Guaranteed`` reserved, ``BE`` (best effort) spot, the
+  trace gives none), booked for the runtime it still has rounded up to whole hours (the
+  trace holds no requested durations; buyers book in hours, as the bid form asks and SF
+  Compute sells, so a 10-minute pod books an hour); the buyer is the pod's team. Its class follows its QoS: ``Guaranteed`` reserved, ``BE`` (best effort) spot, the
   rest on-demand; a pod the run's preemptible rule marks (``--spot-qos``) bids as spot. Its limit price is the catalogue rate of the dearest model it allows that
   the cluster has, times a seeded spread uniform in [1.2, 1.5] per pod: every buyer could pay
   the usual ask of any GPU it can use, and prefers the cheaper ones by the engine's surplus.
   Default scoring weights (latency, region, carbon, reliability), as a bid placed without
   them would have.
 
-What the buyers pay is what the rounds charged (``Trade.amount``, the uniform clearing price
-x GPUs x duration), so ``cost_per_gpu_hour`` for this policy is the market's, not an owned
-cluster's.
+What the buyers pay is what the rounds charged: the uniform clearing price x GPUs x the
+time the pod ran (the live market pays a provider the GPU-seconds of its signed receipt and
+refunds the rest of the booking), so ``cost_per_gpu_hour`` for this policy is the market's,
+not an owned cluster's.
+
+**Backfill (issue 36).** With an inference service that lends, a lent node's offer closes
+its window (``available_until``) at the next hour its tide is expected to reach into that
+node (``window``): the first hour ahead whose need passes both the need now and the GPUs of
+the service's nodes before it, which it fills first. A spot pod's bid carries its
+predicted p90 (``market.runtime``, refitted every ``prediction.REFIT_S`` on the pods
+finished by then, capped at the booking) where the policy predicts (``gridbid``), so the
+engine may backfill it into a window shorter than its booking; without predictions
+(``gridbid-no-predict``) its booking must fit the window whole. The tide still preempts
+whatever runs on GPUs it takes, as before: a forecast or a prediction that was wrong costs
+a preemption.
 """
 
 from __future__ import annotations
@@ -39,10 +52,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from market import engine
+from market import engine, runtime
 from providers import catalogue
 
-from .sim import F64, I64
+from .prediction import REFIT_S, record
+from .sim import F64, I64, Service
 from .trace import Node, Pod
 
 EPOCH = 1_700_000_000  # the simulation's second 0 on the engine's clock (unix seconds)
@@ -51,6 +65,13 @@ VALUE_SPREAD = (1.2, 1.5)
 LENT_ASK = 0.5  # a lent node asks this share of its usual ask: idle GPUs its owner would leave dark
 KLASS = {"Guaranteed": "reserved", "BE": "spot"}  # any other QoS: on_demand
 RELIABILITY = 0.99
+HOUR_S = 3600
+WINDOW_HORIZON_H = 14 * 24  # a lent window looks this far ahead for the tide's next rise; none: open-ended
+
+
+def booked_s(left: float) -> int:
+    """What a pod books for the ``left`` seconds it still has to run: whole hours."""
+    return min(engine.limits.MAX_DURATION_S, max(1, math.ceil(left / HOUR_S)) * HOUR_S)
 
 
 def _usd(x: float) -> int:
@@ -95,7 +116,15 @@ class Market:
     models: tuple[engine.GpuModel, ...] = ()
     regions: tuple[engine.Region, ...] = ()
     latency: tuple[tuple[str, str, float], ...] = field(default=())
-    charged: dict[int, tuple[int, int]] = field(default_factory=dict)  # pod -> (its trade's price, duration)
+    charged: dict[int, tuple[int, float]] = field(default_factory=dict)  # pod -> (its trade's price, seconds it will run)
+    service: Service | None = None  # an inference service that lends: its lent nodes' windows close at its rises
+    predict: bool = False  # spot bids carry their predicted p90 (backfill)
+    backfilled: int = 0  # trades the engine placed past their offer's window on a p90
+    _cum_before: dict[int, int] = field(default_factory=dict)
+    _ends: F64 = field(default_factory=lambda: np.zeros(0))
+    _by_end: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    _model: runtime.Model | None = None
+    _fitted_at: float = -1.0
 
     def __post_init__(self) -> None:
         rates = catalogue.gpu_models()
@@ -105,29 +134,72 @@ class Market:
         self.models = models
         self.regions = tuple(engine.Region(r.id, float(r.carbon_g_per_kwh)) for r in sorted(regs.values(), key=lambda r: r.id))
         self.latency = tuple(sorted((a, b, ms) for (a, b), ms in catalogue.latency_matrix().items()))
+        if self.service is not None and self.service.lend:
+            before = 0
+            for j in self.service.owned:  # the order the tide takes its nodes' GPUs in (sim.run's tide)
+                self._cum_before[j] = before
+                before += self.nodes[j].gpus
+        if self.predict:
+            self._ends = np.asarray([p.arrival + p.runtime for p in self.pods], dtype=np.float64)
+            self._by_end = np.argsort(self._ends, kind="stable")
 
-    def offer(self, j: int, free: int) -> engine.Offer:
-        """Node ``j``'s offer of its ``free`` GPUs; a service's lent node sells to spot bids only."""
+    def window(self, j: int, clock: float) -> int | None:
+        """When lent node ``j``'s window closes, in simulation seconds: the first hour ahead
+        whose need passes both the need now and the GPUs of the service's nodes before ``j``;
+        None: not within WINDOW_HORIZON_H, or ``j`` is not lent."""
+        if self.service is None or j not in self._cum_before:
+            return None
+        need = self.service.need
+        floor = max(need(clock), self._cum_before[j])
+        hour = int(clock // HOUR_S)
+        for k in range(hour + 1, hour + 1 + WINDOW_HORIZON_H):
+            if need(k * HOUR_S) > floor:
+                return k * HOUR_S
+        return None
+
+    def p90(self, i: int, clock: float, booked: int) -> int | None:
+        """Pod ``i``'s predicted p90 run time for what it has left, from a fit on the pods
+        finished by the last refit (every REFIT_S); None before the market has enough."""
+        if not self.predict:
+            return None
+        due = math.floor(clock / REFIT_S) * REFIT_S
+        if due != self._fitted_at:
+            done = self._by_end[: int(np.searchsorted(self._ends[self._by_end], due, side="right"))]
+            self._model = runtime.fit([record(self.pods[k]) for k in done.tolist()])
+            self._fitted_at = due
+        r = record(self.pods[i])
+        assert self._model is not None
+        got = self._model.predict(buyer=r.buyer, workload=r.workload, gpus=r.gpus, model=r.model, cap_s=booked)
+        return None if got is None else max(1, math.ceil(got.p90_s))
+
+    def offer(self, j: int, free: int, clock: float = 0.0) -> engine.Offer:
+        """Node ``j``'s offer of its ``free`` GPUs; a service's lent node sells to spot bids
+        only, until its window closes (``window``)."""
         n = self.nodes[j]
         lent = j in self.spot_only
+        until = self.window(j, clock) if lent else None
         return engine.Offer(id=j + 1, provider_id=j // 8 + 1, machine_id=j + 1, region=n.region, gpu_model=n.model,
                             gpus=free, ask=self.ask(j), min_duration_s=0, max_duration_s=engine.limits.MAX_DURATION_S,
-                            available_from=0, available_until=None, spot_allowed=True, reserved_only=False,
-                            reliability=RELIABILITY, created_at=EPOCH, spot_only=lent)
+                            available_from=0, available_until=None if until is None else EPOCH + until, spot_allowed=True,
+                            reserved_only=False, reliability=RELIABILITY, created_at=EPOCH, spot_only=lent)
 
     def ask(self, j: int) -> int:
         """Node ``j``'s ask: its own, or ``LENT_ASK`` of it where a service lends it."""
         return round(self.asks[j] * LENT_ASK) if j in self.spot_only else self.asks[j]
 
-    def bid(self, i: int, left: float) -> engine.Bid:
-        """Pod ``i``'s bid for the ``left`` seconds it still has to run."""
+    def bid(self, i: int, left: float, clock: float = 0.0) -> engine.Bid:
+        """Pod ``i``'s bid for the ``left`` seconds it still has to run, booked in whole hours;
+        a spot bid carries its predicted p90 where the policy predicts."""
         p = self.pods[i]
+        klass = self.klass(i)
+        booked = booked_s(left)
         return engine.Bid(id=i + 1, buyer_id=p.team + 1, gpus=p.gpus, gpu_models=p.models, min_memory_gib=0,
                           min_compute_units=0.0, vendor=None, same_machine=True, allowed_regions=(),
                           preferred_regions=(), location_region=None, max_latency_ms=None,
-                          max_price=self.limits[i], duration_s=min(engine.limits.MAX_DURATION_S, max(1, math.ceil(left))),
-                          deadline=None, klass=self.klass(i), min_reliability=0.0,
-                          weights=engine.DEFAULT_WEIGHTS, created_at=EPOCH + int(p.arrival))
+                          max_price=self.limits[i], duration_s=booked,
+                          deadline=None, klass=klass, min_reliability=0.0,
+                          weights=engine.DEFAULT_WEIGHTS, created_at=EPOCH + int(p.arrival),
+                          runtime_p90_s=self.p90(i, clock, booked) if klass == "spot" and self._cum_before else None)
 
     def klass(self, i: int) -> str:
         """Pod ``i``'s class: spot where the run marks it preemptible, else by its QoS."""
@@ -166,18 +238,18 @@ class Market:
     def preempted(self, pod: int, ran: float) -> None:
         """A trade stopped after ``ran`` seconds is billed for those only, as the live market
         bills a preempted job by the GPU-seconds of its signed receipt."""
-        price, duration = self.charged.pop(pod)
-        unrun = max(0.0, duration - ran)
+        price, runs = self.charged.pop(pod)
+        unrun = max(0.0, runs - ran)
         self.paid -= price * self.pods[pod].gpus * unrun / 3600 / 1_000_000
 
     def __call__(self, clock: float, waiting: list[int], free: I64, left: F64) -> list[tuple[int, int]]:
         """One round over the open offers; a service's idle GPUs, where it lends them, are
         offers that sell to spot bids only (``engine.Offer.spot_only``, as a lent offer of
         the live market is)."""
-        offers = tuple(self.offer(j, int(free[j])) for j in self.book(waiting, free))
+        offers = tuple(self.offer(j, int(free[j]), clock) for j in self.book(waiting, free))
         if not offers or not waiting:
             return []
-        inp = engine.RoundInput(now=EPOCH + int(clock), offers=offers, bids=tuple(self.bid(i, float(left[i])) for i in waiting),
+        inp = engine.RoundInput(now=EPOCH + int(clock), offers=offers, bids=tuple(self.bid(i, float(left[i]), clock) for i in waiting),
                                 gpu_models=self.models, regions=self.regions, latency_ms=self.latency,
                                 running=(), config=engine.RoundConfig())
         t = time.perf_counter()
@@ -186,8 +258,11 @@ class Market:
         self.rounds += 1
         out = []
         for tr in res.trades:
-            out.append((tr.bid_id - 1, tr.offer_id - 1))
-            self.paid += tr.amount / 1_000_000
-            self.charged[tr.bid_id - 1] = (tr.price, tr.duration_s)
+            i = tr.bid_id - 1
+            out.append((i, tr.offer_id - 1))
+            # the booking is refunded past what the pod runs, as the live market settles a receipt
+            self.paid += tr.price * tr.gpus * float(left[i]) / 3600 / 1_000_000
+            self.charged[i] = (tr.price, float(left[i]))
             self.trades += 1
+            self.backfilled += tr.backfill_until is not None
         return out

@@ -34,8 +34,9 @@ from .sim import F64, I64, TIMELINE_BINS, BoolA, Outcome, Service, fits_somewher
 from .trace import Node, Pod
 
 SLO_QUEUE_P95_S = 600.0  # seconds: the queueing delay 95% of the pods that fit must start within
-POLICIES = ("static", "static-sized", "fifo", "best-fit", "gridbid", "gridbid-no-preempt")
-DEFAULT_POLICIES = POLICIES[:5]  # gridbid-no-preempt is gridbid's twin unless an inference service lends
+POLICIES = ("static", "static-sized", "fifo", "best-fit", "gridbid", "gridbid-no-preempt", "gridbid-no-predict")
+# gridbid-no-preempt and gridbid-no-predict are gridbid's twins unless an inference service lends
+DEFAULT_POLICIES = POLICIES[:5]
 
 Progress = Callable[[str], None]
 
@@ -238,19 +239,19 @@ class Simulation:
         return merge(len(self.pods), parts, self.window_s, sum(self.nodes[j].gpus for j in keep.tolist()),
                      self.service_gpu_s)
 
-    def auction(self, keep: I64, lend: bool) -> tuple[Outcome, I64]:
+    def auction(self, keep: I64, lend: bool, predict: bool = True) -> tuple[Outcome, I64]:
         nodes = [self.nodes[j] for j in keep.tolist()]
         svc = self.service(keep, lend)
         owned = frozenset(svc.owned) if svc is not None else frozenset()
         self.market = auction.Market(self.pods, nodes, [self.asks[j] for j in keep.tolist()], self.limits,
                                      spot_only=owned if lend else frozenset(), closed=frozenset() if lend else owned,
-                                     spot=self.spot)
+                                     spot=self.spot, service=svc, predict=predict)
         o = run(self.pods, nodes, "first", self.window_s, chooser=self.market, service=svc)
         return o, np.where(o.node >= 0, keep[np.maximum(o.node, 0)], -1)
 
     def at(self, name: str, keep: I64) -> tuple[Outcome, I64]:
-        if name in ("gridbid", "gridbid-no-preempt"):
-            return self.auction(keep, lend=name == "gridbid")
+        if name in ("gridbid", "gridbid-no-preempt", "gridbid-no-predict"):
+            return self.auction(keep, lend=name != "gridbid-no-preempt", predict=name == "gridbid")
         if name == "static":
             return self.static(keep)
         if name == "fifo":

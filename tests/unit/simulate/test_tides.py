@@ -103,13 +103,13 @@ def test_a_share_outside_zero_to_one_is_refused() -> None:
         tides.owned_nodes([node(0, 8)], 1.0, seed=0)
 
 
-def test_the_market_lends_the_services_idle_gpus_to_spot_pods_only_and_takes_them_back() -> None:
+def test_the_market_lends_the_services_idle_gpus_to_spot_pods_only_within_its_windows() -> None:
     """Ten 8-GPU nodes, two of them the inference service's (20%): 24 best-effort pods and
-    6 latency-sensitive ones, 8 GPUs each for 20 hours, arriving an hour apart (1,000 s past
-    each hour, so a preemption on the hour loses 200 s since a 600 s checkpoint).
-    The market lends the service's idle GPUs to spot pods only, preempts them as the tide
-    rises, and needs no more capacity for that; without lending the service's GPUs never
-    serve a pod."""
+    6 latency-sensitive ones, 8 GPUs each for 20 hours, arriving an hour apart.
+    The market lends the service's idle GPUs to spot pods only, each lent offer open until
+    the tide is next expected to reach its node (issue 36): here the pods it lends to fit
+    those windows, so none is preempted. Without lending the service's GPUs never serve a
+    pod. (Preemption by the tide: the tests above, on hand-made tides.)"""
     from market.simulate import metrics, policies
 
     nodes = [node(i, 8) for i in range(10)]
@@ -127,9 +127,7 @@ def test_the_market_lends_the_services_idle_gpus_to_spot_pods_only_and_takes_the
     f_lend = metrics.figures(lend, pods, nodes, s.window_s)
     f_keep = metrics.figures(keep, pods, nodes, s.window_s)
     assert f_lend["lent_gpu_hours"] > 0 and f_keep["lent_gpu_hours"] == 0
-    assert f_lend["preemptions"] > 0 and f_lend["work_lost_gpu_s"] > 0
-    # each preemption loses less than one checkpoint interval on its 8 GPUs
-    assert f_lend["work_lost_gpu_s"] <= f_lend["preemptions"] * 8 * 600
+    assert f_lend["preemptions"] == 0 and f_lend["work_lost_gpu_s"] == 0
     assert f_keep["preemptions"] == 0
     assert f_lend["utilisation"] > f_keep["utilisation"]
     assert f_lend["jct_mean_s"] < f_keep["jct_mean_s"]
@@ -202,3 +200,30 @@ def test_burstable_pods_run_as_spot_when_the_rule_says_so() -> None:
     svc = sim.Service(owned=(0,), need=lambda t: 0, lend=True, spot_qos=("BE", "Burstable"))
     o = sim.run([pod(1, 0, 50, 2, "Burstable")], NODES, "first", 100.0, service=svc)
     assert o.start[0] == 0 and o.node[0] == 0
+
+
+def test_a_short_spot_pod_backfills_a_lent_window_on_its_prediction_and_waits_without_one() -> None:
+    """Issue 36. S (8 GPUs) is the service's, idle until its tide takes all of it in hour 8.
+    Six best-effort pods ran 20 minutes each on it in the first hours. Another arrives at
+    7:20 for 20 minutes and books an hour (whole hours): 40 minutes are left of S's window.
+    Predicting, the market knows 9 in 10 such pods finish within about 20 minutes and
+    backfills it: done at 7:40, before the tide. Without a prediction its hour does not fit,
+    so it waits for the tide to ebb at 9:00."""
+    from market.simulate import auction
+
+    def rises_at_8(t: float) -> int:
+        return 8 if 8 * HOUR <= t < 9 * HOUR else 0
+
+    nodes = [node(0, 8)]
+    pods = [pod(i, i * 1500.0, 1200.0, 8, "BE") for i in range(6)] + [pod(6, 7 * HOUR + 1200, 1200.0, 8, "BE")]
+    svc = sim.Service(owned=(0,), need=rises_at_8, lend=True, checkpoint_s=600.0)
+    starts = {}
+    for predict in (True, False):
+        m = auction.Market(pods, nodes, [150_000], [10_000_000] * 7, spot_only=frozenset({0}), service=svc,
+                           spot=frozenset(range(7)), predict=predict)
+        o = sim.run(pods, nodes, "first", 12 * HOUR, chooser=m, service=svc)
+        assert o.preemptions == 0
+        starts[predict] = (float(o.start[6]), m.backfilled)
+    assert starts[True] == (7 * HOUR + 1200, 1), "backfilled into the 40 minutes left"
+    assert starts[False] == (9 * HOUR, 0), "its booked hour fits only once the tide has ebbed"
+    assert auction.Market(pods, nodes, [150_000], [1] * 7, spot_only=frozenset({0}), service=svc).window(0, 7 * HOUR + 1200) == 8 * HOUR
