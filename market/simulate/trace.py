@@ -38,7 +38,7 @@ Regions
     (0-based, in file order) are shuffled by ``numpy.random.default_rng([30, seed])
     .permutation(n)``, and the k-th index of that permutation goes to
     ``REGIONS[k % 3]``. So the regions hold n/3 nodes each (to within one); they are not
-    balanced by model. The same seed gives the same regions. ``GRID_OF_REGION`` names the
+    balanced by model. The same seed gives the same regions. ``GRID_OF_REGION`` (``market.carbon``, the one mapping) names the
     grid (EIA balancing authority) whose carbon intensity stands for each region.
 
 Teams
@@ -113,6 +113,7 @@ from pathlib import Path
 
 import numpy as np
 
+from market.carbon import GRID_OF_REGION
 from providers import catalogue
 
 __all__ = [
@@ -158,7 +159,6 @@ MODEL_MAP: dict[str, str] = {
 }
 
 REGIONS: tuple[str, ...] = ("us-east", "us-central", "us-west")
-GRID_OF_REGION: dict[str, str] = {"us-east": "PJM", "us-central": "MISO", "us-west": "BPAT"}
 
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = (
