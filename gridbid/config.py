@@ -52,6 +52,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("PREEMPT_GRACE_S", "30", "Seconds a preempted job has to write its checkpoint after its agent signals it (1-3600); a bid may ask for less (`preempt_grace_s`), never more. Then the agent stops it, and what it did since its last checkpoint is lost."),
     Variable("BID_TTL_DEFAULT_S", "86400", "Seconds a bid stays in the book when it names no `expires_at` (60-BID_TTL_MAX_S); unmatched by then, it expires."),
     Variable("BID_TTL_MAX_S", "2592000", "Longest a bid may stay in the book, in seconds (60-31536000); a bid whose `expires_at` is further ahead is refused (400)."),
+    Variable("CARBON_FEED", "eia-2022", "Where each region's hourly grid carbon intensity comes from: eia-2022 (the shipped EIA-930 series of 2022, replayed by hour of year, for us-east, us-central and us-west), constant (each region's catalogue figure), or an http(s):// URL of a live feed (docs in market/carbon.py). Regions a feed has no series for, and a feed that fails, fall back to the constant; /readyz says which."),
     Variable("RUNTIME_REFIT_S", "600", "Seconds between refits of the runtime predictor on completed jobs (60-86400); a refit with no new completed job is skipped."),
     Variable("RUNTIME_FIT_JOBS", "20000", "How many of the latest completed jobs the runtime predictor learns from (100-1000000)."),
     Variable("PRICING_RULE", "uniform", "Auction price rule: uniform (clearing price per bucket) or pay_as_ask."),
@@ -178,6 +179,7 @@ class Config:
     bid_ttl_default_s: int
     bid_ttl_max_s: int
     runtime_refit_s: float
+    carbon_feed: str
     runtime_fit_jobs: int
     pricing_rule: str
     fair_share_cap: float
@@ -331,6 +333,16 @@ def email_settings(url: str) -> dict[str, object]:
     }
 
 
+def _carbon_feed(env: Mapping[str, str]) -> str:
+    value = env.get("CARBON_FEED", "").strip() or "eia-2022"
+    if value in ("eia-2022", "constant"):
+        return value
+    parts = urlsplit(value)
+    if parts.scheme in ("http", "https") and parts.netloc:
+        return value
+    raise ConfigError(f"CARBON_FEED={value!r}: expected eia-2022, constant, or an http(s):// URL of a live carbon feed")
+
+
 def load(env: Mapping[str, str] | None = None) -> Config:
     env = os.environ if env is None else env
     data_dir = Path(env.get("GRIDBID_DATA_DIR", "./.gridbid")).expanduser().resolve()
@@ -381,6 +393,7 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         bid_ttl_default_s=bid_ttl_default_s,
         bid_ttl_max_s=bid_ttl_max_s,
         runtime_refit_s=_number(env, "RUNTIME_REFIT_S", 600.0, 60, 86_400),
+        carbon_feed=_carbon_feed(env),
         runtime_fit_jobs=int(_number(env, "RUNTIME_FIT_JOBS", 20_000, 100, 1_000_000, int)),
         pricing_rule=_choice(env, "PRICING_RULE", "uniform", ("uniform", "pay_as_ask")),
         fair_share_cap=_number(env, "FAIR_SHARE_CAP", 1.0, 0.01, 1.0),

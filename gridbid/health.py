@@ -31,14 +31,16 @@ from ledger.chain import ChainClient
 from ledger.context import deployment_current
 from ledger.models import ChainTx, ListenerCursor
 from ledger.outbox import OPEN_STATES, nonce_gaps, outbox_senders
+from market import grid_carbon
 from market.models import AuctionRound, Bid, Offer
 from market.states import BidState, OfferState
 
-Status = Literal["ok", "failing", "skipped"]
+# "degraded": working on a fallback (the carbon feed's constants): said, not a reason to take the server out
+Status = Literal["ok", "degraded", "failing", "skipped"]
 
 PROBE_TIMEOUT_S = 2.0  # socket timeout of one Redis or chain probe
 DEADLINE_S = 4.0  # the whole readiness answer, network probes included
-PART_ORDER = ("database", "redis", "chain", "rounds", "listener", "outbox")
+PART_ORDER = ("database", "redis", "chain", "rounds", "listener", "outbox", "carbon")
 ROUND_STALE_MIN_S = 60.0  # a round older than max(this, ROUND_STALE_ROUNDS x ROUND_SECONDS) is stale...
 ROUND_STALE_ROUNDS = 3  # ...when there are open bids to clear
 LISTENER_LAG_MAX_BLOCKS = 200  # the listener reads every 3 s; this far behind the head it has stopped
@@ -240,7 +242,7 @@ def _readiness(deadline_s: float) -> Readiness:
     _, db_error, ms = _timed(probe_database)
     if db_error is not None:
         out.parts["database"] = Part("failing", f"the database does not answer: {reason(db_error)}", ms)
-        for name in ("rounds", "listener", "outbox", "chain"):
+        for name in ("rounds", "listener", "outbox", "chain", "carbon"):
             out.parts[name] = Part("skipped", "needs the database")
         _redis_part(out, redis_future, start, deadline_s)
         return out
@@ -258,6 +260,7 @@ def _readiness(deadline_s: float) -> Readiness:
         chain_future = _pool.submit(_timed, lambda: probe_chain(url, senders=senders))
 
     _rounds_part(out)
+    _carbon_part(out)
     probe = _chain_part(out, chain_future, start, deadline_s)
     _listener_part(out, probe)
     _outbox_part(out, open_txs, probe, chain_id)
@@ -295,6 +298,16 @@ def _chain_part(out: Readiness, future: Future[Any] | None, start: float, deadli
     out.chain_head = probe.head
     out.parts["chain"] = Part("ok", f"head block {probe.head}", ms)
     return probe
+
+
+def _carbon_part(out: Readiness) -> None:
+    """Where each region's carbon intensity comes from this hour (market.grid_carbon)."""
+    readings, error, ms = _timed(lambda: grid_carbon.carbon_now(timezone.now()))
+    if error is not None:
+        out.parts["carbon"] = Part("degraded", f"the carbon feed could not be read ({reason(error)}); rounds use each region's constant", ms)
+        return
+    fine, detail = grid_carbon.carbon_summary(readings)
+    out.parts["carbon"] = Part("ok" if fine else "degraded", detail, ms)
 
 
 def _rounds_part(out: Readiness) -> None:

@@ -14,11 +14,11 @@ from django.conf import settings
 from django.db import transaction
 
 from contracts.receipts import job_ports
-from market import engine
+from market import engine, grid_carbon
 from market.models import Bid, Offer, Trade
 from market.states import BidState, JobState, OfferState
 from providers import catalogue
-from providers.models import GpuModel, Region
+from providers.models import GpuModel
 
 
 def _epoch(dt: datetime | None) -> int | None:
@@ -96,9 +96,11 @@ def offer_to_domain(offer: Offer) -> engine.Offer:
     )
 
 
-def catalogue_to_domain() -> tuple[tuple[engine.GpuModel, ...], tuple[engine.Region, ...], tuple[tuple[str, str, float], ...]]:
+def catalogue_to_domain(now: datetime) -> tuple[tuple[engine.GpuModel, ...], tuple[engine.Region, ...], tuple[tuple[str, str, float], ...]]:
+    """The catalogue as the engine sees it at ``now``: each region's carbon intensity is its
+    grid's at that hour (CARBON_FEED, market.grid_carbon), its constant where there is none."""
     models = tuple(engine.GpuModel(m.id, m.vendor, m.memory_gib, float(m.compute_units), m.tdp_watts) for m in GpuModel.objects.order_by("id"))
-    regions = tuple(engine.Region(r.id, float(r.carbon_g_per_kwh)) for r in Region.objects.order_by("id"))
+    regions = tuple(engine.Region(r, reading.g_per_kwh[0]) for r, reading in grid_carbon.carbon_now(now).items())
     ids = {r.id for r in regions}
     latency = tuple(sorted((a, b, ms) for (a, b), ms in catalogue.latency_matrix().items() if a in ids and b in ids))
     return models, regions, latency
@@ -135,7 +137,7 @@ def snapshot(*, now: datetime, extra_bids: tuple[engine.Bid, ...] = ()) -> engin
         dataclasses.replace(offer_to_domain(o), gpus=spot_held[o.pk])
         for o in Offer.objects.filter(pk__in=list(spot_held), state=OfferState.OPEN, gpus_free=0).select_related("machine").order_by("id")
     )
-    models, regions, latency = catalogue_to_domain()
+    models, regions, latency = catalogue_to_domain(now)
     return engine.RoundInput(
         now=int(now.timestamp()),
         offers=offers,

@@ -112,7 +112,7 @@ def test_a_running_demo_market_is_ready_and_its_metrics_agree(tmp_path: Path) ->
         assert ready.status_code == 200, ready.text
         checks = ready.json()["checks"]
         assert {name: c["status"] for name, c in checks.items()} == {
-            "database": "ok", "redis": "skipped", "chain": "ok", "rounds": "ok", "listener": "ok", "outbox": "ok"}
+            "database": "ok", "redis": "skipped", "chain": "ok", "rounds": "ok", "listener": "ok", "outbox": "ok", "carbon": "ok"}
         assert httpx.get(f"{base}/metrics", timeout=10).status_code == 401
         page = httpx.get(f"{base}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=10)
         assert page.status_code == 200

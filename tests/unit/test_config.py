@@ -178,3 +178,11 @@ def test_idle_http_connections_are_kept_75_s_by_default_longer_than_a_proxys_or_
     assert load(env(tmp_path, HTTP_KEEPALIVE_SECONDS="120")).http_keepalive_seconds == 120
     loaded = load(env(tmp_path, WS_MAX_PER_ADDRESS="7", WS_MAX_PER_TOKEN="3", CHANNEL_REDIS_POOL_SIZE="16"))
     assert (loaded.ws_max_per_address, loaded.ws_max_per_token, loaded.channel_redis_pool_size) == (7, 3, 16)
+
+
+def test_carbon_feed_is_the_shipped_series_a_constant_or_an_http_url(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    assert load(env(tmp_path)).carbon_feed == "eia-2022"
+    assert load(env(tmp_path, CARBON_FEED="constant")).carbon_feed == "constant"
+    assert load(env(tmp_path, CARBON_FEED="https://carbon.example/v1")).carbon_feed == "https://carbon.example/v1"
+    with pytest.raises(ConfigError, match="CARBON_FEED='wattime': expected eia-2022, constant, or an http"):
+        load(env(tmp_path, CARBON_FEED="wattime"))

@@ -1,0 +1,83 @@
+"""The market's carbon feed (issue 37): ``market.carbon``'s ``Feed``, built once per process
+from CARBON_FEED, with each region's catalogue constant (the ``Region`` table) as the
+fallback. Rounds and quotes price carbon at the hour they clear; ``/readyz`` and the
+operator page say where each region's figure came from.
+
+A reading is kept per region and hour: the replay's hour never changes, and a live feed is
+asked at most once an hour per region and process, or once a minute while it fails (its
+timeout is short, so a feed that hangs costs a round at most that, once a minute).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import datetime
+
+from django.conf import settings
+
+from market import carbon
+from providers.models import Region
+
+FEED_TIMEOUT_S = 2.0
+RETRY_FAILED_S = 60.0
+
+_lock = threading.Lock()
+_feed: tuple[str, carbon.Feed] | None = None
+_readings: dict[tuple[str, int], tuple[float, carbon.Reading]] = {}
+
+
+def feed() -> carbon.Feed:
+    """The process's feed for CARBON_FEED (rebuilt if the setting changed: tests)."""
+    global _feed
+    name = settings.CONFIG.carbon_feed
+    with _lock:
+        if _feed is None or _feed[0] != name:
+            source: carbon.Source | None
+            if name == "eia-2022":
+                source = carbon.EiaReplay()
+            elif name == "constant":
+                source = None
+            else:
+                source = carbon.HttpSource(name, timeout_s=FEED_TIMEOUT_S)
+            _feed = (name, carbon.Feed(source, {}))
+            _readings.clear()
+        return _feed[1]
+
+
+def carbon_now(now: datetime) -> dict[str, carbon.Reading]:
+    """Each region's intensity at the hour of ``now`` (one value each) and its source."""
+    f = feed()
+    t = int(now.timestamp())
+    hour = t - t % 3600
+    out = {}
+    for region, constant in Region.objects.order_by("id").values_list("id", "carbon_g_per_kwh"):
+        f.constants = {**f.constants, region: float(constant)}
+        key = (region, hour)
+        kept = _readings.get(key)
+        if kept is not None and (kept[1].source != "constant" or f.source is None or time.monotonic() - kept[0] < RETRY_FAILED_S):
+            out[region] = kept[1]
+            continue
+        got = f.now(region, t)
+        _readings[key] = (time.monotonic(), got)
+        out[region] = got
+    if len(_readings) > 4096:  # old hours: a long-running process keeps the current ones only
+        for k in [k for k in _readings if k[1] < hour]:
+            del _readings[k]
+    return out
+
+
+def carbon_summary(readings: dict[str, carbon.Reading]) -> tuple[bool, str]:
+    """(whether the configured feed served every region it should, one line for /readyz)."""
+    name = settings.CONFIG.carbon_feed
+    fed = sorted(r for r, x in readings.items() if x.source != "constant")
+    constant = {r: x.why for r, x in readings.items() if x.source == "constant"}
+    if name == "constant":
+        return True, "CARBON_FEED=constant: every region at its catalogue figure"
+    failing = {r: why for r, why in constant.items() if "has no series" not in why}
+    if failing:
+        region, why = sorted(failing.items())[0]
+        return False, (f"{len(failing)} region(s) fell back to their constant because the feed failed ({region}: {why}); "
+                       f"{len(fed)} from {name}")
+    return True, f"{', '.join(fed) or 'no region'} hourly from {'the ' + name + ' series' if name == 'eia-2022' else name}; " \
+                 f"{len(constant)} other region(s) at their constant (no series)"

@@ -1,0 +1,66 @@
+"""The market's carbon feed (issue 37): rounds see each region's grid at the hour they
+clear, and /readyz says where each figure came from."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from gridbid.health import readiness_cache_clear
+from market import carbon, grid_carbon, repository
+from tests.unit.test_carbon import Stub
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def feed_is(settings: Any):  # type: ignore[no-untyped-def]
+    def use(value: str) -> None:
+        settings.CONFIG = dataclasses.replace(settings.CONFIG, carbon_feed=value)
+        readiness_cache_clear()
+
+    yield use
+    readiness_cache_clear()
+
+
+def test_a_round_sees_us_east_at_its_grids_hour_and_eu_west_at_its_constant(feed_is) -> None:  # type: ignore[no-untyped-def]
+    feed_is("eia-2022")
+    at = datetime(2026, 4, 10, 14, 30, tzinfo=UTC)
+    regions = {r.id: r.carbon_g_per_kwh for r in repository.snapshot(now=at).regions}
+    pjm = carbon.EiaReplay().series["PJM"]
+    assert regions["us-east"] == pjm.at(int(at.timestamp())) != 380.0
+    assert regions["eu-west"] == 290.0  # no hourly series: the catalogue's figure
+    later = {r.id: r.carbon_g_per_kwh for r in repository.snapshot(now=at.replace(hour=3)).regions}
+    assert later["us-east"] == pjm.at(int(at.replace(hour=3).timestamp()))
+
+
+def test_readyz_says_where_each_regions_figure_comes_from(feed_is) -> None:  # type: ignore[no-untyped-def]
+    feed_is("eia-2022")
+    body = Client().get("/readyz").json()
+    assert body["checks"]["carbon"]["status"] == "ok"
+    assert body["checks"]["carbon"]["detail"].startswith("us-central, us-east, us-west hourly from the eia-2022 series")
+
+
+def test_a_failing_live_feed_falls_back_to_the_constants_and_readyz_says_why(feed_is) -> None:  # type: ignore[no-untyped-def]
+    stub = Stub()
+    try:
+        stub.answer = lambda r, s, h: (503, {"error": "maintenance"})
+        feed_is(stub.url)
+        at = datetime.now(UTC)
+        regions = {r.id: r.carbon_g_per_kwh for r in repository.snapshot(now=at).regions}
+        assert regions["us-east"] == 380.0 and regions["eu-west"] == 290.0
+        response = Client().get("/readyz")
+        assert response.status_code == 200, "a feed on its fallback does not take the server out"
+        part = response.json()["checks"]["carbon"]
+        assert part["status"] == "degraded" and "fell back to their constant because the feed failed" in part["detail"]
+        assert "answered HTTP 503" in part["detail"]
+        stub.answer = lambda r, s, h: (200, {"region": r, "start": s - s % 3600, "g_co2_per_kwh": [123.0] * h})
+        grid_carbon._readings.clear()  # the minute a failed reading is kept, passed
+        assert {r.id: r.carbon_g_per_kwh for r in repository.snapshot(now=at).regions}["eu-west"] == 123.0
+    finally:
+        stub.server.shutdown()
+        stub.server.server_close()
