@@ -75,8 +75,8 @@ class Series:
 
     def hourly(self, start: int, hours: int) -> tuple[float, ...]:
         """``hours`` values from the hour that holds ``start``, replayed past the year's end."""
-        first = start - start % 3600
-        return tuple(self.at(first + 3600 * k) for k in range(hours))
+        h0 = self.hour_of_year(start)
+        return tuple(self.g_per_kwh[(h0 + k) % HOURS] for k in range(hours))
 
 
 def read_series(path: Path, grid: str) -> Series:

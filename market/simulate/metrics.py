@@ -1,6 +1,9 @@
 """What a policy's runs come to: the figures of ``summary.json``, each defined in
 docs/simulate.md. Money is in USD at the catalogue's hourly rates
-(``providers.catalogue``), carbon at each GPU model's TDP and the region's intensity."""
+(``providers.catalogue``), carbon at each GPU model's TDP and the region's grid intensity hour
+by hour (``market.carbon``: us-east, us-central and us-west replay their grids' 2022 series,
+the window's second 0 taken as ``CARBON_EPOCH``, 1 January 00:00 UTC; any other region
+its catalogue constant)."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from market import carbon
 from providers import catalogue
 
 from .policies import PolicyResult
@@ -21,6 +25,23 @@ def _r(x: float | None, digits: int = 6) -> float | None:
     if x is None or not np.isfinite(x):
         return None
     return round(float(x), digits)
+
+
+CARBON_EPOCH = 1_640_995_200  # 2022-01-01T00:00:00Z: the window's second 0 on the grids' clock
+_replay: carbon.EiaReplay | None = None
+
+
+def grid_g_per_kwh(region: str, start_s: float, seconds: float) -> float:
+    """The mean intensity of ``region``'s grid over ``seconds`` from the window's ``start_s``."""
+    global _replay
+    if _replay is None:
+        _replay = carbon.EiaReplay()
+    t = CARBON_EPOCH + int(start_s)
+    hours = min(int((t % 3600 + seconds) // 3600) + 1, 24 * 400)
+    series = _replay.hourly(region, t, hours)
+    if series is None:
+        return float(catalogue.regions()[region].carbon_g_per_kwh)
+    return carbon.mean_over(series, t, seconds)
 
 
 def work_gpu_s(pods: Sequence[Pod]) -> float:
@@ -58,12 +79,11 @@ def figures(res: PolicyResult, pods: Sequence[Pod], nodes: Sequence[Node], windo
     owned = cap.nodes if cap is not None else tuple(range(len(nodes)))
     owned_cost = rate_per_hour(nodes, owned) * hours
     models = catalogue.gpu_models()
-    regions = catalogue.regions()
     kg = 0.0
     for i in np.flatnonzero(started).tolist():
         nd = nodes[int(res.nodes[i])]
         kwh = pods[i].gpus * models[nd.model].tdp_watts / 1000 * pods[i].runtime / 3600
-        kg += kwh * regions[nd.region].carbon_g_per_kwh / 1000
+        kg += kwh * grid_g_per_kwh(nd.region, float(o.start[i]), pods[i].runtime) / 1000
     slow: dict[int, list[float]] = {}
     for i in np.flatnonzero(started).tolist():
         slow.setdefault(pods[i].team, []).append(float((o.finish[i] - arrival[i]) / runtime[i]))

@@ -68,8 +68,10 @@ def test_every_figure_of_the_four_job_case_by_hand() -> None:
     # slowdown (JCT / runtime): team 0 (1 + 2) / 2 = 1.5, team 1 (1 + 1.6) / 2 = 1.3
     assert f["worst_team_slowdown"] == pytest.approx(1.5)
     assert f["jain"] == pytest.approx(2.8**2 / (2 * (1.5**2 + 1.3**2)), abs=1e-6)
-    # T4: 70 W; us-east 380 g/kWh, us-west 120: GPU-seconds 80 + 20 + 100 on A, 30 on B
-    kg = (200 * 0.070 / 3600 * 380 + 30 * 0.070 / 3600 * 120) / 1000
+    # T4: 70 W; GPU-seconds 80 + 20 + 100 on A, 30 on B, all in the window's first hour, read
+    # as 2022-01-01 00:00 UTC on the regions' grids (issue 37): PJM 341.4 g/kWh (us-east),
+    # BPAT 57.9 (us-west), the first rows of their EIA-930 series
+    kg = (200 * 0.070 / 3600 * 341.4 + 30 * 0.070 / 3600 * 57.9) / 1000
     assert f["kg_co2"] == pytest.approx(kg, abs=1e-6)
     # one node is half the cluster: A alone runs the four in turn within the SLO (p1 0-40, p2
     # and p3 from 40, p4 from 70: delays 0, 30, 20, 40 s; 80 + 30 + 20 + 2x30 = 190 GPU-s held
