@@ -20,6 +20,7 @@ from market import carbon
 from providers.models import Region
 
 FEED_TIMEOUT_S = 2.0
+FORECAST_HOURS = 48  # the hours ahead a round sees; a job expected to run longer is priced at the last one past them
 RETRY_FAILED_S = 60.0
 
 _lock = threading.Lock()
@@ -45,8 +46,9 @@ def feed() -> carbon.Feed:
         return _feed[1]
 
 
-def carbon_now(now: datetime) -> dict[str, carbon.Reading]:
-    """Each region's intensity at the hour of ``now`` (one value each) and its source."""
+def carbon_ahead(now: datetime) -> dict[str, carbon.Reading]:
+    """Each region's intensity for FORECAST_HOURS from the hour of ``now`` (a constant region:
+    its figure repeated) and its source."""
     f = feed()
     t = int(now.timestamp())
     hour = t - t % 3600
@@ -58,13 +60,16 @@ def carbon_now(now: datetime) -> dict[str, carbon.Reading]:
         if kept is not None and (kept[1].source != "constant" or f.source is None or time.monotonic() - kept[0] < RETRY_FAILED_S):
             out[region] = kept[1]
             continue
-        got = f.now(region, t)
+        got = f.hourly(region, t, FORECAST_HOURS)
         _readings[key] = (time.monotonic(), got)
         out[region] = got
     if len(_readings) > 4096:  # old hours: a long-running process keeps the current ones only
         for k in [k for k in _readings if k[1] < hour]:
             del _readings[k]
     return out
+
+
+carbon_now = carbon_ahead  # /readyz: the same readings, of which the hour of ``now`` is the first
 
 
 def carbon_summary(readings: dict[str, carbon.Reading]) -> tuple[bool, str]:

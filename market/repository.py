@@ -59,14 +59,15 @@ def bid_to_domain(bid: Bid) -> engine.Bid:
         min_ram_gib=bid.min_ram_gib,
         min_disk_gb=bid.min_disk_gb,
         min_net_down_mbps=bid.min_net_down_mbps,
-        runtime_p90_s=_p90(bid.runtime_prediction),
+        runtime_p90_s=_quantile(bid.runtime_prediction, "p90_s"),
+        runtime_p50_s=_quantile(bid.runtime_prediction, "p50_s"),
     )
 
 
-def _p90(prediction: Any) -> int | None:
-    """The p90 run time a bid was placed with (market.predictions), None without one."""
-    p90 = prediction.get("p90_s") if isinstance(prediction, dict) else None
-    return int(p90) if isinstance(p90, int | float) and p90 >= 1 else None
+def _quantile(prediction: Any, name: str) -> int | None:
+    """A run-time quantile (p50_s, p90_s) a bid was placed with (market.predictions), None without one."""
+    v = prediction.get(name) if isinstance(prediction, dict) else None
+    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) and v >= 1 else None
 
 
 def offer_to_domain(offer: Offer) -> engine.Offer:
@@ -100,7 +101,8 @@ def catalogue_to_domain(now: datetime) -> tuple[tuple[engine.GpuModel, ...], tup
     """The catalogue as the engine sees it at ``now``: each region's carbon intensity is its
     grid's at that hour (CARBON_FEED, market.grid_carbon), its constant where there is none."""
     models = tuple(engine.GpuModel(m.id, m.vendor, m.memory_gib, float(m.compute_units), m.tdp_watts) for m in GpuModel.objects.order_by("id"))
-    regions = tuple(engine.Region(r, reading.g_per_kwh[0]) for r, reading in grid_carbon.carbon_now(now).items())
+    regions = tuple(engine.Region(r, reading.g_per_kwh[0], reading.g_per_kwh if reading.source != "constant" else ())
+                    for r, reading in grid_carbon.carbon_ahead(now).items())
     ids = {r.id for r in regions}
     latency = tuple(sorted((a, b, ms) for (a, b), ms in catalogue.latency_matrix().items() if a in ids and b in ids))
     return models, regions, latency

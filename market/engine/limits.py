@@ -17,6 +17,7 @@ MAX_MEMORY_GIB = 100_000
 MAX_COMPUTE_UNITS = 1e9
 MAX_LATENCY_MS = 1e6
 MAX_CUDA = 99_99  # CUDA 99.99, as major x 100 + minor
+MAX_CARBON_HOURS = 24 * 14  # the longest hourly carbon forecast a region may carry (Region.carbon_hourly)
 MAX_HOST = 10**9  # GiB of RAM, GB of disk, Mbit/s: far past any machine
 
 # what a person may order through the API: tighter than what the engine can take

@@ -17,7 +17,7 @@ every later comparison is exact::
     value/GPU-hour = (max_price - ask) + w.reliability * reliability
                      - w.latency_per_ms * latency_ms(location -> region)
                      - w.non_preferred_region * [region not preferred]
-                     - w.carbon_per_kg * kg CO2 per GPU-hour(model, region)
+                     - w.carbon_per_kg * kg CO2 per GPU-hour(model, region, the hours the job runs)
     score          = round(gpus * hours * value)
 
 Only pairs with a positive score are candidates: a pair the buyer values at
@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .types import CLASSES, Bid, Offer, RoundInput
+from .types import CLASSES, Bid, Offer, Region, RoundInput
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -174,7 +174,11 @@ class Market:
     latency_ok: BoolA
     latency: F64
     pen: F64  # latency and region penalty per GPU-hour
-    carbon_kg_gh: F64  # model x region: kg CO2 per GPU-hour
+    m_kw: F64  # per model: its TDP in kW
+    # bid x region: the grid's mean g CO2/kWh over the hours the bid's job is expected to run
+    # (issue 37, ``carbon_means``); a bid's carbon per GPU-hour on model m is m_kw[m] x this / 1000
+    b_carb: F64
+    r_carb: F64 | None  # per region, when no region has a forecast (every row of b_carb is it): the fast path
     views: dict[tuple[int, int, int], I64]
     bucket_supply: I64  # model x region: GPUs offered
     score_unit: int = 1  # base units per unit of score (a power of two; 1 unless scores would overflow)
@@ -184,7 +188,7 @@ class Market:
         m, r = int(self.o_model[o]), int(self.o_region[o])
         v = float(self.b_maxp[b] - self.o_ask[o]) + float(self.b_wrel[b]) * float(self.o_rel[o])
         v = v - float(self.pen[b, r])
-        return v - float(self.b_wc[b]) * float(self.carbon_kg_gh[m, r])
+        return v - float(self.b_wc[b]) * (float(self.m_kw[m]) * (float(self.b_carb[b, r]) / 1000.0))
 
     def values(self, b: int, offs: I64) -> tuple[F64, BoolA]:
         """``value`` and ``offer_ok`` (GPUs aside) of bid ``b`` on each of
@@ -210,6 +214,37 @@ class Market:
             and (self.o_ports[o] or not self.b_ports[b])
             and (not self.b_hostneed[b] or bool((self.o_host[o] >= self.b_host[b]).all()))
         )
+
+
+def carbon_means(regions: Sequence[Region], now: int, spans: Sequence[int]) -> F64:
+    """Bid x region: each region's mean intensity (g/kWh) over ``[now, now + span)`` for each
+    bid's span, from its hourly forecast (``Region.carbon_hourly``, from the hour that holds
+    ``now``; past its end, its last hour), each hour weighted by the part the span covers.
+    A region without a forecast counts its constant throughout. Without any forecast, one
+    row broadcast to every bid (no copy)."""
+    carb = np.asarray([r.carbon_g_per_kwh for r in regions], dtype=np.float64)
+    n = len(spans)
+    if not any(r.carbon_hourly for r in regions):
+        return np.broadcast_to(carb[None, :], (n, len(regions)))
+    span = np.maximum(np.asarray(spans, dtype=np.float64), 1.0)
+    offset = float(now % 3600)
+    out = np.empty((n, len(regions)), dtype=np.float64)
+    for j, r in enumerate(regions):
+        if not r.carbon_hourly:
+            out[:, j] = carb[j]
+            continue
+        need = int(np.ceil((offset + float(span.max())) / 3600.0)) + 1
+        vals = np.asarray(r.carbon_hourly, dtype=np.float64)
+        if len(vals) < need:
+            vals = np.concatenate([vals, np.full(need - len(vals), vals[-1])])
+        cum = np.concatenate([[0.0], np.cumsum(vals)]) * 3600.0  # seconds x g/kWh from the hour's start
+
+        def integral(x: F64, vals: F64 = vals, cum: F64 = cum) -> F64:
+            k = np.floor(x / 3600.0).astype(np.int64)
+            return cum[k] + vals[k] * (x - 3600.0 * k)
+
+        out[:, j] = (integral(offset + span) - integral(np.full(n, offset))) / span
+    return out
 
 
 def score_unit(bids: Sequence[Bid]) -> int:
@@ -300,8 +335,7 @@ def build_market(inp: RoundInput) -> Market:
             pen[i] = pen[i] + b.weights.non_preferred_region * nonpref
 
     tdp = np.asarray([m.tdp_watts for m in models], dtype=np.float64)
-    carb = np.asarray([r.carbon_g_per_kwh for r in regions], dtype=np.float64)
-    carbon_kg_gh = (tdp[:, None] / 1000.0) * (carb[None, :] / 1000.0)
+    b_carb = carbon_means(regions, inp.now, [b.runtime_p50_s or b.duration_s for b in bids])
 
     b_dur = ia([b.duration_s for b in bids])
     b_gpus = ia([b.gpus for b in bids])
@@ -361,7 +395,9 @@ def build_market(inp: RoundInput) -> Market:
         latency_ok=latency_ok,
         latency=latency,
         pen=pen,
-        carbon_kg_gh=carbon_kg_gh,
+        m_kw=tdp / 1000.0,
+        b_carb=b_carb,
+        r_carb=None if any(r.carbon_hourly for r in regions) else np.asarray([r.carbon_g_per_kwh for r in regions], dtype=np.float64),
         views=views,
         bucket_supply=bucket_supply,
         score_unit=unit,
@@ -423,7 +459,10 @@ def pair_values(mkt: Market, bids: I64, offs: I64) -> tuple[F64, BoolA]:
     r = mkt.o_region[offs]
     v = (mkt.b_maxp[bc] - ask).astype(np.float64) + mkt.b_wrel[bc] * mkt.o_rel[offs][None, :]
     v = v - mkt.pen[bc, r[None, :]]
-    v = v - mkt.b_wc[bc] * mkt.carbon_kg_gh[m, r][None, :]
+    if mkt.r_carb is not None:  # one intensity per region for every bid: no bids x offers gather
+        v = v - mkt.b_wc[bc] * (mkt.m_kw[m] * (mkt.r_carb[r] / 1000.0))[None, :]
+    else:
+        v = v - mkt.b_wc[bc] * (mkt.m_kw[m][None, :] * (mkt.b_carb[bc, r[None, :]] / 1000.0))
     return v, ok
 
 
@@ -629,7 +668,7 @@ def top_candidates(
         base = (
             mkt.b_maxp[bids_all].astype(np.float64)
             - mkt.pen[bids_all, r]
-            - mkt.b_wc[bids_all] * mkt.carbon_kg_gh[m, r]
+            - mkt.b_wc[bids_all] * (mkt.m_kw[m] * (mkt.r_carb[r] / 1000.0) if mkt.r_carb is not None else mkt.m_kw[m] * (mkt.b_carb[bids_all, r] / 1000.0))
         )
         gh = mkt.b_gpus[bids_all].astype(np.float64) * mkt.b_hours[bids_all]
         wrel = mkt.b_wrel[bids_all]
@@ -791,7 +830,7 @@ def price_out(
         base = (
             mkt.b_maxp[bids_all].astype(np.float64)
             - mkt.pen[bids_all, r]
-            - mkt.b_wc[bids_all] * mkt.carbon_kg_gh[m, r]
+            - mkt.b_wc[bids_all] * (mkt.m_kw[m] * (mkt.r_carb[r] / 1000.0) if mkt.r_carb is not None else mkt.m_kw[m] * (mkt.b_carb[bids_all, r] / 1000.0))
         )
         gpus = mkt.b_gpus[bids_all]
         jb = jb_all[bids_all]

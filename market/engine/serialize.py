@@ -99,6 +99,11 @@ def _weights(path: str, v: Any) -> Weights:
     return w
 
 
+def _region(path: str, v: Any) -> Region:
+    r: Region = _build(Region, path, v, {"carbon_hourly": _strs})
+    return r
+
+
 def _bid(path: str, v: Any) -> Bid:
     nested = {
         "gpu_models": _strs,
@@ -135,7 +140,7 @@ def input_from_dict(d: Any) -> RoundInput:
         "offers": items(Offer),
         "bids": items(Bid, _bid),
         "gpu_models": items(GpuModel),
-        "regions": items(Region),
+        "regions": items(Region, _region),
         "latency_ms": _latency,
         "running": items(RunningJob),
         "occupied": items(Offer),

@@ -73,6 +73,11 @@ class GpuModel:
 class Region:
     id: str
     carbon_g_per_kwh: float
+    # issue 37: the grid's intensity hour by hour from the hour that holds ``RoundInput.now``
+    # (a forecast, g/kWh; past its end, its last hour); empty: ``carbon_g_per_kwh`` throughout.
+    # A bid's carbon is priced at the mean over the hours its job is expected to run
+    # (``Market.b_carb``).
+    carbon_hourly: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +175,9 @@ class Bid:
     # before its duration is up but after this (``Market.b_span``); past the window its
     # job is preempted, checkpoint first, like any spot job.
     runtime_p90_s: int | None = None
+    # issue 37: the median run time the same prediction gives: the span its carbon is priced
+    # over (its duration without one)
+    runtime_p50_s: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

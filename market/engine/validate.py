@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .limits import (
+    MAX_CARBON_HOURS,
     MAX_COMPUTE_UNITS,
     MAX_CUDA,
     MAX_DURATION_S,
@@ -188,6 +189,10 @@ def _round(inp: RoundInput) -> tuple[set[str], set[str]]:
             raise EngineInputError(f"{p}.id", f"duplicate region {r.id!r}")
         region_ids.add(r.id)
         _float(f"{p}.carbon_g_per_kwh", r.carbon_g_per_kwh, 0.0, 1e5)
+        if not isinstance(r.carbon_hourly, tuple) or len(r.carbon_hourly) > MAX_CARBON_HOURS:
+            raise EngineInputError(f"{p}.carbon_hourly", f"must be a tuple of at most {MAX_CARBON_HOURS} hourly intensities")
+        for k, v in enumerate(r.carbon_hourly):
+            _float(f"{p}.carbon_hourly[{k}]", v, 0.0, 1e5)
     seen_pairs: set[tuple[str, str]] = set()
     for i, row in enumerate(inp.latency_ms):
         p = f"latency_ms[{i}]"
@@ -295,6 +300,7 @@ def _bid_ok(b: Bid, models: set[str], regions: set[str]) -> bool:
         and _i(b.min_disk_gb, 0, MAX_HOST)
         and _i(b.min_net_down_mbps, 0, MAX_HOST)
         and (b.runtime_p90_s is None or _i(b.runtime_p90_s, 1, MAX_DURATION_S))
+        and (b.runtime_p50_s is None or _i(b.runtime_p50_s, 1, MAX_DURATION_S))
         and _f(b.min_reliability, 0.0, 1.0)
         and type(w) is Weights
         and _f(w.latency_per_ms, 0.0, MAX_WEIGHT)
@@ -386,6 +392,8 @@ def _bid(p: str, b: Bid, models: set[str], regions: set[str]) -> None:
     _int(f"{p}.created_at", b.created_at, 0, 2**62)
     if b.runtime_p90_s is not None:
         _int(f"{p}.runtime_p90_s", b.runtime_p90_s, 1, MAX_DURATION_S)
+    if b.runtime_p50_s is not None:
+        _int(f"{p}.runtime_p50_s", b.runtime_p50_s, 1, MAX_DURATION_S)
 
 
 def _running(p: str, j: RunningJob) -> None:
