@@ -33,6 +33,7 @@ TASK_QUEUES: dict[str, Queue] = {
     "market.tasks.idempotency_prune": Queue.DEFAULT,
     "market.tasks.outputs_expire": Queue.DEFAULT,
     "market.tasks.runtime_refit": Queue.DEFAULT,
+    "market.tasks.job_carbon": Queue.DEFAULT,
     "demo.tasks.tick": Queue.DEMO,
     "market.tasks.webhook_deliver": Queue.NOTIFY,
     "market.tasks.webhooks_retry": Queue.NOTIFY,

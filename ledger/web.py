@@ -8,8 +8,10 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.db.models import Count, Sum
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.utils import timezone
 
 from ledger import balances, selectors
 from ledger.api import statement_download
@@ -24,7 +26,7 @@ from ledger.escrow import (
 from ledger.wallet import is_wallet_buyer
 from market import money
 from market.errors import DomainError
-from market.models import Trade
+from market.models import Job, Trade
 from market.states import TradeState
 
 
@@ -74,8 +76,16 @@ def wallet(request: HttpRequest) -> HttpResponse:
         "escrow": escrow, "chain": selectors.chain_info(), "nonce": uuid.uuid4().hex,
         "faucet": faucet_available(), "held": tokens_held(escrow.get("address")), "deposit_prefill": prefill,
         "statement": statement, "statement_lines": list(reversed(statement["lines"]))[:STATEMENT_SHOWN], "months": months,
-        "month_error": month_error, "spend": _spend_per_day(statement),
+        "month_error": month_error, "spend": _spend_per_day(statement), "carbon": _carbon_of_month(request.user, month),
     })
+
+
+def _carbon_of_month(user: Any, month: str | None) -> dict[str, Any]:
+    """kg CO2 of the buyer's jobs that ended in ``month`` (YYYY-MM; None: this one), each
+    measured over the hours it ran at its region's grid (issue 37)."""
+    year, mon = (int(month[:4]), int(month[5:7])) if month else (timezone.now().year, timezone.now().month)
+    got = Job.objects.filter(trade__buyer=user, ended_at__year=year, ended_at__month=mon, kg_co2__isnull=False).aggregate(kg=Sum("kg_co2"), jobs=Count("id"))
+    return {"kg": got["kg"] or 0.0, "jobs": got["jobs"], "month": f"{year:04d}-{mon:02d}"}
 
 
 STATEMENT_SHOWN = 200  # lines on the page, newest first; the CSV has them all

@@ -42,6 +42,7 @@ class MarketConfig(AppConfig):
                 events.UserDeactivated: [streams.user_deactivated],
                 events.WebhookDeliveriesWritten: [tasks.webhook_deliveries_send],
                 events.EmailsWanted: [tasks.emails_send],
+                events.JobReached: [tasks.job_carbon_measure],
             },
         )
 

@@ -17,6 +17,7 @@ from datetime import datetime
 from django.conf import settings
 
 from market import carbon
+from market.models import Job
 from providers.models import Region
 
 FEED_TIMEOUT_S = 2.0
@@ -86,3 +87,33 @@ def carbon_summary(readings: dict[str, carbon.Reading]) -> tuple[bool, str]:
                        f"{len(fed)} from {name}")
     return True, f"{', '.join(fed) or 'no region'} hourly from {'the ' + name + ' series' if name == 'eia-2022' else name}; " \
                  f"{len(constant)} other region(s) at their constant (no series)"
+
+
+def job_carbon(job_id: int) -> float | None:
+    """Measure and keep an ended job's kg CO2: its receipts' GPU-seconds at its GPU model's
+    TDP, at its region's grid intensity averaged over the hours between its start and its end
+    (the feed's series for those hours; the constant where there is none). None: not ended,
+    or measured already (it is measured once)."""
+    job = Job.objects.select_related("trade__gpu_model").filter(pk=job_id).first()
+    if job is None or job.kg_co2 is not None or job.ended_at is None or job.started_at is None:
+        return None
+    t0 = int(job.started_at.timestamp())
+    seconds = max((job.ended_at - job.started_at).total_seconds(), 0.0)
+    region = job.trade.region_id
+    f = feed()
+    constant = Region.objects.filter(pk=region).values_list("carbon_g_per_kwh", flat=True).first()
+    f.constants = {**f.constants, region: float(constant or 0.0)}
+    hours = max(1, int((t0 % 3600 + seconds) // 3600) + 1)
+    values: list[float] = []
+    sources = set()
+    first = t0 - t0 % 3600
+    for k in range(0, hours, carbon.MAX_HOURS):
+        got = f.hourly(region, first + 3600 * k, min(carbon.MAX_HOURS, hours - k))
+        values.extend(got.g_per_kwh)
+        sources.add(got.source)
+    mean = carbon.mean_over(values, t0, seconds) if seconds > 0 else values[0]
+    kwh = job.gpu_seconds / 3600 * job.trade.gpu_model.tdp_watts / 1000
+    kg = round(kwh * mean / 1000, 6)
+    meta = {**(job.checkpoint or {}), "carbon": {"g_per_kwh": round(mean, 1), "kwh": round(kwh, 4), "source": " and ".join(sorted(sources))}}
+    Job.objects.filter(pk=job.pk, kg_co2__isnull=True).update(kg_co2=kg, checkpoint=meta)
+    return kg

@@ -298,6 +298,8 @@ class Job(models.Model):
     exit_code = models.IntegerField(null=True, blank=True)
     gpu_seconds = models.PositiveBigIntegerField(default=0)
     checkpoint = models.JSONField(default=dict, blank=True)
+    # issue 37: kg CO2 of the hours it ran, at its region's grid (market.grid_carbon.job_carbon); null until measured
+    kg_co2 = models.FloatField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from celery import shared_task
 
 import gridbid.celery  # noqa: F401 - binds the tasks to the configured app (eager in tests), wherever .delay() is called
-from market import bookings, notify, outputs, predictions, rounds, webhooks
+from market import bookings, grid_carbon, notify, outputs, predictions, rounds, webhooks
 from market.api import idempotency
-from market.events import EmailsWanted, WebhookDeliveriesWritten
+from market.events import EmailsWanted, JobReached, WebhookDeliveriesWritten
 
 
 @shared_task(name="market.tasks.bids_expire")
@@ -32,6 +32,17 @@ def idempotency_prune() -> int:
 def outputs_expire() -> int:
     """Delete job outputs kept past OUTPUTS_TTL_S, files and rows."""
     return outputs.outputs_expire()
+
+
+@shared_task(name="market.tasks.job_carbon")
+def job_carbon(job_id: int) -> float | None:
+    """Measure an ended job's kg CO2 over the hours it ran (issue 37); once per job."""
+    return grid_carbon.job_carbon(job_id)
+
+
+def job_carbon_measure(event: JobReached) -> None:
+    """After a job's report commits: measure its carbon if it ended (the task skips the rest)."""
+    job_carbon.delay(event.job_id)
 
 
 @shared_task(name="market.tasks.runtime_refit")

@@ -570,7 +570,7 @@ class JobSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Job
-        fields = ["id", "trade", "machine", "state", "progress", "started_at", "ended_at", "exit_code", "gpu_seconds", "checkpoint", "log_tail", "access", "preemption", "updated_at"]
+        fields = ["id", "trade", "machine", "state", "progress", "started_at", "ended_at", "exit_code", "gpu_seconds", "kg_co2", "checkpoint", "log_tail", "access", "preemption", "updated_at"]
 
     @extend_schema_field(inline_serializer("JobPreemption", {
         "requested_at": serializers.DateTimeField(allow_null=True), "reason": serializers.CharField(), "round": serializers.IntegerField(allow_null=True),

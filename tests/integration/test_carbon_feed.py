@@ -67,3 +67,46 @@ def test_a_failing_live_feed_falls_back_to_the_constants_and_readyz_says_why(fee
     finally:
         stub.server.shutdown()
         stub.server.server_close()
+
+
+def test_an_ended_job_is_measured_once_over_the_hours_it_ran(feed_is, make_job, provider_user) -> None:  # type: ignore[no-untyped-def]
+    from datetime import timedelta
+
+    from market.models import Job
+
+    feed_is("eia-2022")
+    job = make_job(provider_user, gpus=2)  # 2 x H100-SXM-80GB in us-east (PJM)
+    start = datetime(2022, 4, 10, 10, 30, tzinfo=UTC)
+    Job.objects.filter(pk=job.pk).update(state="completed", started_at=start, ended_at=start + timedelta(hours=2), gpu_seconds=2 * 7200)
+    pjm = carbon.EiaReplay().series["PJM"]
+    t = int(start.timestamp())
+    mean = (1800 * pjm.at(t) + 3600 * pjm.at(t + 1800) + 1800 * pjm.at(t + 5400)) / 7200  # 10:30-11, 11-12, 12-12:30
+    tdp = job.trade.gpu_model.tdp_watts
+    kg = grid_carbon.job_carbon(job.pk)
+    assert kg == pytest.approx(2 * 2 * tdp / 1000 * mean / 1000, abs=1e-6)
+    assert grid_carbon.job_carbon(job.pk) is None, "measured once"
+    job.refresh_from_db()
+    assert job.kg_co2 == kg and job.checkpoint["carbon"]["source"] == "eia-2022 replay"
+
+
+def test_a_job_reported_ended_gets_its_carbon_on_its_page_in_the_api_and_in_the_month(feed_is, make_job, provider_user, buyer,  # type: ignore[no-untyped-def]
+                                                                                      client_for, django_capture_on_commit_callbacks) -> None:
+    from django.db import transaction
+
+    from ledger.web import _carbon_of_month
+    from market.jobs import job_event
+
+    feed_is("eia-2022")
+    job = make_job(provider_user, gpus=1)
+    with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
+        job_event(user=provider_user, job_id=job.pk, event="started")
+    with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
+        job_event(user=provider_user, job_id=job.pk, event="completed", exit_code=0, gpu_seconds=1)
+    job.refresh_from_db()
+    assert job.kg_co2 is not None and job.kg_co2 >= 0
+    assert client_for(buyer).get(f"/api/v1/jobs/{job.pk}/").json()["kg_co2"] == job.kg_co2
+    c = Client()
+    c.force_login(buyer)
+    assert "Carbon: <b>" in c.get(f"/jobs/{job.pk}/").content.decode()
+    month = _carbon_of_month(buyer, None)
+    assert month["jobs"] == 1 and month["kg"] == pytest.approx(job.kg_co2)
