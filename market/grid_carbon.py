@@ -4,8 +4,10 @@ fallback. Rounds and quotes price carbon at the hour they clear; ``/readyz`` and
 operator page say where each region's figure came from.
 
 A reading is kept per region and hour: the replay's hour never changes, and a live feed is
-asked at most once an hour per region and process, or once a minute while it fails (its
-timeout is short, so a feed that hangs costs a round at most that, once a minute).
+asked at most once an hour per region and process, or once a minute while it fails. One
+call asks it for FEED_TIMEOUT_S in all: the regions left once that is spent take their
+constant until the next minute, so a feed that hangs costs a round or a quote at most that,
+once a minute, however many regions there are.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ def carbon_ahead(now: datetime) -> dict[str, carbon.Reading]:
     t = int(now.timestamp())
     hour = t - t % 3600
     out = {}
+    spent = 0.0
     for region, constant in Region.objects.order_by("id").values_list("id", "carbon_g_per_kwh"):
         f.constants = {**f.constants, region: float(constant)}
         key = (region, hour)
@@ -61,7 +64,14 @@ def carbon_ahead(now: datetime) -> dict[str, carbon.Reading]:
         if kept is not None and (kept[1].source != "constant" or f.source is None or time.monotonic() - kept[0] < RETRY_FAILED_S):
             out[region] = kept[1]
             continue
-        got = f.hourly(region, t, FORECAST_HOURS)
+        if f.source is not None and spent >= FEED_TIMEOUT_S:
+            why = f"the carbon feed took {spent:.1f} s for the regions before {region}; it is asked again within a minute"
+            got = carbon.Reading((float(constant),) * FORECAST_HOURS, "constant", why)
+            f.status[region] = (got.source, why)
+        else:
+            began = time.monotonic()
+            got = f.hourly(region, t, FORECAST_HOURS)
+            spent += time.monotonic() - began
         _readings[key] = (time.monotonic(), got)
         out[region] = got
     if len(_readings) > 4096:  # old hours: a long-running process keeps the current ones only

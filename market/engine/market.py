@@ -226,6 +226,8 @@ def carbon_means(regions: Sequence[Region], now: int, spans: Sequence[int]) -> F
     n = len(spans)
     if not any(r.carbon_hourly for r in regions):
         return np.broadcast_to(carb[None, :], (n, len(regions)))
+    if n == 0:  # every bid set aside: nothing to price
+        return np.zeros((0, len(regions)), dtype=np.float64)
     span = np.maximum(np.asarray(spans, dtype=np.float64), 1.0)
     offset = float(now % 3600)
     out = np.empty((n, len(regions)), dtype=np.float64)

@@ -110,3 +110,28 @@ def test_a_job_reported_ended_gets_its_carbon_on_its_page_in_the_api_and_in_the_
     assert "Carbon: <b>" in c.get(f"/jobs/{job.pk}/").content.decode()
     month = _carbon_of_month(buyer, None)
     assert month["jobs"] == 1 and month["kg"] == pytest.approx(job.kg_co2)
+
+
+def test_a_slow_feed_costs_one_call_its_budget_not_a_timeout_per_region(feed_is, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    stub = Stub()
+    try:
+        def slow(r: str, s: int, h: int) -> tuple[int, object]:
+            time.sleep(0.2)
+            return 200, {"region": r, "start": s - s % 3600, "g_co2_per_kwh": [111.0] * h}
+
+        stub.answer = slow
+        monkeypatch.setattr(grid_carbon, "FEED_TIMEOUT_S", 0.3)
+        feed_is(stub.url)
+        began = time.monotonic()
+        got = grid_carbon.carbon_ahead(datetime.now(UTC))
+        assert time.monotonic() - began < 1.5, "14 regions at 0.2 s each would be 2.8 s"
+        fed = [r for r, x in got.items() if x.source == "http"]
+        waiting = [r for r, x in got.items() if "asked again within a minute" in x.why]
+        assert len(fed) == 2 and len(waiting) == len(got) - 2
+        fine, detail = grid_carbon.carbon_summary(got)
+        assert not fine and "fell back to their constant because the feed failed" in detail
+    finally:
+        stub.server.shutdown()
+        stub.server.server_close()

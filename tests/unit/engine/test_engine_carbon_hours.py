@@ -69,3 +69,11 @@ def test_a_round_with_forecasts_replays_from_its_stored_inputs() -> None:
     again = serialize.input_from_dict(serialize.input_to_dict(inp))
     assert again == inp
     assert serialize.digest(serialize.result_to_dict(clear_round(again))) == serialize.digest(serialize.result_to_dict(clear_round(inp)))
+
+
+def test_a_round_with_forecasts_and_no_bid_clears_empty() -> None:
+    # every bid set aside (the clean-clone run: a round whose only bid had lost its cover failed)
+    regions = tuple(dataclasses.replace(r, carbon_hourly=(100.0, 200.0)) for r in REGIONS)
+    assert carbon_means(regions, NOW, []).shape == (0, len(REGIONS))
+    res = clear_round(dataclasses.replace(round_of([offer(1)], []), regions=regions))
+    assert res.trades == () and res.unmatched == ()
