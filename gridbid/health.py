@@ -302,7 +302,7 @@ def _chain_part(out: Readiness, future: Future[Any] | None, start: float, deadli
 
 def _carbon_part(out: Readiness) -> None:
     """Where each region's carbon intensity comes from this hour (market.grid_carbon)."""
-    readings, error, ms = _timed(lambda: grid_carbon.carbon_now(timezone.now()))
+    readings, error, ms = _timed(lambda: grid_carbon.carbon_ahead(timezone.now()))
     if error is not None:
         out.parts["carbon"] = Part("degraded", f"the carbon feed could not be read ({reason(error)}); rounds use each region's constant", ms)
         return

@@ -57,8 +57,9 @@ def carbon_ahead(now: datetime) -> dict[str, carbon.Reading]:
     hour = t - t % 3600
     out = {}
     spent = 0.0
-    for region, constant in Region.objects.order_by("id").values_list("id", "carbon_g_per_kwh"):
-        f.constants = {**f.constants, region: float(constant)}
+    rows = list(Region.objects.order_by("id").values_list("id", "carbon_g_per_kwh"))
+    f.constants = {**f.constants, **{r: float(c) for r, c in rows}}
+    for region, constant in rows:
         key = (region, hour)
         kept = _readings.get(key)
         if kept is not None and (kept[1].source != "constant" or f.source is None or time.monotonic() - kept[0] < RETRY_FAILED_S):
@@ -78,9 +79,6 @@ def carbon_ahead(now: datetime) -> dict[str, carbon.Reading]:
         for k in [k for k in _readings if k[1] < hour]:
             del _readings[k]
     return out
-
-
-carbon_now = carbon_ahead  # /readyz: the same readings, of which the hour of ``now`` is the first
 
 
 def carbon_summary(readings: dict[str, carbon.Reading]) -> tuple[bool, str]:

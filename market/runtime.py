@@ -60,9 +60,6 @@ class Record:
     model: str
     runtime_s: float
 
-    def field(self, name: str) -> str:
-        return str(getattr(self, name))
-
 
 @dataclass(frozen=True)
 class Stat:
@@ -126,6 +123,17 @@ def key(level: int, fields: Sequence[str]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+def keys_of(*, buyer: str, workload: str, gpus: int, model: str | None) -> list[tuple[int, str]]:
+    """A job's (level, key) at each of LEVELS, broadest first; ``model`` None (not known yet)
+    stops before the narrowest."""
+    values = {"buyer": buyer, "workload": workload, "gpus": str(gpus), "model": model or ""}
+    return [(lv, key(lv, [values[n] for n in names])) for lv, names in enumerate(LEVELS) if model is not None or "model" not in names]
+
+
+def record_keys(r: Record) -> list[tuple[int, str]]:
+    return keys_of(buyer=r.buyer, workload=r.workload, gpus=r.gpus, model=r.model)
+
+
 def workload(image: str, command: Sequence[str] | str | None) -> str:
     """A job's workload identity: its image and its command, as one string."""
     cmd = command if isinstance(command, str) else " ".join(command or ())
@@ -147,13 +155,10 @@ class Model:
 
     def log_quantiles(self, *, buyer: str, workload: str, gpus: int, model: str | None) -> tuple[np.ndarray, int, int] | None:
         """The shrunk log quantiles before calibration, and the jobs and level they came from."""
-        values = {"buyer": buyer, "workload": workload, "gpus": str(gpus), "model": model or ""}
         est: np.ndarray | None = None
         jobs, level = 0, 0
-        for lv, names in enumerate(LEVELS):
-            if model is None and "model" in names:
-                break
-            st = self.stats.get((lv, key(lv, [values[n] for n in names])))
+        for lv, k in keys_of(buyer=buyer, workload=workload, gpus=gpus, model=model):
+            st = self.stats.get((lv, k))
             if st is None:
                 break  # a narrower key of one that has no jobs has none either
             q = np.asarray(st.q)
@@ -230,8 +235,8 @@ def _fit(recs: Sequence[Record]) -> Model:
         if not (r.runtime_s == r.runtime_s) or r.runtime_s < 0 or math.isinf(r.runtime_s):
             raise ValueError(f"run time {r.runtime_s!r} of a {r.gpus}-GPU job is not a finite count of seconds >= 0")
         y = math.log(max(r.runtime_s, MIN_RUNTIME_S))
-        for lv, names in enumerate(LEVELS):
-            groups[(lv, key(lv, [r.field(n) for n in names]))].append(y)
+        for k in record_keys(r):
+            groups[k].append(y)
     stats = {}
     for k, ys in groups.items():
         q = np.quantile(np.asarray(ys), QUANTILES)
@@ -246,17 +251,16 @@ class MeanModel:
     def __init__(self, records: Iterable[Record]) -> None:
         sums: dict[tuple[int, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
         for r in records:
-            for lv, names in enumerate(LEVELS):
-                s = sums[(lv, key(lv, [r.field(n) for n in names]))]
+            for k in record_keys(r):
+                s = sums[k]
                 s[0] += r.runtime_s
                 s[1] += 1
         self.means = {k: s[0] / s[1] for k, s in sums.items()}
 
     def predict(self, *, buyer: str, workload: str, gpus: int, model: str | None) -> float | None:
-        values = {"buyer": buyer, "workload": workload, "gpus": str(gpus), "model": model or ""}
         got = None
-        for lv, names in enumerate(LEVELS):
-            m = self.means.get((lv, key(lv, [values[n] for n in names])))
+        for k in keys_of(buyer=buyer, workload=workload, gpus=gpus, model=model):
+            m = self.means.get(k)
             if m is None:
                 break
             got = m

@@ -142,6 +142,7 @@ class Market:
         if self.predict:
             self._ends = np.asarray([p.arrival + p.runtime for p in self.pods], dtype=np.float64)
             self._by_end = np.argsort(self._ends, kind="stable")
+            self._ends = self._ends[self._by_end]  # in end order: a refit takes a prefix
 
     def window(self, j: int, clock: float) -> int | None:
         """When lent node ``j``'s window closes, in simulation seconds: the first hour ahead
@@ -164,7 +165,7 @@ class Market:
             return None
         due = math.floor(clock / REFIT_S) * REFIT_S
         if due != self._fitted_at:
-            done = self._by_end[: int(np.searchsorted(self._ends[self._by_end], due, side="right"))]
+            done = self._by_end[: int(np.searchsorted(self._ends, due, side="right"))]
             self._model = runtime.fit([record(self.pods[k]) for k in done.tolist()])
             self._fitted_at = due
         r = record(self.pods[i])

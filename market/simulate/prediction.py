@@ -66,6 +66,7 @@ def evaluate(pods: Sequence[Pod], window_s: float, *, refit_s: float = REFIT_S, 
     recs = [record(p) for p in pods]
     ends = np.asarray([p.arrival + p.runtime for p in pods], dtype=np.float64)
     by_end = np.argsort(ends, kind="stable")
+    sorted_ends = ends[by_end]
     arrivals = [p.arrival for p in pods]
     fits = 0
     got: list[tuple[np.ndarray, np.ndarray]] = []
@@ -74,7 +75,7 @@ def evaluate(pods: Sequence[Pod], window_s: float, *, refit_s: float = REFIT_S, 
     while t < window_s:
         lo, hi = bisect.bisect_left(arrivals, t), bisect.bisect_left(arrivals, t + refit_s)
         if hi > lo:
-            done = by_end[: int(np.searchsorted(ends[by_end], t, side="right"))]
+            done = by_end[: int(np.searchsorted(sorted_ends, t, side="right"))]
             train = [recs[i] for i in done.tolist()]
             got.append(runtime.errors(runtime.fit(train), recs[lo:hi]))
             base.append(runtime.errors(runtime.MeanModel(train), recs[lo:hi]))
