@@ -15,8 +15,13 @@ region (``providers/data/regions.json``) is the fallback, never the first choice
 - **A live source** (``HttpSource``) is any HTTP endpoint that answers
   ``GET {url}?region=R&start=T&hours=N`` with
   ``{"region": R, "start": T, "g_co2_per_kwh": [N numbers]}``: hourly values from the hour
-  that holds unix second ``T``. Answers are checked; a bad one is a ``CarbonFeedError``
-  naming what was wrong.
+  that holds unix second ``T``; hours still to come are the feed's forecast. Answers are
+  checked; a bad one is a ``CarbonFeedError`` naming what was wrong.
+- **The forecast** (``Feed.ahead``). A live feed forecasts itself. The replay is history, and
+  reading its next hours would be knowing the future, so the hours ahead of a source that
+  does not forecast (``Source.forecasts``) are the mean of the same hour on the previous
+  ``FORECAST_DAYS`` days it has passed (``seasonal``); the hour now is its own.
+- **Waiting for a cleaner hour** (``defer``, the rule deferrable bids follow; below).
 - **The fallback** (``Feed``). Where the source has no series for a region, fails, or is
   older than ``stale_s``, the region's constant is used, and ``Feed.status`` says so and
   why (``/readyz`` and the operator page show it).
@@ -34,7 +39,7 @@ import math
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -45,6 +50,9 @@ GRID_OF_REGION: dict[str, str] = {"us-east": "PJM", "us-central": "MISO", "us-we
 HOURS = 8760  # a series holds one non-leap year, hour by hour from 1 January 00:00 UTC
 MAX_HOURS = 24 * 14  # the most hours one request may ask of a source
 MAX_G_PER_KWH = 5000.0  # above any grid's intensity (coal alone is about 1,000)
+FORECAST_DAYS = 3  # a forecast from history: the mean of the same hour on this many previous days
+DEFER_MIN_CUT = 0.10  # a deferrable bid waits only for an hour at least this much cleaner than now
+DEFER_MIN_VALUE = 10_000  # ... and only where the carbon it saves is worth this much to its buyer (base units: 0.01 USD)
 
 
 class CarbonDataError(ValueError):
@@ -127,6 +135,7 @@ class Source(Protocol):
     ``start`` for ``region``, or None where it has no series for that region."""
 
     name: str
+    forecasts: bool  # whether its hours still to come are a forecast (a live feed), not history to be forecast from
 
     def hourly(self, region: str, start: int, hours: int) -> tuple[float, ...] | None: ...
 
@@ -135,6 +144,7 @@ class EiaReplay:
     """The shipped EIA-930 series of 2022, by ``GRID_OF_REGION``, replayed by hour of year."""
 
     name = "eia-2022 replay"
+    forecasts = False  # 2022 as it happened: its next hours are forecast from the days before (``seasonal``)
 
     def __init__(self, data: Path = DATA, grids: Mapping[str, str] = GRID_OF_REGION) -> None:
         self.grids = dict(grids)
@@ -149,6 +159,7 @@ class HttpSource:
     """A live feed over HTTP (the module's docstring gives the protocol)."""
 
     name = "http"
+    forecasts = True
 
     def __init__(self, url: str, timeout_s: float = 5.0) -> None:
         parts = urllib.parse.urlsplit(url)
@@ -229,6 +240,92 @@ class Feed:
 
     def now(self, region: str, t: int) -> Reading:
         return self.hourly(region, t, 1)
+
+    def ahead(self, region: str, t: int, hours: int) -> Reading:
+        """``hours`` values from the hour that holds ``t``, the first the hour now and the rest a
+        forecast: the source's own where it forecasts, else ``seasonal`` of its history."""
+        if self.source is None or self.source.forecasts:
+            return self.hourly(region, t, hours)
+        back = history_hours(hours)
+        got = self.hourly(region, t - 3600 * back, back + 1)
+        if got.source == "constant":
+            return Reading(got.g_per_kwh[: hours], got.source, got.why)
+        return Reading(seasonal(got.g_per_kwh, hours), got.source, got.why)
+
+
+def history_hours(hours: int, days: int = FORECAST_DAYS) -> int:
+    """How many hours before the hour now ``seasonal`` needs to forecast ``hours`` values."""
+    return 24 * (days + math.ceil(max(hours - 1, 0) / 24))
+
+
+def seasonal(history: Sequence[float], hours: int, days: int = FORECAST_DAYS) -> tuple[float, ...]:
+    """A forecast of ``hours`` values from hourly ``history`` whose last value is the hour now:
+    the hour now itself, then for hour ``k`` ahead the mean of the same hour of day on the
+    ``days`` most recent days already past (``k - 24 d`` hours from now, for the ``days``
+    smallest ``d`` with ``24 d >= k``). ``history`` holds ``history_hours(hours, days) + 1``
+    values or more."""
+    need = history_hours(hours, days) + 1
+    if len(history) < need:
+        raise ValueError(f"a forecast of {hours} hours from {days} days needs {need} hours of history, got {len(history)}")
+    last = len(history) - 1
+    out = [float(history[last])]
+    for k in range(1, hours):
+        first = math.ceil(k / 24)
+        out.append(sum(float(history[last + k - 24 * d]) for d in range(first, first + days)) / days)
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Why a deferrable bid waits: ``expected`` g/kWh over its run from ``at`` (the start of an
+    hour ahead) in ``region``, against ``now_g`` from now at best (in ``now_region``)."""
+
+    region: str
+    at: int
+    expected: float
+    now_region: str
+    now_g: float
+    saving_kg: float
+
+    def text(self, clock: Callable[[int], str]) -> str:
+        return (f"waiting for a cleaner hour: {self.expected:.0f} g/kWh expected at {clock(self.at)} in {self.region} "
+                f"vs {self.now_g:.0f} now (in {self.now_region}); {self.saving_kg:.2f} kg CO2 less")
+
+
+def defer(*, now: int, latest_start: int, span_s: int, kwh: float, value_per_kg: float,
+          ahead: Mapping[str, Sequence[float]], min_cut: float = DEFER_MIN_CUT, min_value: float = DEFER_MIN_VALUE) -> Wait | None:
+    """The waiting rule of a deferrable bid. ``ahead``: for each region it could run in, the
+    hourly forecast from the hour that holds ``now`` (``Feed.ahead``); ``span_s`` the run it
+    expects (its predicted median, else its booking); ``kwh`` what that run draws;
+    ``value_per_kg`` its buyer's carbon weight (base units per kg).
+
+    The best start now is the region with the least mean intensity over ``[now, now +
+    span_s)``. The best later start is the (hour, region) with the least mean over the span
+    from the start of an hour ahead, up to ``latest_start`` and inside the forecast (ties: the
+    earlier hour, then the region's name). The bid waits (a ``Wait``) when that later start
+    is at least ``min_cut`` cleaner than now and the carbon it saves, at the buyer's weight,
+    is worth at least ``min_value``; else it bids now (None). Asked again each round, so a
+    forecast that changes moves the wait, and at ``latest_start`` it bids whatever the hour."""
+    if not ahead or span_s <= 0 or kwh <= 0 or value_per_kg <= 0 or latest_start <= now:
+        return None
+    now_g, now_region = min((mean_over(v, now, span_s), r) for r, v in sorted(ahead.items()) if v)
+    hour0 = now - now % 3600
+    best: tuple[float, int, str] | None = None
+    for r, v in sorted(ahead.items()):
+        for k in range(1, len(v)):
+            at = hour0 + 3600 * k
+            if at > latest_start:
+                break
+            g = mean_over(v[k:], at, span_s)
+            if best is None or (g, at, r) < best:
+                best = (g, at, r)
+    if best is None:
+        return None
+    g, at, region = best
+    saving_kg = (now_g - g) * kwh / 1000
+    if g > now_g * (1 - min_cut) or saving_kg * value_per_kg < min_value:
+        return None
+    return Wait(region, at, g, now_region, now_g, saving_kg)
 
 
 def mean_over(values: Sequence[float], start: int, seconds: float) -> float:

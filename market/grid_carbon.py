@@ -50,8 +50,9 @@ def feed() -> carbon.Feed:
 
 
 def carbon_ahead(now: datetime) -> dict[str, carbon.Reading]:
-    """Each region's intensity for FORECAST_HOURS from the hour of ``now`` (a constant region:
-    its figure repeated) and its source."""
+    """Each region's intensity for FORECAST_HOURS from the hour of ``now``: the hour now, then
+    the feed's forecast (``carbon.Feed.ahead``: the replay's from the same hour of the days
+    before); a constant region its figure repeated; and its source."""
     f = feed()
     t = int(now.timestamp())
     hour = t - t % 3600
@@ -71,7 +72,7 @@ def carbon_ahead(now: datetime) -> dict[str, carbon.Reading]:
             f.status[region] = (got.source, why)
         else:
             began = time.monotonic()
-            got = f.hourly(region, t, FORECAST_HOURS)
+            got = f.ahead(region, t, FORECAST_HOURS)
             spent += time.monotonic() - began
         _readings[key] = (time.monotonic(), got)
         out[region] = got

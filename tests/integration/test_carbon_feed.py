@@ -36,9 +36,13 @@ def test_a_round_sees_us_east_at_its_grids_hour_and_eu_west_at_its_constant(feed
     assert regions["eu-west"] == 290.0  # no hourly series: the catalogue's figure
     later = {r.id: r.carbon_g_per_kwh for r in repository.snapshot(now=at.replace(hour=3)).regions}
     assert later["us-east"] == pjm.at(int(at.replace(hour=3).timestamp()))
-    # the engine sees the next 48 hours of us-east's grid, to price a job over the hours it runs
+    # the engine sees a forecast of the next 48 hours of us-east's grid, to price a job over the
+    # hours it runs: the hour now, then the same hour of the 3 days before (the replay is history)
     ahead = {r.id: r.carbon_hourly for r in repository.snapshot(now=at).regions}
-    assert ahead["us-east"] == pjm.hourly(int(at.timestamp()), grid_carbon.FORECAST_HOURS) and ahead["eu-west"] == ()
+    t = int(at.timestamp())
+    history = pjm.hourly(t - 3600 * carbon.history_hours(grid_carbon.FORECAST_HOURS), carbon.history_hours(grid_carbon.FORECAST_HOURS) + 1)
+    assert ahead["us-east"] == carbon.seasonal(history, grid_carbon.FORECAST_HOURS) and ahead["eu-west"] == ()
+    assert ahead["us-east"][0] == pjm.at(t) and ahead["us-east"][1] == sum(pjm.at(t + 3600 - 86400 * d) for d in (1, 2, 3)) / 3
 
 
 def test_readyz_says_where_each_regions_figure_comes_from(feed_is) -> None:  # type: ignore[no-untyped-def]

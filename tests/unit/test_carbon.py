@@ -149,3 +149,65 @@ def test_the_mean_over_a_span_weights_each_hour_by_the_part_it_covers() -> None:
     assert carbon.mean_over((100.0, 300.0), start, 3600) == 200.0  # half of 10:00's hour, half of 11:00's
     assert carbon.mean_over((100.0, 300.0), start, 900) == 100.0
     assert carbon.mean_over((100.0, 300.0), start, 3 * 3600) == pytest.approx((1800 * 100 + 3600 * 300 + 5400 * 300) / 10800), "past the last hour: the last value"
+
+
+def test_a_forecast_from_history_is_the_same_hour_of_the_previous_days() -> None:
+    # 4 days and an hour of history, each value its hour number: the hour now is 96
+    history = [float(h) for h in range(carbon.history_hours(30, days=3) + 1)]
+    assert carbon.history_hours(30, days=3) == 24 * (3 + 2)  # 30 hours ahead reach into the second day
+    got = carbon.seasonal(history, 30, days=3)
+    now = len(history) - 1  # 120
+    assert got[0] == now
+    assert got[1] == ((now + 1 - 24) + (now + 1 - 48) + (now + 1 - 72)) / 3  # 97, 73, 49 -> 73
+    assert got[24] == ((now + 24 - 24) + (now + 24 - 48) + (now + 24 - 72)) / 3  # the hour now a day on: today's, yesterday's, ...
+    assert got[25] == ((now + 25 - 48) + (now + 25 - 72) + (now + 25 - 96)) / 3  # tomorrow + 1 h: today's is still to come
+    with pytest.raises(ValueError, match="needs 121 hours of history, got 5"):
+        carbon.seasonal(history[:5], 30, days=3)
+
+
+def test_the_replay_forecasts_from_the_days_before_not_from_2022_ahead(eia: carbon.EiaReplay) -> None:
+    feed = carbon.Feed(eia, {"us-east": 400.0})
+    t = ts("2022-03-10T05:30:00")
+    got = feed.ahead("us-east", t, 3)
+    truth = eia.hourly("us-east", t, 3)
+    assert got.source == "eia-2022 replay" and got.g_per_kwh[0] == truth[0]
+    for k in (1, 2):
+        days = [eia.hourly("us-east", t + 3600 * k - 86400 * d, 1)[0] for d in (1, 2, 3)]  # type: ignore[index]
+        assert got.g_per_kwh[k] == pytest.approx(sum(days) / 3)
+    assert got.g_per_kwh[1:] != truth[1:]  # not the future it replays
+
+
+def test_a_deferrable_bid_waits_for_the_cleanest_hour_before_its_latest_start() -> None:
+    now = ts("2026-12-07T10:15:00")
+    h = 3600
+    ahead = {"us-east": [400.0, 420.0, 200.0, 180.0, 400.0], "us-west": [300.0, 300.0, 300.0, 100.0, 300.0]}
+    # a 1-hour run on 8 GPUs of 0.7 kW: 5.6 kWh; weight 0.19 USD per kg (190,000 base units)
+    wait = carbon.defer(now=now, latest_start=now + 4 * h, span_s=h, kwh=5.6, value_per_kg=190_000, ahead=ahead)
+    assert wait is not None
+    # now at best: us-west, 300 g over the whole hour from 10:15; later at best: us-west from 13:00, 100 g
+    assert (wait.now_region, wait.now_g) == ("us-west", 300.0)
+    assert (wait.region, wait.at, wait.expected) == ("us-west", ts("2026-12-07T13:00:00"), 100.0)
+    assert wait.saving_kg == pytest.approx((300 - 100) * 5.6 / 1000)  # 1.12 kg
+    assert wait.text(lambda t: "13:00") == ("waiting for a cleaner hour: 100 g/kWh expected at 13:00 in us-west vs 300 now "
+                                             "(in us-west); 1.12 kg CO2 less")
+    # a 90-minute run from 12:00 in us-east: (200 x 60 + 180 x 30) / 90 = 193.3; from 13:00 in us-west (100 x 60 + 300 x 30) / 90 = 166.7
+    wait = carbon.defer(now=now, latest_start=now + 4 * h, span_s=90 * 60, kwh=5.6, value_per_kg=190_000, ahead=ahead)
+    assert wait is not None and wait.region == "us-west" and wait.expected == pytest.approx((100 * 60 + 300 * 30) / 90)
+    # its latest start before 13:00: 12:00 in us-east at 200 g is the best it may wait for
+    wait = carbon.defer(now=now, latest_start=ts("2026-12-07T12:30:00"), span_s=h, kwh=5.6, value_per_kg=190_000, ahead=ahead)
+    assert wait is not None and (wait.region, wait.at, wait.expected) == ("us-east", ts("2026-12-07T12:00:00"), 200.0)
+
+
+def test_a_deferrable_bid_bids_now_when_waiting_is_not_worth_it() -> None:
+    now = ts("2026-12-07T10:00:00")
+    h = 3600
+    flat = {"us-east": [400.0, 380.0, 370.0]}  # 7.5% cleaner at best: under the 10% a wait needs
+    assert carbon.defer(now=now, latest_start=now + 2 * h, span_s=h, kwh=5.6, value_per_kg=190_000, ahead=flat) is None
+    swing = {"us-east": [400.0, 200.0]}  # 1.12 kg less
+    assert carbon.defer(now=now, latest_start=now + h, span_s=h, kwh=5.6, value_per_kg=190_000, ahead=swing) is not None
+    # worth 1.12 kg x 0.005 USD = 0.56 cents to a buyer who prices carbon at 5 USD a tonne: under a cent
+    assert carbon.defer(now=now, latest_start=now + h, span_s=h, kwh=5.6, value_per_kg=5_000, ahead=swing) is None
+    assert carbon.defer(now=now, latest_start=now + h, span_s=h, kwh=5.6, value_per_kg=0, ahead=swing) is None
+    # past its latest start, or with the cleaner hour after it: it bids now
+    assert carbon.defer(now=now, latest_start=now, span_s=h, kwh=5.6, value_per_kg=190_000, ahead=swing) is None
+    assert carbon.defer(now=now, latest_start=now + h - 1, span_s=h, kwh=5.6, value_per_kg=190_000, ahead=swing) is None
