@@ -80,6 +80,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("WEBHOOK_ALLOW_PRIVATE_URLS", "false", "true lets webhooks call private, loopback and link-local addresses (127.0.0.1, 10.x, ...): for tests and closed networks only."),
     Variable("EMAIL_URL", "console://", "Where notification emails go: console:// (printed to the log), smtp://user:pass@host:587 (STARTTLS with smtp+tls://, TLS with smtps://), or dummy:// (dropped)."),
     Variable("DEFAULT_FROM_EMAIL", "GridBid <gridbid@localhost>", "The From address of notification emails."),
+    Variable("GRIDBID_CARBON_CLOCK_SPEED", "1", "For tests and demos: the carbon feed's clock runs this many times faster than the wall clock from the moment the server first reads it (1-100000), so a day of the grid, and deferrable bids waiting for its cleaner hours, pass in minutes. Keep 1 in production."),
     Variable("GRIDBID_DEMO_SPEED", "60", "Under `gridbid up --demo`: how many times faster than booked the demo's simulated jobs run (1-10000)."),
 )
 
@@ -185,6 +186,7 @@ class Config:
     fair_share_cap: float
     price_point: float
     demo_speed: float
+    carbon_clock_speed: float
     chain_rpc_url: str | None
     chain_port: int
     chain_id: int
@@ -413,6 +415,7 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         log_format=_choice(env, "LOG_FORMAT", "plain", ("plain", "json")),
         metrics_token=_metrics_token(env),
         demo_speed=_number(env, "GRIDBID_DEMO_SPEED", 60.0, 1, 10_000),
+        carbon_clock_speed=_number(env, "GRIDBID_CARBON_CLOCK_SPEED", 1.0, 1, 100_000),
         outputs_storage=outputs_storage,
         outputs_s3_bucket=outputs_s3_bucket,
         outputs_s3_endpoint_url=_url(env, "OUTPUTS_S3_ENDPOINT_URL", ("https", "http")),

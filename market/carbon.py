@@ -288,8 +288,9 @@ class Wait:
     saving_kg: float
 
     def text(self, clock: Callable[[int], str]) -> str:
+        elsewhere = "" if self.now_region == self.region else f" in {self.now_region}"
         return (f"waiting for a cleaner hour: {self.expected:.0f} g/kWh expected at {clock(self.at)} in {self.region} "
-                f"vs {self.now_g:.0f} now (in {self.now_region}); {self.saving_kg:.2f} kg CO2 less")
+                f"vs {self.now_g:.0f} now{elsewhere}; {self.saving_kg:.2f} kg CO2 less")
 
 
 def defer(*, now: int, latest_start: int, span_s: int, kwh: float, value_per_kg: float,

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.conf import settings
 
-from market import carbon
+from market import carbon, engine
 from market.models import Job
 from providers.models import Region
 
@@ -28,6 +28,7 @@ RETRY_FAILED_S = 60.0
 
 _lock = threading.Lock()
 _feed: tuple[str, carbon.Feed] | None = None
+_origin: float | None = None  # when this process first read the feed's clock (GRIDBID_CARBON_CLOCK_SPEED)
 _readings: dict[tuple[str, int], tuple[float, carbon.Reading]] = {}
 
 
@@ -49,12 +50,33 @@ def feed() -> carbon.Feed:
         return _feed[1]
 
 
+def feed_time(now: datetime) -> int:
+    """The feed's clock at ``now`` (unix seconds): the wall clock, or under
+    GRIDBID_CARBON_CLOCK_SPEED (tests and demos) a clock that runs that many times faster from
+    the moment this process first read it. The engine still integrates a job's hours at wall
+    speed; only which hour of the grid it is, and so what a deferrable bid waits for, runs fast."""
+    global _origin
+    t = now.timestamp()
+    speed = settings.CONFIG.carbon_clock_speed
+    if speed == 1:
+        return int(t)
+    if _origin is None:
+        _origin = t
+    return int(_origin + (t - _origin) * speed)
+
+
+def wall_time(t: int) -> float:
+    """The wall clock's unix second at the feed's second ``t`` (``feed_time``'s inverse)."""
+    speed = settings.CONFIG.carbon_clock_speed
+    return float(t) if speed == 1 or _origin is None else _origin + (t - _origin) / speed
+
+
 def carbon_ahead(now: datetime) -> dict[str, carbon.Reading]:
     """Each region's intensity for FORECAST_HOURS from the hour of ``now``: the hour now, then
     the feed's forecast (``carbon.Feed.ahead``: the replay's from the same hour of the days
     before); a constant region its figure repeated; and its source."""
     f = feed()
-    t = int(now.timestamp())
+    t = feed_time(now)
     hour = t - t % 3600
     out = {}
     spent = 0.0
@@ -126,3 +148,64 @@ def job_carbon(job_id: int) -> float | None:
     meta = {**(job.checkpoint or {}), "carbon": {"g_per_kwh": round(mean, 1), "kwh": round(kwh, 4), "source": " and ".join(sorted(sources))}}
     Job.objects.filter(pk=job.pk, kg_co2__isnull=True).update(kg_co2=kg, checkpoint=meta)
     return kg
+
+
+def _could_take(b: engine.Bid, o: engine.Offer, models: dict[str, engine.GpuModel]) -> bool:
+    """Whether offer ``o`` is of a kind bid ``b`` could take: model or specs, region, price,
+    size on one machine, class. The engine decides the rest when the bid bids."""
+    m = models.get(o.gpu_model)
+    if m is None:
+        return False
+    model_ok = o.gpu_model in b.gpu_models if b.gpu_models else (
+        m.memory_gib >= b.min_memory_gib and m.compute_units >= b.min_compute_units and (b.vendor is None or m.vendor == b.vendor))
+    return bool(
+        model_ok
+        and (not b.allowed_regions or o.region in b.allowed_regions)
+        and o.ask <= b.max_price
+        and (not b.same_machine or o.gpus >= b.gpus)
+        and (not o.spot_only or b.klass == "spot")
+        and (not o.reserved_only or b.klass == "reserved")
+    )
+
+
+def deferrals(inp: engine.RoundInput, latest: dict[int, datetime], now: datetime) -> dict[int, carbon.Wait]:
+    """The deferrable bids of a round (``latest``: bid id -> the latest start it accepts) that
+    wait for a cleaner hour, with why (``carbon.defer``, at the feed's clock). A bid's regions
+    are those of the round's offers it could take, each with the forecast the round prices
+    (``Region.carbon_hourly``; a constant region its figure now); its run is its predicted
+    median, else its booking, on the most frugal GPU model of those offers (a wait must pay
+    even there). A bid no offer could take bids as usual: waiting would not help it."""
+    models = {m.id: m for m in inp.gpu_models}
+    ahead = {r.id: tuple(r.carbon_hourly) or (r.carbon_g_per_kwh,) for r in inp.regions}
+    t_now = feed_time(now)
+    out: dict[int, carbon.Wait] = {}
+    for b in inp.bids:
+        until = latest.get(b.id)
+        if until is None:
+            continue
+        offers = [o for o in inp.offers if _could_take(b, o, models)]
+        if not offers:
+            continue
+        last = int(until.timestamp())
+        if b.deadline is not None:
+            last = min(last, b.deadline - b.duration_s)
+        span = b.runtime_p50_s or b.duration_s
+        kw = min(models[o.gpu_model].tdp_watts for o in offers) / 1000
+        wait = carbon.defer(now=t_now, latest_start=feed_time(datetime.fromtimestamp(last, UTC)), span_s=span,
+                            kwh=b.gpus * kw * span / 3600, value_per_kg=b.weights.carbon_per_kg,
+                            ahead={o.region: ahead[o.region] for o in offers if o.region in ahead})
+        if wait is not None:
+            out[b.id] = wait
+    return out
+
+
+def wait_explanation(wait: carbon.Wait) -> dict[str, object]:
+    """A waiting bid's explanation fields: the reason (times on the wall clock, UTC) and the figures."""
+    at = datetime.fromtimestamp(wall_time(wait.at), UTC)
+    return {
+        "reasons": [wait.text(lambda t: datetime.fromtimestamp(wall_time(t), UTC).strftime("%H:%M UTC"))],
+        "deferred": True,
+        "cleaner_at": at.isoformat(),
+        "carbon": {"region": wait.region, "expected_g_per_kwh": round(wait.expected, 1), "now_region": wait.now_region,
+                   "now_g_per_kwh": round(wait.now_g, 1), "saving_kg": round(wait.saving_kg, 3)},
+    }

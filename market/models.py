@@ -183,6 +183,7 @@ class Bid(models.Model):
     max_price = models.BigIntegerField(help_text="Most the buyer pays, token base units per GPU-hour")
     duration_s = models.PositiveIntegerField()
     deadline = models.DateTimeField(null=True, blank=True, help_text="The job must have finished by then")
+    deferrable_until = models.DateTimeField(null=True, blank=True, help_text="Until then the bid may wait for a cleaner hour of the grid (market.carbon.defer); it bids as any other after")
     klass = models.CharField("class", max_length=16, choices=BidClass.choices, default=BidClass.ON_DEMAND)
     min_reliability = models.FloatField(default=0)
     # the least host the job needs (issue 32), in Machine's units; 0: no minimum

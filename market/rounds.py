@@ -31,7 +31,16 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
-from market import bookings, engine, estimates, funding, predictions, repository, states
+from market import (
+    bookings,
+    engine,
+    estimates,
+    funding,
+    grid_carbon,
+    predictions,
+    repository,
+    states,
+)
 from market import jobs as jobs_
 from market.engine import serialize
 from market.errors import Conflict, NotFound
@@ -203,6 +212,23 @@ def _unfunded_left_out(*, rnd: AuctionRound, inp: engine.RoundInput) -> tuple[en
     return dataclasses.replace(inp, bids=tuple(b for b in inp.bids if b.id not in uncovered)), sorted(uncovered)
 
 
+def _deferred_left_out(*, rnd: AuctionRound, inp: engine.RoundInput, now: datetime) -> tuple[engine.RoundInput, list[int]]:
+    """Hold back the deferrable bids that wait for a cleaner hour (``grid_carbon.deferrals``):
+    each keeps its place in the book, with the hour it waits for as its explanation, and is
+    asked again next round; from its ``deferrable_until`` on it bids as any other."""
+    latest = dict(Bid.objects.filter(state=BidState.OPEN, deferrable_until__gt=now).values_list("pk", "deferrable_until"))
+    if not latest:
+        return inp, []
+    waits = grid_carbon.deferrals(inp, latest, now)
+    if not waits:
+        return inp, []
+    with transaction.atomic():
+        for bid in Bid.objects.select_for_update().filter(pk__in=list(waits), state=BidState.OPEN):
+            bid.explanation = {"round": rnd.number, "matched": False, "nearest": None, **grid_carbon.wait_explanation(waits[bid.pk])}
+            bid.save(update_fields=["explanation"])
+    return dataclasses.replace(inp, bids=tuple(b for b in inp.bids if b.id not in waits)), sorted(waits)
+
+
 def round_clear(*, now: datetime | None = None, slot: int | None = None) -> AuctionRound | None:
     """Run one round at `now`. Returns the round, or None if another round is clearing
     (this slot is skipped: rounds never overlap, nor catch up), the slot was already taken,
@@ -231,7 +257,8 @@ def _round_clear_locked(*, now: datetime, slot: int | None) -> AuctionRound | No
     try:
         inp, aside = engine.screen(repository.snapshot(now=now))
         inp, unfunded = _unfunded_left_out(rnd=rnd, inp=inp)
-        set_aside = {**_set_aside(rnd=rnd, aside=aside), "unfunded_bids": unfunded, "expired_bids": expired}
+        inp, deferred = _deferred_left_out(rnd=rnd, inp=inp, now=now)
+        set_aside = {**_set_aside(rnd=rnd, aside=aside), "unfunded_bids": unfunded, "expired_bids": expired, "deferred_bids": deferred}
         started = time.perf_counter()
         stages = StageTimes()
         result = engine.clear_round(inp, stopwatch=stages)

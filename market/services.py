@@ -250,6 +250,7 @@ def bid_validate(*, data: dict[str, Any]) -> None:
     deadline = data.get("deadline")
     if deadline is not None and deadline <= timezone.now() + timezone.timedelta(seconds=data["duration_s"]):
         raise DomainError("The deadline is too soon for the duration.", fields={"deadline": ["Must be later than now plus duration_s."]})
+    _deferrable_validate(data=data)
     expires_at = data.get("expires_at")
     if expires_at is not None:
         from django.conf import settings
@@ -264,6 +265,33 @@ def bid_validate(*, data: dict[str, Any]) -> None:
                 fields={"expires_at": [f"Give a time in the future and at most {longest} s ahead (now: {now:%Y-%m-%dT%H:%M:%SZ}, "
                                        f"latest: {latest:%Y-%m-%dT%H:%M:%SZ}), or leave it out for {settings.CONFIG.bid_ttl_default_s} s (BID_TTL_DEFAULT_S)."]},
             )
+
+
+MAX_DEFER_S = 48 * 3600  # the forecast a round sees (grid_carbon.FORECAST_HOURS): a bid cannot wait for an hour past it
+
+
+def _deferrable_validate(*, data: dict[str, Any]) -> None:
+    """A deferrable bid's latest start: ahead, within the forecast, before it would expire and in
+    time to finish by its deadline; and a bid that prices carbon at nothing has nothing to wait for."""
+    from django.conf import settings
+
+    until = data.get("deferrable_until")
+    if until is None:
+        return
+    now = timezone.now()
+    fld = "deferrable_until"
+    if until <= now:
+        raise DomainError("deferrable_until is in the past.", fields={fld: [f"Give the latest start you accept, after now ({now:%Y-%m-%dT%H:%M:%SZ}), or leave it out to bid at once."]})
+    if until > now + timedelta(seconds=MAX_DEFER_S):
+        raise DomainError("deferrable_until is too far ahead.", fields={fld: [f"At most {MAX_DEFER_S // 3600} hours from now: the rounds see the grid's forecast that far."]})
+    expires_at = data.get("expires_at") or now + timedelta(seconds=settings.CONFIG.bid_ttl_default_s)
+    if until >= expires_at:
+        raise DomainError("deferrable_until is after the bid expires.", fields={fld: [f"Must be before the bid's expiry ({expires_at:%Y-%m-%dT%H:%M:%SZ}); set a later expires_at or an earlier deferrable_until."]})
+    deadline = data.get("deadline")
+    if deadline is not None and until + timedelta(seconds=data["duration_s"]) > deadline:
+        raise DomainError("deferrable_until leaves no time to finish by the deadline.", fields={fld: ["A job that starts then must still finish by the deadline: at most deadline minus duration_s."]})
+    if (data.get("weights") or {}).get("carbon_per_kg", 1.0) <= 0:
+        raise DomainError("A deferrable bid needs a carbon weight.", fields={fld: ["weights.carbon_per_kg is 0: carbon is worth nothing to this bid, so it would never wait. Leave it out (0.05 USD per kg) or set it above 0."]})
 
 
 def _client_order_taken(*, user: User, client_order_id: str) -> Conflict:

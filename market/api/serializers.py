@@ -437,6 +437,11 @@ class BidCreateSerializer(serializers.Serializer):
     max_price = serializers.IntegerField(min_value=1, max_value=MAX_PRICE, help_text="Most you pay, token base units per GPU-hour")
     duration_s = serializers.IntegerField(min_value=60, max_value=MAX_DURATION_S)
     deadline = serializers.DateTimeField(required=False, allow_null=True, default=None)
+    deferrable_until = serializers.DateTimeField(
+        required=False, allow_null=True, default=None,
+        help_text="The latest start you accept for waiting on a cleaner hour of the grid: until then each round may hold the bid back "
+                  "for an hour and region at least 10% cleaner whose saving is worth a cent at your carbon weight (the reason is its explanation); "
+                  "at most 48 hours ahead. Null: it bids at once")
     expires_at = serializers.DateTimeField(required=False, allow_null=True,
                                            help_text="Unmatched by then, the bid leaves the book as expired. Omitted: BID_TTL_DEFAULT_S from now; at most BID_TTL_MAX_S ahead")
     klass = serializers.ChoiceField(choices=BidClass.choices, default=BidClass.ON_DEMAND, help_text="reserved, on_demand or spot")
@@ -473,7 +478,7 @@ class BidSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Bid
-        fields = ["id", "client_order_id", "buyer", "job_spec", "gpus", "gpu_models", "min_memory_gib", "min_compute_units", "vendor", "same_machine", "allowed_regions", "preferred_regions", "location_region", "max_latency_ms", "max_price", "duration_s", "deadline", "expires_at", "klass", "min_reliability", "min_cuda", "min_ram_gib", "min_disk_gb", "min_net_down_mbps", "preempt_grace_s", "weights", "state", "explanation", "runtime_prediction", "resume_from", "spec_signature", "created_at", "updated_at"]
+        fields = ["id", "client_order_id", "buyer", "job_spec", "gpus", "gpu_models", "min_memory_gib", "min_compute_units", "vendor", "same_machine", "allowed_regions", "preferred_regions", "location_region", "max_latency_ms", "max_price", "duration_s", "deadline", "deferrable_until", "expires_at", "klass", "min_reliability", "min_cuda", "min_ram_gib", "min_disk_gb", "min_net_down_mbps", "preempt_grace_s", "weights", "state", "explanation", "runtime_prediction", "resume_from", "spec_signature", "created_at", "updated_at"]
         read_only_fields = ["resume_from", "spec_signature"]
 
 

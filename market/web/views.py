@@ -8,6 +8,7 @@ import json
 import math
 import re
 from collections.abc import Callable
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -512,6 +513,10 @@ class BidForm(forms.Form):
     preferred_region = forms.ChoiceField(required=False, label="Preferred region", help_text="Offers here win ties; others still match.")
     max_latency_ms = forms.IntegerField(required=False, min_value=1, max_value=10000, label="Max latency (ms)")
     klass = forms.ChoiceField(choices=[("on_demand", "on-demand"), ("reserved", "reserved"), ("spot", "spot (cheapest, may be preempted)")], initial="on_demand", label="Class")
+    wait_hours = forms.DecimalField(required=False, min_value=Decimal("0.5"), max_value=Decimal(48), decimal_places=1, label="Wait for cleaner power (hours)",
+                                    help_text="Up to this long, the bid may wait for an hour and region whose grid is at least 10% cleaner, "
+                                              "when the carbon saved is worth a cent at 0.05 USD per kg. Blank: it bids at once.",
+                                    widget=forms.NumberInput(attrs={"placeholder": "no wait", "step": "0.5"}))
     image = forms.CharField(max_length=255, required=False, initial="ghcr.io/acme/train:latest", label="Container image",
                             help_text="Empty: the command runs as a process on the provider's machine (providers whose agent runs jobs as processes).")
     command = forms.CharField(max_length=1000, required=False, initial="python train.py", label="Command",
@@ -582,6 +587,8 @@ class BidForm(forms.Form):
         for name in HOST_NEEDS:
             if d.get(name):
                 body[name] = d[name]
+        if d.get("wait_hours"):
+            body["deferrable_until"] = (timezone.now() + timedelta(seconds=int(d["wait_hours"] * 3600))).isoformat()
         return body
 
 
@@ -607,7 +614,8 @@ def bid_new(request: HttpRequest) -> HttpResponse:
             shortfall = {"amount": exc.shortfall, "usdc": money.figure(exc.shortfall).replace(",", ""), "cost": exc.cost, "available": max(exc.available, 0)}
             form.add_error(None, exc.message)
         except DomainError as exc:
-            form.add_error(None, exc.message)
+            wait = (exc.fields or {}).get("deferrable_until")
+            form.add_error("wait_hours" if wait else None, f"{exc.message} {wait[0]}" if wait else exc.message)
         else:
             messages.success(request, f"Bid #{bid.id} placed: it takes part in the next round.")
             return redirect("web:orders")

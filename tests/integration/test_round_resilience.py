@@ -37,7 +37,7 @@ def test_a_bid_over_the_engines_price_limit_is_set_aside_and_the_round_goes_on(b
     assert bad.state == "open" and bad.explanation["matched"] is False and bad.explanation["set_aside"] is True
     reason = " ".join(bad.explanation["reasons"])
     assert "max_price" in reason and "1,000,000,000,000" in reason, reason
-    assert rnd.stats["set_aside"] == {"bids": [bad.pk], "offers": [], "unfunded_bids": []}
+    assert rnd.stats["set_aside"] == {"bids": [bad.pk], "offers": [], "unfunded_bids": [], "deferred_bids": []}
     assert all(b["id"] != bad.pk for b in rnd.inputs["bids"]), "stored inputs hold only what the engine cleared"
 
 

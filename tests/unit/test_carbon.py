@@ -188,14 +188,14 @@ def test_a_deferrable_bid_waits_for_the_cleanest_hour_before_its_latest_start() 
     assert (wait.now_region, wait.now_g) == ("us-west", 300.0)
     assert (wait.region, wait.at, wait.expected) == ("us-west", ts("2026-12-07T13:00:00"), 100.0)
     assert wait.saving_kg == pytest.approx((300 - 100) * 5.6 / 1000)  # 1.12 kg
-    assert wait.text(lambda t: "13:00") == ("waiting for a cleaner hour: 100 g/kWh expected at 13:00 in us-west vs 300 now "
-                                             "(in us-west); 1.12 kg CO2 less")
+    assert wait.text(lambda t: "13:00") == "waiting for a cleaner hour: 100 g/kWh expected at 13:00 in us-west vs 300 now; 1.12 kg CO2 less"
     # a 90-minute run from 12:00 in us-east: (200 x 60 + 180 x 30) / 90 = 193.3; from 13:00 in us-west (100 x 60 + 300 x 30) / 90 = 166.7
     wait = carbon.defer(now=now, latest_start=now + 4 * h, span_s=90 * 60, kwh=5.6, value_per_kg=190_000, ahead=ahead)
     assert wait is not None and wait.region == "us-west" and wait.expected == pytest.approx((100 * 60 + 300 * 30) / 90)
     # its latest start before 13:00: 12:00 in us-east at 200 g is the best it may wait for
     wait = carbon.defer(now=now, latest_start=ts("2026-12-07T12:30:00"), span_s=h, kwh=5.6, value_per_kg=190_000, ahead=ahead)
     assert wait is not None and (wait.region, wait.at, wait.expected) == ("us-east", ts("2026-12-07T12:00:00"), 200.0)
+    assert wait.text(lambda t: "12:00") == "waiting for a cleaner hour: 200 g/kWh expected at 12:00 in us-east vs 300 now in us-west; 0.56 kg CO2 less"
 
 
 def test_a_deferrable_bid_bids_now_when_waiting_is_not_worth_it() -> None:
