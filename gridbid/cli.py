@@ -347,6 +347,14 @@ def simulate(trace_name: str, pods: Path | None, nodes: Path | None, days: float
             click.echo(f"{name:<20}{q['requests']:>10,}{show(q['queue_p95_s'], ',.1f'):>13}{show(q['queue_p99_s'], ',.1f'):>8}"
                        f"{q['waited_share']:>8.2%}{show(f['lent_gpu_hours_at_slo'], ',.0f'):>12}{show(f['preemptions_at_slo'], ','):>11}"
                        f"{show(None if f['work_lost_gpu_s_at_slo'] is None else f['work_lost_gpu_s_at_slo'] / 3600, ',.1f'):>12}")
+    if "gridbid-carbon" in summary["policies"]:
+        click.echo("\ncarbon: on the trace's cluster, and on gridbid's cluster at the SLO (both markets there)")
+        click.echo(f"{'policy':<20}{'kg CO2':>10}{'$/GPU-h':>9}{'JCT mean s':>12}{'deferred':>10}"
+                   f"{'kg CO2@SLO':>12}{'$/GPU-h':>9}{'JCT mean s':>12}{'deferred':>10}")
+        for name, f in summary["policies"].items():
+            click.echo(f"{name:<20}{show(f['kg_co2'], ',.1f'):>10}{show(f['cost_per_gpu_hour'], '.3f'):>9}{show(f['jct_mean_s'], ',.0f'):>12}"
+                       f"{show(f['deferred_pods'], ','):>10}{show(f['kg_co2_at_slo'], ',.1f'):>12}{show(f['cost_per_gpu_hour_at_slo'], '.3f'):>9}"
+                       f"{show(f['jct_mean_s_at_slo'], ',.0f'):>12}{show(f['deferred_pods_at_slo'], ','):>10}")
     pred = summary["runtime_prediction"]
     if pred["model"] is not None:
         m, b = pred["model"], pred["baseline_key_mean"]

@@ -122,7 +122,27 @@ def operator_dashboard(request: HttpRequest) -> HttpResponse:
     report = simulate_report_path()
     written = datetime.fromtimestamp(report.stat().st_mtime, tz=UTC) if report.is_file() else None
     return render(request, "market/operator.html",
-                  {"o": selectors.operator_overview(), "health": readiness(), "simulate_written": written})
+                  {"o": selectors.operator_overview(), "health": readiness(), "simulate_written": written, "grids": _grids()})
+
+
+def _grids() -> list[dict[str, object]]:
+    """Each region's grid as the rounds price it now: its intensity, the 48 hours ahead drawn
+    as a line (an SVG polyline, 144 x 28), the cleanest hour ahead, and where it came from."""
+    from django.utils import timezone
+
+    from market import grid_carbon
+
+    now = timezone.now()
+    out = []
+    for region, r in sorted(grid_carbon.carbon_ahead(now).items()):
+        vals = r.g_per_kwh
+        lo, hi = min(vals), max(vals)
+        span = (hi - lo) or 1.0
+        points = " ".join(f"{144 * k / max(len(vals) - 1, 1):.1f},{26 - 24 * (v - lo) / span:.1f}" for k, v in enumerate(vals))
+        k_min = min(range(len(vals)), key=lambda k: (vals[k], k))
+        out.append({"region": region, "now": vals[0], "low": lo, "high": hi, "low_in_h": k_min, "points": points,
+                    "hourly": r.source != "constant", "source": r.source, "why": r.why})
+    return out
 
 
 def simulate_report_path() -> Path:

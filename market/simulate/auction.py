@@ -45,6 +45,7 @@ a preemption.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Sequence
@@ -52,14 +53,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from market import engine, runtime
+from market import carbon, engine, runtime
 from providers import catalogue
 
 from .prediction import REFIT_S, record
 from .sim import F64, I64, Service
 from .trace import Node, Pod
 
-EPOCH = 1_700_000_000  # the simulation's second 0 on the engine's clock (unix seconds)
+EPOCH = 1_640_995_200  # the simulation's second 0 on the engine's clock: 2022-01-01T00:00Z, hour 0 of the grids' series (metrics.CARBON_EPOCH)
 ASK_SPREAD = (0.8, 1.2)
 VALUE_SPREAD = (1.2, 1.5)
 LENT_ASK = 0.5  # a lent node asks this share of its usual ask: idle GPUs its owner would leave dark
@@ -67,6 +68,12 @@ KLASS = {"Guaranteed": "reserved", "BE": "spot"}  # any other QoS: on_demand
 RELIABILITY = 0.99
 HOUR_S = 3600
 WINDOW_HORIZON_H = 14 * 24  # a lent window looks this far ahead for the tide's next rise; none: open-ended
+# gridbid-carbon (issue 37): every buyer prices carbon at this (base units per kg: 0.19 USD, the US
+# EPA's 2023 social cost of carbon, 190 USD a tonne); gridbid prices it at nothing
+CARBON_WEIGHT = 190_000.0
+DEFER_QOS = frozenset({"BE", "Burstable"})  # the pods that may wait for a cleaner hour: best effort and burstable
+DEFER_S = 6 * HOUR_S  # ... for at most this long after they arrive (their latest start)
+FORECAST_HOURS = 48  # the grid forecast a round sees, as the live market's (grid_carbon.FORECAST_HOURS)
 
 
 def booked_s(left: float) -> int:
@@ -120,6 +127,11 @@ class Market:
     service: Service | None = None  # an inference service that lends: its lent nodes' windows close at its rises
     predict: bool = False  # spot bids carry their predicted p90 (backfill)
     backfilled: int = 0  # trades the engine placed past their offer's window on a p90
+    carbon_aware: bool = False  # gridbid-carbon: carbon weight on, the grids' hourly forecasts, deferrable pods wait
+    carbon_weight: float = CARBON_WEIGHT
+    deferred: set[int] = field(default_factory=set)  # pods that waited for a cleaner hour at least once
+    _feed: carbon.Feed | None = None
+    _ahead: tuple[int, tuple[engine.Region, ...]] | None = None
     _cum_before: dict[int, int] = field(default_factory=dict)
     _ends: F64 = field(default_factory=lambda: np.zeros(0))
     _by_end: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
@@ -139,6 +151,8 @@ class Market:
             for j in self.service.owned:  # the order the tide takes its nodes' GPUs in (sim.run's tide)
                 self._cum_before[j] = before
                 before += self.nodes[j].gpus
+        if self.carbon_aware:
+            self._feed = carbon.Feed(carbon.EiaReplay(), {r.id: r.carbon_g_per_kwh for r in self.regions})
         if self.predict:
             self._ends = np.asarray([p.arrival + p.runtime for p in self.pods], dtype=np.float64)
             self._by_end = np.argsort(self._ends, kind="stable")
@@ -158,9 +172,9 @@ class Market:
                 return k * HOUR_S
         return None
 
-    def p90(self, i: int, clock: float, booked: int) -> int | None:
-        """Pod ``i``'s predicted p90 run time for what it has left, from a fit on the pods
-        finished by the last refit (every REFIT_S); None before the market has enough."""
+    def predicted(self, i: int, clock: float, booked: int) -> runtime.Prediction | None:
+        """Pod ``i``'s predicted run time for what it has left, from a fit on the pods finished
+        by the last refit (every REFIT_S); None before the market has enough, or unpredicted."""
         if not self.predict:
             return None
         due = math.floor(clock / REFIT_S) * REFIT_S
@@ -170,7 +184,11 @@ class Market:
             self._fitted_at = due
         r = record(self.pods[i])
         assert self._model is not None
-        got = self._model.predict(buyer=r.buyer, workload=r.workload, gpus=r.gpus, model=r.model, cap_s=booked)
+        return self._model.predict(buyer=r.buyer, workload=r.workload, gpus=r.gpus, model=r.model, cap_s=booked)
+
+    def p90(self, i: int, clock: float, booked: int) -> int | None:
+        """Pod ``i``'s predicted p90 run time (what backfill trusts)."""
+        got = self.predicted(i, clock, booked)
         return None if got is None else max(1, math.ceil(got.p90_s))
 
     def offer(self, j: int, free: int, clock: float = 0.0) -> engine.Offer:
@@ -199,8 +217,64 @@ class Market:
                           preferred_regions=(), location_region=None, max_latency_ms=None,
                           max_price=self.limits[i], duration_s=booked,
                           deadline=None, klass=klass, min_reliability=0.0,
-                          weights=engine.DEFAULT_WEIGHTS, created_at=EPOCH + int(p.arrival),
+                          weights=self.weights, created_at=EPOCH + int(p.arrival),
                           runtime_p90_s=self.p90(i, clock, booked) if klass == "spot" and self._cum_before else None)
+
+    @property
+    def weights(self) -> engine.Weights:
+        """The default weights, with carbon at ``carbon_weight`` (gridbid-carbon) or at nothing."""
+        return dataclasses.replace(engine.DEFAULT_WEIGHTS, carbon_per_kg=self.carbon_weight if self.carbon_aware else 0.0)
+
+    @property
+    def hourly(self) -> bool:
+        """Whether ``sim.run`` must wake the market each hour: pods waiting for a cleaner hour
+        bid when it comes, though nothing arrives or ends then."""
+        return self.carbon_aware
+
+    def grid(self, clock: float) -> tuple[engine.Region, ...]:
+        """The regions at ``clock``: each grid's hour now and the forecast after it
+        (``carbon.Feed.ahead``: the same hour of the 3 days before), as a live round sees them."""
+        hour = int(clock // HOUR_S)
+        if self._feed is None:
+            return self.regions
+        if self._ahead is None or self._ahead[0] != hour:
+            t = EPOCH + hour * HOUR_S
+            regs = []
+            for r in self.regions:
+                got = self._feed.ahead(r.id, t, FORECAST_HOURS)
+                fed = got.source != "constant"
+                regs.append(engine.Region(r.id, got.g_per_kwh[0], got.g_per_kwh if fed else ()))
+            self._ahead = (hour, tuple(regs))
+        return self._ahead[1]
+
+    def waits(self, clock: float, waiting: list[int], offers: Sequence[engine.Offer], regions: Sequence[engine.Region]) -> set[int]:
+        """The deferrable pods (``DEFER_QOS``, until ``DEFER_S`` after they arrived) that wait
+        for a cleaner hour this round, by the live market's rule (``carbon.defer``): over the
+        regions of the round's offers each could take, its run its predicted median (else its
+        booking) on the most frugal of those offers' models."""
+        if not self.carbon_aware:
+            return set()
+        ahead = {r.id: r.carbon_hourly or (r.carbon_g_per_kwh,) for r in regions}
+        tdp = {m.id: m.tdp_watts for m in self.models}
+        now = EPOCH + int(clock)
+        out = set()
+        for i in waiting:
+            p = self.pods[i]
+            latest = p.arrival + DEFER_S
+            if p.qos not in DEFER_QOS or clock >= latest:
+                continue
+            mine = [o for o in offers if o.gpus >= p.gpus and (not p.models or o.gpu_model in p.models)
+                    and (not o.spot_only or self.klass(i) == "spot")]
+            if not mine:
+                continue
+            got = self.predicted(i, clock, booked_s(p.runtime))
+            span = booked_s(p.runtime) if got is None else max(1, math.ceil(got.p50_s))
+            kw = min(tdp[o.gpu_model] for o in mine) / 1000
+            if carbon.defer(now=now, latest_start=EPOCH + int(latest), span_s=span, kwh=p.gpus * kw * span / 3600,
+                            value_per_kg=self.carbon_weight, ahead={o.region: ahead[o.region] for o in mine}) is not None:
+                out.add(i)
+        self.deferred |= out
+        return out
 
     def klass(self, i: int) -> str:
         """Pod ``i``'s class: spot where the run marks it preemptible, else by its QoS."""
@@ -250,8 +324,13 @@ class Market:
         offers = tuple(self.offer(j, int(free[j]), clock) for j in self.book(waiting, free))
         if not offers or not waiting:
             return []
-        inp = engine.RoundInput(now=EPOCH + int(clock), offers=offers, bids=tuple(self.bid(i, float(left[i]), clock) for i in waiting),
-                                gpu_models=self.models, regions=self.regions, latency_ms=self.latency,
+        regions = self.grid(clock)
+        later = self.waits(clock, waiting, offers, regions)
+        bidding = [i for i in waiting if i not in later]
+        if not bidding:
+            return []
+        inp = engine.RoundInput(now=EPOCH + int(clock), offers=offers, bids=tuple(self.bid(i, float(left[i]), clock) for i in bidding),
+                                gpu_models=self.models, regions=regions, latency_ms=self.latency,
                                 running=(), config=engine.RoundConfig())
         t = time.perf_counter()
         res = engine.clear_round(inp)

@@ -16,7 +16,7 @@ from market import carbon
 from providers import catalogue
 
 from .policies import PolicyResult
-from .sim import F64
+from .sim import F64, Outcome
 from .trace import Node, Pod
 
 
@@ -42,6 +42,39 @@ def grid_g_per_kwh(region: str, start_s: float, seconds: float) -> float:
     if series is None:
         return float(catalogue.regions()[region].carbon_g_per_kwh)
     return carbon.mean_over(series, t, seconds)
+
+
+def kg_co2(o: Outcome, where: Sequence[int], pods: Sequence[Pod], nodes: Sequence[Node]) -> float:
+    """The kg CO2 of a run: each pod that started, its GPUs at their model's TDP for its
+    runtime, at its node's (``where``: trace node indices) grid over the hours it ran."""
+    models = catalogue.gpu_models()
+    kg = 0.0
+    for i in np.flatnonzero(~np.isnan(o.start)).tolist():
+        nd = nodes[int(where[i])]
+        kwh = pods[i].gpus * models[nd.model].tdp_watts / 1000 * pods[i].runtime / 3600
+        kg += kwh * grid_g_per_kwh(nd.region, float(o.start[i]), pods[i].runtime) / 1000
+    return kg
+
+
+def at_slo(res: PolicyResult, pods: Sequence[Pod], nodes: Sequence[Node]) -> dict[str, Any]:
+    """Carbon, job times and the market's cost on the cluster at the SLO (``res.there``): the
+    policy's own, or for gridbid-carbon gridbid's (``at_slo_cluster`` says whose)."""
+    t = res.there
+    if t is None:
+        return {"at_slo_cluster": None, "kg_co2_at_slo": None, "jct_mean_s_at_slo": None, "queue_p95_s_at_slo": None,
+                "cost_per_gpu_hour_at_slo": None, "deferred_pods_at_slo": None}
+    arrival = np.asarray([p.arrival for p in pods], dtype=np.float64)
+    ran = ~np.isnan(t.start)
+    jct = (t.finish - arrival)[ran]
+    queue = t.waited[ran & ~np.isnan(t.waited)]
+    return {
+        "at_slo_cluster": res.there_of,
+        "kg_co2_at_slo": _r(kg_co2(t, res.there_nodes, pods, nodes), 6),
+        "jct_mean_s_at_slo": _r(float(jct.mean()) if len(jct) else None, 3),
+        "queue_p95_s_at_slo": _r(float(np.percentile(queue, 95)) if len(queue) else None, 3),
+        "cost_per_gpu_hour_at_slo": _r(res.there_paid / (t.pod_gpu_s / 3600)) if res.there_paid is not None and t.pod_gpu_s else None,
+        "deferred_pods_at_slo": res.there_deferred,
+    }
 
 
 def work_gpu_s(pods: Sequence[Pod]) -> float:
@@ -78,12 +111,7 @@ def figures(res: PolicyResult, pods: Sequence[Pod], nodes: Sequence[Node], windo
     bought_h = o.pod_gpu_s / 3600  # GPU-hours the pods held, preempted stretches included
     owned = cap.nodes if cap is not None else tuple(range(len(nodes)))
     owned_cost = rate_per_hour(nodes, owned) * hours
-    models = catalogue.gpu_models()
-    kg = 0.0
-    for i in np.flatnonzero(started).tolist():
-        nd = nodes[int(res.nodes[i])]
-        kwh = pods[i].gpus * models[nd.model].tdp_watts / 1000 * pods[i].runtime / 3600
-        kg += kwh * grid_g_per_kwh(nd.region, float(o.start[i]), pods[i].runtime) / 1000
+    kg = kg_co2(o, res.nodes, pods, nodes)
     slow: dict[int, list[float]] = {}
     for i in np.flatnonzero(started).tolist():
         slow.setdefault(pods[i].team, []).append(float((o.finish[i] - arrival[i]) / runtime[i]))
@@ -113,6 +141,8 @@ def figures(res: PolicyResult, pods: Sequence[Pod], nodes: Sequence[Node], windo
         "provider_revenue": _r(res.paid, 2) if res.paid is not None else None,
         "rounds": res.rounds if res.paid is not None else None,
         "kg_co2": _r(kg, 6),
+        "deferred_pods": res.deferred,
+        **at_slo(res, pods, nodes),
         "preemptions": o.preemptions,
         "work_lost_gpu_s": _r(o.work_lost_gpu_s, 3),
         "lent_gpu_hours": _r(o.lent_gpu_s / 3600, 3),

@@ -34,7 +34,7 @@ from .sim import F64, I64, TIMELINE_BINS, BoolA, Outcome, Service, fits_somewher
 from .trace import Node, Pod
 
 SLO_QUEUE_P95_S = 600.0  # seconds: the queueing delay 95% of the pods that fit must start within
-POLICIES = ("static", "static-sized", "fifo", "best-fit", "gridbid", "gridbid-no-preempt", "gridbid-no-predict")
+POLICIES = ("static", "static-sized", "fifo", "best-fit", "gridbid", "gridbid-no-preempt", "gridbid-no-predict", "gridbid-carbon")
 # gridbid-no-preempt and gridbid-no-predict are gridbid's twins unless an inference service lends
 DEFAULT_POLICIES = POLICIES[:5]
 
@@ -80,6 +80,14 @@ class PolicyResult:
     paid: float | None = None  # USD the market's rounds charged (gridbid), None for owned capacity
     rounds: int = 0  # the market's rounds on the trace's own cluster
     inference: ServiceQueue | None = None  # the inference service's requests, on the cluster at the SLO
+    # the run on the cluster at the SLO (gridbid-carbon: on gridbid's, its own not searched), with
+    # each pod's trace node (-1 none) and, for the market, what its rounds charged there
+    there: Outcome | None = None
+    there_nodes: tuple[int, ...] = ()
+    there_paid: float | None = None
+    there_of: str | None = None  # whose cluster at the SLO ``there`` is
+    deferred: int | None = None  # the market's pods that waited for a cleaner hour (gridbid-carbon), on the trace's cluster
+    there_deferred: int | None = None  # ... on the cluster at the SLO
 
 
 def removal_order(nodes: Sequence[Node], seed: int) -> I64:
@@ -239,19 +247,20 @@ class Simulation:
         return merge(len(self.pods), parts, self.window_s, sum(self.nodes[j].gpus for j in keep.tolist()),
                      self.service_gpu_s)
 
-    def auction(self, keep: I64, lend: bool, predict: bool = True) -> tuple[Outcome, I64]:
+    def auction(self, keep: I64, lend: bool, predict: bool = True, carbon: bool = False) -> tuple[Outcome, I64]:
         nodes = [self.nodes[j] for j in keep.tolist()]
         svc = self.service(keep, lend)
         owned = frozenset(svc.owned) if svc is not None else frozenset()
         self.market = auction.Market(self.pods, nodes, [self.asks[j] for j in keep.tolist()], self.limits,
                                      spot_only=owned if lend else frozenset(), closed=frozenset() if lend else owned,
-                                     spot=self.spot, service=svc, predict=predict)
+                                     spot=self.spot, service=svc, predict=predict, carbon_aware=carbon)
         o = run(self.pods, nodes, "first", self.window_s, chooser=self.market, service=svc)
         return o, np.where(o.node >= 0, keep[np.maximum(o.node, 0)], -1)
 
     def at(self, name: str, keep: I64) -> tuple[Outcome, I64]:
-        if name in ("gridbid", "gridbid-no-preempt", "gridbid-no-predict"):
-            return self.auction(keep, lend=name != "gridbid-no-preempt", predict=name == "gridbid")
+        if name in ("gridbid", "gridbid-no-preempt", "gridbid-no-predict", "gridbid-carbon"):
+            return self.auction(keep, lend=name != "gridbid-no-preempt", predict=name in ("gridbid", "gridbid-carbon"),
+                                carbon=name == "gridbid-carbon")
         if name == "static":
             return self.static(keep)
         if name == "fifo":
@@ -318,20 +327,33 @@ class Simulation:
 
         hint = next((self.found[p] for p in ("best-fit", "fifo", "static") if p in self.found), None) \
             if name.startswith("gridbid") else None
-        k = self.smallest(ok, hint)
+        # gridbid-carbon's deferrable pods wait for cleaner hours by design, for hours, where the
+        # SLO counts minutes: its capacity at the SLO is not searched
+        k = None if name == "gridbid-carbon" else self.smallest(ok, hint)
         if k is not None:
             self.found[name] = k
         cap = None
-        there = o
+        there, there_node, there_mkt = o, node, mkt
         if k is not None:
             keep = self.cluster(k)
             gpus = sum(self.nodes[j].gpus for j in keep.tolist())
-            there = o if len(keep) == len(self.nodes) else self.at(name, keep)[0]
+            if len(keep) != len(self.nodes):
+                there, there_node = self.at(name, keep)
+                there_mkt = self.market if mkt is not None else None
             cap = Capacity(round(gpus / self.capacity, 6), tuple(keep.tolist()), gpus, there.alloc_gpu_s,
                            there.preemptions, there.work_lost_gpu_s, there.lent_gpu_s)
-        if mkt is not None:
-            return PolicyResult(name, o, tuple(node.tolist()), cap, mkt.paid, mkt.rounds, self.queue(there))
-        return PolicyResult(name, o, tuple(node.tolist()), cap, inference=self.queue(there))
+        of: str | None = name if k is not None else None
+        if name == "gridbid-carbon" and "gridbid" in self.found:
+            # its deferrable pods wait for cleaner hours by design, for hours where the SLO
+            # counts minutes: it runs on gridbid's cluster at the SLO instead, to compare there
+            self.progress(f"{name}: gridbid's cluster at the SLO")
+            there, there_node = self.at(name, self.cluster(self.found["gridbid"]))
+            there_mkt, of = self.market, "gridbid"
+        return PolicyResult(name, o, tuple(node.tolist()), cap, mkt.paid if mkt is not None else None, mkt.rounds if mkt is not None else 0,
+                            self.queue(there), there=there if of else None, there_nodes=tuple(there_node.tolist()) if of else (),
+                            there_paid=there_mkt.paid if of and there_mkt is not None else None, there_of=of,
+                            deferred=len(mkt.deferred) if mkt is not None and mkt.carbon_aware else None,
+                            there_deferred=len(there_mkt.deferred) if of and there_mkt is not None and there_mkt.carbon_aware else None)
 
     def static_sized(self) -> PolicyResult:
         """Each team on the smallest prefix of ``removal_order`` (kept in cluster order) that

@@ -209,6 +209,15 @@ SERVICE_ROWS = (  # with an inference service (--inference-share)
     ("inference.waited_share", "inference requests that waited", "{:.2%}"),
     ("inference.short_gpu_s", "GPU-s it waited for checkpoints", "{:,.0f}"),
 )
+CARBON_ROWS = (  # with gridbid-carbon: both markets on one cluster at the SLO, gridbid's
+    ("deferred_pods", "pods that waited for a cleaner hour", "{:,}"),
+    ("at_slo_cluster", "on whose cluster at the SLO", "{}"),
+    ("kg_co2_at_slo", "... kg CO2 there", "{:,.1f}"),
+    ("jct_mean_s_at_slo", "... job time, mean (s)", "{:,.0f}"),
+    ("queue_p95_s_at_slo", "... queueing, p95 (s)", "{:,.1f}"),
+    ("cost_per_gpu_hour_at_slo", "... USD per GPU-hour", "{:.3f}"),
+    ("deferred_pods_at_slo", "... pods that waited for a cleaner hour", "{:,}"),
+)
 
 
 def _get(figures: dict[str, Any], key: str) -> object:
@@ -232,7 +241,7 @@ def html(summary: dict[str, Any], images: Sequence[Path]) -> str:
     head = "".join(f"<th>{escape(n)}</th>" for n in names)
     rows = "".join(
         f"<tr><th>{escape(label)}</th>" + "".join(f"<td>{cell(_get(pol[n], key), fmt)}</td>" for n in names) + "</tr>"
-        for key, label, fmt in ROWS + (SERVICE_ROWS if summary.get("inference_service") else ())
+        for key, label, fmt in ROWS + (SERVICE_ROWS if summary.get("inference_service") else ()) + (CARBON_ROWS if "gridbid-carbon" in pol else ())
     )
     imgs = "".join(
         f'<figure><img alt="{escape(p.stem)}" src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}"></figure>'

@@ -350,10 +350,12 @@ def run(pods: Sequence[Pod], nodes: Sequence[Node], placement: str, window_s: fl
     hour = 0.0
     if service is not None:
         tide()
-    while (nxt < n or done or (service is not None and (waiting or clock < window_s))) and clock < HORIZON_S:
+    # a chooser whose pods may wait for an hour (gridbid-carbon) is woken each hour as a tide is
+    ticking = service is not None or bool(getattr(chooser, "hourly", False))
+    while (nxt < n or done or (service is not None and clock < window_s) or (ticking and waiting)) and clock < HORIZON_S:
         t_arr = arrival[nxt] if nxt < n else np.inf
         t_done = done[0][0] if done else np.inf
-        t_hour = hour + 3600.0 if service is not None else np.inf
+        t_hour = hour + 3600.0 if ticking else np.inf
         t = float(min(t_arr, t_done, t_hour))
         advance(t)
         clock = t
@@ -363,7 +365,8 @@ def run(pods: Sequence[Pod], nodes: Sequence[Node], placement: str, window_s: fl
                 stop(i)
         if t >= t_hour:
             hour = t_hour
-            tide()
+            if service is not None:
+                tide()
         while nxt < n and arrival[nxt] <= t:
             if schedulable[nxt]:
                 enqueue(nxt)

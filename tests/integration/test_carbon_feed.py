@@ -139,3 +139,23 @@ def test_a_slow_feed_costs_one_call_its_budget_not_a_timeout_per_region(feed_is,
     finally:
         stub.server.shutdown()
         stub.server.server_close()
+
+
+def test_the_operator_page_draws_each_grid_ahead_and_says_which_regions_are_on_their_constant(feed_is, operator) -> None:  # type: ignore[no-untyped-def]
+    import re
+
+    feed_is("eia-2022")
+    c = Client()
+    c.force_login(operator)
+    page = c.get("/operator/").content.decode()
+    ahead = grid_carbon.carbon_ahead(datetime.now(UTC))
+    east = re.search(r'<tr data-grid="us-east" data-source="eia-2022 replay">.*?</tr>', page, re.S)
+    assert east is not None, "us-east is drawn from the replay"
+    row = east.group(0)
+    cells = re.findall(r'<td class="num">([0-9]+)(?: in ([0-9]+) h)?</td>', row)
+    (now, _), (low, low_in) = cells
+    assert abs(int(now) - ahead["us-east"].g_per_kwh[0]) <= 0.5  # the page rounds the figure the rounds price
+    assert row.count(",") == grid_carbon.FORECAST_HOURS, "one point per hour ahead"
+    least = min(ahead["us-east"].g_per_kwh)
+    assert abs(int(low) - least) <= 0.5 and int(low_in) == ahead["us-east"].g_per_kwh.index(least)
+    assert re.search(r'<tr data-grid="eu-west" data-source="constant">.*?flat: its constant.*?has no series for eu-west', page, re.S)

@@ -109,3 +109,15 @@ def test_a_spot_qos_that_is_not_one_is_refused(tmp_path: Path) -> None:
     done = simulate("--inference-share", "0.2", "--spot-qos", "BE,LS", cwd=tmp_path)
     assert done.returncode == 2 and "LS is not a QoS that may run as spot" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_carbon_policy_is_compared_with_gridbid_on_the_trace_and_on_gridbids_cluster(tmp_path: Path) -> None:
+    done = simulate("--days", "0.25", "--policies", "gridbid,gridbid-carbon", "--out", str(tmp_path / "r"), cwd=Path.cwd())
+    assert done.returncode == 0, done.stderr
+    pol = json.loads((tmp_path / "r" / "summary.json").read_text())["policies"]
+    gb, green = pol["gridbid"], pol["gridbid-carbon"]
+    assert green["kg_co2"] <= gb["kg_co2"], "the same pods, placed with carbon priced"
+    assert green["capacity_at_slo_gpus"] is None and green["at_slo_cluster"] == "gridbid" and gb["at_slo_cluster"] == "gridbid"
+    assert green["kg_co2_at_slo"] is not None and green["deferred_pods"] is not None and gb["deferred_pods"] is None
+    assert "carbon: on the trace's cluster" in done.stdout and "gridbid-carbon" in done.stdout
+    assert "on whose cluster at the SLO" in (tmp_path / "r" / "report.html").read_text()
