@@ -406,6 +406,7 @@ class Quote:
     max_cost: int = 0
     escrow_available: int = 0
     runtime: dict[str, Any] | None = None  # how long jobs like it ran (predictions.runtime_predict)
+    waits: str | None = None  # a deferrable bid that would wait for a cleaner hour: why (grid_carbon.deferrals)
 
 
 def bid_quote(*, user_id: int, data: dict[str, Any], now: datetime | None = None) -> Quote:
@@ -424,10 +425,13 @@ def bid_quote(*, user_id: int, data: dict[str, Any], now: datetime | None = None
 
     funds = funding.funds_of(User.objects.get(pk=user_id))
     cost = funding.bid_worst_case(max_price=data["max_price"], gpus=data["gpus"], duration_s=data["duration_s"])
-    money = {"funded": cost <= funds.available, "max_cost": cost, "escrow_available": funds.available}
+    money: dict[str, Any] = {"funded": cost <= funds.available, "max_cost": cost, "escrow_available": funds.available}
     short = [] if money["funded"] else [
         f"Your escrow does not cover it: it may cost up to {funding.usdc(cost)} and {funding.usdc(max(funds.available, 0))} is free to commit; "
         f"deposit at least {funding.usdc(cost - max(funds.available, 0))} more before placing it."]
+    until = data.get("deferrable_until")
+    wait = grid_carbon.deferrals(inp, {QUOTE_BID_ID: until}, now).get(QUOTE_BID_ID) if until is not None and until > now else None
+    money["waits"] = None if wait is None else str(grid_carbon.wait_explanation(wait)["reasons"][0])  # type: ignore[index]
     mine = [t for t in result.trades if t.bid_id == QUOTE_BID_ID]
     # the model it would run on, where the round found it one
     models = [mine[0].gpu_model] if mine else data.get("gpu_models")

@@ -557,6 +557,8 @@ class QuoteSerializer(serializers.Serializer):
     max_cost = serializers.IntegerField(help_text="The bid's worst case, max_price x GPUs x hours, base units")
     escrow_available = serializers.IntegerField(help_text="Your free escrow less what your open bids and unrecorded trades may take, base units")
     runtime = RuntimePredictionSerializer(allow_null=True, help_text="How long jobs like it really ran (never past its duration); null until the market has enough completed jobs")
+    waits = serializers.CharField(allow_null=True, help_text="With deferrable_until: why it would wait for a cleaner hour before bidding "
+                                                           "(the trades above are what it would get now); null: it would bid at once")
 
 
 class TradeSerializer(serializers.ModelSerializer):

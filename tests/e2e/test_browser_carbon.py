@@ -131,6 +131,10 @@ def test_a_deferrable_bid_waits_for_a_cleaner_hour_with_its_reason_then_matches_
             while (not feed.latest or feed.latest // 3600 % 6 != 0) and time.monotonic() < deadline:
                 time.sleep(0.1)
             assert feed.latest // 3600 % 6 == 0, "the server's feed clock never reached a dirty hour"
+            page.fill("#id_wait_hours", "5.5")  # a fresh quote, in the dirty hour: it says the bid would wait
+            page.fill("#id_wait_hours", "6")
+            page.wait_for_selector("#quote.ok")
+            assert page.inner_text("#quote-carbon").startswith("Cleaner power: it would be waiting for a cleaner hour: 60 g/kWh expected at")
             page.click("#place")
             page.wait_for_url("**/orders/")
             bid_id = int(page.get_attribute("tr[data-order]", "data-order") or 0)

@@ -54,6 +54,10 @@ def test_a_deferrable_bid_waits_for_the_cleaner_hour_and_matches_in_it(feed, buy
     hour = now.replace(minute=0, second=0, microsecond=0)
     feed.clean_from = int((hour + timedelta(hours=2)).timestamp())
     api = client_for(buyer)
+    quoted = api.post("/api/v1/quote/", bid_body(gpus=2, duration_s=3600, deferrable_until=(now + timedelta(hours=6)).isoformat()), format="json").json()
+    assert quoted["waits"].startswith("waiting for a cleaner hour: 100 g/kWh expected at"), quoted
+    assert quoted["trades"], "what it would get now, were it to bid now"
+    assert api.post("/api/v1/quote/", bid_body(gpus=2, duration_s=3600), format="json").json()["waits"] is None
     later = api.post("/api/v1/bids/", bid_body(gpus=2, duration_s=3600, deferrable_until=(now + timedelta(hours=6)).isoformat()), format="json")
     assert later.status_code == 201, later.json()
     at_once = api.post("/api/v1/bids/", bid_body(gpus=2, duration_s=3600), format="json").json()
