@@ -255,8 +255,11 @@ def chain_deploy() -> None:
               help="Compress arrival times so the offered load averages this (0-1], durations kept.")
 @click.option("--policies", default=None,
               help="Comma-separated policies to compare on the same jobs (static, static-sized, fifo, best-fit, gridbid, "
-                   "gridbid-no-preempt, gridbid-no-predict). Default: all, gridbid-no-preempt and gridbid-no-predict only with "
-                   "--inference-share.")
+                   "gridbid-no-preempt, gridbid-no-predict, gridbid-carbon). Default: the first five, and gridbid-no-preempt, "
+                   "gridbid-no-predict and gridbid-carbon with --inference-share.")
+@click.option("--fill", is_flag=True, default=False,
+              help="Also run FGD's fill experiment on the window's pods: placed in arrival order, none leaving, until the first "
+                   "that no node can take, by first-fit, best-fit, fgd and the gridbid engine (docs/simulate.md).")
 @click.option("--inference-share", type=click.FloatRange(0, 0.9), default=0.0, show_default=True,
               help="A tidal inference service (the alibaba-genai-2026 requests) owns this share of the GPUs; "
                    "gridbid lends what it does not need to spot pods and preempts them when the tide rises.")
@@ -273,7 +276,7 @@ def chain_deploy() -> None:
                    "Default: $GRIDBID_DATA_DIR/simulate, which the operator page links.")
 def simulate(trace_name: str, pods: Path | None, nodes: Path | None, days: float | None, start: float | None,
              load: float | None, policies: str | None, inference_share: float, checkpoint_s: float, grace_s: float,
-             spot_qos: str, seed: int, teams: int, out: Path | None) -> None:
+             spot_qos: str, seed: int, teams: int, out: Path | None, fill: bool) -> None:
     """Replay a real GPU cluster trace under each policy and write what each buys (docs/simulate.md)."""
     # the CLI loads what a command needs when it runs; the simulator needs no Django
     from rich.progress import (
@@ -325,8 +328,15 @@ def simulate(trace_name: str, pods: Path | None, nodes: Path | None, days: float
 
         results, sim = report.simulate(tr, names, seed=seed, progress=step, service=tides.Options(
             share=inference_share, checkpoint_s=checkpoint_s, grace_s=grace_s, spot_qos=qos))
+        fills = {}
+        if fill:
+            from market.simulate import fill as fill_
+
+            for p in fill_.FILL_POLICIES:
+                bar.update(task, description=f"simulating: the fill experiment, {p}")
+                fills[p] = fill_.run_fill(tr.pods, tr.nodes, p, seed)
         step("charts and report")
-        summary = report.summary(tr, results, seed, sim)
+        summary = report.summary(tr, results, seed, sim, fills=fills)
         path = report.write_report(tr, results, summary, out)
     click.echo(f"{'policy':<20}{'util':>8}{'util@SLO':>10}{'GPUs@SLO':>10}{'JCT mean s':>12}{'queue p95 s':>13}{'$/GPU-h':>9}{'unsched':>9}")
     def show(x: object, fmt: str) -> str:
@@ -347,6 +357,11 @@ def simulate(trace_name: str, pods: Path | None, nodes: Path | None, days: float
             click.echo(f"{name:<20}{q['requests']:>10,}{show(q['queue_p95_s'], ',.1f'):>13}{show(q['queue_p99_s'], ',.1f'):>8}"
                        f"{q['waited_share']:>8.2%}{show(f['lent_gpu_hours_at_slo'], ',.0f'):>12}{show(f['preemptions_at_slo'], ','):>11}"
                        f"{show(None if f['work_lost_gpu_s_at_slo'] is None else f['work_lost_gpu_s_at_slo'] / 3600, ',.1f'):>12}")
+    if summary.get("fill"):
+        click.echo("\nfill experiment: pods in arrival order, none leaving, until the first that no node can take")
+        click.echo(f"{'placement':<20}{'pods':>8}{'allocated':>11}{'stranded':>10}{'fragmented':>12}")
+        for name, f in summary["fill"].items():
+            click.echo(f"{name:<20}{f['placed']:>8,}{f['allocated']:>11.2%}{f['stranded']:>10.2%}{f['fragmented']:>12.2%}")
     if "gridbid-carbon" in summary["policies"]:
         click.echo("\ncarbon: on the trace's cluster, and on gridbid's cluster at the SLO (both markets there)")
         click.echo(f"{'policy':<20}{'kg CO2':>10}{'$/GPU-h':>9}{'JCT mean s':>12}{'deferred':>10}"

@@ -34,7 +34,8 @@ def summarise(trace: Trace, policies: Sequence[str] = DEFAULT_POLICIES, seed: in
     return summary(trace, results, seed, sim)
 
 
-def summary(trace: Trace, results: dict[str, PolicyResult], seed: int, sim: Simulation | None = None) -> dict[str, Any]:
+def summary(trace: Trace, results: dict[str, PolicyResult], seed: int, sim: Simulation | None = None,
+            fills: dict[str, Any] | None = None) -> dict[str, Any]:
     out = {name: figures(res, trace.pods, trace.nodes, trace.window_s) for name, res in results.items()}
     service: dict[str, Any] | None = None
     if sim is not None and sim.tide is not None:
@@ -88,6 +89,9 @@ def summary(trace: Trace, results: dict[str, PolicyResult], seed: int, sim: Simu
         "inference_service": service,
         # the market's runtime predictor on the trace, chronologically (policy-free: prediction.py)
         "runtime_prediction": prediction_evaluate(trace.pods, trace.window_s).as_dict(),
+        # issue 38, with --fill: FGD's fill experiment (market/simulate/fill.py), its run times left out
+        "fill": {p: {"placed": f.placed, "allocated": f.allocated, "stranded": f.stranded, "fragmented": f.fragmented,
+                     "failed_pod": f.failed_pod} for p, f in (fills or {}).items()} or None,
     }
 
 
@@ -260,8 +264,22 @@ on {c['nodes']:,} nodes with {c['gpus']:,} GPUs, {c['teams']} teams, seed {c['se
 <p class="note">The SLO: every pod that fits the cluster starts, with the 95th percentile of queueing delay at most 10 minutes.
 "Utilisation at the SLO" is the utilisation of the smallest cluster on which each policy meets it: what a fleet costs.
 Every figure is defined in docs/simulate.md; the numbers are those of summary.json beside this file.</p>
-<table><tr><th></th>{head}</tr>{rows}</table>{_prediction_html(summary.get("runtime_prediction"))}{imgs}</body></html>
+<table><tr><th></th>{head}</tr>{rows}</table>{_prediction_html(summary.get("runtime_prediction"))}{_fill_html(summary.get("fill"))}{imgs}</body></html>
 """
+
+
+def _fill_html(fill: dict[str, Any] | None) -> str:
+    """The fill experiment (issue 38) as a table, where it ran."""
+    from html import escape
+
+    if not fill:
+        return ""
+    rows = "".join(f"<tr><th>{escape(p)}</th><td>{f['placed']:,}</td><td>{f['allocated']:.2%}</td><td>{f['stranded']:.2%}</td>"
+                   f"<td>{f['fragmented']:.2%}</td></tr>" for p, f in fill.items())
+    return ("<h2>Fill experiment</h2><p class=\"note\">The window's pods placed in arrival order, none leaving, until the first "
+            "that no node can take (FGD's experiment): the share of the GPUs allocated then, the share left free (stranded), and "
+            "the share the pods' demand could not use (fragmented).</p>"
+            "<table><tr><th>placement</th><th>pods placed</th><th>allocated</th><th>stranded</th><th>fragmented</th></tr>" + rows + "</table>")
 
 
 def _prediction_html(pred: dict[str, Any] | None) -> str:

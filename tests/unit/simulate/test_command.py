@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from market.simulate import report, trace
 
 
@@ -121,3 +123,18 @@ def test_the_carbon_policy_is_compared_with_gridbid_on_the_trace_and_on_gridbids
     assert green["kg_co2_at_slo"] is not None and green["deferred_pods"] is not None and gb["deferred_pods"] is None
     assert "carbon: on the trace's cluster" in done.stdout and "gridbid-carbon" in done.stdout
     assert "on whose cluster at the SLO" in (tmp_path / "r" / "report.html").read_text()
+
+
+def test_the_fill_experiment_runs_with_fill_and_the_report_has_it(tmp_path: Path) -> None:
+    shipped = Path(trace.__file__).parent / "data" / "alibaba-gpu-2023" / "openb_node_list_gpu_node.csv"
+    lines = shipped.read_text().splitlines()
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("\n".join(lines[:13]) + "\n")  # the first 12 nodes: a small cluster the day's pods fill
+    done = simulate("--days", "0.25", "--nodes", str(nodes), "--policies", "best-fit", "--fill", "--out", str(tmp_path / "r"), cwd=Path.cwd())
+    assert done.returncode == 0, done.stderr
+    got = json.loads((tmp_path / "r" / "summary.json").read_text())["fill"]
+    assert set(got) == {"first-fit", "best-fit", "fgd", "gridbid"}
+    for name, f in got.items():
+        assert f["placed"] > 0 and f["failed_pod"] and 0 < f["allocated"] <= 1, name
+        assert f["stranded"] == pytest.approx(1 - f["allocated"], abs=1e-6) and 0 <= f["fragmented"] <= f["stranded"] + 1e-9, name
+    assert "fill experiment" in done.stdout and "Fill experiment" in (tmp_path / "r" / "report.html").read_text()

@@ -1,0 +1,212 @@
+"""The fill experiment of FGD (Weng et al., USENIX ATC'23), issue 38: how much of a cluster a
+placement policy can allocate before fragmentation stops it.
+
+Pods of a pod list are placed one by one in arrival order, none ever leaving, until the first
+pod that no node can take; the list is taken again from its start (the same order) until
+then, as FGD inflates its workload. At that moment:
+
+- ``allocated``: the share of the cluster's GPU capacity held (a pod of ``gpu_milli`` < 1000
+  holds that share of one GPU; a whole-GPU pod its GPUs);
+- ``stranded``: the share left free, which the next pod could not use (unallocated GPUs:
+  1 - ``allocated``);
+- ``fragmented``: the share the pod list's demand could not use (``market.packing``'s
+  expected fragments over every node), the finer view.
+
+A pod holds ``gpus`` whole GPUs, or a ``gpu_milli`` share of one GPU (MIG slice or
+time-share; the trace's shared-GPU pods). The policies:
+
+- ``first-fit``: the first node (in the cluster's order) that can take it; a share on the
+  first GPU with room;
+- ``best-fit``: the node with the least room left that can take it; a share on the GPU with
+  the least room that is enough;
+- ``fgd``: the node and GPU where the demand's fragmentation grows least
+  (``packing.best_placement``; the demand is the pod list's shapes);
+- ``gridbid``: the market's engine (``market.engine.clear_round``) with the pod as the one
+  bid, and the nodes that can take it as offers of the GPUs there that can, at the
+  simulator's asks (``auction.asks``); the node it trades with takes the pod, a share on
+  its best-fit GPU. It weighs price, reliability and region, not what the placement leaves:
+  a lone bid's offers differ by price alone, so each bucket's cheapest node stands for it.
+
+Nodes in the same state (model, free share per GPU) are alike to every policy, so each step
+looks at the distinct states, not at every node: the cluster's 1,213 nodes are a few dozen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from market import engine, packing
+from market.packing import MILLI, Shape
+
+from . import auction
+from .trace import Node, Pod
+
+FILL_POLICIES = ("first-fit", "best-fit", "fgd", "gridbid")
+WEIGHTS = dataclasses.replace(engine.DEFAULT_WEIGHTS, carbon_per_kg=0.0)  # gridbid's, as the simulator's market bids
+MAX_PLACEMENTS = 1_000_000  # bound: a pod list that never fails (an empty cluster aside) stops here
+
+
+@dataclass(frozen=True)
+class FillResult:
+    policy: str
+    placed: int  # pods placed before the first that no node could take
+    allocated: float  # share of the GPU capacity held then
+    stranded: float  # share left free then
+    fragmented: float  # share the pod list's demand could not use then (packing.Fragmentation)
+    failed_pod: str | None  # the pod that found no node (None: MAX_PLACEMENTS reached)
+    seconds: float
+
+
+def shape_of(p: Pod) -> Shape:
+    """A pod's shape: its whole GPUs, or its share of one GPU."""
+    return Shape(p.gpus, p.gpu_milli if p.gpus == 1 and 0 < p.gpu_milli < MILLI else MILLI, p.models)
+
+
+def _share_gpu(free: np.ndarray, need: int, best: bool) -> int:
+    ok = np.flatnonzero(free >= need)
+    return int(ok[np.argmin(free[ok])]) if best else int(ok[0])
+
+
+class Cluster:
+    """The nodes' free shares, grouped by state: (model, free shares) -> node indices."""
+
+    def __init__(self, nodes: Sequence[Node]) -> None:
+        self.nodes = nodes
+        self.free = [np.full(n.gpus, MILLI, dtype=np.int64) for n in nodes]
+        self.groups: dict[tuple[str, tuple[int, ...]], list[int]] = {}
+        for j, n in enumerate(nodes):
+            self.groups.setdefault((n.model, tuple(self.free[j].tolist())), []).append(j)
+        self.capacity = sum(n.gpus for n in nodes) * MILLI
+
+    def candidates(self, s: Shape) -> list[tuple[tuple[str, tuple[int, ...]], int]]:
+        """Each state that can take ``s``, with its first node."""
+        out = []
+        for key, js in self.groups.items():
+            model, free = key
+            if js and (not s.models or model in s.models) and packing.fits(np.asarray(free, dtype=np.int64), s):
+                out.append((key, min(js)))
+        return out
+
+    def place(self, j: int, s: Shape, gpu: int | None) -> None:
+        key = (self.nodes[j].model, tuple(self.free[j].tolist()))
+        self.groups[key].remove(j)
+        if not self.groups[key]:
+            del self.groups[key]
+        self.free[j] = packing.take(self.free[j], s, gpu)
+        self.groups.setdefault((self.nodes[j].model, tuple(self.free[j].tolist())), []).append(j)
+
+    def held(self) -> int:
+        return self.capacity - sum(int(f.sum()) for f in self.free)
+
+
+Chooser = Callable[[Cluster, Shape], tuple[int, int | None] | None]
+
+
+def first_fit(c: Cluster, s: Shape) -> tuple[int, int | None] | None:
+    got = c.candidates(s)
+    if not got:
+        return None
+    j = min(j for _, j in got)
+    return j, None if s.milli >= MILLI else _share_gpu(c.free[j], s.milli, best=False)
+
+
+def best_fit(c: Cluster, s: Shape) -> tuple[int, int | None] | None:
+    got = c.candidates(s)
+    if not got:
+        return None
+    _, j = min(((sum(key[1]), j) for key, j in got))
+    return j, None if s.milli >= MILLI else _share_gpu(c.free[j], s.milli, best=True)
+
+
+def fgd(frag: packing.Fragmentation) -> Chooser:
+    def choose(c: Cluster, s: Shape) -> tuple[int, int | None] | None:
+        got = sorted(c.candidates(s), key=lambda g: g[1])  # ties fall to the first node, as best_placement's to the first machine
+        if not got:
+            return None
+        machines = [np.asarray(key[1], dtype=np.int64) for key, _ in got]
+        pick = packing.best_placement(frag, machines, [key[0] for key, _ in got], s)
+        if pick is None:
+            return None
+        k, gpu = pick
+        return got[k][1], gpu
+
+    return choose
+
+
+def gridbid(nodes: Sequence[Node], seed: int) -> Chooser:
+    """The engine as the one bid's market: each node that can take the pod offers the GPUs
+    there that can, at its ask; the pod's limit is well above every ask (it must place)."""
+    asks = auction.asks(nodes, seed)
+    mkt = auction.Market([], nodes, asks, [])
+
+    def choose(c: Cluster, s: Shape) -> tuple[int, int | None] | None:
+        got = c.candidates(s)
+        if not got:
+            return None
+        # the engine scores a lone bid's offers by price (one reliability, no region preferred, carbon
+        # off): per bucket (model x region) the cheapest node that can take it is the one it could pick
+        cheapest: dict[tuple[str, str], tuple[int, int, int]] = {}
+        need = min(s.milli, MILLI)
+        for key, _ in got:
+            room = int((np.asarray(key[1]) >= need).sum())
+            for j in c.groups[key]:
+                b = (nodes[j].model, nodes[j].region)
+                if b not in cheapest or (asks[j], j) < cheapest[b][:2]:
+                    cheapest[b] = (asks[j], j, room)
+        offers = [engine.Offer(id=j + 1, provider_id=j // 8 + 1, machine_id=j + 1, region=nodes[j].region,
+                               gpu_model=nodes[j].model, gpus=room, ask=ask, min_duration_s=0,
+                               max_duration_s=engine.limits.MAX_DURATION_S, available_from=0, available_until=None,
+                               spot_allowed=True, reserved_only=False, reliability=auction.RELIABILITY,
+                               created_at=auction.EPOCH, spot_only=False) for ask, j, room in sorted(cheapest.values(), key=lambda x: x[1])]
+        bid = engine.Bid(id=1, buyer_id=1, gpus=s.gpus, gpu_models=s.models, min_memory_gib=0, min_compute_units=0.0, vendor=None,
+                         same_machine=True, allowed_regions=(), preferred_regions=(), location_region=None, max_latency_ms=None,
+                         max_price=max(asks) * 2, duration_s=3600, deadline=None, klass="on_demand", min_reliability=0.0,
+                         weights=WEIGHTS, created_at=auction.EPOCH)
+        res = engine.clear_round(engine.RoundInput(now=auction.EPOCH, offers=tuple(offers), bids=(bid,), gpu_models=mkt.models,
+                                                   regions=mkt.regions, latency_ms=mkt.latency, running=(), config=engine.RoundConfig()))
+        if not res.trades:
+            return None
+        j = res.trades[0].offer_id - 1
+        return j, None if s.milli >= MILLI else _share_gpu(c.free[j], s.milli, best=True)
+
+    return choose
+
+
+def run_fill(pods: Sequence[Pod], nodes: Sequence[Node], policy: str, seed: int = 0) -> FillResult:
+    """Place ``pods`` (in arrival order, the list again from its start until the first
+    failure) on an empty ``nodes`` by ``policy``."""
+    if not pods or not nodes:
+        raise ValueError("the fill experiment needs pods and nodes")
+    shapes = [shape_of(p) for p in pods]
+    frag = packing.Fragmentation(packing.Demand.of(shapes))
+    choose: Chooser
+    if policy == "first-fit":
+        choose = first_fit
+    elif policy == "best-fit":
+        choose = best_fit
+    elif policy == "fgd":
+        choose = fgd(frag)
+    elif policy == "gridbid":
+        choose = gridbid(nodes, seed)
+    else:
+        raise ValueError(f"unknown fill policy {policy!r}: choose from {', '.join(FILL_POLICIES)}")
+    c = Cluster(nodes)
+    began = time.perf_counter()
+    placed, failed = 0, None
+    while placed < MAX_PLACEMENTS:
+        i = placed % len(pods)
+        got = choose(c, shapes[i])
+        if got is None:
+            failed = pods[i].id
+            break
+        c.place(got[0], shapes[i], got[1])
+        placed += 1
+    held = c.held()
+    lost = sum(frag.expected(f, n.model) for f, n in zip(c.free, nodes, strict=True)) * MILLI
+    return FillResult(policy, placed, round(held / c.capacity, 6), round(1 - held / c.capacity, 6),
+                      round(lost / c.capacity, 6), failed, round(time.perf_counter() - began, 3))
