@@ -257,6 +257,8 @@ def chain_deploy() -> None:
               help="Comma-separated policies to compare on the same jobs (static, static-sized, fifo, best-fit, gridbid, "
                    "gridbid-no-preempt, gridbid-no-predict, gridbid-carbon). Default: the first five, and gridbid-no-preempt, "
                    "gridbid-no-predict and gridbid-carbon with --inference-share.")
+@click.option("--carbon-weight", type=click.FloatRange(0, 1000, min_open=True), default=0.19, show_default=True,
+              help="gridbid-carbon: what every buyer pays to avoid a kg of CO2, USD (0.19: the US EPA's social cost of carbon).")
 @click.option("--fill", is_flag=True, default=False,
               help="Also run FGD's fill experiment on the window's pods: placed in arrival order, none leaving, until the first "
                    "that no node can take, by first-fit, best-fit, fgd and the gridbid engine (docs/simulate.md).")
@@ -276,7 +278,7 @@ def chain_deploy() -> None:
                    "Default: $GRIDBID_DATA_DIR/simulate, which the operator page links.")
 def simulate(trace_name: str, pods: Path | None, nodes: Path | None, days: float | None, start: float | None,
              load: float | None, policies: str | None, inference_share: float, checkpoint_s: float, grace_s: float,
-             spot_qos: str, seed: int, teams: int, out: Path | None, fill: bool) -> None:
+             spot_qos: str, seed: int, teams: int, out: Path | None, carbon_weight: float, fill: bool) -> None:
     """Replay a real GPU cluster trace under each policy and write what each buys (docs/simulate.md)."""
     # the CLI loads what a command needs when it runs; the simulator needs no Django
     from rich.progress import (
@@ -327,7 +329,7 @@ def simulate(trace_name: str, pods: Path | None, nodes: Path | None, days: float
             bar.update(task, completed=done, description=f"simulating: {what}")
 
         results, sim = report.simulate(tr, names, seed=seed, progress=step, service=tides.Options(
-            share=inference_share, checkpoint_s=checkpoint_s, grace_s=grace_s, spot_qos=qos))
+            share=inference_share, checkpoint_s=checkpoint_s, grace_s=grace_s, spot_qos=qos), carbon_weight=carbon_weight * 1_000_000)
         fills = {}
         if fill:
             from market.simulate import fill as fill_
@@ -359,9 +361,10 @@ def simulate(trace_name: str, pods: Path | None, nodes: Path | None, days: float
                        f"{show(None if f['work_lost_gpu_s_at_slo'] is None else f['work_lost_gpu_s_at_slo'] / 3600, ',.1f'):>12}")
     if summary.get("fill"):
         click.echo("\nfill experiment: pods in arrival order, none leaving, until the first that no node can take")
-        click.echo(f"{'placement':<20}{'pods':>8}{'allocated':>11}{'stranded':>10}{'fragmented':>12}")
+        click.echo(f"{'placement':<20}{'pods':>8}{'allocated':>11}{'stranded':>10}{'fragmented':>12}{'stranded@130%':>15}{'skipped':>9}")
         for name, f in summary["fill"].items():
-            click.echo(f"{name:<20}{f['placed']:>8,}{f['allocated']:>11.2%}{f['stranded']:>10.2%}{f['fragmented']:>12.2%}")
+            click.echo(f"{name:<20}{f['placed']:>8,}{f['allocated']:>11.2%}{f['stranded']:>10.2%}{f['fragmented']:>12.2%}"
+                       f"{f['inflated_stranded']:>15.2%}{f['inflated_skipped']:>9,}")
     if "gridbid-carbon" in summary["policies"]:
         click.echo("\ncarbon: on the trace's cluster, and on gridbid's cluster at the SLO (both markets there)")
         click.echo(f"{'policy':<20}{'kg CO2':>10}{'$/GPU-h':>9}{'JCT mean s':>12}{'deferred':>10}"

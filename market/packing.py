@@ -8,13 +8,16 @@ Fragmentation: Scheduling GPU-Sharing Workloads with Fragmentation Gradient Desc
 job where it adds the least of it. The measure here is theirs, on whole and shared GPUs:
 
 - **A machine's GPUs** are each a free share in thousandths (``MILLI`` = a whole GPU free,
-  0 = taken). A job **shape** asks for ``gpus`` GPUs of ``milli`` each (1000: whole GPUs,
-  which must be wholly free; less: a share of one GPU, MIG slice or time-share, from a GPU
-  with at least that much free) of one of ``models`` (empty: any).
+  0 = taken), beside its free CPU (thousandths of a core; None: not counted). A job
+  **shape** asks for ``gpus`` GPUs of ``milli`` each (1000: whole GPUs, which must be
+  wholly free; less: a share of one GPU, MIG slice or time-share, from a GPU with at least
+  that much free) of one of ``models`` (empty: any), and ``cpu_milli`` of CPU.
 - **Fragments for one shape** (``fragment``): where the shape cannot run on the machine at
-  all (the wrong model, too few GPUs free enough), every free share on it is lost to that
-  shape; where it can, the free shares too small for it are (for whole GPUs, every partly
-  used GPU's rest). In GPUs.
+  all (the wrong model, too few GPUs free enough, too little CPU left), every free share
+  on it is lost to that shape; where it can, the free shares too small for it are (for
+  whole GPUs, every partly used GPU's rest). In GPUs. GPUs whose machine has run out of
+  CPU are FGD's main finding on this trace: 8-GPU machines with 96 cores, jobs asking 11
+  cores a GPU at the median.
 - **A machine's fragmentation** (``expected``) is the expected fragments of the coming
   demand: each shape's fragments weighted by its share of the demand (``Demand``).
 - **Placing** (``best_placement``): among the machines (and, for a share, the GPUs) that
@@ -43,6 +46,7 @@ class Shape:
     gpus: int  # GPUs it holds, >= 1
     milli: int  # of each, 1..MILLI (MILLI: whole GPUs)
     models: tuple[str, ...] = ()  # the models it may run on; (): any
+    cpu_milli: int = 0  # the CPU it needs, thousandths of a core
 
     def __post_init__(self) -> None:
         if self.gpus < 1 or not 1 <= self.milli <= MILLI:
@@ -65,21 +69,24 @@ class Demand:
         total = sum(counts.values())
         if not total:
             raise ValueError("a demand needs at least one job")
-        ordered = sorted(counts, key=lambda s: (s.gpus, s.milli, s.models))
+        ordered = sorted(counts, key=lambda s: (s.gpus, s.milli, s.models, s.cpu_milli))
         return Demand(tuple(ordered), tuple(counts[s] / total for s in ordered))
 
 
-def fits(free: I64, shape: Shape) -> bool:
-    """Whether a machine whose GPUs have ``free`` thousandths free can take ``shape`` (its model aside)."""
+def fits(free: I64, shape: Shape, cpu: int | None = None) -> bool:
+    """Whether a machine whose GPUs have ``free`` thousandths free (and ``cpu`` left, where
+    counted) can take ``shape`` (its model aside)."""
+    if cpu is not None and shape.cpu_milli > cpu:
+        return False
     if shape.milli >= MILLI:
         return int((free >= MILLI).sum()) >= shape.gpus
     return int((free >= shape.milli).sum()) >= shape.gpus
 
 
-def fragment(free: I64, model: str, shape: Shape) -> float:
+def fragment(free: I64, model: str, shape: Shape, cpu: int | None = None) -> float:
     """The GPUs of free share on the machine that ``shape`` could not use."""
     total = float(free.sum()) / MILLI
-    if (shape.models and model not in shape.models) or not fits(free, shape):
+    if (shape.models and model not in shape.models) or not fits(free, shape, cpu):
         return total
     need = min(shape.milli, MILLI)
     return float(free[free < need].sum()) / MILLI
@@ -95,6 +102,7 @@ class Fragmentation:
         self.need = np.asarray([min(s.milli, MILLI) for s in demand.shapes], dtype=np.int64)
         self.gpus = np.asarray([s.gpus for s in demand.shapes], dtype=np.int64)
         self.whole = self.need >= MILLI
+        self.cpu = np.asarray([s.cpu_milli for s in demand.shapes], dtype=np.int64)
         self._models: dict[str, npt.NDArray[np.bool_]] = {}
 
     def allowed(self, model: str) -> npt.NDArray[np.bool_]:
@@ -104,14 +112,17 @@ class Fragmentation:
             self._models[model] = got
         return got
 
-    def expected(self, free: I64, model: str) -> float:
-        """The machine's fragmentation: the expected GPUs of free share the demand could not use."""
+    def expected(self, free: I64, model: str, cpu: int | None = None) -> float:
+        """The machine's fragmentation: the expected GPUs of free share the demand could not use
+        (with ``cpu`` left, where counted)."""
         srt = np.sort(free)
         total = float(srt.sum())
         below = np.concatenate([[0], np.cumsum(srt)])  # below[k]: the k smallest free shares
         idx = np.searchsorted(srt, self.need, side="left")  # GPUs with less free than each shape needs
         enough = len(srt) - idx  # GPUs with at least the need free
         runs = self.allowed(model) & (enough >= self.gpus)
+        if cpu is not None:
+            runs &= self.cpu <= cpu
         lost = np.where(runs, below[idx], total)
         return float(self.w @ lost) / MILLI
 
@@ -138,15 +149,18 @@ def take(free: I64, shape: Shape, gpu: int | None = None) -> I64:
 
 
 def best_placement(frag: Fragmentation, machines: Sequence[I64], models: Sequence[str], shape: Shape,
-                   before: Sequence[float] | None = None) -> tuple[int, int | None] | None:
+                   before: Sequence[float] | None = None, cpus: Sequence[int] | None = None) -> tuple[int, int | None] | None:
     """FGD's step: the (machine, GPU for a share, else None) whose fragmentation grows least
     when ``shape`` runs there; ties to the least room left, then the first. ``before``: each
-    machine's fragmentation now, where the caller keeps it. None: no machine can take it."""
+    machine's fragmentation now, where the caller keeps it; ``cpus``: each machine's CPU left,
+    where counted. None: no machine can take it."""
     best: tuple[float, int, int, int, int | None] | None = None
     for j, free in enumerate(machines):
-        if (shape.models and models[j] not in shape.models) or not fits(free, shape):
+        cpu = None if cpus is None else cpus[j]
+        if (shape.models and models[j] not in shape.models) or not fits(free, shape, cpu):
             continue
-        now = before[j] if before is not None else frag.expected(free, models[j])
+        now = before[j] if before is not None else frag.expected(free, models[j], cpu)
+        left = None if cpu is None else cpu - shape.cpu_milli
         if shape.milli >= MILLI:
             options: list[int | None] = [None]
         else:  # each distinct free level that is enough: the GPUs at one level are alike
@@ -154,7 +168,7 @@ def best_placement(frag: Fragmentation, machines: Sequence[I64], models: Sequenc
             options = [int(np.flatnonzero(free == v)[0]) for v in levels]
         for g in options:
             after = take(free, shape, g)
-            key = (frag.expected(after, models[j]) - now, int(after.sum()), j, -1 if g is None else g, g)
+            key = (frag.expected(after, models[j], left) - now, int(after.sum()), j, -1 if g is None else g, g)
             if best is None or key[:4] < best[:4]:
                 best = key
     return None if best is None else (best[2], best[4])

@@ -12,8 +12,16 @@ then, as FGD inflates its workload. At that moment:
 - ``fragmented``: the share the pod list's demand could not use (``market.packing``'s
   expected fragments over every node), the finer view.
 
+And as FGD itself measures (its workload inflation): the list submitted again and again, a
+pod that no node can take skipped rather than stopping, until the GPU requests submitted
+reach ``INFLATE`` (130%) of the capacity; ``inflated_stranded`` is the share left free then,
+``inflated_skipped`` the pods skipped. A policy that keeps big holes whole for the big pods
+can fail on one early and still leave less stranded in the end.
+
 A pod holds ``gpus`` whole GPUs, or a ``gpu_milli`` share of one GPU (MIG slice or
-time-share; the trace's shared-GPU pods). The policies:
+time-share; the trace's shared-GPU pods), and its ``cpu_milli`` of its node's CPU: a node
+out of CPU strands its free GPUs, as FGD measures (memory is not counted: the pod list's
+is not kept). The policies:
 
 - ``first-fit``: the first node (in the cluster's order) that can take it; a share on the
   first GPU with room;
@@ -48,6 +56,7 @@ from .trace import Node, Pod
 
 FILL_POLICIES = ("first-fit", "best-fit", "fgd", "gridbid")
 WEIGHTS = dataclasses.replace(engine.DEFAULT_WEIGHTS, carbon_per_kg=0.0)  # gridbid's, as the simulator's market bids
+INFLATE = 1.3  # FGD inflates its workload to 130% of the cluster's capacity
 MAX_PLACEMENTS = 1_000_000  # bound: a pod list that never fails (an empty cluster aside) stops here
 
 
@@ -60,11 +69,15 @@ class FillResult:
     fragmented: float  # share the pod list's demand could not use then (packing.Fragmentation)
     failed_pod: str | None  # the pod that found no node (None: MAX_PLACEMENTS reached)
     seconds: float
+    # FGD's own way (its workload inflation): the list submitted again and again, a pod no node
+    # can take skipped, until the requests submitted reach INFLATE x the capacity
+    inflated_stranded: float = 0.0  # the share left free then
+    inflated_skipped: int = 0  # the pods skipped on the way
 
 
 def shape_of(p: Pod) -> Shape:
-    """A pod's shape: its whole GPUs, or its share of one GPU."""
-    return Shape(p.gpus, p.gpu_milli if p.gpus == 1 and 0 < p.gpu_milli < MILLI else MILLI, p.models)
+    """A pod's shape: its whole GPUs, or its share of one GPU, and its CPU."""
+    return Shape(p.gpus, p.gpu_milli if p.gpus == 1 and 0 < p.gpu_milli < MILLI else MILLI, p.models, p.cpu_milli)
 
 
 def _share_gpu(free: np.ndarray, need: int, best: bool) -> int:
@@ -72,33 +85,41 @@ def _share_gpu(free: np.ndarray, need: int, best: bool) -> int:
     return int(ok[np.argmin(free[ok])]) if best else int(ok[0])
 
 
+State = tuple[str, tuple[int, ...], int]  # model, free share per GPU, CPU left
+
+
 class Cluster:
-    """The nodes' free shares, grouped by state: (model, free shares) -> node indices."""
+    """The nodes' free GPU shares and CPU, grouped by state -> node indices."""
 
     def __init__(self, nodes: Sequence[Node]) -> None:
         self.nodes = nodes
         self.free = [np.full(n.gpus, MILLI, dtype=np.int64) for n in nodes]
-        self.groups: dict[tuple[str, tuple[int, ...]], list[int]] = {}
-        for j, n in enumerate(nodes):
-            self.groups.setdefault((n.model, tuple(self.free[j].tolist())), []).append(j)
+        self.cpu = [n.cpu_milli for n in nodes]
+        self.groups: dict[State, list[int]] = {}
+        for j in range(len(nodes)):
+            self.groups.setdefault(self.state(j), []).append(j)
         self.capacity = sum(n.gpus for n in nodes) * MILLI
 
-    def candidates(self, s: Shape) -> list[tuple[tuple[str, tuple[int, ...]], int]]:
+    def state(self, j: int) -> State:
+        return (self.nodes[j].model, tuple(self.free[j].tolist()), self.cpu[j])
+
+    def candidates(self, s: Shape) -> list[tuple[State, int]]:
         """Each state that can take ``s``, with its first node."""
         out = []
         for key, js in self.groups.items():
-            model, free = key
-            if js and (not s.models or model in s.models) and packing.fits(np.asarray(free, dtype=np.int64), s):
+            model, free, cpu = key
+            if js and (not s.models or model in s.models) and packing.fits(np.asarray(free, dtype=np.int64), s, cpu):
                 out.append((key, min(js)))
         return out
 
     def place(self, j: int, s: Shape, gpu: int | None) -> None:
-        key = (self.nodes[j].model, tuple(self.free[j].tolist()))
+        key = self.state(j)
         self.groups[key].remove(j)
         if not self.groups[key]:
             del self.groups[key]
         self.free[j] = packing.take(self.free[j], s, gpu)
-        self.groups.setdefault((self.nodes[j].model, tuple(self.free[j].tolist())), []).append(j)
+        self.cpu[j] -= s.cpu_milli
+        self.groups.setdefault(self.state(j), []).append(j)
 
     def held(self) -> int:
         return self.capacity - sum(int(f.sum()) for f in self.free)
@@ -129,7 +150,7 @@ def fgd(frag: packing.Fragmentation) -> Chooser:
         if not got:
             return None
         machines = [np.asarray(key[1], dtype=np.int64) for key, _ in got]
-        pick = packing.best_placement(frag, machines, [key[0] for key, _ in got], s)
+        pick = packing.best_placement(frag, machines, [key[0] for key, _ in got], s, cpus=[key[2] for key, _ in got])
         if pick is None:
             return None
         k, gpu = pick
@@ -195,8 +216,8 @@ def run_fill(pods: Sequence[Pod], nodes: Sequence[Node], policy: str, seed: int 
         choose = gridbid(nodes, seed)
     else:
         raise ValueError(f"unknown fill policy {policy!r}: choose from {', '.join(FILL_POLICIES)}")
-    c = Cluster(nodes)
     began = time.perf_counter()
+    c = Cluster(nodes)
     placed, failed = 0, None
     while placed < MAX_PLACEMENTS:
         i = placed % len(pods)
@@ -207,6 +228,18 @@ def run_fill(pods: Sequence[Pod], nodes: Sequence[Node], policy: str, seed: int 
         c.place(got[0], shapes[i], got[1])
         placed += 1
     held = c.held()
-    lost = sum(frag.expected(f, n.model) for f, n in zip(c.free, nodes, strict=True)) * MILLI
+    lost = sum(frag.expected(f, n.model, cpu) for f, n, cpu in zip(c.free, nodes, c.cpu, strict=True)) * MILLI
+    inflated = Cluster(nodes)
+    submitted, skipped, k = 0, 0, 0
+    while submitted < INFLATE * inflated.capacity and k < MAX_PLACEMENTS:
+        s = shapes[k % len(pods)]
+        k += 1
+        submitted += s.gpus * min(s.milli, MILLI)
+        got = choose(inflated, s)
+        if got is None:
+            skipped += 1
+        else:
+            inflated.place(got[0], s, got[1])
     return FillResult(policy, placed, round(held / c.capacity, 6), round(1 - held / c.capacity, 6),
-                      round(lost / c.capacity, 6), failed, round(time.perf_counter() - began, 3))
+                      round(lost / c.capacity, 6), failed, round(time.perf_counter() - began, 3),
+                      round(1 - inflated.held() / inflated.capacity, 6), skipped)

@@ -162,7 +162,8 @@ class Simulation:
     """The policies over one trace: ``pods`` (sorted by arrival) on ``nodes``."""
 
     def __init__(self, pods: Sequence[Pod], nodes: Sequence[Node], window_s: float, teams: int, seed: int,
-                 progress: Progress = _quiet, service: tides.Options = tides.Options()) -> None:
+                 progress: Progress = _quiet, service: tides.Options = tides.Options(),
+                 carbon_weight: float = auction.CARBON_WEIGHT) -> None:
         """With ``service.share`` > 0, a tidal inference service (``tides.py``) owns that
         share of the cluster's GPUs in every policy; only ``gridbid`` lends what it does not
         need to spot pods and preempts them when the tide rises. Its nodes are never removed
@@ -170,6 +171,7 @@ class Simulation:
         self.pods, self.nodes, self.window_s, self.teams = pods, nodes, window_s, teams
         self.progress = progress
         self.options = service
+        self.carbon_weight = carbon_weight  # gridbid-carbon's bids' weight, base units per kg
         self.owned: tuple[int, ...] = tides.owned_nodes(nodes, service.share, seed) if service.share > 0 else ()
         self.tide = tides.tide(nodes, self.owned) if self.owned else None
         self.service_gpu_s = self.tide.gpu_hours(window_s) * 3600 if self.tide is not None else 0.0
@@ -253,7 +255,8 @@ class Simulation:
         owned = frozenset(svc.owned) if svc is not None else frozenset()
         self.market = auction.Market(self.pods, nodes, [self.asks[j] for j in keep.tolist()], self.limits,
                                      spot_only=owned if lend else frozenset(), closed=frozenset() if lend else owned,
-                                     spot=self.spot, service=svc, predict=predict, carbon_aware=carbon)
+                                     spot=self.spot, service=svc, predict=predict, carbon_aware=carbon,
+                                     carbon_weight=self.carbon_weight)
         o = run(self.pods, nodes, "first", self.window_s, chooser=self.market, service=svc)
         return o, np.where(o.node >= 0, keep[np.maximum(o.node, 0)], -1)
 

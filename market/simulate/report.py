@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .auction import CARBON_WEIGHT
 from .metrics import figures, work_gpu_s
 from .policies import DEFAULT_POLICIES, POLICIES, PolicyResult, Progress, Simulation, _quiet
 from .prediction import evaluate as prediction_evaluate
@@ -19,12 +20,13 @@ from .trace import Trace, load_inside, offered_load
 
 
 def simulate(trace: Trace, policies: Sequence[str] = DEFAULT_POLICIES, seed: int = 0,
-             progress: Progress = _quiet, service: Options = Options()) -> tuple[dict[str, PolicyResult], Simulation]:
+             progress: Progress = _quiet, service: Options = Options(),
+             carbon_weight: float = CARBON_WEIGHT) -> tuple[dict[str, PolicyResult], Simulation]:
     """Each policy of ``policies`` run over ``trace``, in that order."""
     unknown = [p for p in policies if p not in POLICIES]
     if unknown or not policies:
         raise ValueError(f"unknown policy {', '.join(unknown) or '(none given)'}: choose from {', '.join(POLICIES)}")
-    sim = Simulation(trace.pods, trace.nodes, trace.window_s, trace.teams, seed, progress, service)
+    sim = Simulation(trace.pods, trace.nodes, trace.window_s, trace.teams, seed, progress, service, carbon_weight)
     return {name: sim.policy(name) for name in policies}, sim
 
 
@@ -91,7 +93,8 @@ def summary(trace: Trace, results: dict[str, PolicyResult], seed: int, sim: Simu
         "runtime_prediction": prediction_evaluate(trace.pods, trace.window_s).as_dict(),
         # issue 38, with --fill: FGD's fill experiment (market/simulate/fill.py), its run times left out
         "fill": {p: {"placed": f.placed, "allocated": f.allocated, "stranded": f.stranded, "fragmented": f.fragmented,
-                     "failed_pod": f.failed_pod} for p, f in (fills or {}).items()} or None,
+                     "failed_pod": f.failed_pod, "inflated_stranded": f.inflated_stranded, "inflated_skipped": f.inflated_skipped}
+                 for p, f in (fills or {}).items()} or None,
     }
 
 
@@ -275,11 +278,13 @@ def _fill_html(fill: dict[str, Any] | None) -> str:
     if not fill:
         return ""
     rows = "".join(f"<tr><th>{escape(p)}</th><td>{f['placed']:,}</td><td>{f['allocated']:.2%}</td><td>{f['stranded']:.2%}</td>"
-                   f"<td>{f['fragmented']:.2%}</td></tr>" for p, f in fill.items())
+                   f"<td>{f['fragmented']:.2%}</td><td>{f['inflated_stranded']:.2%}</td><td>{f['inflated_skipped']:,}</td></tr>" for p, f in fill.items())
     return ("<h2>Fill experiment</h2><p class=\"note\">The window's pods placed in arrival order, none leaving, until the first "
             "that no node can take (FGD's experiment): the share of the GPUs allocated then, the share left free (stranded), and "
-            "the share the pods' demand could not use (fragmented).</p>"
-            "<table><tr><th>placement</th><th>pods placed</th><th>allocated</th><th>stranded</th><th>fragmented</th></tr>" + rows + "</table>")
+            "the share the pods' demand could not use (fragmented). Then as FGD measures: the pods submitted again and again, those no node "
+            "can take skipped, until the requests reach 130% of the capacity: the share left free then, and the pods skipped.</p>"
+            "<table><tr><th>placement</th><th>pods placed</th><th>allocated</th><th>stranded</th><th>fragmented</th>"
+            "<th>stranded at 130%</th><th>skipped</th></tr>" + rows + "</table>")
 
 
 def _prediction_html(pred: dict[str, Any] | None) -> str:
