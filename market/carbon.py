@@ -15,18 +15,21 @@ region (``providers/data/regions.json``) is the fallback, never the first choice
 - **A live source** (``HttpSource``) is any HTTP endpoint that answers
   ``GET {url}?region=R&start=T&hours=N`` with
   ``{"region": R, "start": T, "g_co2_per_kwh": [N numbers]}``: hourly values from the hour
-  that holds unix second ``T``; hours still to come are the feed's forecast. Answers are
-  checked; a bad one is a ``CarbonFeedError`` naming what was wrong.
+  that holds unix second ``T``; hours still to come are the feed's forecast. It may add
+  ``"updated": U``, the unix second its figures were last refreshed: figures more than
+  ``stale_s`` (6 h) old are stale. Answers are checked; a bad or stale one is a
+  ``CarbonFeedError`` naming what was wrong.
 - **The forecast** (``Feed.ahead``). A live feed forecasts itself. The replay is history, and
   reading its next hours would be knowing the future, so the hours ahead of a source that
   does not forecast (``Source.forecasts``) are the mean of the same hour on the previous
   ``FORECAST_DAYS`` days it has passed (``seasonal``); the hour now is its own.
 - **Waiting for a cleaner hour** (``defer``, the rule deferrable bids follow; below).
 - **The fallback** (``Feed``). Where the source has no series for a region, fails, or is
-  older than ``stale_s``, the region's constant is used, and ``Feed.status`` says so and
-  why (``/readyz`` and the operator page show it).
+  stale, the region's constant is used, and ``Feed.status`` says so and why (``/readyz``
+  and the operator page show it).
 
-Pure: no Django, no clock (times are passed in), and the network only in ``HttpSource``.
+Pure: no Django, no clock (times are passed in), and the network and the clock (for
+staleness) only in ``HttpSource``.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import gzip
 import io
 import json
 import math
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -50,6 +54,7 @@ GRID_OF_REGION: dict[str, str] = {"us-east": "PJM", "us-central": "MISO", "us-we
 HOURS = 8760  # a series holds one non-leap year, hour by hour from 1 January 00:00 UTC
 MAX_HOURS = 24 * 14  # the most hours one request may ask of a source
 MAX_G_PER_KWH = 5000.0  # above any grid's intensity (coal alone is about 1,000)
+STALE_S = 6 * 3600.0  # a live feed whose figures were updated longer ago than this is stale
 FORECAST_DAYS = 3  # a forecast from history: the mean of the same hour on this many previous days
 DEFER_MIN_CUT = 0.10  # a deferrable bid waits only for an hour at least this much cleaner than now
 DEFER_MIN_VALUE = 10_000  # ... and only where the carbon it saves is worth this much to its buyer (base units: 0.01 USD)
@@ -161,11 +166,11 @@ class HttpSource:
     name = "http"
     forecasts = True
 
-    def __init__(self, url: str, timeout_s: float = 5.0) -> None:
+    def __init__(self, url: str, timeout_s: float = 5.0, stale_s: float = STALE_S, clock: Callable[[], float] = time.time) -> None:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(f"carbon feed URL {url!r} must be http:// or https:// with a host")
-        self.url, self.timeout_s = url, timeout_s
+        self.url, self.timeout_s, self.stale_s, self.clock = url, timeout_s, stale_s, clock
 
     def hourly(self, region: str, start: int, hours: int) -> tuple[float, ...] | None:
         if not 1 <= hours <= MAX_HOURS:
@@ -181,10 +186,10 @@ class HttpSource:
             raise CarbonFeedError(f"carbon feed {self.url} answered HTTP {exc.code} for {region}") from None
         except (urllib.error.URLError, TimeoutError, OSError) as exc:
             raise CarbonFeedError(f"carbon feed {self.url} did not answer for {region}: {getattr(exc, 'reason', exc)}") from None
-        return _checked(body, region, start, hours, self.url)
+        return _checked(body, region, start, hours, self.url, stale_s=self.stale_s, now=self.clock())
 
 
-def _checked(body: bytes, region: str, start: int, hours: int, url: str) -> tuple[float, ...]:
+def _checked(body: bytes, region: str, start: int, hours: int, url: str, *, stale_s: float = math.inf, now: float = 0.0) -> tuple[float, ...]:
     try:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError):
@@ -193,6 +198,13 @@ def _checked(body: bytes, region: str, start: int, hours: int, url: str) -> tupl
         raise CarbonFeedError(f"carbon feed {url} answered for region {doc.get('region') if isinstance(doc, dict) else None!r}, not {region!r}")
     if doc.get("start") != start - start % 3600 and doc.get("start") != start:
         raise CarbonFeedError(f"carbon feed {url} answered from {doc.get('start')!r}, not the hour of {start}")
+    updated = doc.get("updated")
+    if updated is not None:
+        if isinstance(updated, bool) or not isinstance(updated, int | float) or not math.isfinite(updated):
+            raise CarbonFeedError(f"carbon feed {url} answered updated={updated!r} for {region}: give unix seconds, or leave it out")
+        if now - updated > stale_s:
+            raise CarbonFeedError(f"carbon feed {url} is stale for {region}: its figures were updated {(now - updated) / 3600:.1f} h ago, "
+                                  f"more than {stale_s / 3600:g} h")
     vals = doc.get("g_co2_per_kwh")
     if not isinstance(vals, list) or len(vals) != hours:
         raise CarbonFeedError(f"carbon feed {url} answered {len(vals) if isinstance(vals, list) else 'no'} hourly values for {region}, not {hours}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -111,6 +112,9 @@ def stub() -> Iterator[Stub]:
 def test_a_live_feed_over_http_gives_the_hours_it_was_asked(stub: Stub) -> None:
     src = carbon.HttpSource(stub.url, timeout_s=5)
     assert src.hourly("us-west", ts("2026-12-07T10:15:00"), 3) == (100.0, 101.0, 102.0)
+    stub.answer = lambda r, s, h: (200, {"region": r, "start": s, "g_co2_per_kwh": [7.0] * h, "updated": time.time() - 60})
+    assert src.hourly("us-west", ts("2026-12-07T10:15:00"), 2) == (7.0, 7.0), "updated a minute ago: fresh"
+    stub.answer = lambda r, s, h: (200, {"region": r, "start": s - s % 3600, "g_co2_per_kwh": [float(100 + k) for k in range(h)]})
     feed = carbon.Feed(src, {"us-west": 120.0})
     assert feed.hourly("us-west", ts("2026-12-07T10:15:00"), 2) == carbon.Reading((100.0, 101.0), "http")
 
@@ -122,6 +126,9 @@ def test_a_live_feed_over_http_gives_the_hours_it_was_asked(stub: Stub) -> None:
     (lambda r, s, h: (200, {"region": r, "start": s, "g_co2_per_kwh": [1.0]}), "1 hourly values"),
     (lambda r, s, h: (200, {"region": r, "start": s, "g_co2_per_kwh": [1.0, "x", 3.0][:h]}), "hour 1 for us-west is 'x'"),
     (lambda r, s, h: (200, {"region": r, "start": s, "g_co2_per_kwh": [1.0, -5.0, 3.0][:h]}), "hour 1 for us-west is -5.0"),
+    (lambda r, s, h: (200, {"region": r, "start": s, "g_co2_per_kwh": [1.0] * h, "updated": time.time() - 7 * 3600}),
+     "is stale for us-west: its figures were updated 7.0 h ago, more than 6 h"),
+    (lambda r, s, h: (200, {"region": r, "start": s, "g_co2_per_kwh": [1.0] * h, "updated": "yesterday"}), "updated='yesterday'"),
 ])
 def test_a_bad_answer_from_the_feed_falls_back_to_the_constant_and_says_what_was_wrong(stub: Stub, answer, says: str) -> None:  # type: ignore[no-untyped-def]
     stub.answer = answer
