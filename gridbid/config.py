@@ -56,6 +56,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("RUNTIME_REFIT_S", "600", "Seconds between refits of the runtime predictor on completed jobs (60-86400); a refit with no new completed job is skipped."),
     Variable("RUNTIME_FIT_JOBS", "20000", "How many of the latest completed jobs the runtime predictor learns from (100-1000000)."),
     Variable("PRICING_RULE", "uniform", "Auction price rule: uniform (clearing price per bucket) or pay_as_ask."),
+    Variable("PACK_BAND", "0", "Packing (issue 38): USDC per GPU-hour of value a trade may give up to move to another offer of its bucket that leaves whole machines for the book's larger bids; the buyer pays the same price. 0 = off (0-10)."),
     Variable("PRICE_POINT", "0", "Where the uniform price sits in each bucket's clearing interval: 0 = the lowest clearing price (buyer-friendly), 0.5 = midpoint, 1 = top."),
     Variable("FAIR_SHARE_CAP", "1.0", "Largest fraction (0-1] of a scarce bucket's GPUs one buyer may take in one round."),
     Variable("CHAIN_RPC_URL", "(unset: local dev chain)", "JSON-RPC URL of the settlement chain (http:// or https://)."),
@@ -185,6 +186,7 @@ class Config:
     pricing_rule: str
     fair_share_cap: float
     price_point: float
+    pack_band: float
     demo_speed: float
     carbon_clock_speed: float
     chain_rpc_url: str | None
@@ -400,6 +402,7 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         pricing_rule=_choice(env, "PRICING_RULE", "uniform", ("uniform", "pay_as_ask")),
         fair_share_cap=_number(env, "FAIR_SHARE_CAP", 1.0, 0.01, 1.0),
         price_point=_number(env, "PRICE_POINT", 0.0, 0.0, 1.0),
+        pack_band=_number(env, "PACK_BAND", 0.0, 0.0, 10.0),
         chain_rpc_url=_url(env, "CHAIN_RPC_URL", ("http", "https")),
         chain_public_rpc_url=_url(env, "CHAIN_PUBLIC_RPC_URL", ("http", "https")),
         chain_port=int(_number(env, "GRIDBID_CHAIN_PORT", 8545, 1, 65535, int)),

@@ -273,6 +273,7 @@ GRIDBID = {
     "PRICING_RULE": CONFIG.pricing_rule,
     "FAIR_SHARE_CAP": CONFIG.fair_share_cap,
     "PRICE_POINT": CONFIG.price_point,
+    "PACK_BAND": CONFIG.pack_band,
     "RUNTIME_REFIT_S": CONFIG.runtime_refit_s,
     # the markets list (API, home page, book snapshots) is computed at most once a second and
     # shared through the cache: it is up to this many seconds old (README, "Markets")

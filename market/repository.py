@@ -113,6 +113,7 @@ def round_config() -> engine.RoundConfig:
         pricing=settings.GRIDBID["PRICING_RULE"],
         fair_share_cap=settings.GRIDBID["FAIR_SHARE_CAP"],
         price_point=settings.GRIDBID["PRICE_POINT"],
+        pack_band=round(settings.GRIDBID.get("PACK_BAND", 0.0) * 1_000_000),
     )
 
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import numpy as np
 
 from . import bound as bound_mod
-from . import exact
+from . import exact, pack
 from .assign import Snapshot, Solver, State, fair_share_limits, priority_order
 from .explain import Explainer, money, trade_reason
 from .market import BidViews, Candidates, Market, build_market, candidates, top_candidates
@@ -146,6 +146,12 @@ def _clear(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
                 bucket_bids.setdefault((m, r), []).append(b)
     quotes, pay = bucket_prices(mkt, assigned, bucket_bids, cfg.pricing, cfg.price_point)
     lap("pricing")
+    moved: dict[int, int] = {}
+    saved, optimum = 0.0, surplus
+    if cfg.pack_band > 0 and cfg.pricing == "uniform":
+        assigned, pay, moved, saved = pack.pack(mkt, assigned, pay, cfg.pack_band, [*order, *sorted(set(assigned) - set(order))])
+        surplus = sum(p[2] for parts in assigned.values() for p in parts) * unit
+    lap("packing")
 
     trades: list[Trade] = []
     for b in sorted(assigned):
@@ -160,6 +166,9 @@ def _clear(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
                 reason += f"; pays the {off.gpu_model} {off.region} {what} {money(price)}"
             else:
                 reason += f"; pays the ask {money(price)}"
+            if b in moved:
+                reason += (f"; packed: placed here rather than on offer {mkt.offers[moved[b]].id}, at the same price, which leaves "
+                           f"whole machines for the larger bids of the book")
             until = int(mkt.o_until[o])
             backfill = until < mkt.now + bid.duration_s  # only a spot bid's p90 lets a pair past its window
             if backfill:
@@ -229,12 +238,19 @@ def _clear(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
     feasible_all = cand.feasible_pairs
     gap: float | None = None
     scope = "none"
-    if proven:
+    if proven and moved:  # the optimum, given up within the tie band for less fragmentation
+        bound, gap = optimum, 0.0 if optimum <= 0 else max(0.0, round((optimum - surplus) / optimum, 9))
+        scope = "exact per class in priority order" + (f", {how}" if plan is not None or failed else "")
+    elif proven:
         bound, gap = surplus, 0.0
         scope = "exact per class in priority order" + (f", {how}" if plan is not None or failed else "")
     elif bound is not None:
         gap = 0.0 if bound <= 0 else max(0.0, round((bound - surplus) / bound, 9))
         scope = f"per class in priority order, {how}: " + "; ".join(class_bounds)
+    if moved:
+        method += f" + packing ({len(moved)} moved, {saved:.2f} GPUs less fragmented)"
+        scope += (f"; then packing moved {len(moved)} trade(s) within {cfg.pack_band:,} base units per GPU-hour of their best "
+                  f"offer to leave {saved:.2f} GPUs fewer of the book's demand stranded, for {optimum - surplus:,} of surplus")
     stats = RoundStats(
         bids=len(mkt.bids),
         offers=len(mkt.offers),

@@ -23,7 +23,7 @@ Klass = Literal["reserved", "on_demand", "spot"]
 STAGES = (
     "validate", "market", "candidates",
     "reserved", "reserved bound", "on_demand", "on_demand bound", "spot", "spot bound",
-    "pricing", "trades", "explain",
+    "pricing", "packing", "trades", "explain",
 )
 
 
@@ -217,6 +217,9 @@ class RoundConfig:
     0 (the default) is its bottom, the lowest price that clears the bucket, so
     buyers pay the least any rule allows and providers at least their ask;
     0.5 splits the marginal surplus evenly (a k = 1/2 double auction).
+    ``pack_band`` (issue 38, ``pack.py``): base units per GPU-hour of value a trade may give
+    up to move to another offer of its bucket that leaves the bucket less fragmented for the
+    book's demand; 0 (the default) packs nothing. The buyer pays the same: the bucket's price.
     """
 
     pricing: str = "uniform"
@@ -226,6 +229,7 @@ class RoundConfig:
     group_scan: int = 48
     exact_node_limit: int = 200
     certify: bool = False
+    pack_band: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -215,6 +215,7 @@ def _round(inp: RoundInput) -> tuple[set[str], set[str]]:
     _int("config.group_scan", c.group_scan, 0, 10**9)
     _int("config.exact_node_limit", c.exact_node_limit, 0, 10**9)
     _bool("config.certify", c.certify)
+    _int("config.pack_band", c.pack_band, 0, MAX_PRICE)
     return model_ids, region_ids
 
 

@@ -72,6 +72,7 @@ WINDOW_HORIZON_H = 14 * 24  # a lent window looks this far ahead for the tide's 
 # EPA's 2023 social cost of carbon, 190 USD a tonne); gridbid prices it at nothing
 CARBON_WEIGHT = 190_000.0
 DEFER_QOS = frozenset({"BE", "Burstable"})  # the pods that may wait for a cleaner hour: best effort and burstable
+PACK_BAND = 50_000  # gridbid-pack: a trade may give up 0.05 USD per GPU-hour of value to fragment its bucket less
 DEFER_S = 6 * HOUR_S  # ... for at most this long after they arrive (their latest start)
 FORECAST_HOURS = 48  # the grid forecast a round sees, as the live market's (grid_carbon.FORECAST_HOURS)
 
@@ -129,6 +130,7 @@ class Market:
     backfilled: int = 0  # trades the engine placed past their offer's window on a p90
     carbon_aware: bool = False  # gridbid-carbon: carbon weight on, the grids' hourly forecasts, deferrable pods wait
     carbon_weight: float = CARBON_WEIGHT
+    pack_band: int = 0  # gridbid-pack: the engine's packing band (issue 38), base units per GPU-hour
     deferred: set[int] = field(default_factory=set)  # pods that waited for a cleaner hour at least once
     _feed: carbon.Feed | None = None
     _ahead: tuple[int, tuple[engine.Region, ...]] | None = None
@@ -331,7 +333,7 @@ class Market:
             return []
         inp = engine.RoundInput(now=EPOCH + int(clock), offers=offers, bids=tuple(self.bid(i, float(left[i]), clock) for i in bidding),
                                 gpu_models=self.models, regions=regions, latency_ms=self.latency,
-                                running=(), config=engine.RoundConfig())
+                                running=(), config=engine.RoundConfig(pack_band=self.pack_band))
         t = time.perf_counter()
         res = engine.clear_round(inp)
         self.engine_s += time.perf_counter() - t

@@ -34,6 +34,10 @@ is not kept). The policies:
   simulator's asks (``auction.asks``); the node it trades with takes the pod, a share on
   its best-fit GPU. It weighs price, reliability and region, not what the placement leaves:
   a lone bid's offers differ by price alone, so each bucket's cheapest node stands for it.
+- ``gridbid-pack``: the same with the engine's packing on (``RoundConfig.pack_band``,
+  ``auction.PACK_BAND``), shown each bucket's nodes within the band of its cheapest. A lone
+  bid pays the bottom of its clearing interval, its offer's own ask, and packing may only
+  move it to an offer whose ask is at most what it pays: it has room only among equal asks.
 
 Nodes in the same state (model, free share per GPU) are alike to every policy, so each step
 looks at the distinct states, not at every node: the cluster's 1,213 nodes are a few dozen.
@@ -54,8 +58,9 @@ from market.packing import MILLI, Shape
 from . import auction
 from .trace import Node, Pod
 
-FILL_POLICIES = ("first-fit", "best-fit", "fgd", "gridbid")
+FILL_POLICIES = ("first-fit", "best-fit", "fgd", "gridbid", "gridbid-pack")
 WEIGHTS = dataclasses.replace(engine.DEFAULT_WEIGHTS, carbon_per_kg=0.0)  # gridbid's, as the simulator's market bids
+PACK_SHOWN = 64  # gridbid-pack: the most nodes of one bucket shown to the engine, cheapest first
 INFLATE = 1.3  # FGD inflates its workload to 130% of the cluster's capacity
 MAX_PLACEMENTS = 1_000_000  # bound: a pod list that never fails (an empty cluster aside) stops here
 
@@ -159,9 +164,11 @@ def fgd(frag: packing.Fragmentation) -> Chooser:
     return choose
 
 
-def gridbid(nodes: Sequence[Node], seed: int) -> Chooser:
+def gridbid(nodes: Sequence[Node], seed: int, band: int = 0) -> Chooser:
     """The engine as the one bid's market: each node that can take the pod offers the GPUs
-    there that can, at its ask; the pod's limit is well above every ask (it must place)."""
+    there that can, at its ask; the pod's limit is well above every ask (it must place).
+    With ``band`` (gridbid-pack), the engine packs (``RoundConfig.pack_band``) and is shown
+    every node of a bucket within the band of its cheapest, its choices."""
     asks = auction.asks(nodes, seed)
     mkt = auction.Market([], nodes, asks, [])
 
@@ -171,25 +178,28 @@ def gridbid(nodes: Sequence[Node], seed: int) -> Chooser:
             return None
         # the engine scores a lone bid's offers by price (one reliability, no region preferred, carbon
         # off): per bucket (model x region) the cheapest node that can take it is the one it could pick
-        cheapest: dict[tuple[str, str], tuple[int, int, int]] = {}
+        by_bucket: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
         need = min(s.milli, MILLI)
         for key, _ in got:
             room = int((np.asarray(key[1]) >= need).sum())
             for j in c.groups[key]:
-                b = (nodes[j].model, nodes[j].region)
-                if b not in cheapest or (asks[j], j) < cheapest[b][:2]:
-                    cheapest[b] = (asks[j], j, room)
+                by_bucket.setdefault((nodes[j].model, nodes[j].region), []).append((asks[j], j, room))
+        shown = []
+        for opts in by_bucket.values():
+            opts.sort()
+            shown += [x for x in opts if x[0] <= opts[0][0] + band][:PACK_SHOWN] if band else opts[:1]
         offers = [engine.Offer(id=j + 1, provider_id=j // 8 + 1, machine_id=j + 1, region=nodes[j].region,
                                gpu_model=nodes[j].model, gpus=room, ask=ask, min_duration_s=0,
                                max_duration_s=engine.limits.MAX_DURATION_S, available_from=0, available_until=None,
                                spot_allowed=True, reserved_only=False, reliability=auction.RELIABILITY,
-                               created_at=auction.EPOCH, spot_only=False) for ask, j, room in sorted(cheapest.values(), key=lambda x: x[1])]
+                               created_at=auction.EPOCH, spot_only=False) for ask, j, room in sorted(shown, key=lambda x: x[1])]
         bid = engine.Bid(id=1, buyer_id=1, gpus=s.gpus, gpu_models=s.models, min_memory_gib=0, min_compute_units=0.0, vendor=None,
                          same_machine=True, allowed_regions=(), preferred_regions=(), location_region=None, max_latency_ms=None,
                          max_price=max(asks) * 2, duration_s=3600, deadline=None, klass="on_demand", min_reliability=0.0,
                          weights=WEIGHTS, created_at=auction.EPOCH)
         res = engine.clear_round(engine.RoundInput(now=auction.EPOCH, offers=tuple(offers), bids=(bid,), gpu_models=mkt.models,
-                                                   regions=mkt.regions, latency_ms=mkt.latency, running=(), config=engine.RoundConfig()))
+                                                   regions=mkt.regions, latency_ms=mkt.latency, running=(),
+                                                   config=engine.RoundConfig(pack_band=band)))
         if not res.trades:
             return None
         j = res.trades[0].offer_id - 1
@@ -214,6 +224,8 @@ def run_fill(pods: Sequence[Pod], nodes: Sequence[Node], policy: str, seed: int 
         choose = fgd(frag)
     elif policy == "gridbid":
         choose = gridbid(nodes, seed)
+    elif policy == "gridbid-pack":
+        choose = gridbid(nodes, seed, auction.PACK_BAND)
     else:
         raise ValueError(f"unknown fill policy {policy!r}: choose from {', '.join(FILL_POLICIES)}")
     began = time.perf_counter()

@@ -34,7 +34,8 @@ from .sim import F64, I64, TIMELINE_BINS, BoolA, Outcome, Service, fits_somewher
 from .trace import Node, Pod
 
 SLO_QUEUE_P95_S = 600.0  # seconds: the queueing delay 95% of the pods that fit must start within
-POLICIES = ("static", "static-sized", "fifo", "best-fit", "gridbid", "gridbid-no-preempt", "gridbid-no-predict", "gridbid-carbon")
+POLICIES = ("static", "static-sized", "fifo", "best-fit", "gridbid", "gridbid-no-preempt", "gridbid-no-predict", "gridbid-carbon",
+            "gridbid-pack")
 # gridbid-no-preempt and gridbid-no-predict are gridbid's twins unless an inference service lends
 DEFAULT_POLICIES = POLICIES[:5]
 
@@ -249,21 +250,21 @@ class Simulation:
         return merge(len(self.pods), parts, self.window_s, sum(self.nodes[j].gpus for j in keep.tolist()),
                      self.service_gpu_s)
 
-    def auction(self, keep: I64, lend: bool, predict: bool = True, carbon: bool = False) -> tuple[Outcome, I64]:
+    def auction(self, keep: I64, lend: bool, predict: bool = True, carbon: bool = False, pack: bool = False) -> tuple[Outcome, I64]:
         nodes = [self.nodes[j] for j in keep.tolist()]
         svc = self.service(keep, lend)
         owned = frozenset(svc.owned) if svc is not None else frozenset()
         self.market = auction.Market(self.pods, nodes, [self.asks[j] for j in keep.tolist()], self.limits,
                                      spot_only=owned if lend else frozenset(), closed=frozenset() if lend else owned,
                                      spot=self.spot, service=svc, predict=predict, carbon_aware=carbon,
-                                     carbon_weight=self.carbon_weight)
+                                     carbon_weight=self.carbon_weight, pack_band=auction.PACK_BAND if pack else 0)
         o = run(self.pods, nodes, "first", self.window_s, chooser=self.market, service=svc)
         return o, np.where(o.node >= 0, keep[np.maximum(o.node, 0)], -1)
 
     def at(self, name: str, keep: I64) -> tuple[Outcome, I64]:
-        if name in ("gridbid", "gridbid-no-preempt", "gridbid-no-predict", "gridbid-carbon"):
-            return self.auction(keep, lend=name != "gridbid-no-preempt", predict=name in ("gridbid", "gridbid-carbon"),
-                                carbon=name == "gridbid-carbon")
+        if name in ("gridbid", "gridbid-no-preempt", "gridbid-no-predict", "gridbid-carbon", "gridbid-pack"):
+            return self.auction(keep, lend=name != "gridbid-no-preempt", predict=name in ("gridbid", "gridbid-carbon", "gridbid-pack"),
+                                carbon=name == "gridbid-carbon", pack=name == "gridbid-pack")
         if name == "static":
             return self.static(keep)
         if name == "fifo":

@@ -168,7 +168,7 @@ def sparkline(points: list[int], width: int = 120, height: int = 28) -> SafeStri
 STAGE_COLOURS = dict(zip(STAGES, (  # per engine stage, in its order; a class's LP bound a darker shade
     "#8a93a6", "#6f7a91", "#5b8def",  # validate, market, candidates
     "#b07cf0", "#7c4fc0", "#3fb68b", "#237a5c", "#e0a23b", "#a8731f",  # reserved, on-demand, spot (and bounds)
-    "#e36a6a", "#c7c96a", "#4fc1d6",  # pricing, trades, explain
+    "#e36a6a", "#d68fb8", "#c7c96a", "#4fc1d6",  # pricing, packing, trades, explain
 ), strict=True))
 
 

@@ -35,7 +35,7 @@ def test_the_stopwatch_hears_every_stage_in_order_and_the_result_does_not_change
     first = [watch.laps.index(s) for s in STAGES]
     assert first == sorted(first), watch.laps  # each stage first shows up in the documented order
     assert watch.laps[:3] == ["validate", "market", "candidates"]
-    assert watch.laps[-3:] == ["pricing", "trades", "explain"]
+    assert watch.laps[-4:] == ["pricing", "packing", "trades", "explain"]
 
 
 def test_stage_times_add_up_per_stage_in_milliseconds() -> None:

@@ -39,7 +39,7 @@ def test_shares_of_a_gpu_are_packed_onto_one_gpu() -> None:
     pod on the other."""
     nodes = [node(0, 2)]
     pods = [pod(1, 1, 500), pod(2, 1, 500), pod(3, 1)]
-    for policy in ("best-fit", "fgd", "first-fit", "gridbid"):
+    for policy in ("best-fit", "fgd", "first-fit", "gridbid", "gridbid-pack"):
         got = fill.run_fill(pods, nodes, policy)
         assert (got.placed, got.allocated) == (3, 1.0), policy
 
