@@ -23,7 +23,7 @@ from django.views.decorators.http import require_safe
 
 from gridbid.health import readiness
 from gridbid.metrics import REGISTRY
-from market import selectors
+from market import grid_carbon, selectors
 from market.api.auth import token_lookup
 from market.api.errors import error_body
 from market.api.permissions import credential_scopes
@@ -128,11 +128,7 @@ def operator_dashboard(request: HttpRequest) -> HttpResponse:
 def _grids() -> list[dict[str, object]]:
     """Each region's grid as the rounds price it now: its intensity, the 48 hours ahead drawn
     as a line (an SVG polyline, 144 x 28), the cleanest hour ahead, and where it came from."""
-    from django.utils import timezone
-
-    from market import grid_carbon
-
-    now = timezone.now()
+    now = datetime.now(UTC)
     out = []
     for region, r in sorted(grid_carbon.carbon_ahead(now).items()):
         vals = r.g_per_kwh

@@ -63,21 +63,21 @@ def pack(mkt: Market, assigned: dict[int, list[Part]], pay: dict[tuple[int, int]
         return assigned, pay, {}, 0.0
     demand = demand_of(mkt)
     free = mkt.o_gpus.astype(np.int64).copy()
-    for parts in assigned.values():
-        for o, g, _ in parts:
+    for placed in assigned.values():
+        for o, g, _ in placed:
             free[o] -= g
     by_bucket: dict[tuple[int, int], list[int]] = {}
     for o in range(len(mkt.offers)):
         by_bucket.setdefault((int(mkt.o_model[o]), int(mkt.o_region[o])), []).append(o)
-    assigned = {b: list(parts) for b, parts in assigned.items()}
+    assigned = {b: list(ps) for b, ps in assigned.items()}
     pay = dict(pay)
     moved: dict[int, int] = {}
     saved = 0.0
     for b in order:
-        parts = assigned.get(b)
-        if not parts or len(parts) != 1:
+        mine = assigned.get(b)
+        if not mine or len(mine) != 1:
             continue
-        o, g, _ = parts[0]
+        o, g, _ = mine[0]
         price = pay[(b, o)]
         v0 = mkt.value(b, o)
         stay = fragmentation(int(free[o]), demand)
