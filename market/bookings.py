@@ -78,18 +78,41 @@ def capacity_refresh(*, offer_ids: Iterable[int]) -> None:
     Offer.objects.bulk_update(changed, ["gpus_free"])
 
 
+def gpus_pick(free: list[tuple[int, int | None]], n: int) -> list[int]:
+    """Which ``n`` of a machine's free GPUs (index, NVLink domain or None) a job gets (issue
+    38). A multi-GPU job gets GPUs of one NVLink domain where one has ``n`` free: the domain
+    with the fewest free that fits (best fit, so whole domains stay whole for bigger jobs),
+    its lowest indexes; where none fits, the lowest indexes, across domains. A 1-GPU job
+    takes a GPU outside every domain where there is one, else one of the domain with the
+    fewest free. Ties to the lowest index."""
+    if n > len(free):
+        raise ValueError(f"{n} GPUs asked of {len(free)} free")
+    domains: dict[int, list[int]] = {}
+    loose: list[int] = []
+    for i, grp in sorted(free):
+        (loose if grp is None else domains.setdefault(grp, [])).append(i)
+    if n == 1 and loose:
+        return [loose[0]]
+    fits = sorted((len(ix), ix[0], ix) for ix in domains.values() if len(ix) >= n)
+    if fits:
+        return fits[0][2][:n]
+    return [i for i, _ in sorted(free)][:n]
+
+
 def booking_hold(*, trade: Trade, offer: Offer, now: datetime) -> Booking:
-    """Book `trade.gpus` GPUs of `offer`'s machine for the trade: the lowest indexes of the
-    offer's model that no held booking on the machine takes. The caller holds the offer's
-    row lock and refreshes its capacity after booking (`capacity_refresh`)."""
+    """Book `trade.gpus` GPUs of `offer`'s machine for the trade, of the offer's model and
+    that no held booking on the machine takes, chosen by `gpus_pick` (inside one NVLink
+    domain where they fit). The caller holds the offer's row lock and refreshes its
+    capacity after booking (`capacity_refresh`)."""
     key = (offer.machine_id, offer.gpu_model_id)
     taken = set(_held_by_machine_model([offer.machine_id])[key])
     own = Booking.objects.filter(offer=offer, state=BookingState.HELD).aggregate(n=Sum("gpus"))["n"] or 0
-    indexes = [i for i in Gpu.objects.filter(machine_id=offer.machine_id, model_id=offer.gpu_model_id).order_by("index").values_list("index", flat=True) if i not in taken]
-    if len(indexes) < trade.gpus or offer.gpus - own < trade.gpus:
-        raise CapacityGone(f"offer {offer.pk} has {min(len(indexes), offer.gpus - own)} GPUs free, trade needs {trade.gpus}")
+    free = [(i, grp) for i, grp in Gpu.objects.filter(machine_id=offer.machine_id, model_id=offer.gpu_model_id).order_by("index")
+            .values_list("index", "nvlink_group") if i not in taken]
+    if len(free) < trade.gpus or offer.gpus - own < trade.gpus:
+        raise CapacityGone(f"offer {offer.pk} has {min(len(free), offer.gpus - own)} GPUs free, trade needs {trade.gpus}")
     return Booking.objects.create(
-        offer=offer, trade=trade, gpus=trade.gpus, gpu_indexes=indexes[: trade.gpus],
+        offer=offer, trade=trade, gpus=trade.gpus, gpu_indexes=gpus_pick(free, trade.gpus),
         starts_at=now, ends_at=now + timedelta(seconds=trade.duration_s) + grace(),
     )
 

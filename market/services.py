@@ -143,7 +143,8 @@ def machine_register(*, user: User, name: str, region: Region, gpus: list[dict[s
     taken = list(Gpu.objects.filter(uuid__in=uuids).values_list("uuid", flat=True))
     if taken:
         raise Conflict("Some GPUs are already registered on another machine.", fields={"gpus": [f"GPU {u} is registered already." for u in taken]})
-    Gpu.objects.bulk_create(Gpu(machine=machine, index=g["index"], uuid=g["uuid"], model=g["model"], memory_gib=g.get("memory_gib") or g["model"].memory_gib) for g in gpus)
+    Gpu.objects.bulk_create(Gpu(machine=machine, index=g["index"], uuid=g["uuid"], model=g["model"], memory_gib=g.get("memory_gib") or g["model"].memory_gib,
+                                nvlink_group=g.get("nvlink_group")) for g in gpus)
     return machine
 
 

@@ -133,6 +133,7 @@ class Gpu(models.Model):
     uuid = models.CharField(max_length=64)
     model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="gpus")
     memory_gib = models.PositiveIntegerField()
+    nvlink_group = models.PositiveSmallIntegerField(null=True, blank=True, help_text="Its NVLink domain, named by the lowest index in it; null: none")
 
     class Meta:
         ordering = ["machine_id", "index"]

@@ -175,12 +175,15 @@ class GpuInSerializer(serializers.Serializer):
     uuid = serializers.CharField(max_length=64)
     model = serializers.PrimaryKeyRelatedField(queryset=GpuModel.objects.all(), help_text="Catalogue model id")
     memory_gib = serializers.IntegerField(min_value=1, max_value=4096, required=False)
+    nvlink_group = serializers.IntegerField(min_value=0, max_value=255, required=False, allow_null=True, default=None,
+                                            help_text="The GPU's NVLink domain: GPUs joined by NVLink (directly or by an NVSwitch) share one, "
+                                                      "named by their lowest index; null: none. Multi-GPU jobs are booked inside one where they fit")
 
 
 class GpuSerializer(serializers.ModelSerializer):
     class Meta:
         model = Gpu
-        fields = ["index", "uuid", "model", "memory_gib"]
+        fields = ["index", "uuid", "model", "memory_gib", "nvlink_group"]
 
 
 class HostSerializer(serializers.ModelSerializer):
@@ -221,6 +224,9 @@ class MachineCreateSerializer(serializers.Serializer):
             raise serializers.ValidationError("GPU indexes must be unique.")
         if len(set(uuids)) != len(uuids):
             raise serializers.ValidationError("GPU uuids must be unique.")
+        bad = sorted({g["nvlink_group"] for g in gpus if g.get("nvlink_group") is not None} - set(idx))
+        if bad:
+            raise serializers.ValidationError(f"nvlink_group {bad[0]} names no GPU of this machine: a group is named by the lowest index in it.")
         return gpus
 
 

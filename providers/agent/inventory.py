@@ -90,6 +90,35 @@ class Inventory:
             return "none" if not self.gpus else "pcie"
         return "nvlink" if self.links and all(v == "nvlink" for v in self.links.values()) else "pcie"
 
+    def nvlink_groups(self) -> dict[int, int]:
+        """Each GPU's NVLink domain (issue 38): GPUs joined by NVLink, directly or through
+        others (an NVSwitch joins all of them), share one, named by its lowest index. A GPU
+        with no NVLink is in none."""
+        parent = {g.index: g.index for g in self.gpus}
+
+        def root(i: int) -> int:
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+
+        linked: set[int] = set()
+        for pair, kind in sorted(self.links.items()):
+            if kind != "nvlink":
+                continue
+            a, b = (int(x) for x in pair.split("-"))
+            if a in parent and b in parent:
+                linked |= {a, b}
+                ra, rb = root(a), root(b)
+                parent[max(ra, rb)] = min(ra, rb)
+        return {i: root(i) for i in sorted(linked)}
+
+    def registration_gpus(self) -> list[dict[str, Any]]:
+        """The GPUs as the market registers them, each with its NVLink domain (or none)."""
+        groups = self.nvlink_groups()
+        return [{"index": g.index, "uuid": g.uuid, "model": g.model, "memory_gib": g.memory_gib, "nvlink_group": groups.get(g.index)}
+                for g in self.gpus]
+
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -56,7 +56,7 @@ def command(ctx: click.Context, interconnect: str, public_endpoint: str, stake: 
             "name": config.machine_name, "region": config.region, "public_endpoint": public_endpoint,
             "interconnect": inv.interconnect if interconnect == "auto" else interconnect,
             "measured_tflops": config.measured_tflops,
-            "gpus": [{"index": g.index, "uuid": g.uuid, "model": g.model, "memory_gib": g.memory_gib} for g in inv.gpus],
+            "gpus": inv.registration_gpus(),
         }
         machine = market_call(lambda: client.machine_register(body))
         out.print(f"Registered machine {config.machine_name!r} as #{machine['id']} with {len(inv.gpus)} GPU(s) in {config.region}.")
