@@ -221,6 +221,8 @@ SPECTACULAR_SETTINGS = {
         "TradeStateEnum": "market.states.TradeState",
         "JobStateEnum": "market.states.JobState",
         "MachineStateEnum": "providers.models.MachineState",
+        "MachineInterconnectEnum": "providers.models.Interconnect",
+        "BidInterconnectEnum": "market.api.serializers.INTERCONNECTS",
     },
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",

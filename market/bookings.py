@@ -78,13 +78,14 @@ def capacity_refresh(*, offer_ids: Iterable[int]) -> None:
     Offer.objects.bulk_update(changed, ["gpus_free"])
 
 
-def gpus_pick(free: list[tuple[int, int | None]], n: int) -> list[int]:
+def gpus_pick(free: list[tuple[int, int | None]], n: int, one_domain: bool = False) -> list[int]:
     """Which ``n`` of a machine's free GPUs (index, NVLink domain or None) a job gets (issue
     38). A multi-GPU job gets GPUs of one NVLink domain where one has ``n`` free: the domain
     with the fewest free that fits (best fit, so whole domains stay whole for bigger jobs),
     its lowest indexes; where none fits, the lowest indexes, across domains. A 1-GPU job
     takes a GPU outside every domain where there is one, else one of the domain with the
-    fewest free. Ties to the lowest index."""
+    fewest free. Ties to the lowest index. ``one_domain`` (a bid that needs NVLink): inside
+    one domain or not at all (ValueError)."""
     if n > len(free):
         raise ValueError(f"{n} GPUs asked of {len(free)} free")
     domains: dict[int, list[int]] = {}
@@ -96,7 +97,25 @@ def gpus_pick(free: list[tuple[int, int | None]], n: int) -> list[int]:
     fits = sorted((len(ix), ix[0], ix) for ix in domains.values() if len(ix) >= n)
     if fits:
         return fits[0][2][:n]
+    if one_domain:
+        raise ValueError(f"no NVLink domain has {n} GPUs free")
     return [i for i, _ in sorted(free)][:n]
+
+
+def free_gpus(offers: Iterable[Offer]) -> dict[int, list[tuple[int, int | None]]]:
+    """Per offer, its model's GPUs on its machine that no held booking takes: (index, NVLink
+    domain or None), what ``booking_hold`` chooses from."""
+    offers = list(offers)
+    held = _held_by_machine_model([o.machine_id for o in offers])
+    rows: dict[tuple[int, str], list[tuple[int, int | None]]] = defaultdict(list)
+    for m, model, index, grp in Gpu.objects.filter(machine_id__in={o.machine_id for o in offers}).order_by("index").values_list(
+            "machine_id", "model_id", "index", "nvlink_group"):
+        rows[(m, model)].append((index, grp))
+    out = {}
+    for o in offers:
+        taken = set(held[(o.machine_id, o.gpu_model_id)])
+        out[o.pk] = [(i, g) for i, g in rows[(o.machine_id, o.gpu_model_id)] if i not in taken]
+    return out
 
 
 def booking_hold(*, trade: Trade, offer: Offer, now: datetime) -> Booking:
@@ -111,8 +130,12 @@ def booking_hold(*, trade: Trade, offer: Offer, now: datetime) -> Booking:
             .values_list("index", "nvlink_group") if i not in taken]
     if len(free) < trade.gpus or offer.gpus - own < trade.gpus:
         raise CapacityGone(f"offer {offer.pk} has {min(len(free), offer.gpus - own)} GPUs free, trade needs {trade.gpus}")
+    try:
+        picked = gpus_pick(free, trade.gpus, one_domain=trade.bid.needs_nvlink)
+    except ValueError as exc:
+        raise CapacityGone(f"offer {offer.pk}: {exc}") from None
     return Booking.objects.create(
-        offer=offer, trade=trade, gpus=trade.gpus, gpu_indexes=gpus_pick(free, trade.gpus),
+        offer=offer, trade=trade, gpus=trade.gpus, gpu_indexes=picked,
         starts_at=now, ends_at=now + timedelta(seconds=trade.duration_s) + grace(),
     )
 

@@ -176,6 +176,7 @@ class Bid(models.Model):
     min_compute_units = models.FloatField(default=0)
     vendor = models.CharField(max_length=16, blank=True, default="")
     same_machine = models.BooleanField(default=True)
+    needs_nvlink = models.BooleanField(default=False, help_text="Its GPUs must share one NVLink domain (interconnect nvlink); implies same_machine")
     allowed_regions = models.JSONField(default=list, blank=True)
     preferred_regions = models.JSONField(default=list, blank=True)
     location_region = models.ForeignKey(Region, null=True, blank=True, on_delete=models.PROTECT, related_name="+")

@@ -289,11 +289,25 @@ def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundRes
         by_bid.setdefault(t.bid_id, []).append(t)
     dropped: list[int] = []
     trades: list[Trade] = []
+    # the GPUs each trade will be booked on, chosen in the order the bookings are made: a bid
+    # that needs NVLink and finds no domain left whole (another trade of the round took part) waits
+    gpus = bookings.free_gpus(offers.values())
     for bid_id, parts in sorted(by_bid.items()):
         bid = bids.get(bid_id)
         still_ok = bid is not None and bid.state == BidState.OPEN and all(
             offers[p.offer_id].state == OfferState.OPEN and free[p.offer_id] >= p.gpus for p in parts
         )
+        if still_ok:
+            assert bid is not None
+            trial = {p.offer_id: list(gpus[p.offer_id]) for p in parts}
+            try:
+                for p in parts:
+                    picked = set(bookings.gpus_pick(trial[p.offer_id], p.gpus, one_domain=bid.needs_nvlink))
+                    trial[p.offer_id] = [x for x in trial[p.offer_id] if x[0] not in picked]
+            except ValueError:
+                still_ok = False
+            else:
+                gpus.update(trial)
         if not still_ok:
             dropped.append(bid_id)  # cancelled or withdrawn while the engine ran: the whole bid or nothing
             continue

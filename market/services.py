@@ -344,7 +344,7 @@ def spec_signature_custodial(bid: Bid) -> str:
     return signature
 
 
-CONTINUE_FIELDS = ("job_spec", "spec_signature", "gpus", "gpu_models", "min_memory_gib", "min_compute_units", "vendor", "same_machine", "allowed_regions",
+CONTINUE_FIELDS = ("job_spec", "spec_signature", "gpus", "gpu_models", "min_memory_gib", "min_compute_units", "vendor", "same_machine", "needs_nvlink", "allowed_regions",
                    "preferred_regions", "location_region", "max_latency_ms", "max_price", "deadline", "klass", "min_reliability", "weights",
                    "min_cuda", "min_ram_gib", "min_disk_gb", "min_net_down_mbps", "preempt_grace_s")
 MIN_CONTINUATION_S = 60

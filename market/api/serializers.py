@@ -427,6 +427,9 @@ class CudaVersionField(serializers.Field):
         return cuda_text(value) if value else ""
 
 
+INTERCONNECTS = ["nvlink", "same-machine", "any"]
+
+
 class BidCreateSerializer(serializers.Serializer):
     client_order_id = serializers.RegexField(r"^[A-Za-z0-9_.:-]{1,64}$", required=False, allow_null=True, error_messages={"invalid": "1-64 letters, digits, '_', '.', ':' or '-'."})
     job_spec = JobSpecSerializer()
@@ -459,12 +462,25 @@ class BidCreateSerializer(serializers.Serializer):
     preempt_grace_s = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None,
                                                help_text="Seconds the job has to checkpoint when preempted; at most PREEMPT_GRACE_S (30 by default), which applies when left out")
     weights = WeightsSerializer(required=False, default=dict)
+    interconnect = serializers.ChoiceField(choices=INTERCONNECTS, required=False, write_only=True,
+                                           help_text="How the job's GPUs must be joined: nvlink (one NVLink domain of one machine), "
+                                                     "same-machine (the default) or any (across machines); sets same_machine")
 
     def validate_preempt_grace_s(self, value: int | None) -> int | None:
         most = settings.GRIDBID["PREEMPT_GRACE_S"]
         if value is not None and value > most:
             raise serializers.ValidationError(f"At most {most} s (this market's PREEMPT_GRACE_S): a bid may shorten the grace, not lengthen it.")
         return value
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        link = attrs.pop("interconnect", None)
+        if link is not None:
+            if "same_machine" in self.initial_data and bool(self.initial_data["same_machine"]) != (link != "any"):
+                raise serializers.ValidationError({"interconnect": [f"interconnect {link} and same_machine {str(self.initial_data['same_machine']).lower()} disagree: "
+                                                                    "give one of them (nvlink and same-machine keep a job on one machine; any lets it span machines)."]})
+            attrs["same_machine"] = link != "any"
+            attrs["needs_nvlink"] = link == "nvlink"
+        return attrs
 
 
 class RuntimePredictionSerializer(serializers.Serializer):
@@ -479,13 +495,17 @@ class RuntimePredictionSerializer(serializers.Serializer):
 
 class BidSerializer(serializers.ModelSerializer):
     min_cuda = CudaVersionField(read_only=True)
+    interconnect = serializers.SerializerMethodField(help_text="nvlink, same-machine or any: how its job's GPUs must be joined")
     runtime_prediction = RuntimePredictionSerializer(read_only=True, allow_null=True,
                                                      help_text="How long jobs like it ran, as predicted when it was placed; null: too few completed jobs then")
 
     class Meta:
         model = Bid
-        fields = ["id", "client_order_id", "buyer", "job_spec", "gpus", "gpu_models", "min_memory_gib", "min_compute_units", "vendor", "same_machine", "allowed_regions", "preferred_regions", "location_region", "max_latency_ms", "max_price", "duration_s", "deadline", "deferrable_until", "expires_at", "klass", "min_reliability", "min_cuda", "min_ram_gib", "min_disk_gb", "min_net_down_mbps", "preempt_grace_s", "weights", "state", "explanation", "runtime_prediction", "resume_from", "spec_signature", "created_at", "updated_at"]
+        fields = ["id", "client_order_id", "buyer", "job_spec", "gpus", "gpu_models", "min_memory_gib", "min_compute_units", "vendor", "same_machine", "interconnect", "allowed_regions", "preferred_regions", "location_region", "max_latency_ms", "max_price", "duration_s", "deadline", "deferrable_until", "expires_at", "klass", "min_reliability", "min_cuda", "min_ram_gib", "min_disk_gb", "min_net_down_mbps", "preempt_grace_s", "weights", "state", "explanation", "runtime_prediction", "resume_from", "spec_signature", "created_at", "updated_at"]
         read_only_fields = ["resume_from", "spec_signature"]
+
+    def get_interconnect(self, bid: Bid) -> str:
+        return "nvlink" if bid.needs_nvlink else "same-machine" if bid.same_machine else "any"
 
 
 # --- rounds, trades, jobs ---------------------------------------------------------

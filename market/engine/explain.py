@@ -126,6 +126,7 @@ class Explainer:
         by_class = np.stack([lent, resv | lent, resv | ~mkt.o_spot[offs]])
         f_class = by_class[mkt.b_klass[bs]]
         f_gpus = mkt.b_same[bs][:, None] & (mkt.o_gpus[offs][None, :] < mkt.b_gpus[bs][:, None])
+        f_gpus |= mkt.b_nvl[bs][:, None] & (mkt.o_nvl[offs][None, :] < mkt.b_gpus[bs][:, None])
         f_rel = mkt.o_rel[offs][None, :] < mkt.b_minrel[bs][:, None]
         f_price = mkt.o_ask[offs][None, :] > mkt.b_maxp[bs][:, None]
         f_runtime = (mkt.b_cont[bs][:, None] & ~mkt.o_cont[offs][None, :]) | (mkt.b_ports[bs][:, None] & ~mkt.o_ports[offs][None, :])
@@ -161,7 +162,8 @@ class Explainer:
             else:
                 pick = np.where(only, asks, big).argmin(axis=1)
                 if i == 4:
-                    extra = np.where(only, mkt.o_gpus[offs][None, :], 0).max(axis=1).astype(np.float64)
+                    room = np.where(mkt.b_nvl[bs][:, None], mkt.o_nvl[offs][None, :], mkt.o_gpus[offs][None, :])
+                    extra = np.where(only, room, 0).max(axis=1).astype(np.float64)
                 elif i == 5:
                     extra = np.where(only, mkt.o_rel[offs][None, :], -1.0).max(axis=1)
                 else:
@@ -277,6 +279,11 @@ class Explainer:
         if i == 0:
             allowed = ", ".join(bid.allowed_regions)
             text = f"{_plural(n, 'offer')} in {where}, outside your allowed regions ({allowed})"
+        elif i == 4 and bid.needs_nvlink:
+            text = (
+                f"{_plural(n, 'offer')} in {where} have fewer than {bid.gpus} free GPUs in one NVLink "
+                f"domain (largest {int(extra)}); accept interconnect same-machine or ask for fewer GPUs"
+            )
         elif i == 4:
             text = (
                 f"{_plural(n, 'offer')} in {where} have fewer than {bid.gpus} free GPUs on one "

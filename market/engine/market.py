@@ -146,6 +146,7 @@ class Market:
     o_spotonly: BoolA  # lent: spot bids only
     o_cont: BoolA  # runs container images
     o_ports: BoolA  # publishes ports
+    o_nvl: I64  # the most free GPUs in one NVLink domain (issue 38)
     o_host: I64  # offers x 4: CUDA, RAM GiB, disk GB, download Mbit/s (HOST_COLUMNS)
     o_id: I64
     bids_id: I64
@@ -164,6 +165,7 @@ class Market:
     b_same: BoolA
     b_cont: BoolA  # needs a container runtime
     b_ports: BoolA  # needs published ports
+    b_nvl: BoolA  # its GPUs must share one NVLink domain
     b_host: I64  # bids x 4: the least of each HOST_COLUMNS the job needs
     b_hostneed: BoolA  # a bid with any host minimum
     b_deadline_ok: BoolA
@@ -212,6 +214,7 @@ class Market:
             and (k != 2 or self.o_spot[o])
             and (self.o_cont[o] or not self.b_cont[b])
             and (self.o_ports[o] or not self.b_ports[b])
+            and (not self.b_nvl[b] or self.o_nvl[o] >= self.b_gpus[b])
             and (not self.b_hostneed[b] or bool((self.o_host[o] >= self.b_host[b]).all()))
         )
 
@@ -298,6 +301,7 @@ def build_market(inp: RoundInput) -> Market:
         o_spotonly=np.asarray([o.spot_only for o in offers], dtype=np.bool_).reshape(-1),
         o_cont=np.asarray([o.containers for o in offers], dtype=np.bool_).reshape(-1),
         o_ports=np.asarray([o.ports for o in offers], dtype=np.bool_).reshape(-1),
+        o_nvl=np.asarray([o.nvlink_gpus for o in offers], dtype=np.int64).reshape(-1),
         o_host=np.asarray([[o.cuda, o.ram_gib, o.disk_gb, o.net_down_mbps] for o in offers], dtype=np.int64).reshape(-1, len(HOST_COLUMNS)),
         o_id=ia([o.id for o in offers]),
         bids_id=ia([b.id for b in bids]),
@@ -357,6 +361,7 @@ def build_market(inp: RoundInput) -> Market:
         b_same=b_same,
         b_cont=np.asarray([b.needs_containers or b.needs_ports for b in bids], dtype=np.bool_).reshape(-1),
         b_ports=np.asarray([b.needs_ports for b in bids], dtype=np.bool_).reshape(-1),
+        b_nvl=np.asarray([b.needs_nvlink for b in bids], dtype=np.bool_).reshape(-1),
         b_host=b_host,
         b_hostneed=(b_host > 0).any(axis=1),
         b_deadline_ok=np.asarray(
@@ -453,6 +458,8 @@ def pair_values(mkt: Market, bids: I64, offs: I64) -> tuple[F64, BoolA]:
     ok &= (klass != 2) | mkt.o_spot[offs][None, :]
     ok &= mkt.o_cont[offs][None, :] | ~mkt.b_cont[bc]
     ok &= mkt.o_ports[offs][None, :] | ~mkt.b_ports[bc]
+    if mkt.b_nvl[bids].any():  # most bids take any GPUs of a machine: only theirs are compared
+        ok &= ~mkt.b_nvl[bc] | (mkt.o_nvl[offs][None, :] >= mkt.b_gpus[bc])
     need = mkt.b_hostneed[bids]
     if need.any():  # most bids ask for no host minimum: only their rows are compared
         rows = np.flatnonzero(need)

@@ -113,6 +113,9 @@ class Offer:
     ram_gib: int = 0
     disk_gb: int = 0
     net_down_mbps: int = 0
+    # issue 38: the most of its free GPUs inside one NVLink domain of its machine (0: none
+    # linked); a bid that needs NVLink takes an offer only where its GPUs fit in one
+    nvlink_gpus: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +181,8 @@ class Bid:
     # issue 37: the median run time the same prediction gives: the span its carbon is priced
     # over (its duration without one)
     runtime_p50_s: int | None = None
+    # issue 38: its GPUs must share one NVLink domain (``Offer.nvlink_gpus``); implies same_machine
+    needs_nvlink: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -257,6 +257,7 @@ def _offer_ok(o: Offer, models: set[str], regions: set[str]) -> bool:
         and type(o.containers) is bool
         and type(o.ports) is bool
         and type(o.spot_only) is bool
+        and _i(o.nvlink_gpus, 0, o.gpus)
         and _i(o.cuda, 0, MAX_CUDA)
         and _i(o.ram_gib, 0, MAX_HOST)
         and _i(o.disk_gb, 0, MAX_HOST)
@@ -296,6 +297,8 @@ def _bid_ok(b: Bid, models: set[str], regions: set[str]) -> bool:
         and b.klass in CLASSES
         and type(b.needs_containers) is bool
         and type(b.needs_ports) is bool
+        and type(b.needs_nvlink) is bool
+        and (not b.needs_nvlink or b.same_machine)
         and _i(b.min_cuda, 0, MAX_CUDA)
         and _i(b.min_ram_gib, 0, MAX_HOST)
         and _i(b.min_disk_gb, 0, MAX_HOST)
@@ -336,6 +339,7 @@ def _offer(p: str, o: Offer, models: set[str], regions: set[str]) -> None:
     _bool(f"{p}.containers", o.containers)
     _bool(f"{p}.ports", o.ports)
     _bool(f"{p}.spot_only", o.spot_only)
+    _int(f"{p}.nvlink_gpus", o.nvlink_gpus, 0, o.gpus)
     _int(f"{p}.cuda", o.cuda, 0, MAX_CUDA)
     for name in HOST_FIELDS:
         _int(f"{p}.{name}", getattr(o, name), 0, MAX_HOST)
@@ -386,6 +390,9 @@ def _bid(p: str, b: Bid, models: set[str], regions: set[str]) -> None:
     _float(f"{p}.min_reliability", b.min_reliability, 0.0, 1.0)
     _bool(f"{p}.needs_containers", b.needs_containers)
     _bool(f"{p}.needs_ports", b.needs_ports)
+    _bool(f"{p}.needs_nvlink", b.needs_nvlink)
+    if b.needs_nvlink and not b.same_machine:
+        raise EngineInputError(f"{p}.needs_nvlink", "needs same_machine: one NVLink domain is on one machine")
     _int(f"{p}.min_cuda", b.min_cuda, 0, MAX_CUDA)
     for name in HOST_FIELDS:
         _int(f"{p}.min_{name}", getattr(b, f"min_{name}"), 0, MAX_HOST)

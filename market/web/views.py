@@ -513,6 +513,8 @@ class BidForm(forms.Form):
     preferred_region = forms.ChoiceField(required=False, label="Preferred region", help_text="Offers here win ties; others still match.")
     max_latency_ms = forms.IntegerField(required=False, min_value=1, max_value=10000, label="Max latency (ms)")
     klass = forms.ChoiceField(choices=[("on_demand", "on-demand"), ("reserved", "reserved"), ("spot", "spot (cheapest, may be preempted)")], initial="on_demand", label="Class")
+    interconnect = forms.ChoiceField(choices=[("same-machine", "one machine"), ("nvlink", "one NVLink domain (fast GPU-to-GPU)"), ("any", "any, across machines")],
+                                     initial="same-machine", label="GPUs joined by", required=False)
     wait_hours = forms.DecimalField(required=False, min_value=Decimal("0.5"), max_value=Decimal(48), decimal_places=1, label="Wait for cleaner power (hours)",
                                     help_text="Up to this long, the bid may wait for an hour and region whose grid is at least 10% cleaner, "
                                               "when the carbon saved is worth a cent at 0.05 USD per kg. Blank: it bids at once.",
@@ -571,6 +573,7 @@ class BidForm(forms.Form):
             "max_price": int(d["max_price_usd"] * USD),
             "duration_s": int(d["hours"] * 3600),
             "klass": d["klass"],
+            "interconnect": d.get("interconnect") or "same-machine",
         }
         spec = body["job_spec"]
         assert isinstance(spec, dict)

@@ -70,3 +70,29 @@ def test_packing_replays_the_same_and_an_old_round_reads_without_it() -> None:
     stored = serialize.input_to_dict(round_of(OFFERS, BIDS))
     del stored["config"]["pack_band"]  # a round stored before 1.14.0
     assert serialize.input_from_dict(stored).config.pack_band == 0
+
+
+def test_a_bid_that_needs_nvlink_takes_only_an_offer_whose_free_gpus_share_a_domain() -> None:
+    """Two machines of 4 free GPUs: on one they are two NVLink pairs (2 in one domain), on the
+    other an NVSwitch joins all 4; the cheaper is the pairs. A 4-GPU bid that needs NVLink
+    takes the switch; one that does not, the cheaper."""
+    pairs = offer(1, gpus=4, ask=1_900_000, nvlink_gpus=2)
+    switch = offer(2, gpus=4, ask=2_100_000, nvlink_gpus=4)
+    res = clear_round(round_of([pairs, switch], [bid(1, gpus=4, needs_nvlink=True)]))
+    assert [t.offer_id for t in res.trades] == [2]
+    res = clear_round(round_of([pairs, switch], [bid(1, gpus=4)]))
+    assert [t.offer_id for t in res.trades] == [1]
+    res = clear_round(round_of([pairs], [bid(1, gpus=4, needs_nvlink=True)]))
+    assert not res.trades
+    assert any("fewer than 4 free GPUs in one NVLink domain (largest 2)" in r for r in res.unmatched[0].reasons), res.unmatched[0].reasons
+
+
+def test_needs_nvlink_across_machines_is_refused() -> None:
+    import pytest
+
+    from market.engine import EngineInputError
+
+    with pytest.raises(EngineInputError, match="needs same_machine"):
+        clear_round(round_of([offer(1)], [bid(1, gpus=2, needs_nvlink=True, same_machine=False)]))
+    with pytest.raises(EngineInputError, match="nvlink_gpus"):
+        clear_round(round_of([offer(1, gpus=2, nvlink_gpus=3)], [bid(1)]))
