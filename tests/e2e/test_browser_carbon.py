@@ -15,19 +15,17 @@ import os
 import re
 import shutil
 import sqlite3
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
 from tests.conftest import service_missing
 from tests.e2e.conftest import running_server
 from tests.e2e.funds import TOKENS, funded_buyer
+from tests.unit.test_carbon import Stub
 
 pytestmark = [pytest.mark.browser]
 
@@ -43,38 +41,21 @@ def clean(hour: int) -> bool:
     return hour % 6 >= 3
 
 
-class Feed:
+class Feed(Stub):
     """us-west DIRTY or CLEAN by the hour (``clean``); no other region (their constants).
     ``latest`` is the latest start the server asked for: its feed clock."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.latest = 0
-        feed = self
+        self.answer = self.hourly
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
-                q = parse_qs(urlsplit(self.path).query)
-                region, start, hours = q["region"][0], int(q["start"][0]), int(q["hours"][0])
-                feed.latest = max(feed.latest, start)
-                first = start - start % 3600
-                if region != "us-west":
-                    status, body = 404, {"error": "no series"}
-                else:
-                    status, body = 200, {"region": region, "start": first,
-                                         "g_co2_per_kwh": [CLEAN if clean(first // 3600 + k) else DIRTY for k in range(hours)]}
-                raw = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/intensity"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    def hourly(self, region: str, start: int, hours: int) -> tuple[int, dict[str, Any]]:
+        self.latest = max(self.latest, start)
+        first = start - start % 3600
+        if region != "us-west":
+            return 404, {"error": "no series"}
+        return 200, {"region": region, "start": first, "g_co2_per_kwh": [CLEAN if clean(first // 3600 + k) else DIRTY for k in range(hours)]}
 
 
 @pytest.fixture
