@@ -86,7 +86,9 @@ def join_market(server: str, tmp_path: Path, name: str, token: str, *, region: s
 def test_an_agent_joins_the_market_and_its_offers_appear(server, tmp_path):
     token = make_tokens(SERVER_ENV, rackowner=("provider", ("read", "provide")))["rackowner"]
     inventory = tmp_path / "inventory.json"
-    inventory.write_text(json.dumps({"host": "rack1", "driver_version": "550.54.15", "cuda_version": "12.4", "gpus": [{"index": i, "name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559} for i in range(4)]}))
+    # two NVLink pairs, PCIe between them (issue 38): the agent registers each GPU's NVLink domain
+    inventory.write_text(json.dumps({"host": "rack1", "driver_version": "550.54.15", "cuda_version": "12.4", "gpus": [{"index": i, "name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559} for i in range(4)],
+                                     "links": [{"a": 0, "b": 1, "kind": "nvlink"}, {"a": 2, "b": 3, "kind": "nvlink"}, {"a": 1, "b": 2, "kind": "pcie-host"}]}))
     home = tmp_path / "agent"
 
     r = agent(home, "init", "--market", server, "--token", token, "--machine-name", "rack1", "--region", "eu-west", "--inventory", str(inventory), "--kdf-iterations", "2")
@@ -123,6 +125,7 @@ def test_an_agent_joins_the_market_and_its_offers_appear(server, tmp_path):
     assert f"the market has machine {machine_id} offline; 1 open offer paused" in r.stdout, r.stdout
     machine = httpx.get(f"{server}/api/v1/machines/{machine_id}/", headers=auth).json()
     assert machine["state"] == "offline" and machine["last_heartbeat"]
+    assert [g["nvlink_group"] for g in machine["gpus"]] == [0, 0, 2, 2] and machine["interconnect"] == "pcie"
 
 
 def test_a_fresh_agent_gets_test_tokens_from_the_faucet_then_registers_on_chain(server, tmp_path):
