@@ -6,7 +6,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 from gridbid import views as ops
 from ledger import api as ledger_api
 from ledger.urls import web_urlpatterns as ledger_pages
-from market.api.errors import api_not_found, api_server_error
+from market.api.errors import api_bad_request, api_not_found, api_server_error
 from market.web import urls as market_pages
 from market.web.login_limits import login_guarded
 
@@ -37,6 +37,14 @@ urlpatterns = [
     path("metrics", ops.metrics, name="metrics"),
     path("", include((market_pages.urlpatterns + ledger_pages + ops_pages, market_pages.app_name))),
 ]
+
+
+def handler400(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    if request.path.startswith("/api/"):
+        return api_bad_request(request, exception)
+    from django.views.defaults import bad_request
+
+    return bad_request(request, exception)  # type: ignore[arg-type]
 
 
 def handler404(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:

@@ -168,5 +168,17 @@ def api_not_found(request: HttpRequest, exception: Exception | None = None) -> J
     return JsonResponse(error_body("not_found", f"No API resource at {request.path}. See /api/docs/ for the resources."), status=404)
 
 
+def api_bad_request(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    """Django's own 400s, raised before any view (a Host header outside ALLOWED_HOSTS, a
+    header too long to parse): in the API's error shape on /api/ paths."""
+    from django.core.exceptions import DisallowedHost
+
+    if isinstance(exception, DisallowedHost):
+        message = "The Host header names no host this server answers to (ALLOWED_HOSTS): send the server's own name."
+    else:
+        message = "The request was malformed before it could be read (its headers); send a well-formed HTTP request."
+    return JsonResponse(error_body("invalid", message), status=400)
+
+
 def api_server_error(request: HttpRequest) -> JsonResponse:
     return JsonResponse(error_body("server_error", "The server failed to handle this request; it has been logged."), status=500)

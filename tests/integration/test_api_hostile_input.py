@@ -60,3 +60,16 @@ def test_a_json_body_over_the_size_limit_gets_a_413_saying_the_limit(anon):
     error = r.json()["error"]
     assert error["code"] == "too_large"
     assert "1,000 bytes" in error["message"]
+
+
+@pytest.mark.parametrize("host", ['d~o"!<!)', "evil.example.com"])
+def test_a_host_header_the_server_does_not_answer_to_gets_the_api_error_shape(host: str) -> None:
+    """The API fuzzer sent `host: d~o"!<!)`: Django refuses a Host outside ALLOWED_HOSTS before any
+    view, and answered with its HTML 400 page; an API path answers in the API's error shape."""
+    from django.test import Client
+
+    got = Client().post("/api/v1/webhooks/", data="{}", content_type="application/json", HTTP_HOST=host)
+    assert got.status_code == 400 and got["Content-Type"] == "application/json", got.content[:200]
+    assert got.json()["error"]["code"] == "invalid" and "Host header" in got.json()["error"]["message"]
+    page = Client().get("/markets/", HTTP_HOST=host)
+    assert page.status_code == 400 and page["Content-Type"].startswith("text/html"), "a page keeps Django's page"
