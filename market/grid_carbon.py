@@ -17,6 +17,7 @@ import time
 from datetime import UTC, datetime
 
 from django.conf import settings
+from django.db import transaction
 
 from market import carbon, engine
 from market.models import Job
@@ -145,8 +146,14 @@ def job_carbon(job_id: int) -> float | None:
     mean = carbon.mean_over(values, t0, seconds) if seconds > 0 else values[0]
     kwh = job.gpu_seconds / 3600 * job.trade.gpu_model.tdp_watts / 1000
     kg = round(kwh * mean / 1000, 6)
-    meta = {**(job.checkpoint or {}), "carbon": {"g_per_kwh": round(mean, 1), "kwh": round(kwh, 4), "source": " and ".join(sorted(sources))}}
-    Job.objects.filter(pk=job.pk, kg_co2__isnull=True).update(kg_co2=kg, checkpoint=meta)
+    figures = {"g_per_kwh": round(mean, 1), "kwh": round(kwh, 4), "source": " and ".join(sorted(sources))}
+    with transaction.atomic():  # merged into the checkpoint as it is now, under the row lock the receipt writer takes too
+        locked = Job.objects.select_for_update().filter(pk=job.pk, kg_co2__isnull=True).first()
+        if locked is None:
+            return None
+        locked.checkpoint = {**(locked.checkpoint or {}), "carbon": figures}
+        locked.kg_co2 = kg
+        locked.save(update_fields=["kg_co2", "checkpoint", "updated_at"])
     return kg
 
 

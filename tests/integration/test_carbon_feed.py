@@ -159,3 +159,29 @@ def test_the_operator_page_draws_each_grid_ahead_and_says_which_regions_are_on_t
     least = min(ahead["us-east"].g_per_kwh)
     assert abs(int(low) - least) <= 0.5 and int(low_in) == ahead["us-east"].g_per_kwh.index(least)
     assert re.search(r'<tr data-grid="eu-west" data-source="constant">.*?flat: its constant.*?has no series for eu-west', page, re.S)
+
+
+def test_measuring_a_jobs_carbon_never_loses_a_receipt_that_lands_meanwhile(feed_is, make_job, provider_user, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The clean-clone run lost a receipt: the carbon task read the job, the agent's receipt
+    was stored in its checkpoint, and the task wrote its stale copy back ("Job 5 has no
+    receipt yet" to every output upload after). The receipt lands here while the task
+    computes the hours' mean, between its read and its write."""
+    from datetime import timedelta
+
+    from market.models import Job
+
+    feed_is("eia-2022")
+    job = make_job(provider_user, gpus=1)
+    start = datetime(2022, 4, 10, 10, 30, tzinfo=UTC)
+    Job.objects.filter(pk=job.pk).update(state="completed", started_at=start, ended_at=start + timedelta(hours=1), gpu_seconds=3600)
+    real = carbon.mean_over
+
+    def receipt_lands(values, t, seconds):  # type: ignore[no-untyped-def]
+        Job.objects.filter(pk=job.pk).update(checkpoint={"receipt": {"digest": "ab"}})
+        return real(values, t, seconds)
+
+    monkeypatch.setattr(carbon, "mean_over", receipt_lands)
+    assert grid_carbon.job_carbon(job.pk) is not None
+    job.refresh_from_db()
+    assert job.checkpoint["receipt"] == {"digest": "ab"}, "the receipt stays"
+    assert job.checkpoint["carbon"]["source"] == "eia-2022 replay" and job.kg_co2 is not None
