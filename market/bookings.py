@@ -102,15 +102,20 @@ def gpus_pick(free: list[tuple[int, int | None]], n: int, one_domain: bool = Fal
     return [i for i, _ in sorted(free)][:n]
 
 
-def free_gpus(offers: Iterable[Offer]) -> dict[int, list[tuple[int, int | None]]]:
+def free_gpus(offers: Iterable[Offer], *, linked_only: bool = False) -> dict[int, list[tuple[int, int | None]]]:
     """Per offer, its model's GPUs on its machine that no held booking takes: (index, NVLink
-    domain or None), what ``booking_hold`` chooses from."""
+    domain or None), what ``booking_hold`` chooses from. ``linked_only``: the GPUs in an NVLink
+    domain alone (a round's snapshot asks every offer, and most machines have none)."""
     offers = list(offers)
-    held = _held_by_machine_model([o.machine_id for o in offers])
+    gpus = Gpu.objects.filter(machine_id__in={o.machine_id for o in offers})
+    if linked_only:
+        gpus = gpus.filter(nvlink_group__isnull=False)
     rows: dict[tuple[int, str], list[tuple[int, int | None]]] = defaultdict(list)
-    for m, model, index, grp in Gpu.objects.filter(machine_id__in={o.machine_id for o in offers}).order_by("index").values_list(
-            "machine_id", "model_id", "index", "nvlink_group"):
+    for m, model, index, grp in gpus.order_by("index").values_list("machine_id", "model_id", "index", "nvlink_group"):
         rows[(m, model)].append((index, grp))
+    if not rows:
+        return {}
+    held = _held_by_machine_model({m for m, _ in rows})
     out = {}
     for o in offers:
         taken = set(held[(o.machine_id, o.gpu_model_id)])
@@ -123,11 +128,8 @@ def booking_hold(*, trade: Trade, offer: Offer, now: datetime) -> Booking:
     that no held booking on the machine takes, chosen by `gpus_pick` (inside one NVLink
     domain where they fit). The caller holds the offer's row lock and refreshes its
     capacity after booking (`capacity_refresh`)."""
-    key = (offer.machine_id, offer.gpu_model_id)
-    taken = set(_held_by_machine_model([offer.machine_id])[key])
     own = Booking.objects.filter(offer=offer, state=BookingState.HELD).aggregate(n=Sum("gpus"))["n"] or 0
-    free = [(i, grp) for i, grp in Gpu.objects.filter(machine_id=offer.machine_id, model_id=offer.gpu_model_id).order_by("index")
-            .values_list("index", "nvlink_group") if i not in taken]
+    free = free_gpus([offer]).get(offer.pk, [])
     if len(free) < trade.gpus or offer.gpus - own < trade.gpus:
         raise CapacityGone(f"offer {offer.pk} has {min(len(free), offer.gpus - own)} GPUs free, trade needs {trade.gpus}")
     try:

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from datetime import datetime
 from typing import Any
 
@@ -14,11 +15,11 @@ from django.conf import settings
 from django.db import transaction
 
 from contracts.receipts import job_ports
-from market import engine, grid_carbon
-from market.models import Bid, Booking, Offer, Trade
-from market.states import BidState, BookingState, JobState, OfferState
+from market import bookings, engine, grid_carbon
+from market.models import Bid, Offer, Trade
+from market.states import BidState, JobState, OfferState
 from providers import catalogue
-from providers.models import Gpu, GpuModel
+from providers.models import GpuModel
 
 
 def _epoch(dt: datetime | None) -> int | None:
@@ -121,24 +122,9 @@ def round_config() -> engine.RoundConfig:
 def nvlink_free(offers: list[Offer]) -> dict[int, int]:
     """Per offer on a machine with NVLink domains, the most of its model's GPUs free (no held
     booking takes them) inside one domain (issue 38): what a bid that needs NVLink may take."""
-    machines = {o.machine_id for o in offers}
-    groups: dict[tuple[int, str], list[tuple[int, int]]] = {}
-    for m, model, index, grp in Gpu.objects.filter(machine_id__in=machines, nvlink_group__isnull=False).values_list("machine_id", "model_id", "index", "nvlink_group"):
-        groups.setdefault((m, model), []).append((index, grp))
-    if not groups:
-        return {}
-    held: set[tuple[int, int]] = set()
-    for m, indexes in Booking.objects.filter(state=BookingState.HELD, offer__machine_id__in={k[0] for k in groups}).values_list("offer__machine_id", "gpu_indexes"):
-        held |= {(m, i) for i in indexes}
-    out = {}
-    for o in offers:
-        free: dict[int, int] = {}
-        for index, grp in groups.get((o.machine_id, o.gpu_model_id), []):
-            if (o.machine_id, index) not in held:
-                free[grp] = free.get(grp, 0) + 1
-        if free:
-            out[o.pk] = max(free.values())
-    return out
+    gpus_free = {o.pk: o.gpus_free for o in offers}
+    linked = bookings.free_gpus(offers, linked_only=True)
+    return {pk: min(max(Counter(g for _, g in free).values()), gpus_free[pk]) for pk, free in linked.items() if free}
 
 
 @transaction.atomic
@@ -147,8 +133,7 @@ def snapshot(*, now: datetime, extra_bids: tuple[engine.Bid, ...] = ()) -> engin
     bids = tuple(bid_to_domain(b) for b in Bid.objects.filter(state=BidState.OPEN, expires_at__gt=now).order_by("id"))
     rows = list(Offer.objects.filter(state=OfferState.OPEN, gpus_free__gt=0).select_related("machine").order_by("id"))
     linked = nvlink_free(rows)
-    offers = tuple(dataclasses.replace(offer_to_domain(o), nvlink_gpus=min(linked.get(o.pk, 0), o.gpus_free)) if o.pk in linked else offer_to_domain(o)
-                   for o in rows)
+    offers = tuple(dataclasses.replace(offer_to_domain(o), nvlink_gpus=linked.get(o.pk, 0)) for o in rows)
     running = tuple(
         engine.RunningJob(trade_id=t.pk, offer_id=t.offer_id, machine_id=t.offer.machine_id, gpus=t.gpus, klass=t.bid.klass, price=t.price,
                           stopping=bool((t.job.checkpoint or {}).get("preempt_requested")))
