@@ -59,13 +59,14 @@ def flat(text: str) -> str:
 
 def join_market(server: str, tmp_path: Path, name: str, token: str, *, region: str, price: str, gpu: tuple[str, int, str] = ("NVIDIA H100 80GB HBM3", 81559, "H100-SXM-80GB"),
                 states: str = "pending,recorded", chain: bool = False, fund: Callable[[Path], None] | None = None,
-                cuda: str = "", machine: dict[str, Any] | None = None) -> tuple[Path, int]:
-    """A provider with a 2-GPU machine (its driver supporting `cuda`, its host as `machine`
-    declares), registered (on chain too with `chain`, after `fund` gives its address tokens
-    and gas) and priced; returns (agent home, machine id)."""
+                cuda: str = "", machine: dict[str, Any] | None = None, count: int = 2, links: list[dict[str, Any]] | None = None) -> tuple[Path, int]:
+    """A provider with a machine of `count` GPUs (2; linked as `links` say, its driver
+    supporting `cuda`, its host as `machine` declares), registered (on chain too with `chain`,
+    after `fund` gives its address tokens and gas) and priced; returns (agent home, machine id)."""
     gpu_name, memory_mib, model = gpu
     inventory = tmp_path / f"{name}.json"
-    inventory.write_text(json.dumps({"host": name, "gpus": [{"index": i, "name": gpu_name, "memory_mib": memory_mib} for i in range(2)],
+    inventory.write_text(json.dumps({"host": name, "gpus": [{"index": i, "name": gpu_name, "memory_mib": memory_mib} for i in range(count)],
+                                     **({"links": links} if links else {}),
                                      **({"cuda_version": cuda, "driver_version": "550.54.15"} if cuda else {}), **({"machine": machine} if machine else {})}))
     home = tmp_path / name
     r = agent(home, "init", "--market", server, "--token", token, "--machine-name", name, "--region", region, "--inventory", str(inventory),
@@ -126,6 +127,50 @@ def test_an_agent_joins_the_market_and_its_offers_appear(server, tmp_path):
     machine = httpx.get(f"{server}/api/v1/machines/{machine_id}/", headers=auth).json()
     assert machine["state"] == "offline" and machine["last_heartbeat"]
     assert [g["nvlink_group"] for g in machine["gpus"]] == [0, 0, 2, 2] and machine["interconnect"] == "pcie"
+
+
+def test_a_bid_that_needs_nvlink_is_booked_on_one_nvlink_pair_and_its_job_sees_those_gpus(server, tmp_path):
+    # issue 38: a real agent reads its topology from the inventory file (GPUs 0+2 and 1+3 share
+    # NVLink, PCIe between the pairs); a 1-GPU job takes one GPU of a pair, and a 2-GPU bid that
+    # needs NVLink is booked on the other pair whole, not on the first two GPUs free (1 and 2,
+    # across PCIe), and its job is shown exactly those GPUs
+    tokens = make_tokens(SERVER_ENV, linked=("provider", ("read", "provide")), trainer2=("buyer", ("read", "trade")))
+    links = [{"a": 0, "b": 2, "kind": "nvlink"}, {"a": 1, "b": 3, "kind": "nvlink"}, {"a": 0, "b": 1, "kind": "pcie-host"}]
+    # A100 machines, so no bid of the other tests can land here
+    home, machine = join_market(server, tmp_path, "linked", tokens["linked"], region="eu-west", price="1.20", gpu=("NVIDIA A100-SXM4-80GB", 81920, "A100-SXM-80GB"),
+                                count=4, links=links)
+    auth = {"Authorization": f"Bearer {tokens['linked']}"}
+    gpus = httpx.get(f"{server}/api/v1/machines/{machine}/", headers=auth).json()["gpus"]
+    assert [g["nvlink_group"] for g in gpus] == [0, 1, 0, 1], gpus
+    daemon = start_daemon(home, seconds=90)
+    server_log = Path(SERVER_ENV["GRIDBID_DATA_DIR"]) / "server.log"
+    logs = lambda: (home / "daemon.log").read_text()[-3000:] + "\n" + server_log.read_text()[-3000:]  # noqa: E731
+    shows = "import os, time; print('visible', os.environ['CUDA_VISIBLE_DEVICES'], flush=True); time.sleep({})"
+    try:
+        buyer = {"Authorization": f"Bearer {tokens['trainer2']}"}
+        escrow_deposit(server, SERVER_ENV, "trainer2", buyer, 2 * TOKENS)
+        bid = {"gpu_models": ["A100-SXM-80GB"], "max_price": 2_000_000, "duration_s": 120}
+        r = httpx.post(f"{server}/api/v1/bids/", headers=buyer, json={**bid, "job_spec": {"command": [sys.executable, "-c", shows.format(20)]}, "gpus": 1})
+        assert r.status_code == 201, r.text
+
+        def running(besides: int | None) -> Any:
+            jobs = [j for j in httpx.get(f"{server}/api/v1/jobs/", headers=buyer).json()["results"] if j["id"] != besides]
+            return jobs and "visible" in (jobs[0]["log_tail"] or "") and jobs[0]
+
+        first = wait_for("the 1-GPU job running", lambda: running(None), seconds=40, logs=logs)
+        single = int(first["log_tail"].split("visible ")[1].split()[0])
+        r = httpx.post(f"{server}/api/v1/bids/", headers=buyer, json={**bid, "job_spec": {"command": [sys.executable, "-c", shows.format(1)]}, "gpus": 2,
+                                                                     "interconnect": "nvlink"})
+        assert r.status_code == 201, r.text
+        assert r.json()["interconnect"] == "nvlink"
+        second = wait_for("the NVLink pair's job running", lambda: running(first["id"]), seconds=40, logs=logs)
+        seen = sorted(int(g) for g in second["log_tail"].split("visible ")[1].split()[0].split(","))
+        other = [g["index"] for g in gpus if g["nvlink_group"] != gpus[single]["nvlink_group"]]
+        assert seen == other, f"the 1-GPU job holds GPU {single}; the pair was booked on {seen}, not the other NVLink pair {other}"
+        first = httpx.get(f"{server}/api/v1/jobs/{first['id']}/", headers=buyer).json()
+        assert first["state"] == "running", "the two jobs ran side by side"
+    finally:
+        stop_daemons([daemon])
 
 
 def test_a_fresh_agent_gets_test_tokens_from_the_faucet_then_registers_on_chain(server, tmp_path):
