@@ -19,7 +19,11 @@ job where it adds the least of it. The measure here is theirs, on whole and shar
   CPU are FGD's main finding on this trace: 8-GPU machines with 96 cores, jobs asking 11
   cores a GPU at the median.
 - **A machine's fragmentation** (``expected``) is the expected fragments of the coming
-  demand: each shape's fragments weighted by its share of the demand (``Demand``).
+  demand: each shape's fragments weighted by its share of the demand (``Demand``). FGD
+  weighs each job alike; ``Demand.of(..., size_exponent)`` weighs a job by the GPUs it asks
+  to that power (0.5 is the simulator's ``fgd-sized``), so that the few 8-GPU jobs are not
+  drowned by the many shares: on this trace FGD breaks whole 8-GPU machines, which an
+  8-GPU job then cannot find.
 - **Placing** (``best_placement``): among the machines (and, for a share, the GPUs) that
   can take a job, the one whose fragmentation grows least; ties to the one with the least
   room left (best fit), then the first. This is FGD's greedy step.
@@ -63,14 +67,20 @@ class Demand:
     weights: tuple[float, ...]
 
     @staticmethod
-    def of(shapes: Iterable[Shape]) -> Demand:
-        """The demand a list of jobs makes: each distinct shape at its share of them."""
+    def of(shapes: Iterable[Shape], size_exponent: float = 0.0) -> Demand:
+        """The demand a list of jobs makes: each distinct shape at its share of them, each job
+        weighing (the GPUs it asks, in GPUs) ** ``size_exponent``: 0 (FGD's) counts jobs, 1
+        counts the GPUs asked, so that the rare big jobs, which fragmentation stops first,
+        weigh what they ask."""
         counts = Counter(shapes)
-        total = sum(counts.values())
-        if not total:
+        if not counts:
             raise ValueError("a demand needs at least one job")
+        if not 0.0 <= size_exponent <= 2.0:
+            raise ValueError(f"size_exponent is {size_exponent}; give 0 (count jobs) to 1 (count GPUs asked), at most 2")
         ordered = sorted(counts, key=lambda s: (s.gpus, s.milli, s.models, s.cpu_milli))
-        return Demand(tuple(ordered), tuple(counts[s] / total for s in ordered))
+        mass = [counts[s] * (s.gpus * min(s.milli, MILLI) / MILLI) ** size_exponent for s in ordered]
+        total = sum(mass)
+        return Demand(tuple(ordered), tuple(m / total for m in mass))
 
 
 def fits(free: I64, shape: Shape, cpu: int | None = None) -> bool:
@@ -168,7 +178,8 @@ def best_placement(frag: Fragmentation, machines: Sequence[I64], models: Sequenc
             options = [int(np.flatnonzero(free == v)[0]) for v in levels]
         for g in options:
             after = take(free, shape, g)
-            key = (frag.expected(after, models[j], left) - now, int(after.sum()), j, -1 if g is None else g, g)
+            # rounded, so that a tie is a tie whatever order the floating-point sums ran in
+            key = (round(frag.expected(after, models[j], left) - now, 9), int(after.sum()), j, -1 if g is None else g, g)
             if best is None or key[:4] < best[:4]:
                 best = key
     return None if best is None else (best[2], best[4])

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import numpy as np
 
 from . import bound as bound_mod
-from . import exact, pack
+from . import exact, pack, shares
 from .assign import Snapshot, Solver, State, fair_share_limits, priority_order
 from .explain import Explainer, money, trade_reason
 from .market import BidViews, Candidates, Market, build_market, candidates, top_candidates
@@ -85,6 +85,11 @@ def clear_round(inp: RoundInput, stopwatch: Stopwatch | None = None) -> RoundRes
 def _clear(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
     inp = materialised(inp)
     validate(inp)
+    inp, back = shares.split(inp)
+    return shares.join(_cleared(inp, lap), back)
+
+
+def _cleared(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
     lap("validate")
     mkt = build_market(inp)
     lap("market")

@@ -115,6 +115,11 @@ def _bid(path: str, v: Any) -> Bid:
     return b
 
 
+def _offer(path: str, v: Any) -> Offer:
+    o: Offer = _build(Offer, path, v, {"shares": _strs})
+    return o
+
+
 def _latency(path: str, v: Any) -> tuple[tuple[str, str, float], ...]:
     rows = []
     for i, row in enumerate(_list(path, v)):
@@ -137,13 +142,13 @@ def input_from_dict(d: Any) -> RoundInput:
         return f
 
     nested = {
-        "offers": items(Offer),
+        "offers": items(Offer, _offer),
         "bids": items(Bid, _bid),
         "gpu_models": items(GpuModel),
         "regions": items(Region, _region),
         "latency_ms": _latency,
         "running": items(RunningJob),
-        "occupied": items(Offer),
+        "occupied": items(Offer, _offer),
         "config": lambda p, v: _build(RoundConfig, p, v),
     }
     inp: RoundInput = _build(RoundInput, "input", d, nested)

@@ -116,6 +116,9 @@ class Offer:
     # issue 38: the most of its free GPUs inside one NVLink domain of its machine (0: none
     # linked); a bid that needs NVLink takes an offer only where its GPUs fit in one
     nvlink_gpus: int = 0
+    # issue 38: where not empty, it sells parts of its GPUs (MIG slices or time-shares), not
+    # whole ones: for each of its ``gpus`` GPUs the eighths of it free, 0 to 8 (``shares.py``)
+    shares: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +186,9 @@ class Bid:
     runtime_p50_s: int | None = None
     # issue 38: its GPUs must share one NVLink domain (``Offer.nvlink_gpus``); implies same_machine
     needs_nvlink: bool = False
+    # issue 38: below 1000 (with ``gpus`` 1), a share of one GPU in thousandths, taken in eighths
+    # rounded up from an offer that sells shares (``Offer.shares``, ``shares.py``)
+    gpu_milli: int = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,6 +277,11 @@ class Trade:
     # backfilled (issue 36): the offer's window closes then, before the duration bought is
     # up; the job is preempted at that time if it is still running. None: it fits the window
     backfill_until: int | None = None
+    # issue 38: a share of one GPU (``gpus`` 1): the thousandths it holds, in eighths (375 = 3/8);
+    # ``price`` is still per whole GPU-hour and ``amount`` what the share costs; ``gpu_index``
+    # the GPU of the offer it is a share of (its place in ``Offer.shares``), None for whole GPUs
+    gpu_milli: int = 1000
+    gpu_index: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from .limits import (
     MAX_PRICE,
     MAX_WEIGHT,
 )
+from .shares import UNITS as SHARE_UNITS
 from .types import (
     CLASSES,
     PRICING_RULES,
@@ -258,6 +259,7 @@ def _offer_ok(o: Offer, models: set[str], regions: set[str]) -> bool:
         and type(o.ports) is bool
         and type(o.spot_only) is bool
         and _i(o.nvlink_gpus, 0, o.gpus)
+        and (o.shares == () or _shares_ok(o))
         and _i(o.cuda, 0, MAX_CUDA)
         and _i(o.ram_gib, 0, MAX_HOST)
         and _i(o.disk_gb, 0, MAX_HOST)
@@ -265,6 +267,11 @@ def _offer_ok(o: Offer, models: set[str], regions: set[str]) -> bool:
         and _f(o.reliability, 0.0, 1.0)
         and _i(o.created_at, 0, _ID)
     )
+
+
+def _shares_ok(o: Offer) -> bool:
+    s = o.shares
+    return type(s) is tuple and len(s) == o.gpus and all(_i(x, 0, SHARE_UNITS) for x in s) and sum(s) > 0
 
 
 def _bid_ok(b: Bid, models: set[str], regions: set[str]) -> bool:
@@ -299,6 +306,8 @@ def _bid_ok(b: Bid, models: set[str], regions: set[str]) -> bool:
         and type(b.needs_ports) is bool
         and type(b.needs_nvlink) is bool
         and (not b.needs_nvlink or b.same_machine)
+        and _i(b.gpu_milli, 1, 1000)
+        and (b.gpu_milli == 1000 or b.gpus == 1)
         and _i(b.min_cuda, 0, MAX_CUDA)
         and _i(b.min_ram_gib, 0, MAX_HOST)
         and _i(b.min_disk_gb, 0, MAX_HOST)
@@ -340,6 +349,13 @@ def _offer(p: str, o: Offer, models: set[str], regions: set[str]) -> None:
     _bool(f"{p}.ports", o.ports)
     _bool(f"{p}.spot_only", o.spot_only)
     _int(f"{p}.nvlink_gpus", o.nvlink_gpus, 0, o.gpus)
+    if o.shares != ():
+        if not isinstance(o.shares, tuple) or len(o.shares) != o.gpus:
+            raise EngineInputError(f"{p}.shares", f"must be a tuple of the eighths free on each of its {o.gpus} GPU(s), or empty for whole GPUs")
+        for k, x in enumerate(o.shares):
+            _int(f"{p}.shares[{k}]", x, 0, SHARE_UNITS)
+        if not sum(o.shares):
+            raise EngineInputError(f"{p}.shares", "has no eighth free: an offer sells something")
     _int(f"{p}.cuda", o.cuda, 0, MAX_CUDA)
     for name in HOST_FIELDS:
         _int(f"{p}.{name}", getattr(o, name), 0, MAX_HOST)
@@ -393,6 +409,9 @@ def _bid(p: str, b: Bid, models: set[str], regions: set[str]) -> None:
     _bool(f"{p}.needs_nvlink", b.needs_nvlink)
     if b.needs_nvlink and not b.same_machine:
         raise EngineInputError(f"{p}.needs_nvlink", "needs same_machine: one NVLink domain is on one machine")
+    _int(f"{p}.gpu_milli", b.gpu_milli, 1, 1000)
+    if b.gpu_milli < 1000 and b.gpus != 1:
+        raise EngineInputError(f"{p}.gpu_milli", f"a share of a GPU ({b.gpu_milli} thousandths) is of one GPU: gpus must be 1, not {b.gpus}")
     _int(f"{p}.min_cuda", b.min_cuda, 0, MAX_CUDA)
     for name in HOST_FIELDS:
         _int(f"{p}.min_{name}", getattr(b, f"min_{name}"), 0, MAX_HOST)

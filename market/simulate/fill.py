@@ -29,10 +29,16 @@ is not kept). The policies:
   the least room that is enough;
 - ``fgd``: the node and GPU where the demand's fragmentation grows least
   (``packing.best_placement``; the demand is the pod list's shapes);
+- ``fgd-sized``: the same with each pod of the demand weighing the square root of the GPUs
+  it asks (``SIZED``; FGD weighs each pod alike), so that the rare 8-GPU pods count for
+  more than their number: FGD breaks whole 8-GPU nodes, and the first 8-GPU pod then
+  finds none;
 - ``gridbid``: the market's engine (``market.engine.clear_round``) with the pod as the one
   bid, and the nodes that can take it as offers of the GPUs there that can, at the
-  simulator's asks (``auction.asks``); the node it trades with takes the pod, a share on
-  its best-fit GPU. It weighs price, reliability and region, not what the placement leaves:
+  simulator's asks (``auction.asks``); the node it trades with takes the pod. A pod's
+  share of one GPU is a share bid (``Bid.gpu_milli``, engine 1.16.0, ``engine.shares``) and
+  each node offers its GPUs' free eighths (``Offer.shares``): the engine picks the GPU, and a
+  GPU whose free share is not a whole number of eighths sells the eighths in it. It weighs price, reliability and region, not what the placement leaves:
   a lone bid's offers differ by price alone, so each bucket's cheapest node stands for it.
 - ``gridbid-pack``: the same with the engine's packing on (``RoundConfig.pack_band``,
   ``auction.PACK_BAND``), shown each bucket's nodes within the band of its cheapest. A lone
@@ -58,7 +64,8 @@ from market.packing import MILLI, Shape
 from . import auction
 from .trace import Node, Pod
 
-FILL_POLICIES = ("first-fit", "best-fit", "fgd", "gridbid", "gridbid-pack")
+FILL_POLICIES = ("first-fit", "best-fit", "fgd", "fgd-sized", "gridbid", "gridbid-pack")
+SIZED = 0.5  # fgd-sized: each pod of the demand weighs (its GPUs) ** SIZED (packing.Demand.of)
 WEIGHTS = dataclasses.replace(engine.DEFAULT_WEIGHTS, carbon_per_kg=0.0)  # gridbid's, as the simulator's market bids
 PACK_SHOWN = 64  # gridbid-pack: the most nodes of one bucket shown to the engine, cheapest first
 INFLATE = 1.3  # FGD inflates its workload to 130% of the cluster's capacity
@@ -179,21 +186,27 @@ def gridbid(nodes: Sequence[Node], seed: int, band: int = 0) -> Chooser:
         # the engine scores a lone bid's offers by price (one reliability, no region preferred, carbon
         # off): per bucket (model x region) the cheapest node that can take it is the one it could pick
         by_bucket: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
-        need = min(s.milli, MILLI)
+        share = s.milli < MILLI
+        if share:  # the engine sells a GPU's free eighths: a node shows only where some GPU has enough of them
+            need = engine.shares.units(s.milli) * engine.shares.UNIT_MILLI
+            got = [(key, j) for key, j in got if max(key[1]) >= need]
         for key, _ in got:
-            room = int((np.asarray(key[1]) >= need).sum())
+            room = int((np.asarray(key[1]) >= MILLI).sum())
             for j in c.groups[key]:
                 by_bucket.setdefault((nodes[j].model, nodes[j].region), []).append((asks[j], j, room))
         shown = []
         for opts in by_bucket.values():
             opts.sort()
             shown += [x for x in opts if x[0] <= opts[0][0] + band][:PACK_SHOWN] if band else opts[:1]
+        # a share is sold from a node's GPUs in eighths (engine.shares): each GPU's free eighths
         offers = [engine.Offer(id=j + 1, provider_id=j // 8 + 1, machine_id=j + 1, region=nodes[j].region,
-                               gpu_model=nodes[j].model, gpus=room, ask=ask, min_duration_s=0,
+                               gpu_model=nodes[j].model, gpus=len(c.free[j]) if share else room,
+                               shares=tuple(int(f) // engine.shares.UNIT_MILLI for f in c.free[j]) if share else (), ask=ask, min_duration_s=0,
                                max_duration_s=engine.limits.MAX_DURATION_S, available_from=0, available_until=None,
                                spot_allowed=True, reserved_only=False, reliability=auction.RELIABILITY,
                                created_at=auction.EPOCH, spot_only=False) for ask, j, room in sorted(shown, key=lambda x: x[1])]
-        bid = engine.Bid(id=1, buyer_id=1, gpus=s.gpus, gpu_models=s.models, min_memory_gib=0, min_compute_units=0.0, vendor=None,
+        offers = [o for o in offers if o.gpus and (not o.shares or sum(o.shares))]
+        bid = engine.Bid(id=1, buyer_id=1, gpus=s.gpus, gpu_milli=s.milli, gpu_models=s.models, min_memory_gib=0, min_compute_units=0.0, vendor=None,
                          same_machine=True, allowed_regions=(), preferred_regions=(), location_region=None, max_latency_ms=None,
                          max_price=max(asks) * 2, duration_s=3600, deadline=None, klass="on_demand", min_reliability=0.0,
                          weights=WEIGHTS, created_at=auction.EPOCH)
@@ -202,8 +215,8 @@ def gridbid(nodes: Sequence[Node], seed: int, band: int = 0) -> Chooser:
                                                    config=engine.RoundConfig(pack_band=band)))
         if not res.trades:
             return None
-        j = res.trades[0].offer_id - 1
-        return j, None if s.milli >= MILLI else _share_gpu(c.free[j], s.milli, best=True)
+        t = res.trades[0]
+        return t.offer_id - 1, t.gpu_index
 
     return choose
 
@@ -222,6 +235,8 @@ def run_fill(pods: Sequence[Pod], nodes: Sequence[Node], policy: str, seed: int 
         choose = best_fit
     elif policy == "fgd":
         choose = fgd(frag)
+    elif policy == "fgd-sized":
+        choose = fgd(packing.Fragmentation(packing.Demand.of(shapes, SIZED)))
     elif policy == "gridbid":
         choose = gridbid(nodes, seed)
     elif policy == "gridbid-pack":

@@ -33,6 +33,16 @@ def test_a_machines_fragmentation_is_the_demands_expected_fragments() -> None:
         Shape(2, 500)
 
 
+def test_a_demand_may_weigh_each_job_by_the_gpus_it_asks() -> None:
+    jobs = [Shape(1, 500)] * 4 + [Shape(1, 1000)] * 3 + [Shape(8, 1000)]  # 4 halves, 3 ones, one 8
+    assert Demand.of(jobs).weights == pytest.approx((4 / 8, 3 / 8, 1 / 8)), "FGD's: each job alike"
+    assert Demand.of(jobs, 1.0).weights == pytest.approx((2 / 13, 3 / 13, 8 / 13)), "the GPUs asked: 2, 3 and 8 of 13"
+    root = (4 * 0.5**0.5, 3.0, 8**0.5)
+    assert Demand.of(jobs, 0.5).weights == pytest.approx(tuple(r / sum(root) for r in root))
+    with pytest.raises(ValueError, match="size_exponent is -1"):
+        Demand.of(jobs, -1.0)
+
+
 def test_best_fit_strands_gpus_where_the_packer_leaves_room_for_the_jobs_to_come() -> None:
     """Two 8-GPU machines, A with 3 GPUs free and B with 2; the demand is mostly 2-GPU jobs.
     A 1-GPU job comes, then two 2-GPU jobs. Best fit puts the 1-GPU job on B, the machine

@@ -26,6 +26,7 @@ def test_best_fit_strands_what_the_packer_keeps_for_the_jobs_to_come() -> None:
     nodes = [node(0, 3), node(1, 2)]
     pods = [pod(1, 1), pod(2, 2), pod(3, 2)]
     bf = fill.run_fill(pods, nodes, "best-fit")
+    assert fill.run_fill(pods, nodes, "fgd-sized").placed == 3
     assert (bf.placed, bf.allocated, bf.stranded, bf.failed_pod) == (2, 0.6, 0.4, "p3")
     # each free GPU is alone on its node: lost to the 2-GPU pods (2/3 of the list), of use to the 1-GPU ones
     assert bf.fragmented == pytest.approx(2 * (2 / 3) / 5, abs=1e-6)
@@ -39,9 +40,24 @@ def test_shares_of_a_gpu_are_packed_onto_one_gpu() -> None:
     pod on the other."""
     nodes = [node(0, 2)]
     pods = [pod(1, 1, 500), pod(2, 1, 500), pod(3, 1)]
-    for policy in ("best-fit", "fgd", "first-fit", "gridbid", "gridbid-pack"):
+    for policy in fill.FILL_POLICIES:
         got = fill.run_fill(pods, nodes, policy)
         assert (got.placed, got.allocated) == (3, 1.0), policy
+
+
+def test_the_engine_takes_a_share_from_a_gpus_free_eighths() -> None:
+    """One node of 2 GPUs; pods of 0.3 (3 eighths), 0.6 (5 eighths), 0.3 and 0.5 (4). The engine
+    sells each share from one GPU's free eighths and picks the GPU: the 0.3 and the 0.6 fill
+    GPU 0's eight eighths, the next 0.3 goes to GPU 1, and the 0.5 fits beside it."""
+    nodes = [node(0, 2)]
+    pods = [pod(1, 1, 300), pod(2, 1, 600), pod(3, 1, 300), pod(4, 1, 500)]
+    c = fill.Cluster(nodes)
+    choose = fill.gridbid(nodes, 0)
+    for p in pods:
+        got = choose(c, fill.shape_of(p))
+        assert got is not None, p
+        c.place(got[0], fill.shape_of(p), got[1])
+    assert c.free[0].tolist() == [100, 200], "0.3 + 0.6 on one GPU, 0.3 + 0.5 on the other"
 
 
 def test_an_unknown_policy_or_nothing_to_place_is_refused() -> None:
