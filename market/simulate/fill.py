@@ -62,10 +62,10 @@ from market import engine, packing
 from market.packing import MILLI, Shape
 
 from . import auction
+from .sim import SIZED  # fgd-sized: each pod of the demand weighs (its GPUs) ** SIZED (packing.Demand.of)
 from .trace import Node, Pod
 
 FILL_POLICIES = ("first-fit", "best-fit", "fgd", "fgd-sized", "gridbid", "gridbid-pack")
-SIZED = 0.5  # fgd-sized: each pod of the demand weighs (its GPUs) ** SIZED (packing.Demand.of)
 WEIGHTS = dataclasses.replace(engine.DEFAULT_WEIGHTS, carbon_per_kg=0.0)  # gridbid's, as the simulator's market bids
 PACK_SHOWN = 64  # gridbid-pack: the most nodes of one bucket shown to the engine, cheapest first
 INFLATE = 1.3  # FGD inflates its workload to 130% of the cluster's capacity

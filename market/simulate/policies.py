@@ -8,6 +8,9 @@ capacity each needs to meet the SLO.
 * **fifo**: one shared pool, first fit, in arrival order.
 * **best-fit**: one shared pool, best fit (the node with the least room that still fits),
   in arrival order: a Kubernetes-like baseline.
+* **packed** (issue 38): one shared pool, in arrival order, each pod on the node where the
+  fragmentation of the pod list's demand grows least (FGD's step on whole GPUs, each pod of
+  the demand weighing the square root of its GPUs, ``sim.SIZED``), ties to best fit.
 
 **Capacity at the SLO.** A smaller cluster is the trace's nodes less those removed first in
 a seeded order (``removal_order``): a cluster of ``k`` nodes keeps the first ``k`` of that
@@ -35,7 +38,7 @@ from .trace import Node, Pod
 
 SLO_QUEUE_P95_S = 600.0  # seconds: the queueing delay 95% of the pods that fit must start within
 POLICIES = ("static", "static-sized", "fifo", "best-fit", "gridbid", "gridbid-no-preempt", "gridbid-no-predict", "gridbid-carbon",
-            "gridbid-pack")
+            "gridbid-pack", "packed")
 # gridbid-no-preempt and gridbid-no-predict are gridbid's twins unless an inference service lends
 DEFAULT_POLICIES = POLICIES[:5]
 
@@ -271,6 +274,8 @@ class Simulation:
             return self.shared(keep, "first")
         if name == "best-fit":
             return self.shared(keep, "best")
+        if name == "packed":
+            return self.shared(keep, "packed")
         raise ValueError(f"unknown policy {name!r}: choose from {', '.join(POLICIES)}")
 
     # -- capacity at the SLO ---------------------------------------------------------------

@@ -39,7 +39,8 @@ F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 BoolA = npt.NDArray[np.bool_]
 
-PLACEMENTS = ("first", "best")
+PLACEMENTS = ("first", "best", "packed")
+SIZED = 0.5  # packed (and the fill experiment's fgd-sized): a pod of the demand weighs (its GPUs) ** SIZED
 TIMELINE_BINS = 200  # utilisation over time is kept in this many equal bins of the window
 
 
@@ -302,12 +303,27 @@ def run(pods: Sequence[Pod], nodes: Sequence[Node], placement: str, window_s: fl
         held += have - before
         busy += have - before
 
+    if placement == "packed":  # the pod list's demand in GPUs, each pod weighing its GPUs ** SIZED (packing.Demand.of)
+        sizes, counts = np.unique(gpus, return_counts=True)
+        mass = counts * sizes.astype(np.float64) ** SIZED
+        demand_w = mass / mass.sum()
+
+    def frag(f: I64) -> F64:
+        """Each node's expected GPUs the demand could not use with ``f`` free (whole GPUs)."""
+        return np.asarray((demand_w[None, :] * (sizes[None, :] > f[:, None])).sum(axis=1) * f, dtype=np.float64)
+
     def place(i: int) -> bool:
         room = (free >= gpus[i]) & usable_of[i]
         idx = np.flatnonzero(room)
         if not len(idx):
             return False
-        j = int(idx[0]) if placement == "first" else int(idx[np.argmin(free[idx])])
+        if placement == "first":
+            j = int(idx[0])
+        elif placement == "best":
+            j = int(idx[np.argmin(free[idx])])
+        else:  # least growth of fragmentation (rounded: a tie is a tie), then best fit, then the first
+            grow = np.round(frag(free[idx] - gpus[i]) - frag(free[idx]), 9)
+            j = int(idx[np.lexsort((idx, free[idx], grow))[0]])
         begin(i, j)
         return True
 

@@ -133,7 +133,7 @@ def test_the_fill_experiment_runs_with_fill_and_the_report_has_it(tmp_path: Path
     done = simulate("--days", "0.25", "--nodes", str(nodes), "--policies", "best-fit", "--fill", "--out", str(tmp_path / "r"), cwd=Path.cwd())
     assert done.returncode == 0, done.stderr
     got = json.loads((tmp_path / "r" / "summary.json").read_text())["fill"]
-    assert set(got) == {"first-fit", "best-fit", "fgd", "gridbid", "gridbid-pack"}
+    assert set(got) == {"first-fit", "best-fit", "fgd", "fgd-sized", "gridbid", "gridbid-pack"}
     for name, f in got.items():
         assert f["placed"] > 0 and f["failed_pod"] and 0 < f["allocated"] <= 1, name
         assert f["stranded"] == pytest.approx(1 - f["allocated"], abs=1e-6) and 0 <= f["fragmented"] <= f["stranded"] + 1e-9, name

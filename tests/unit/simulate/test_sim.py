@@ -53,6 +53,24 @@ def test_best_fit_by_hand() -> None:
     assert o.stranded_gpu_s == pytest.approx(0)
 
 
+def test_packed_keeps_the_two_gpu_slot_that_best_fit_breaks() -> None:
+    """Issue 38. Nodes of 3 and 2 GPUs; pods of 1, 2 and 2 GPUs at 0, 1 and 2 s, each for 50 s.
+    Best fit puts the 1-GPU pod on the 2-GPU node (least room), the first 2-GPU pod on the
+    other, and the second waits 48 s for the 2-GPU node to empty, a GPU free on each node
+    meanwhile.
+    Packed weighs the demand (sizes 1 and 2, two 2s: 1 x 1 against 2 x sqrt 2) and puts the
+    1-GPU pod where no 2-GPU slot is lost, the 3-GPU node: all three run at once."""
+    nodes = [node(0, 3), node(1, 2)]
+    pods = [pod(1, 0, 50, 1), pod(2, 1, 50, 2), pod(3, 2, 50, 2)]
+    best = sim.run(pods, nodes, "best", WINDOW)
+    assert best.node.tolist() == [1, 0, 1] and best.start.tolist() == [0, 1, 50]
+    assert best.stranded_gpu_s == pytest.approx(2 * 48)
+    packed = sim.run(pods, nodes, "packed", WINDOW)
+    assert packed.node.tolist() == [0, 0, 1] and packed.start.tolist() == [0, 1, 2]
+    assert packed.stranded_gpu_s == 0 and packed.waiting_s == 0
+    assert "packed" in policies.POLICIES
+
+
 def test_every_figure_of_the_four_job_case_by_hand() -> None:
     s = Simulation(PODS, NODES, WINDOW, teams=2, seed=0)
     f = metrics.figures(s.policy("fifo"), PODS, NODES, WINDOW)
