@@ -62,7 +62,9 @@ from market import engine, packing
 from market.packing import MILLI, Shape
 
 from . import auction
-from .sim import SIZED  # fgd-sized: each pod of the demand weighs (its GPUs) ** SIZED (packing.Demand.of)
+from .sim import (
+    SIZED,  # fgd-sized: each pod of the demand weighs (its GPUs) ** SIZED (packing.Demand.of)
+)
 from .trace import Node, Pod
 
 FILL_POLICIES = ("first-fit", "best-fit", "fgd", "fgd-sized", "gridbid", "gridbid-pack")
