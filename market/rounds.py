@@ -244,7 +244,20 @@ def round_clear(*, now: datetime | None = None, slot: int | None = None) -> Auct
         return _round_clear_locked(now=now, slot=slot)
 
 
+ROUND_PHASES = ("prepare", "snapshot", "left out", "engine", "trades", "bookings", "explanations", "record")
+"""The phases of a round around the engine, in order, timed into its stats (``round_ms``):
+``prepare`` (recovery, reclaims, backfills, expiry, the claim), ``snapshot`` (the book read
+from the database), ``left out`` (orders set aside, unfunded or waiting for cleaner power),
+``engine`` (``clear_ms``, its own stages in ``stage_ms``), and the write: ``trades``
+(locks, the bookings' GPUs chosen, trades inserted), ``bookings`` (held GPUs, jobs, the
+agents woken, preemptions, capacity), ``explanations`` (every bid's) and ``record`` (the
+round row's inputs and result). What follows the record, the commit and the publishing
+its events do once it commits (``announce``'s after-commit handlers: streams, webhooks),
+is the rest of the round's wall time, which ``make bench``'s ``bench_round.py`` reports."""
+
+
 def _round_clear_locked(*, now: datetime, slot: int | None) -> AuctionRound | None:
+    phases = StageTimes()
     rounds_recover()
     jobs_.offers_reclaim_due(now=now)  # lent offers in their reclaim hours are out of the book it reads
     jobs_.backfills_due(now=now)  # backfilled jobs still running when their offer's window closed
@@ -254,29 +267,35 @@ def _round_clear_locked(*, now: datetime, slot: int | None) -> AuctionRound | No
     rnd = _claim(slot=slot_for(now) if slot is None else slot, when=now)
     if rnd is None:
         return None
+    phases.lap("prepare")
     try:
-        inp, aside = engine.screen(repository.snapshot(now=now))
+        book = repository.snapshot(now=now)
+        phases.lap("snapshot")
+        inp, aside = engine.screen(book)
         inp, unfunded = _unfunded_left_out(rnd=rnd, inp=inp)
         inp, deferred = _deferred_left_out(rnd=rnd, inp=inp, now=now)
         set_aside = {**_set_aside(rnd=rnd, aside=aside), "unfunded_bids": unfunded, "expired_bids": expired, "deferred_bids": deferred}
+        phases.lap("left out")
         started = time.perf_counter()
         stages = StageTimes()
         result = engine.clear_round(inp, stopwatch=stages)
         elapsed_ms = round(1000 * (time.perf_counter() - started), 2)
+        phases.lap("engine")
     except Exception as exc:  # the round itself is broken (catalogue, config) or the engine crashed: record it
         log.exception("round %s failed", rnd.number)
         AuctionRound.objects.filter(pk=rnd.pk).update(state=RoundState.FAILED, error=f"{type(exc).__name__}: {exc}"[:2000],
                                                       stats={"skipped_slots": _behind_logged(rnd, now=timezone.now())})
         announce(OperatorChanged())
         return AuctionRound.objects.get(pk=rnd.pk)
-    _write(rnd=rnd, inp=inp, result=result, elapsed_ms=elapsed_ms, stage_ms=stages.ms(), set_aside=set_aside)
+    _write(rnd=rnd, inp=inp, result=result, elapsed_ms=elapsed_ms, stage_ms=stages.ms(), set_aside=set_aside, phases=phases)
     rnd.refresh_from_db()
     return rnd
 
 
 @transaction.atomic
 def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundResult, elapsed_ms: float,
-           stage_ms: dict[str, float], set_aside: dict[str, list[int]] | None = None) -> None:
+           stage_ms: dict[str, float], set_aside: dict[str, list[int]] | None = None, phases: StageTimes | None = None) -> None:
+    phases = phases or StageTimes()
     bid_ids = sorted({t.bid_id for t in result.trades})
     offer_ids = sorted({t.offer_id for t in result.trades})
     bids = {b.pk: b for b in Bid.objects.select_for_update().filter(pk__in=bid_ids)}
@@ -327,6 +346,7 @@ def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundRes
         bid.state = BidState.MATCHED
         bid.explanation = {"round": rnd.number, "matched": True, "reasons": [p.reason for p in parts]}
     Trade.objects.bulk_create(trades)
+    phases.lap("trades")
     made = list(Trade.objects.filter(round=rnd).select_related("offer", "bid").order_by("id"))
     now = timezone.now()
     for t in made:
@@ -341,6 +361,7 @@ def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundRes
     announce(TradesMatched(trade_ids=tuple(t.pk for t in made)))  # webhook deliveries commit with the trades
     preempted = jobs_.round_preempt(round_number=rnd.number, preemptions=result.preemptions)
     bookings.capacity_refresh(offer_ids=offer_ids)
+    phases.lap("bookings")
     matched = [b for b in bids.values() if b.state == BidState.MATCHED]
     Bid.objects.bulk_update(matched, ["state", "explanation"])
     unmatched = {u.bid_id: u for u in result.unmatched}
@@ -353,6 +374,7 @@ def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundRes
             b.explanation["reasons"].append(starts[b.pk].text(now))
             b.explanation["estimated_start"] = starts[b.pk].at.isoformat()
     Bid.objects.bulk_update(stale, ["explanation"])
+    phases.lap("explanations")
     result_dict = serialize.result_to_dict(result)
     inputs = serialize.input_to_dict(inp)
     set_aside = dict(set_aside or {"bids": [], "offers": []})
@@ -360,6 +382,8 @@ def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundRes
              "preemptions": result_dict["preemptions"], "preempted_jobs": preempted, "expired_bids": set_aside.pop("expired_bids", []), "set_aside": set_aside}
     cleared_at = timezone.now()
     stats["skipped_slots"] = _behind_logged(rnd, now=cleared_at)
+    phases.lap("record")  # the row's own write is the last of it, and not in it
+    stats["round_ms"] = phases.ms()
     AuctionRound.objects.filter(pk=rnd.pk).update(
         state=RoundState.CLEARED,
         cleared_at=cleared_at,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from market import engine, repository
+from market import engine, repository, rounds
 from market.models import AuctionRound, Bid, Job, Offer, Trade
 from market.rounds import _claim, _write, round_clear, round_replay
 from tests.conftest import bid_body
@@ -111,6 +111,10 @@ def test_a_round_records_where_its_time_went_and_the_rounds_page_draws_it(anon, 
     assert set(stages) <= set(engine.STAGES) and all(v >= 0 for v in stages.values())
     assert sum(stages.values()) <= rnd.stats["clear_ms"] + 1  # the stages are inside the clear time (rounding aside)
     assert anon.get(f"/api/v1/rounds/{rnd.number}/").json()["stats"]["stage_ms"] == stages
+    # and the round's own phases around the engine (issue 39), the engine's among them
+    phases = rnd.stats["round_ms"]
+    assert set(phases) == set(rounds.ROUND_PHASES) and all(v >= 0 for v in phases.values())
+    assert phases["engine"] >= rnd.stats["clear_ms"] - 1
     page = anon.get("/rounds/").content.decode()
     bar = re.search(r'<svg class="stagebar"[^>]*aria-label="([^"]+)"', page)
     assert bar and bar.group(1).startswith("validate ") and "on-demand " in bar.group(1)
