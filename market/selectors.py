@@ -69,7 +69,7 @@ def bids_search(qs: QuerySet[Bid], text: str) -> QuerySet[Bid]:
 
 
 def trades_visible(user: User, *, operator: bool = False) -> QuerySet[Trade]:
-    qs = Trade.objects.select_related("bid", "offer", "provider", "round")
+    qs = Trade.objects.with_round().select_related("bid", "offer", "provider")
     return qs if operator else qs.filter(Q(buyer=user) | Q(provider__user=user))
 
 
@@ -315,7 +315,7 @@ def provider_machines(provider_id: int, *, machine_ids: list[int] | None = None)
 
 
 def provider_sales(provider_id: int, *, trade_ids: list[int] | None = None, limit: int = 50) -> list[dict[str, Any]]:
-    qs = Trade.objects.filter(provider_id=provider_id).select_related("round", "job").order_by("-id")
+    qs = Trade.objects.with_round().filter(provider_id=provider_id).select_related("job").order_by("-id")
     if trade_ids is not None:
         qs = qs.filter(pk__in=trade_ids)
 

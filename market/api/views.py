@@ -114,7 +114,7 @@ class MarketTradesView(APIView):
         query = s.TapeQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         from_id, to_id, limit = query.validated_data["from_id"], query.validated_data.get("to_id"), query.validated_data["limit"]
-        rows = Trade.objects.select_related("round").filter(id__gte=from_id).order_by("id")
+        rows = Trade.objects.with_round().filter(id__gte=from_id).order_by("id")
         if to_id is not None:
             rows = rows.filter(id__lte=to_id)
         page = list(rows[:limit + 1])

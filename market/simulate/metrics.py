@@ -126,6 +126,7 @@ def figures(res: PolicyResult, pods: Sequence[Pod], nodes: Sequence[Node], windo
         "capacity_at_slo_gpus": None if cap is None else cap.gpus,
         "capacity_at_slo_fraction": None if cap is None else _r(cap.fraction),
         "utilisation_at_slo": None if cap is None else _r(cap.alloc_gpu_s / (cap.gpus * window_s)),
+        "stranded_gpu_fraction_at_slo": None if cap is None else _r(cap.stranded_gpu_s / (cap.gpus * window_s)),
         "jct_mean_s": _r(float(jct.mean()) if len(jct) else None, 3),
         "jct_p50_s": _r(pct(jct, 50), 3),
         "jct_p95_s": _r(pct(jct, 95), 3),

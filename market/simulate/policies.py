@@ -61,6 +61,7 @@ class Capacity:
     preemptions: int = 0  # ... spot pods an inference service's tide preempted there
     work_lost_gpu_s: float = 0.0
     lent_gpu_s: float = 0.0
+    stranded_gpu_s: float = 0.0  # ... GPUs free while a pod that could use some waited there (issue 38)
 
 
 @dataclass(frozen=True)
@@ -361,7 +362,7 @@ class Simulation:
                 there, there_node = self.at(name, keep)
                 there_mkt = self.market if mkt is not None else None
             cap = Capacity(round(gpus / self.capacity, 6), tuple(keep.tolist()), gpus, there.alloc_gpu_s,
-                           there.preemptions, there.work_lost_gpu_s, there.lent_gpu_s)
+                           there.preemptions, there.work_lost_gpu_s, there.lent_gpu_s, there.stranded_gpu_s)
         of: str | None = name if k is not None else None
         if name == "gridbid-carbon" and "gridbid" not in self.found:
             self.progress("gridbid-carbon: gridbid's cluster at the SLO, to compare on")
@@ -421,5 +422,5 @@ class Simulation:
         merged, node = merge(len(self.pods), parts, self.window_s, self.capacity, self.service_gpu_s)
         owned.extend(self.owned)  # the service keeps its slice
         cap = Capacity(round(sum(self.nodes[j].gpus for j in owned) / self.capacity, 6), tuple(owned),
-                       sum(self.nodes[j].gpus for j in owned), merged.alloc_gpu_s) if met else None
+                       sum(self.nodes[j].gpus for j in owned), merged.alloc_gpu_s, stranded_gpu_s=merged.stranded_gpu_s) if met else None
         return PolicyResult("static-sized", merged, tuple(node.tolist()), cap, inference=self.queue(merged))

@@ -33,9 +33,9 @@ def book_changed(event: BookChanged) -> None:
 
 
 def round_cleared(event: RoundCleared) -> None:
-    rnd = AuctionRound.objects.get(pk=event.round_id)
+    rnd = AuctionRound.objects.defer("inputs").get(pk=event.round_id)
     publish("rounds", {"round": snapshots.round_summary(rnd)})
-    trades = list(Trade.objects.filter(round=rnd).select_related("round", "bid", "job", "offer", "provider"))
+    trades = list(Trade.objects.with_round().filter(round=rnd).select_related("bid", "job", "offer", "provider"))
     unmatched = [u["bid_id"] for u in rnd.result.get("unmatched", [])]
     links = snapshots.trade_links([t.bid_id for t in trades] + unmatched)  # one query for every bid below
     for t in trades:

@@ -82,7 +82,7 @@ def trade_public(t: Trade) -> dict[str, Any]:
 
 
 def trades() -> dict[str, Any]:
-    return {"trades": [trade_public(t) for t in Trade.objects.select_related("round").order_by("-id")[:50]]}
+    return {"trades": [trade_public(t) for t in Trade.objects.with_round().order_by("-id")[:50]]}
 
 
 def trade_links(bid_ids: list[int]) -> dict[int, list[dict[str, int | None]]]:

@@ -110,7 +110,7 @@ def market_detail(request: HttpRequest, gpu_model: str, region: str) -> HttpResp
     depth = _depth(offers)
     bid_depth = selectors.bucket_bid_depth(model.id, reg.id)
     history = selectors.bucket_price_history(model.id, reg.id)
-    recent = Trade.objects.filter(gpu_model=model, region=reg).select_related("round").order_by("-id")[:20]
+    recent = Trade.objects.with_round().filter(gpu_model=model, region=reg).order_by("-id")[:20]
     return render(
         request,
         "market/market_detail.html",
