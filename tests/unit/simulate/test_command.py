@@ -27,7 +27,7 @@ def test_a_day_of_the_shipped_trace_writes_its_summary(tmp_path: Path) -> None:
     for name, f in summary["policies"].items():
         assert 0 < f["utilisation"] <= 1, name
         assert f["utilisation_at_slo"] is not None and 0 < f["utilisation_at_slo"] <= 1, name
-        assert 0 <= f["stranded_gpu_fraction_at_slo"] and f["stranded_gpu_fraction_at_slo"] + f["utilisation_at_slo"] <= 1 + 1e-9, name  # free + held
+        assert f["stranded_gpu_fraction_at_slo"] >= 0 and f["stranded_gpu_fraction_at_slo"] + f["utilisation_at_slo"] <= 1 + 1e-9, name  # free + held
         assert f["capacity_at_slo_gpus"] <= 6212
     # the shared pool needs no more capacity than the silos at the same SLO
     pol = summary["policies"]
