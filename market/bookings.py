@@ -142,6 +142,20 @@ def booking_hold(*, trade: Trade, offer: Offer, now: datetime) -> Booking:
     )
 
 
+def bookings_hold_picked(picked: Iterable[tuple[Trade, list[int]]], *, now: datetime) -> list[Booking]:
+    """Book each trade on the GPU indexes chosen for it (``gpus_pick``, from ``free_gpus``), in
+    one insert: a round's write, which read the free GPUs of every offer it books under their
+    row locks and chose each trade's apart from the others'. ``booking_hold`` books one trade
+    alone."""
+    rows = []
+    for trade, indexes in picked:
+        if len(indexes) != trade.gpus or len(set(indexes)) != len(indexes):
+            raise CapacityGone(f"trade {trade.pk} needs {trade.gpus} GPUs, was given {indexes}")
+        rows.append(Booking(offer_id=trade.offer_id, trade=trade, gpus=trade.gpus, gpu_indexes=list(indexes),
+                            starts_at=now, ends_at=now + timedelta(seconds=trade.duration_s) + grace()))
+    return Booking.objects.bulk_create(rows)
+
+
 def booking_started(*, trade_id: int, started_at: datetime) -> None:
     """The job started: its booking runs for its duration from now (it may have waited for
     its agent), never shorter than booked."""

@@ -311,6 +311,7 @@ def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundRes
     # the GPUs each trade will be booked on, chosen in the order the bookings are made: a bid
     # that needs NVLink and finds no domain left whole (another trade of the round took part) waits
     gpus = bookings.free_gpus(offers.values())
+    picks: dict[tuple[int, int], list[int]] = {}  # (bid, offer) -> the GPU indexes its booking holds
     for bid_id, parts in sorted(by_bid.items()):
         bid = bids.get(bid_id)
         still_ok = bid is not None and bid.state == BidState.OPEN and all(
@@ -319,14 +320,16 @@ def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundRes
         if still_ok:
             assert bid is not None
             trial = {p.offer_id: list(gpus[p.offer_id]) for p in parts}
+            chosen: dict[tuple[int, int], list[int]] = {}
             try:
                 for p in parts:
-                    picked = set(bookings.gpus_pick(trial[p.offer_id], p.gpus, one_domain=bid.needs_nvlink))
-                    trial[p.offer_id] = [x for x in trial[p.offer_id] if x[0] not in picked]
+                    chosen[(bid_id, p.offer_id)] = bookings.gpus_pick(trial[p.offer_id], p.gpus, one_domain=bid.needs_nvlink)
+                    trial[p.offer_id] = [x for x in trial[p.offer_id] if x[0] not in set(chosen[(bid_id, p.offer_id)])]
             except ValueError:
                 still_ok = False
             else:
                 gpus.update(trial)
+                picks.update(chosen)
         if not still_ok:
             dropped.append(bid_id)  # cancelled or withdrawn while the engine ran: the whole bid or nothing
             continue
@@ -349,8 +352,8 @@ def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundRes
     phases.lap("trades")
     made = list(Trade.objects.filter(round=rnd).select_related("offer", "bid").order_by("id"))
     now = timezone.now()
-    for t in made:
-        bookings.booking_hold(trade=t, offer=offers[t.offer_id], now=now)
+    # the GPUs chosen above, from what no held booking took under the offers' row locks: one insert
+    bookings.bookings_hold_picked([(t, picks[(t.bid_id, t.offer_id)]) for t in made], now=now)
     jobs = Job.objects.bulk_create(
         # a continuation's job starts from the checkpoint its preempted predecessor left
         Job(trade=t, checkpoint={"resume_from": t.bid.resume_from} if t.bid.resume_from else {})

@@ -19,7 +19,7 @@ from ledger.selectors import trades_money
 from market.models import AuctionRound, AuditEvent, Bid, Booking, Job, Offer, Trade, User
 from market.states import BidState, BookingState, OfferState, RoundState, TradeState
 from providers.models import Machine, MachineState, Provider
-from providers.selectors import machine_telemetry, machine_telemetry_history
+from providers.selectors import machine_telemetry_history, machines_telemetry
 
 
 def offers_open() -> QuerySet[Offer]:
@@ -290,27 +290,40 @@ def offer_stats() -> dict[str, int]:
 # --- dashboards: the provider's own machines and sales, the operator's overview --------------
 # Plain dicts, so the page and the stream (market/streams/snapshots.py) show the same figures.
 
-def provider_machines(provider_id: int, *, machine_ids: list[int] | None = None) -> list[dict[str, Any]]:
+def provider_machines(provider_id: int, *, machine_ids: list[int] | None = None, history: bool = True) -> list[dict[str, Any]]:
     """Each machine with its booked GPUs (from its offers) and its latest telemetry."""
-    qs = Machine.objects.filter(provider_id=provider_id).select_related("region").annotate(gpu_count=Count("gpus")).order_by("name", "id")
+    return machines_rows(Machine.objects.filter(provider_id=provider_id), machine_ids=machine_ids, history=history).get(provider_id, [])
+
+
+def machines_rows(machines_qs: QuerySet[Machine], *, machine_ids: list[int] | None = None, history: bool = True) -> dict[int, list[dict[str, Any]]]:
+    """``provider_machines`` for every provider of ``machines_qs`` at once, by provider id: a
+    round's write shows the machines of every provider it sold for in three queries and one
+    cache read, not three and two per provider (issue 39). ``history``: the utilisation
+    history too (a live update leaves it out)."""
+    qs = machines_qs.select_related("region").annotate(gpu_count=Count("gpus")).order_by("name", "id")
     if machine_ids is not None:
         qs = qs.filter(pk__in=machine_ids)
     machines = list(qs)
+    if not machines:
+        return {}
     offered_by = dict(Offer.objects.filter(machine__in=machines).exclude(state=OfferState.WITHDRAWN).values_list("machine_id").annotate(n=Sum("gpus")))
     # booked: what held bookings take, on any offer of the machine (a withdrawn offer's jobs still run)
     busy_by = dict(Booking.objects.filter(offer__machine__in=machines, state=BookingState.HELD).values_list("offer__machine_id").annotate(n=Sum("gpus")))
-    rows = []
+    telemetry_of = machines_telemetry([m.pk for m in machines])
+    rows: dict[int, list[dict[str, Any]]] = {}
     for m in machines:
         offered, busy = offered_by.get(m.pk, 0), busy_by.get(m.pk, 0)
-        telemetry = machine_telemetry(m.pk)
-        gpus = (telemetry or {}).get("gpus") or []
-        rows.append({
+        gpus = (telemetry_of.get(m.pk) or {}).get("gpus") or []
+        row = {
             "id": m.pk, "name": m.name, "region": m.region_id, "region_name": m.region.name, "state": m.state,
             "last_heartbeat": m.last_heartbeat, "reliability": m.reliability, "gpus": m.gpu_count,
             "offered": offered, "busy": busy, "booked_pct": int(100 * busy / m.gpu_count) if m.gpu_count else 0,
             "gpu_util": round(sum(g["utilisation"] for g in gpus) / len(gpus), 1) if gpus else None,
-            "telemetry": gpus, "history": machine_telemetry_history(m.pk),
-        })
+            "telemetry": gpus,
+        }
+        if history:
+            row["history"] = machine_telemetry_history(m.pk)
+        rows.setdefault(m.provider_id, []).append(row)
     return rows
 
 
@@ -318,8 +331,19 @@ def provider_sales(provider_id: int, *, trade_ids: list[int] | None = None, limi
     qs = Trade.objects.with_round().filter(provider_id=provider_id).select_related("job").order_by("-id")
     if trade_ids is not None:
         qs = qs.filter(pk__in=trade_ids)
+    return _sales(list(qs[:limit]))
 
-    rows = list(qs[:limit])
+
+def sales_by_provider(trade_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
+    """``provider_sales`` of these trades, by provider id, in two queries (issue 39)."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    rows = list(Trade.objects.with_round().filter(pk__in=trade_ids).select_related("job").order_by("-id"))
+    for t, row in zip(rows, _sales(rows), strict=True):
+        out.setdefault(t.provider_id, []).append(row)
+    return out
+
+
+def _sales(rows: list[Trade]) -> list[dict[str, Any]]:
     # what the chain paid for each (confirmed settlement legs), beside the lock it sold
     paid = dict(JournalEntry.objects.filter(kind="pay", trade_id__in=[t.pk for t in rows]).values_list("trade_id").annotate(n=Sum("amount")))
     out = []

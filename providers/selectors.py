@@ -82,6 +82,12 @@ def machine_telemetry(machine_id: int) -> dict[str, Any] | None:
     return cache.get(telemetry_key(machine_id))
 
 
+def machines_telemetry(machine_ids: list[int]) -> dict[int, dict[str, Any]]:
+    """``machine_telemetry`` of many machines in one cache read: those with telemetry."""
+    keys = {telemetry_key(m): m for m in machine_ids}
+    return {keys[k]: v for k, v in cache.get_many(list(keys)).items() if v is not None}
+
+
 def machine_telemetry_history(machine_id: int) -> list[list[float]]:
     """[[unix time, mean GPU utilisation %], …], oldest first; empty when the agent has been quiet."""
     return list(cache.get(telemetry_history_key(machine_id)) or [])

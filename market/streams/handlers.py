@@ -73,10 +73,11 @@ def jobs_changed(event: JobsChanged) -> None:
 
 def _send_sales(trades_by_user: dict[int, list[int]]) -> None:
     providers = dict(Provider.objects.filter(user_id__in=list(trades_by_user)).values_list("user_id", "pk"))
-    for user_id, trade_ids in sorted(trades_by_user.items()):
+    sales = snapshots.sales_rows_by_provider([t for ids in trades_by_user.values() for t in ids])
+    for user_id, _ in sorted(trades_by_user.items()):
         provider_id = providers[user_id]
         totals = snapshots.provider_totals(provider_id)
-        for sale in snapshots.sales_rows(provider_id, trade_ids=trade_ids):
+        for sale in sales.get(provider_id, []):
             publish("sales", {"sale": sale, "totals": totals}, user_id=user_id)
 
 
@@ -92,8 +93,9 @@ def machines_changed(event: MachinesChanged) -> None:
 
 def _send_machines(machine_ids: list[int]) -> None:
     owners = dict(Machine.objects.filter(pk__in=machine_ids).values_list("provider_id", "provider__user_id"))
+    rows = snapshots.machine_rows_by_provider(machine_ids)
     for provider_id, user_id in sorted(owners.items()):
-        for machine in snapshots.machine_rows(provider_id, machine_ids=machine_ids, history=False):
+        for machine in rows.get(provider_id, []):
             publish("machines", {"machine": machine}, user_id=user_id)
 
 

@@ -16,7 +16,7 @@ from market import selectors
 from market.jobs import job_log_tail
 from market.models import AuctionRound, Bid, Job, Trade, User
 from market.states import BidState, RoundState
-from providers.models import Provider
+from providers.models import Machine, Provider
 
 DEPTH_LEVELS = 20
 
@@ -142,15 +142,22 @@ def _iso(when: datetime | None) -> str | None:
 def machine_rows(provider_id: int, *, machine_ids: list[int] | None = None, history: bool = True) -> list[dict[str, Any]]:
     """Machines as the dashboard shows them; updates leave out the utilisation history
     (a client appends each update's `gpu_util` to the history it got in the snapshot)."""
-    rows = [{**m, "last_heartbeat": _iso(m["last_heartbeat"])} for m in selectors.provider_machines(provider_id, machine_ids=machine_ids)]
-    if not history:
-        for row in rows:
-            del row["history"]
-    return rows
+    return [{**m, "last_heartbeat": _iso(m["last_heartbeat"])} for m in selectors.provider_machines(provider_id, machine_ids=machine_ids, history=history)]
+
+
+def machine_rows_by_provider(machine_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
+    """``machine_rows`` (without history) of these machines, by provider id, at once."""
+    got = selectors.machines_rows(Machine.objects.all(), machine_ids=machine_ids, history=False)
+    return {p: [{**m, "last_heartbeat": _iso(m["last_heartbeat"])} for m in rows] for p, rows in got.items()}
 
 
 def sales_rows(provider_id: int, *, trade_ids: list[int] | None = None) -> list[dict[str, Any]]:
     return [{**t, "created_at": _iso(t["created_at"])} for t in selectors.provider_sales(provider_id, trade_ids=trade_ids)]
+
+
+def sales_rows_by_provider(trade_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
+    """``sales_rows`` of these trades, by provider id, at once."""
+    return {p: [{**t, "created_at": _iso(t["created_at"])} for t in rows] for p, rows in selectors.sales_by_provider(trade_ids).items()}
 
 
 def provider_totals(provider_id: int) -> dict[str, int]:
