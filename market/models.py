@@ -255,8 +255,10 @@ class AuctionRound(models.Model):
     def __str__(self) -> str:
         return f"round {self.number}"
 
-    # the engine's whole input and result, kept for replay: megabytes at 10k orders a side
-    BOOK_FIELDS = ("inputs", "result")
+    # the engine's whole input and result, kept for replay (megabytes at 10k orders a side),
+    # and the round's prices and statistics (each set-aside bid's id among them): JSON that a
+    # trade showing its round's number need not decode
+    BOOK_FIELDS = ("inputs", "result", "prices", "stats")
 
 
 class TradeQuerySet(models.QuerySet["Trade"]):

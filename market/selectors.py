@@ -328,7 +328,7 @@ def machines_rows(machines_qs: QuerySet[Machine], *, machine_ids: list[int] | No
 
 
 def provider_sales(provider_id: int, *, trade_ids: list[int] | None = None, limit: int = 50) -> list[dict[str, Any]]:
-    qs = Trade.objects.with_round().filter(provider_id=provider_id).select_related("job").order_by("-id")
+    qs = Trade.objects.with_round().filter(provider_id=provider_id).select_related("job").defer("job__checkpoint").order_by("-id")
     if trade_ids is not None:
         qs = qs.filter(pk__in=trade_ids)
     return _sales(list(qs[:limit]))
@@ -337,7 +337,7 @@ def provider_sales(provider_id: int, *, trade_ids: list[int] | None = None, limi
 def sales_by_provider(trade_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
     """``provider_sales`` of these trades, by provider id, in two queries (issue 39)."""
     out: dict[int, list[dict[str, Any]]] = {}
-    rows = list(Trade.objects.with_round().filter(pk__in=trade_ids).select_related("job").order_by("-id"))
+    rows = list(Trade.objects.with_round().filter(pk__in=trade_ids).select_related("job").defer("job__checkpoint").order_by("-id"))
     for t, row in zip(rows, _sales(rows), strict=True):
         out.setdefault(t.provider_id, []).append(row)
     return out
