@@ -18,7 +18,7 @@ from market.events import (
 )
 from market.models import AuctionRound, Bid, Job, Trade, User
 from market.streams import snapshots
-from market.streams.publish import account_group, credentials_revoked, publish, token_group
+from market.streams.publish import account_group, batched, credentials_revoked, publish, token_group
 from providers.models import Machine, Provider
 
 
@@ -33,6 +33,11 @@ def book_changed(event: BookChanged) -> None:
 
 
 def round_cleared(event: RoundCleared) -> None:
+    with batched():  # thousands of updates in a large round: one pipeline, not a round trip each
+        _round_cleared(event)
+
+
+def _round_cleared(event: RoundCleared) -> None:
     rnd = AuctionRound.objects.defer("inputs").get(pk=event.round_id)
     publish("rounds", {"round": snapshots.round_summary(rnd)})
     trades = list(Trade.objects.with_round().filter(round=rnd).select_related("bid", "job", "offer", "provider"))

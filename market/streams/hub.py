@@ -190,6 +190,23 @@ class Hub:
             self.publish(group, text)
         return seq
 
+    def publish_numbered_many(self, items: list[tuple[str, str, str, str, int, int, Callable[[], int]]]) -> list[int]:
+        """``publish_numbered`` of each (group, head, tail, seq_key, start, ttl, next_seq), in
+        order; their numbers. In production one Redis pipeline carries them all, each still
+        numbered and sent by the script in one step, so a round's thousands of updates cost
+        one round trip, not one each (issue 39)."""
+        if not items:
+            return []
+        if not self.redis_url:
+            return [self.publish_numbered(g, h, t, seq_key=k, start=st, ttl=tl, next_seq=n) for g, h, t, k, st, tl, n in items]
+        if self._numbered is None:
+            self._numbered = self._redis().register_script(_PUBLISH_NUMBERED)
+        pipe = self._redis().pipeline(transaction=False)
+        for group, head, tail, seq_key, start, ttl, _ in items:
+            self._numbered(keys=[seq_key, self._history_key(group)], args=[self.channel, start, ttl, group, head, tail, HISTORY_LEN, HISTORY_TTL_S],
+                           client=pipe)
+        return [int(x) for x in pipe.execute()]
+
     def history(self, group: str, since_seq: int) -> list[tuple[int, str]]:
         """The kept frames of ``group`` numbered above ``since_seq``, oldest first, as (number,
         text). Whether they reach back to ``since_seq + 1`` is the caller's to check: the

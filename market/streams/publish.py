@@ -15,7 +15,10 @@ import hashlib
 import json
 import logging
 import re
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -89,6 +92,50 @@ def encode(frame: dict[str, Any]) -> str:
     return json.dumps(frame, separators=(",", ":"), default=str)
 
 
+_batch = threading.local()
+
+
+@contextmanager
+def batched() -> Iterator[None]:
+    """Every ``publish`` in the block goes out at its end, in the order published: the
+    digests of ``unchanged_key`` read and written in one cache round trip each, the frames
+    numbered and sent in one Redis pipeline (``Hub.publish_numbered_many``). A round's write
+    publishes thousands of updates (issue 39). Nested blocks send with the outermost."""
+    if getattr(_batch, "items", None) is not None:
+        yield
+        return
+    _batch.items = []
+    try:
+        yield
+    finally:
+        items, _batch.items = _batch.items, None
+        _flush(items)
+
+
+def _flush(items: list[tuple[str, str, str, str | None, str | None]]) -> None:
+    """Send (channel, group, body, unchanged key, digest) as ``publish`` would, together."""
+    keys = sorted({k for _, _, _, k, _ in items if k is not None})
+    sent_last = cache.get_many(keys) if keys else {}
+    digests: dict[str, str] = {}
+    out = []
+    for channel, group, body, key, digest in items:
+        if key is not None:
+            if digests.get(key, sent_last.get(key)) == digest:
+                continue
+            digests[key] = digest
+        head = f'{{"type":"update","channel":{json.dumps(channel)},"time":"{server_time()}","seq":'
+        out.append((group, head, f',"data":{body}}}', cache.make_key(_seq_key(group)), _seq_start(), SEQ_TTL,
+                    lambda group=group: next_seq(group)))
+    if digests:
+        cache.set_many(digests, timeout=DIGEST_TTL)
+    try:
+        hub().publish_numbered_many(out)
+    except Exception:  # a stream hiccup must never undo or fail a committed write
+        log.exception("publishing %d updates failed", len(out))
+        if digests:  # what the sockets hold is not known: the next one is sent whatever it is
+            cache.delete_many(list(digests))
+
+
 def publish(channel: str, data: Any, *, user_id: int | None = None, unchanged_key: str | None = None) -> bool:
     """Send ``data`` to every socket subscribed to ``channel`` (of ``user_id``, for a private
     one), encoded once for all of them; returns whether it was sent.
@@ -107,6 +154,11 @@ def publish(channel: str, data: Any, *, user_id: int | None = None, unchanged_ke
     if unchanged_key is not None:
         key = f"stream-last:{group}:{unchanged_key}"
         digest = hashlib.blake2b(body.encode(), digest_size=16).hexdigest()
+    pending = getattr(_batch, "items", None)
+    if pending is not None:  # inside ``batched``: sent at its end (True: it will be, unless unchanged)
+        pending.append((channel, group, body, key, digest))
+        return True
+    if key is not None:
         if cache.get(key) == digest:
             return False
         cache.set(key, digest, timeout=DIGEST_TTL)

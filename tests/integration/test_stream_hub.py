@@ -221,3 +221,36 @@ def json_n(text: str) -> int:
     import json
 
     return int(json.loads(text)["n"])
+
+
+def test_many_updates_go_in_one_pipeline_numbered_in_order(redis_url: str) -> None:
+    """Issue 39: a round's write publishes thousands of updates; in production they go in one
+    Redis pipeline, each numbered and sent by the script as publish_numbered does it, in the
+    order given, and a server process's socket gets them in that order."""
+    import json
+    import uuid
+
+    from django.core.cache.backends.redis import RedisCache
+
+    from market.streams.hub import Hub
+
+    async def scenario() -> None:
+        cache = RedisCache(redis_url, {})
+        group, key = f"pub.book.many-{uuid.uuid4().hex[:8]}", f"stream-seq:many-{uuid.uuid4().hex[:8]}"
+        start = time.time_ns() // 1000
+        web, worker = Hub(redis_url), Hub(redis_url)
+        sock = Socket()
+        try:
+            await web.join(group, sock)
+            items = [(group, '{"seq":', f',"n":{n}}}', cache.make_key(key), start, 60, lambda: 0) for n in range(50)]
+            numbers = await asyncio.to_thread(worker.publish_numbered_many, items)
+            assert numbers == list(range(start + 1, start + 51))
+            await until(lambda: len(sock.texts) == 50)
+            assert [json_n(t) for t in sock.texts] == list(range(50))
+            assert [json.loads(t)["seq"] for t in sock.texts] == numbers
+            assert worker.publish_numbered_many([]) == []
+        finally:
+            await web.stop()
+            cache.delete(key)
+
+    asyncio.run(scenario())

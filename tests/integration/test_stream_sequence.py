@@ -39,3 +39,27 @@ def test_a_counter_lost_anyway_never_goes_back():
     assert after > numbers[-1] + 1, (numbers, after)
     assert next_seq("pub.rounds") == after + 1
     assert after < 2**53, "a JavaScript number holds it exactly"
+
+
+def test_updates_batched_go_out_in_order_and_an_unchanged_one_once():
+    """Issue 39: inside ``batched`` a round's updates go out together at the end, in the order
+    published and numbered consecutively; data unchanged under its key is sent once, within
+    the batch as across batches."""
+    from market.streams.hub import hub
+    from market.streams.publish import batched, current_seq, publish
+
+    cache.clear()
+    group = "user.7.orders"
+    before = current_seq(group)
+    with batched():
+        publish("orders", {"order": {"id": 1, "state": "open"}}, user_id=7, unchanged_key="bid:1")
+        publish("orders", {"order": {"id": 2, "state": "open"}}, user_id=7, unchanged_key="bid:2")
+        publish("orders", {"order": {"id": 1, "state": "open"}}, user_id=7, unchanged_key="bid:1")  # the same again
+        assert current_seq(group) == before, "nothing is sent before the block ends"
+        publish("orders", {"order": {"id": 1, "state": "matched"}}, user_id=7, unchanged_key="bid:1")
+    frames = [text for _, text in hub().history(group, before)]
+    assert [(f'"id":{n}' in t, '"matched"' in t) for n, t in zip((1, 2, 1), frames, strict=True)] == [(True, False), (True, False), (True, True)]
+    assert current_seq(group) == before + 3
+    with batched():
+        publish("orders", {"order": {"id": 2, "state": "open"}}, user_id=7, unchanged_key="bid:2")  # sent last batch
+    assert current_seq(group) == before + 3
