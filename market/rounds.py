@@ -49,7 +49,7 @@ from market.models import AuctionRound, Bid, Job, Offer, Trade, User
 from market.states import BidState, OfferState, RoundState
 from market.stopwatch import StageTimes
 from providers.models import Provider
-from providers.push import machine_wake
+from providers.push import machines_wake
 
 log = logging.getLogger("gridbid.rounds")
 QUOTE_BID_ID = 2**62  # a hypothetical bid's id: far above any real row
@@ -359,8 +359,7 @@ def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundRes
         Job(trade=t, checkpoint={"resume_from": t.bid.resume_from} if t.bid.resume_from else {})
         for t in made
     )
-    for job in jobs:
-        machine_wake(job.trade.offer.machine_id, reason="assigned", job_id=job.pk)
+    machines_wake([(job.trade.offer.machine_id, job.pk) for job in jobs], reason="assigned")
     announce(TradesMatched(trade_ids=tuple(t.pk for t in made)))  # webhook deliveries commit with the trades
     preempted = jobs_.round_preempt(round_number=rnd.number, preemptions=result.preemptions)
     bookings.capacity_refresh(offer_ids=offer_ids)

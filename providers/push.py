@@ -7,6 +7,7 @@ truth, so a lost or duplicated push costs nothing.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -33,6 +34,28 @@ def machine_wake(machine_id: int, *, reason: str, job_id: int | None = None) -> 
         layer = get_channel_layer()
         if layer is not None:
             async_to_sync(layer.group_send)(group_for(machine_id), {"type": "agent.wake", "reason": reason, "job": job_id})
+
+    transaction.on_commit(send)
+
+
+def machines_wake(wakes: list[tuple[int, int | None]], *, reason: str) -> None:
+    """``machine_wake`` for many (machine, job) at once, in one hand-over to the channel
+    layer once the transaction commits: a round's write assigns thousands of jobs, and one
+    hand-over each took seconds (issue 39). A machine with several jobs is told once, of
+    its first: the message only says "look now"."""
+    first: dict[int, int | None] = {}
+    for machine_id, job_id in wakes:
+        first.setdefault(machine_id, job_id)
+    if not first:
+        return
+
+    async def send_all(layer: Any) -> None:
+        await asyncio.gather(*(layer.group_send(group_for(m), {"type": "agent.wake", "reason": reason, "job": j}) for m, j in sorted(first.items())))
+
+    def send() -> None:
+        layer = get_channel_layer()
+        if layer is not None:
+            async_to_sync(send_all)(layer)
 
     transaction.on_commit(send)
 
