@@ -48,6 +48,7 @@ from market.events import BidChanged, OperatorChanged, RoundCleared, TradesMatch
 from market.models import AuctionRound, Bid, Job, Offer, Trade, User
 from market.states import BidState, OfferState, RoundState
 from market.stopwatch import StageTimes
+from market.streams.publish import batched
 from providers.models import Provider
 from providers.push import machines_wake
 
@@ -287,7 +288,10 @@ def _round_clear_locked(*, now: datetime, slot: int | None) -> AuctionRound | No
                                                       stats={"skipped_slots": _behind_logged(rnd, now=timezone.now())})
         announce(OperatorChanged())
         return AuctionRound.objects.get(pk=rnd.pk)
-    _write(rnd=rnd, inp=inp, result=result, elapsed_ms=elapsed_ms, stage_ms=stages.ms(), set_aside=set_aside, phases=phases)
+    # what the write publishes once it commits (the round, its trades, the jobs it preempts)
+    # goes out in one batch (issue 39)
+    with batched():
+        _write(rnd=rnd, inp=inp, result=result, elapsed_ms=elapsed_ms, stage_ms=stages.ms(), set_aside=set_aside, phases=phases)
     rnd.refresh_from_db()
     return rnd
 
