@@ -142,7 +142,7 @@ def test_a_bid_that_needs_nvlink_is_booked_on_one_nvlink_pair_and_its_job_sees_t
     auth = {"Authorization": f"Bearer {tokens['linked']}"}
     gpus = httpx.get(f"{server}/api/v1/machines/{machine}/", headers=auth).json()["gpus"]
     assert [g["nvlink_group"] for g in gpus] == [0, 1, 0, 1], gpus
-    daemon = start_daemon(home, seconds=90)
+    daemon = start_daemon(home, seconds=110)
     server_log = Path(SERVER_ENV["GRIDBID_DATA_DIR"]) / "server.log"
     logs = lambda: (home / "daemon.log").read_text()[-3000:] + "\n" + server_log.read_text()[-3000:]  # noqa: E731
     shows = "import os, time; print('visible', os.environ['CUDA_VISIBLE_DEVICES'], flush=True); time.sleep({})"
@@ -150,7 +150,7 @@ def test_a_bid_that_needs_nvlink_is_booked_on_one_nvlink_pair_and_its_job_sees_t
         buyer = {"Authorization": f"Bearer {tokens['trainer2']}"}
         escrow_deposit(server, SERVER_ENV, "trainer2", buyer, 2 * TOKENS)
         bid = {"gpu_models": ["A100-SXM-80GB"], "max_price": 2_000_000, "duration_s": 120}
-        r = httpx.post(f"{server}/api/v1/bids/", headers=buyer, json={**bid, "job_spec": {"command": [sys.executable, "-c", shows.format(20)]}, "gpus": 1})
+        r = httpx.post(f"{server}/api/v1/bids/", headers=buyer, json={**bid, "job_spec": {"command": [sys.executable, "-c", shows.format(100)]}, "gpus": 1})
         assert r.status_code == 201, r.text
 
         def running(besides: int | None) -> Any:
