@@ -328,8 +328,10 @@ def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundRes
             chosen: dict[tuple[int, int], list[int]] = {}
             try:
                 for p in parts:
-                    chosen[(bid_id, p.offer_id)] = bookings.gpus_pick(trial[p.offer_id], p.gpus, one_domain=bid.needs_nvlink)
-                    trial[p.offer_id] = [x for x in trial[p.offer_id] if x[0] not in set(chosen[(bid_id, p.offer_id)])]
+                    picked = bookings.gpus_pick(trial[p.offer_id], p.gpus, one_domain=bid.needs_nvlink)
+                    chosen[(bid_id, p.offer_id)] = picked
+                    taken = set(picked)
+                    trial[p.offer_id] = [x for x in trial[p.offer_id] if x[0] not in taken]
             except ValueError:
                 still_ok = False
             else:
