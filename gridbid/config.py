@@ -57,6 +57,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("RUNTIME_FIT_JOBS", "20000", "How many of the latest completed jobs the runtime predictor learns from (100-1000000)."),
     Variable("PRICING_RULE", "uniform", "Auction price rule: uniform (clearing price per bucket) or pay_as_ask."),
     Variable("PACK_BAND", "0", "Packing (issue 38): USDC per GPU-hour of value a trade may give up to move to another offer of its bucket that leaves whole machines for the book's larger bids; the buyer pays the same price. 0 = off (0-10)."),
+    Variable("ENGINE_WORKERS", "1", "Processes a large round's independent sub-markets (GPU models no bid spans) clear in at once (1-64); 1 clears them one after another in the round's worker. The result is the same, byte for byte, whatever the number (market/engine/parts.py)."),
     Variable("PRICE_POINT", "0", "Where the uniform price sits in each bucket's clearing interval: 0 = the lowest clearing price (buyer-friendly), 0.5 = midpoint, 1 = top."),
     Variable("FAIR_SHARE_CAP", "1.0", "Largest fraction (0-1] of a scarce bucket's GPUs one buyer may take in one round."),
     Variable("CHAIN_RPC_URL", "(unset: local dev chain)", "JSON-RPC URL of the settlement chain (http:// or https://)."),
@@ -187,6 +188,7 @@ class Config:
     fair_share_cap: float
     price_point: float
     pack_band: float
+    engine_workers: int
     demo_speed: float
     carbon_clock_speed: float
     chain_rpc_url: str | None
@@ -403,6 +405,7 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         fair_share_cap=_number(env, "FAIR_SHARE_CAP", 1.0, 0.01, 1.0),
         price_point=_number(env, "PRICE_POINT", 0.0, 0.0, 1.0),
         pack_band=_number(env, "PACK_BAND", 0.0, 0.0, 10.0),
+        engine_workers=int(_number(env, "ENGINE_WORKERS", 1, 1, 64, int)),
         chain_rpc_url=_url(env, "CHAIN_RPC_URL", ("http", "https")),
         chain_public_rpc_url=_url(env, "CHAIN_PUBLIC_RPC_URL", ("http", "https")),
         chain_port=int(_number(env, "GRIDBID_CHAIN_PORT", 8545, 1, 65535, int)),

@@ -276,6 +276,7 @@ GRIDBID = {
     "FAIR_SHARE_CAP": CONFIG.fair_share_cap,
     "PRICE_POINT": CONFIG.price_point,
     "PACK_BAND": CONFIG.pack_band,
+    "ENGINE_WORKERS": CONFIG.engine_workers,
     "RUNTIME_REFIT_S": CONFIG.runtime_refit_s,
     # the markets list (API, home page, book snapshots) is computed at most once a second and
     # shared through the cache: it is up to this many seconds old (README, "Markets")

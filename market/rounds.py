@@ -280,7 +280,7 @@ def _round_clear_locked(*, now: datetime, slot: int | None) -> AuctionRound | No
         phases.lap("left out")
         started = time.perf_counter()
         stages = StageTimes()
-        result = engine.clear_round(inp, stopwatch=stages)
+        result = engine.clear_round(inp, stopwatch=stages, workers=settings.GRIDBID.get("ENGINE_WORKERS", 1))
         elapsed_ms = round(1000 * (time.perf_counter() - started), 2)
         phases.lap("engine")
     except Exception as exc:  # the round itself is broken (catalogue, config) or the engine crashed: record it

@@ -145,6 +145,7 @@ class Solver:
     milp_nodes: int = 2_000
     milp_pairs: int = 40_000  # the fractional rest's MILP gives up above this (10k on-demand: up to ~21k)
     scan_fallback: bool = True  # large rounds refill lists in bulk instead
+    dive_pairs: int = DIVE_PAIRS  # a part of a large round dives at any size, as the whole round would (clear._cleared)
     ptr: dict[tuple[int, int, int], int] = field(default_factory=dict)
     gpu_price: F64 | None = None  # while rounding an LP: its shadow price per GPU (plain capacity row)
     assigned: dict[int, list[Part]] = field(default_factory=dict)
@@ -517,7 +518,7 @@ class Solver:
                 self.place(b, parts)
             return
         free = np.asarray(st.free, dtype=np.int64)
-        if len(qb) <= DIVE_PAIRS:
+        if len(qb) <= self.dive_pairs:
             pick = milp_pick(mkt, qb, qo, qs, free, self.milp_nodes, FRAC_MILP_GAP)
         else:
             pick, lp_bound = dive_pick(mkt, qb, qo, qs, free)

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import multiprocessing
 import threading
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 
 import numpy as np
 
 from . import bound as bound_mod
 from . import exact, pack, shares
+from . import parts as submarkets
 from .assign import Snapshot, Solver, State, fair_share_limits, priority_order
 from .explain import Explainer, money, trade_reason
 from .market import BidViews, Candidates, Market, build_market, candidates, top_candidates
@@ -64,8 +68,12 @@ class _CollectorPause:
 _PAUSE = _CollectorPause()
 
 
-def clear_round(inp: RoundInput, stopwatch: Stopwatch | None = None) -> RoundResult:
+def clear_round(inp: RoundInput, stopwatch: Stopwatch | None = None, workers: int = 1) -> RoundResult:
     """Clear one sealed-bid round. Same input, same result, byte for byte.
+
+    A large round that splits into independent sub-markets clears each on its own
+    (``parts.py``); with ``workers`` above 1 they clear in that many processes at
+    once. The result does not depend on ``workers``.
 
     With a ``stopwatch``, the engine calls its ``lap`` at the end of each of the
     ``STAGES`` (the operator's rounds page and ``make bench`` show where the
@@ -79,28 +87,68 @@ def clear_round(inp: RoundInput, stopwatch: Stopwatch | None = None) -> RoundRes
     back as it was once the last round in the process is done, error or not;
     other threads' cycles wait that long to be collected."""
     with _PAUSE:
-        return _clear(inp, no_lap if stopwatch is None else stopwatch.lap)
+        return _clear(inp, no_lap if stopwatch is None else stopwatch.lap, workers)
 
 
-def _clear(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
+def _clear(inp: RoundInput, lap: Callable[[str], None], workers: int = 1) -> RoundResult:
     inp = materialised(inp)
     validate(inp)
     inp, back = shares.split(inp)
-    return shares.join(_cleared(inp, lap), back)
+    pieces = submarkets.split(inp)
+    if len(pieces) == 1:
+        return shares.join(_cleared(inp, lap), back)
+    if workers <= 1:
+        results = [_cleared(p, lap, part=True) for p in pieces]  # a stage's laps add up over the parts
+    else:
+        lap("validate")
+        try:
+            results = list(_pool(workers).map(_cleared_part, pieces))
+        except BrokenProcessPool:  # a pool process died (killed, out of memory): the parts clear here
+            _POOLS.pop(workers, None)
+            results = [_cleared(p, no_lap, part=True) for p in pieces]
+        lap("explain")  # the parts' stages, run elsewhere, are timed as one
+    return shares.join(submarkets.join(inp, pieces, results), back)
 
 
-def _cleared(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
+_POOLS: dict[int, ProcessPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def _pool(workers: int) -> ProcessPoolExecutor:
+    """A process pool of ``workers``, started once per process and kept: its processes are
+    spawned (not forked from a server's threads) and import the engine alone, which takes them
+    about a second, once."""
+    with _POOLS_LOCK:
+        pool = _POOLS.get(workers)
+        if pool is None:
+            pool = _POOLS[workers] = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+        return pool
+
+
+def _cleared_part(inp: RoundInput) -> RoundResult:
+    """One part of a round, in a pool's process."""
+    with _PAUSE:
+        return _cleared(inp, no_lap, part=True)
+
+
+def _cleared(inp: RoundInput, lap: Callable[[str], None], part: bool = False) -> RoundResult:
+    """A round, or with ``part`` one part of a large round (``parts.py``): a part clears by a
+    large round's path, as the whole round would, without the exact path or the branch and
+    bound of small classes (at 2,000 a side, five parts that took them cleared in 18 s, 3 times
+    the whole round, for 0.3% more surplus; the class branch and bound alone took 6.8 s)."""
     lap("validate")
     mkt = build_market(inp)
     lap("market")
     cfg = inp.config
     kmax = cfg.max_candidates if cfg.max_candidates > 0 else 16
-    cand = _all_candidates(mkt)
+    cand = None if part else _all_candidates(mkt)
     small = cand is not None
     if cand is None:
         cand = top_candidates(mkt, kmax)
     state = State(free=mkt.o_gpus.tolist(), limits=fair_share_limits(mkt, cand, cfg.fair_share_cap))
     solver = Solver(mkt, cand, state, scan_fallback=small, lap=lap)
+    if part:
+        solver.dive_pairs = 0
     live = [b for b in range(len(mkt.bids)) if cand.offers[b] or cand.truncated[b]]
     order = priority_order(mkt, cand, live)
     lap("candidates")
@@ -123,7 +171,7 @@ def _cleared(inp: RoundInput, lap: Callable[[str], None]) -> RoundResult:
             method += " (work limit)"
     else:
         mip = cfg.exact_node_limit if small and not failed else 0
-        proven, bound, class_bounds, mips = _per_class(solver, order, cfg.exact_node_limit, mip, small, kmax, unit, lap)
+        proven, bound, class_bounds, mips = _per_class(solver, order, 0 if part else cfg.exact_node_limit, mip, small, kmax, unit, lap)
         how = (failed + "each on the capacity the classes before it left, over every feasible pair (LP relaxation "
                "with column generation; fair-share cap relaxed)")
         if mips:

@@ -54,9 +54,9 @@ def test_a_round_leaves_the_garbage_collector_as_it_found_it_even_on_bad_input(
     seen: list[bool] = []
     real = engine_clear._clear
 
-    def spy(inp: RoundInput, lap: object) -> RoundResult:
+    def spy(inp: RoundInput, lap: object, workers: int) -> RoundResult:
         seen.append(gc.isenabled())
-        return real(inp, lap)  # type: ignore[arg-type]
+        return real(inp, lap, workers)  # type: ignore[arg-type]
 
     monkeypatch.setattr(engine_clear, "_clear", spy)
     (gc.enable if was_on else gc.disable)()
