@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from market.engine import clear_round, parts  # noqa: E402
 from market.engine import clear as engine_clear  # noqa: E402
+from market.engine import clear_round, parts  # noqa: E402
 from market.engine.serialize import result_to_dict  # noqa: E402
 from market.engine.validate import materialised  # noqa: E402
 from tests.bench.instances import FAMILIES  # noqa: E402
