@@ -22,7 +22,7 @@ from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
-from market import states
+from market import bulk, states
 from market.events import BookChanged, JobsChanged, TradesMoved, announce
 from market.models import Booking, Job, Offer, ReleaseReason, Trade
 from market.states import BookingState, JobState, TradeState
@@ -75,7 +75,7 @@ def capacity_refresh(*, offer_ids: Iterable[int]) -> None:
         if free != o.gpus_free:
             o.gpus_free = free
             changed.append(o)
-    Offer.objects.bulk_update(changed, ["gpus_free"])
+    bulk.rows_update(changed, ["gpus_free"])
 
 
 def gpus_pick(free: list[tuple[int, int | None]], n: int, one_domain: bool = False) -> list[int]:

@@ -33,6 +33,7 @@ from django.utils import timezone
 
 from market import (
     bookings,
+    bulk,
     engine,
     estimates,
     funding,
@@ -245,7 +246,6 @@ def round_clear(*, now: datetime | None = None, slot: int | None = None) -> Auct
         return _round_clear_locked(now=now, slot=slot)
 
 
-UPDATE_BATCH = 200  # rows per UPDATE of a round's bulk updates (their explanations)
 ROUND_PHASES = ("prepare", "snapshot", "left out", "engine", "trades", "bookings", "explanations", "record")
 """The phases of a round around the engine, in order, timed into its stats (``round_ms``):
 ``prepare`` (recovery, reclaims, backfills, expiry, the claim), ``snapshot`` (the book read
@@ -372,8 +372,7 @@ def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundRes
     bookings.capacity_refresh(offer_ids=offer_ids)
     phases.lap("bookings")
     matched = [b for b in bids.values() if b.state == BidState.MATCHED]
-    # in batches: one UPDATE's CASE over every row is matched against every row (quadratic)
-    Bid.objects.bulk_update(matched, ["state", "explanation"], batch_size=UPDATE_BATCH)
+    bulk.rows_update(matched, ["state", "explanation"])
     unmatched = {u.bid_id: u for u in result.unmatched}
     stale = list(Bid.objects.filter(pk__in=list(unmatched), state=BidState.OPEN))
     starts = estimates.starts_estimate(stale, now=now)
@@ -383,7 +382,7 @@ def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundRes
         if b.pk in starts:  # when the GPUs it waits for are likely to free up (issue 36)
             b.explanation["reasons"].append(starts[b.pk].text(now))
             b.explanation["estimated_start"] = starts[b.pk].at.isoformat()
-    Bid.objects.bulk_update(stale, ["explanation"], batch_size=UPDATE_BATCH)
+    bulk.rows_update(stale, ["explanation"])
     phases.lap("explanations")
     result_dict = serialize.result_to_dict(result)
     inputs = serialize.input_to_dict(inp)
