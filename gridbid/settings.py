@@ -244,7 +244,7 @@ if CONFIG.redis_url:
     # (market/streams/hub.py); the channel layer carries the rest
     STREAM_REDIS_URL = CONFIG.redis_url
     CELERY_BROKER_URL = CONFIG.redis_url
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": CONFIG.redis_url}}
+    CACHES = {"default": {"BACKEND": "gridbid.cache.RedisCache", "LOCATION": CONFIG.redis_url}}  # one pool per process: gridbid/cache.py
 else:
     # channels' in-memory layer, safe to publish to from the in-process workers' threads
     CHANNEL_LAYERS = {"default": {"BACKEND": "gridbid.channel_layer.LocalChannelLayer", "CONFIG": {"capacity": 1000}}}

@@ -144,7 +144,7 @@ def test_on_redis_the_counter_is_one_round_trip_and_holds_the_limit(throttled, a
         client.ping()
     except redis_lib.ConnectionError as exc:
         service_missing(f"Redis at {settings.TEST_REDIS_URL} is unreachable ({exc})")
-    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": settings.TEST_REDIS_URL}}
+    settings.CACHES = {"default": {"BACKEND": "gridbid.cache.RedisCache", "LOCATION": settings.TEST_REDIS_URL}}
     from django.core.cache import cache as redis_cache
 
     redis_cache.clear()

@@ -27,7 +27,7 @@ def redis_stops(settings: Any, monkeypatch: Any, tmp_path: Any) -> Iterator[Any]
     monkeypatch.setattr(APIView, "throttle_classes", [import_string(c) for c in classes])
     settings.GRIDBID = {**settings.GRIDBID, "MARKETS_CACHE_SECONDS": production.GRIDBID["MARKETS_CACHE_SECONDS"]}
     with own_redis(tmp_path) as (proc, url):
-        settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": url}}
+        settings.CACHES = {"default": {"BACKEND": "gridbid.cache.RedisCache", "LOCATION": url}}
 
         def stop() -> None:
             proc.terminate()
