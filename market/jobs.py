@@ -25,7 +25,7 @@ from contracts import receipts as receipt_format
 from contracts.receipts import CHECKPOINT_OUTPUT, MARKET_SCHEME, job_ports
 from ledger.custody import buyer_address
 from ledger.wallet import is_wallet_buyer
-from market import bookings, states
+from market import bookings, bulk, states
 from market.audit import AuditAction, audit_record
 from market.bookings import ACTIVE_JOB_STATES
 from market.errors import Conflict, DomainError, NotFound
@@ -43,7 +43,7 @@ from market.services import MIN_CONTINUATION_S, bid_continue, spec_signature_cus
 from market.ssh_keys import authorized_keys
 from market.states import BidState, BookingState, JobState, OfferState
 from providers.models import MachineState
-from providers.push import machine_wake
+from providers.push import machine_wake, machines_wake
 from providers.selectors import job_telemetry_live, log_key, own_machine, provider_of
 
 log = logging.getLogger(__name__)
@@ -351,16 +351,32 @@ def round_preempt(*, round_number: int, preemptions: tuple[Any, ...]) -> list[in
     ``RoundResult.preemptions``): each is told to checkpoint and stop within its grace
     (PREEMPT_GRACE_S, or less where its bid asks), its GPUs come back when its agent reports
     it stopped, and the rest of it goes back to the book from its checkpoint. A job no longer
-    running, or told already, is left alone. Returns the jobs told."""
-    told = []
+    running, or told already, is left alone. Returns the jobs told, in the round's order.
+
+    All at once, as ``job_preempt_request`` tells one: one read of the jobs under their row
+    locks, one write, one hand-over of the agents' wakes and one JobsChanged (issue 39: one
+    by one, each JobsChanged read and sent its provider's sales again after the commit)."""
+    by_trade = {p.trade_id: p for p in preemptions}
+    if not by_trade:
+        return []
+    jobs = {j.trade_id: j for j in Job.objects.select_for_update(of=("self",)).select_related("trade__offer").filter(
+        trade_id__in=list(by_trade), trade__bid__klass="spot", trade__extends__isnull=True, state__in=ACTIVE_JOB_STATES).order_by("id")}
+    now = timezone.now()
+    told: list[Job] = []
     for p in preemptions:
-        job = Job.objects.filter(trade_id=p.trade_id, trade__bid__klass="spot", trade__extends__isnull=True, state__in=ACTIVE_JOB_STATES).first()
+        job = jobs.pop(p.trade_id, None)  # popped: a trade listed twice is told once
         if job is None or (job.checkpoint or {}).get("preempt_requested"):
             continue
-        job_preempt_request(job=job, reason=f"preempted by round {round_number} for a higher-class bid: {p.reason}",
-                            by={"preempted_by_round": round_number, "preempted_for_bid": p.for_bid_id})
-        told.append(job.pk)
-    return told
+        job.checkpoint = {**(job.checkpoint or {}), "preempt_requested": True,
+                          "preempt_reason": f"preempted by round {round_number} for a higher-class bid: {p.reason}",
+                          "preempt_requested_at": now.isoformat(), "preempted_by_round": round_number, "preempted_for_bid": p.for_bid_id}
+        job.updated_at = now
+        told.append(job)
+    bulk.rows_update(told, ["checkpoint", "updated_at"])
+    machines_wake([(job.trade.offer.machine_id, job.pk) for job in told], reason="preempt")
+    if told:
+        announce(JobsChanged(job_ids=tuple(job.pk for job in told)))
+    return [job.pk for job in told]
 
 
 @transaction.atomic
