@@ -151,12 +151,24 @@ def market_bucket(gpu_model: str, region: str) -> Bucket:
     """One market's figures, whether or not it has an open offer now: a market whose offers
     are all sold or paused still has its best bid and its last clearing price (the markets
     list, which lists markets with open offers, may have shown that price a moment before)."""
-    found = market_buckets(gpu_model=gpu_model, region=region)
-    if found:
-        return found[0]
-    n, best = _open_bids_per_bucket([(gpu_model, region)]).get((gpu_model, region), (0, None))
-    prices = _last_prices().get((gpu_model, region), [])
-    return Bucket(gpu_model, region, 0, 0, None, best, n, prices[0] if prices else None, prices[1] if len(prices) > 1 else None)
+    return market_buckets_of([(gpu_model, region)])[(gpu_model, region)]
+
+
+def market_buckets_of(keys: list[tuple[str, str]]) -> dict[tuple[str, str], Bucket]:
+    """``market_bucket`` for many markets at once: the markets list once, and for those it
+    does not list (no open offer), their open bids in one query and the last prices once
+    (a round publishing its books read them market by market: issue 39)."""
+    listed = {(b.gpu_model, b.region): b for b in market_buckets()}
+    out = {k: listed[k] for k in keys if k in listed}
+    missing = sorted({k for k in keys if k not in listed})
+    if missing:
+        bids = _open_bids_per_bucket(missing)
+        history = _last_prices()
+        for key in missing:
+            n, best = bids.get(key, (0, None))
+            prices = history.get(key, [])
+            out[key] = Bucket(key[0], key[1], 0, 0, None, best, n, prices[0] if prices else None, prices[1] if len(prices) > 1 else None)
+    return out
 
 
 def _market_buckets_compute() -> list[Bucket]:

@@ -47,8 +47,9 @@ def _round_cleared(event: RoundCleared) -> None:
         publish("trades", {"trade": snapshots.trade_public(t)})
         publish("orders", {"order": snapshots.bid_private(t.bid, links)}, user_id=t.buyer_id, unchanged_key=f"bid:{t.bid_id}")
         publish("jobs", {"job": snapshots.job_private(t.job)}, user_id=t.buyer_id)
-    for model, region in sorted({(t.gpu_model_id, t.region_id) for t in trades} | {(p["gpu_model"], p["region"]) for p in rnd.prices}):
-        publish(f"book.{model}.{region}", snapshots.book(model, region), unchanged_key="book")  # a book no round moved: not again
+    moved = snapshots.books(sorted({(t.gpu_model_id, t.region_id) for t in trades} | {(p["gpu_model"], p["region"]) for p in rnd.prices}))
+    for (model, region), book in sorted(moved.items()):
+        publish(f"book.{model}.{region}", book, unchanged_key="book")  # a book no round moved: not again
     # a bid still waiting is sent when what the round says of it changed (its explanation)
     for bid in Bid.objects.filter(pk__in=unmatched).only("id", "buyer_id", "client_order_id", "state", "gpus", "gpu_models", "max_price", "explanation", "expires_at"):
         publish("orders", {"order": snapshots.bid_private(bid, links)}, user_id=bid.buyer_id, unchanged_key=f"bid:{bid.pk}")

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.cache import cache
-from django.db.models import Sum
+from django.db.models import Q, Sum
 from django.utils import timezone
 
 from ledger.balances import escrow_of
@@ -23,17 +23,39 @@ DEPTH_LEVELS = 20
 
 def book(gpu_model: str, region: str) -> dict[str, Any]:
     """Best ask and bid, and ask depth by price level, for one bucket."""
-    offers = selectors.offers_open().filter(gpu_model_id=gpu_model, machine__region_id=region, gpus_free__gt=0)
-    levels = list(offers.values("price").annotate(gpus=Sum("gpus_free")).order_by("price")[:DEPTH_LEVELS])
-    b = selectors.market_bucket(gpu_model, region)
+    return books([(gpu_model, region)])[(gpu_model, region)]
+
+
+def books(keys: list[tuple[str, str]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """``book`` for many buckets in two reads whatever their number: the ask depth of all of
+    them in one grouped query, and their figures (``selectors.market_buckets_of``). A round
+    publishes the book of every bucket it traded in or priced, and read them bucket by bucket
+    (issue 39)."""
+    wanted = sorted(set(keys))
+    if not wanted:
+        return {}
+    where = Q()
+    for model, region in wanted:
+        where |= Q(gpu_model_id=model, machine__region_id=region)
+    rows = (selectors.offers_open().filter(where, gpus_free__gt=0).order_by().values("gpu_model_id", "machine__region_id", "price")
+            .annotate(gpus=Sum("gpus_free")).order_by("gpu_model_id", "machine__region_id", "price"))
+    levels: dict[tuple[str, str], list[tuple[int, int]]] = {k: [] for k in wanted}
+    for row in rows:
+        shown = levels[(row["gpu_model_id"], row["machine__region_id"])]
+        if len(shown) < DEPTH_LEVELS:
+            shown.append((row["price"], row["gpus"]))
+    figures = selectors.market_buckets_of(wanted)
     return {
-        "gpu_model": gpu_model,
-        "region": region,
-        "best_ask": levels[0]["price"] if levels else None,
-        "best_bid": b.best_bid,
-        "last_price": b.last_price,
-        "gpus_free": sum(lv["gpus"] for lv in levels),
-        "asks": [[lv["price"], lv["gpus"]] for lv in levels],
+        (model, region): {
+            "gpu_model": model,
+            "region": region,
+            "best_ask": levels[(model, region)][0][0] if levels[(model, region)] else None,
+            "best_bid": figures[(model, region)].best_bid,
+            "last_price": figures[(model, region)].last_price,
+            "gpus_free": sum(g for _, g in levels[(model, region)]),
+            "asks": [[price, g] for price, g in levels[(model, region)]],
+        }
+        for model, region in wanted
     }
 
 

@@ -117,3 +117,28 @@ def test_an_order_and_a_job_link_the_bid_the_trade_and_the_job_and_the_public_ta
     order = snapshots.bid_private(bid)
     assert order["state"] == "matched" and order["trades"] == [{"trade": trade.pk, "job": job.pk}]
     assert snapshots.orders(buyer)["orders"][0]["trades"] == [{"trade": trade.pk, "job": job.pk}]
+
+
+def test_many_books_are_read_in_the_same_few_queries_as_one_and_each_is_its_bucket_alone(provider_user, buyer, make_offer, make_bid, settings) -> None:
+    """A round publishes the book of every bucket it traded in or priced; it read them
+    bucket by bucket, and for a bucket without an open offer read the last 50 rounds' prices
+    each time (issue 39). `books` reads any number in a fixed number of queries."""
+    from market.streams.snapshots import books
+
+    settings.GRIDBID = {**settings.GRIDBID, "MARKETS_CACHE_SECONDS": 0}
+    make_offer(provider_user, price=2_000_000, count=4)
+    make_offer(provider_user, price=2_000_000, count=2)
+    make_offer(provider_user, price=2_100_000, count=8)
+    make_offer(provider_user, model="A100-SXM-80GB", region="eu-west", price=1_500_000, count=1)
+    make_bid(buyer, gpus=1, gpu_models=["L4-24GB"], max_price=900_000)  # a bucket bid for, with nothing on offer
+    keys = [("H100-SXM-80GB", "us-east"), ("A100-SXM-80GB", "eu-west"), ("L4-24GB", "us-east")]
+    with CaptureQueriesContext(connection) as two:
+        books([keys[0], keys[2]])  # one bucket the markets list has, one it has not
+    with CaptureQueriesContext(connection) as four:
+        got = books([*keys, ("RTX-4090-24GB", "us-west")])
+    assert len(four.captured_queries) == len(two.captured_queries), [q["sql"][:120] for q in four.captured_queries]
+    h100, a100, l4 = (got[k] for k in keys)
+    assert h100["asks"] == [[2_000_000, 6], [2_100_000, 8]] and h100["best_ask"] == 2_000_000 and h100["gpus_free"] == 14
+    assert a100["asks"] == [[1_500_000, 1]] and a100["gpus_free"] == 1
+    assert l4["asks"] == [] and l4["best_ask"] is None and l4["best_bid"] == 900_000
+    assert got == {k: books([k])[k] for k in got}
