@@ -80,9 +80,10 @@ def jobs_changed(event: JobsChanged) -> None:
 def _send_sales(trades_by_user: dict[int, list[int]]) -> None:
     providers = dict(Provider.objects.filter(user_id__in=list(trades_by_user)).values_list("user_id", "pk"))
     sales = snapshots.sales_rows_by_provider([t for ids in trades_by_user.values() for t in ids])
+    totals_of = snapshots.providers_totals(list(providers.values()))
     for user_id, _ in sorted(trades_by_user.items()):
         provider_id = providers[user_id]
-        totals = snapshots.provider_totals(provider_id)
+        totals = totals_of[provider_id]
         for sale in sales.get(provider_id, []):
             publish("sales", {"sale": sale, "totals": totals}, user_id=user_id)
 

@@ -186,6 +186,10 @@ def provider_totals(provider_id: int) -> dict[str, int]:
     return selectors.provider_totals(provider_id)
 
 
+def providers_totals(provider_ids: list[int]) -> dict[int, dict[str, int]]:
+    return selectors.providers_totals(provider_ids)
+
+
 def _provider_id(user: User) -> int | None:
     return Provider.objects.filter(user=user).values_list("pk", flat=True).first()
 

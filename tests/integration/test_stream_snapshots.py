@@ -142,3 +142,31 @@ def test_many_books_are_read_in_the_same_few_queries_as_one_and_each_is_its_buck
     assert a100["asks"] == [[1_500_000, 1]] and a100["gpus_free"] == 1
     assert l4["asks"] == [] and l4["best_ask"] is None and l4["best_bid"] == 900_000
     assert got == {k: books([k])[k] for k in got}
+
+
+def test_the_sales_totals_of_many_providers_are_each_ones_own_in_a_fixed_number_of_queries(provider_user, other_provider_user, buyer, make_offer, make_bid) -> None:
+    """A round sends each winning provider its sales with its totals; they were read provider
+    by provider (issue 39)."""
+    from market.models import Trade
+    from market.rounds import round_clear
+    from market.selectors import providers_totals
+
+    make_offer(provider_user, price=2_000_000, count=2)
+    make_offer(other_provider_user, model="A100-SXM-80GB", price=1_000_000, count=4)
+    make_bid(buyer, gpus=2, gpu_models=["H100-SXM-80GB"], duration_s=3600)
+    make_bid(buyer, gpus=4, gpu_models=["A100-SXM-80GB"], duration_s=7200)
+    make_bid(buyer, gpus=1, gpu_models=["A100-SXM-80GB"], duration_s=3600, max_price=500_000)  # below every ask: no trade
+    round_clear()
+    ids = [provider_user.provider.pk, other_provider_user.provider.pk]
+    with CaptureQueriesContext(connection) as one:
+        providers_totals(ids[:1])
+    with CaptureQueriesContext(connection) as both:
+        got = providers_totals(ids)
+    assert len(both.captured_queries) == len(one.captured_queries)
+    for pid in ids:
+        trades = Trade.objects.filter(provider_id=pid)
+        assert got[pid]["trades"] == trades.count() == 1
+        assert got[pid]["sold"] == sum(t.amount for t in trades) > 0
+        assert got[pid] == snapshots.provider_totals(pid)
+    with pytest.raises(Exception, match="no provider"):
+        providers_totals([*ids, 10**9])
