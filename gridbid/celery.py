@@ -39,6 +39,7 @@ TASK_QUEUES: dict[str, Queue] = {
     "market.tasks.webhooks_retry": Queue.NOTIFY,
     "market.tasks.email_notify": Queue.NOTIFY,
     "providers.tasks.machines_mark_offline": Queue.DEFAULT,
+    "providers.tasks.machines_wake_send": Queue.DEFAULT,
     "ledger.tasks.trades_record": Queue.CHAIN,
     "ledger.tasks.batches_settle": Queue.CHAIN,
     "ledger.tasks.chain_txs_track": Queue.CHAIN,

@@ -40,6 +40,36 @@ async def test_a_round_assignment_wakes_the_machines_agent(buyer, provider_user,
     await comm.disconnect()
 
 
+async def test_a_round_waking_more_machines_than_its_commit_tells_hands_them_to_a_task_and_each_agent_hears(
+        buyer, provider_user, client_for, make_offer, make_bid, monkeypatch):
+    """Past WAKE_INLINE machines, a round's commit hands the wakes to a task on the default
+    queue (issue 39: one group send per machine held a 10k round's commit 5 s); each agent
+    still hears its own, once."""
+    from providers import push, tasks
+
+    monkeypatch.setattr(push, "WAKE_INLINE", 1)
+    sent: list[int] = []
+    real = tasks.machines_wake_send.delay
+    monkeypatch.setattr(tasks.machines_wake_send, "delay", lambda wakes, reason: sent.append(len(wakes)) or real(wakes, reason))
+    offers = [await sync_to_async(make_offer)(provider_user, count=2) for _ in range(3)]
+    token = await sync_to_async(lambda: client_for(provider_user).raw_token)()
+    socks = [(await open_push(o.machine_id, token))[0] for o in offers]
+    for _ in offers:
+        await sync_to_async(make_bid)(buyer, gpus=2)
+    from market.rounds import round_clear
+
+    await sync_to_async(round_clear)()
+    assert sent == [3], "one hand-over for the round's three machines"
+    jobs = set()
+    for comm in socks:
+        wake = json.loads(await comm.receive_from(timeout=5))
+        assert wake["type"] == "wake" and wake["reason"] == "assigned"
+        jobs.add(wake["job"])
+        assert await comm.receive_nothing(timeout=0.2)
+        await comm.disconnect()
+    assert len(jobs) == 3
+
+
 async def test_another_provider_or_no_token_cannot_listen(provider_user, other_provider_user, client_for, make_offer):
     offer = await sync_to_async(make_offer)(provider_user)
     rival = await sync_to_async(lambda: client_for(other_provider_user).raw_token)()
