@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from asgiref.sync import async_to_sync
+from celery import shared_task
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.layers import get_channel_layer
@@ -60,8 +61,6 @@ def machines_wake(wakes: list[tuple[int, int | None]], *, reason: str) -> None:
         return
 
     def hand_over() -> None:
-        from providers.tasks import machines_wake_send
-
         machines_wake_send.delay([[m, j] for m, j in told], reason)
 
     transaction.on_commit(hand_over)
@@ -77,6 +76,15 @@ def wakes_send(wakes: list[tuple[int, int | None]], *, reason: str) -> None:
         await asyncio.gather(*(layer.group_send(group_for(m), {"type": "agent.wake", "reason": reason, "job": j}) for m, j in wakes))
 
     async_to_sync(send_all)()
+
+
+@shared_task(name="providers.tasks.machines_wake_send")
+def machines_wake_send(wakes: list[list[int | None]], reason: str) -> int:
+    """The agents of many machines told to look now (``machines_wake``, for more machines
+    than a commit tells itself). Each item is [machine id, job id or null]."""
+    told = [(int(m), None if j is None else int(j)) for m, j in wakes if m is not None]
+    wakes_send(told, reason=str(reason))
+    return len(told)
 
 
 class AgentPushConsumer(AsyncWebsocketConsumer):

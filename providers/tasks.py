@@ -14,6 +14,7 @@ from market.events import MachinesChanged, announce
 from market.models import Offer
 from market.states import OfferState
 from providers.models import Machine, MachineState
+from providers.push import machines_wake_send  # noqa: F401 - defined beside what sends it; registered here with the worker
 
 HEARTBEAT_TIMEOUT = timedelta(seconds=30)
 RELIABILITY_PENALTY = 0.02
@@ -32,13 +33,3 @@ def machines_mark_offline() -> int:
         announce(MachinesChanged(machine_ids=tuple(ids), states_changed=True))  # owners and operators see them go quiet
     return len(ids)
 
-
-@shared_task(name="providers.tasks.machines_wake_send")
-def machines_wake_send(wakes: list[list[int | None]], reason: str) -> int:
-    """The agents of many machines told to look now (``providers.push.machines_wake``, for
-    more machines than a commit tells itself). Each item is [machine id, job id or null]."""
-    from providers.push import wakes_send
-
-    told = [(int(m), None if j is None else int(j)) for m, j in wakes if m is not None]
-    wakes_send(told, reason=str(reason))
-    return len(told)

@@ -45,12 +45,12 @@ async def test_a_round_waking_more_machines_than_its_commit_tells_hands_them_to_
     """Past WAKE_INLINE machines, a round's commit hands the wakes to a task on the default
     queue (issue 39: one group send per machine held a 10k round's commit 5 s); each agent
     still hears its own, once."""
-    from providers import push, tasks
+    from providers import push
 
     monkeypatch.setattr(push, "WAKE_INLINE", 1)
     sent: list[int] = []
-    real = tasks.machines_wake_send.delay
-    monkeypatch.setattr(tasks.machines_wake_send, "delay", lambda wakes, reason: sent.append(len(wakes)) or real(wakes, reason))
+    real = push.machines_wake_send.delay
+    monkeypatch.setattr(push.machines_wake_send, "delay", lambda wakes, reason: sent.append(len(wakes)) or real(wakes, reason))
     offers = [await sync_to_async(make_offer)(provider_user, count=2) for _ in range(3)]
     token = await sync_to_async(lambda: client_for(provider_user).raw_token)()
     socks = [(await open_push(o.machine_id, token))[0] for o in offers]
