@@ -118,13 +118,20 @@ def _flush(items: list[tuple[str, str, str, str | None, str | None]]) -> None:
     sent_last = cache.get_many(keys) if keys else {}
     digests: dict[str, str] = {}
     out = []
+    # once per batch, not per update: the cache proxy's lookup of this context's cache, the
+    # time (the batch goes out at one instant), each channel's name as JSON
+    make_key, now, start = cache.make_key, server_time(), _seq_start()
+    names: dict[str, str] = {}
     for channel, group, body, key, digest in items:
         if key is not None:
             if digests.get(key, sent_last.get(key)) == digest:
                 continue
             digests[key] = digest
-        head = f'{{"type":"update","channel":{json.dumps(channel)},"time":"{server_time()}","seq":'
-        out.append((group, head, f',"data":{body}}}', cache.make_key(_seq_key(group)), _seq_start(), SEQ_TTL,
+        name = names.get(channel)
+        if name is None:
+            name = names[channel] = json.dumps(channel)
+        head = f'{{"type":"update","channel":{name},"time":"{now}","seq":'
+        out.append((group, head, f',"data":{body}}}', make_key(_seq_key(group)), start, SEQ_TTL,
                     lambda group=group: next_seq(group)))
     if digests:
         cache.set_many(digests, timeout=DIGEST_TTL)
