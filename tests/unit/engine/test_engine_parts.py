@@ -129,3 +129,17 @@ def test_a_bid_spanning_two_families_joins_them_in_one_part(monkeypatch: pytest.
     inp = book()
     joined = dataclasses.replace(inp, bids=(*inp.bids, bid(7, gpu_models=("H100", "A100"))))
     assert [models_of(p) for p in parts.split(materialised(joined))] == [{"H100", "A100"}]
+
+
+def test_a_part_of_occupied_offers_alone_still_preempts_its_spot_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model whose GPUs spot jobs fill has no open offer, only occupied ones: it is a part
+    of its own, and a waiting bid there still has the spot job stopped for it."""
+    inp = round_of([offer(1, gpus=2)], [bid(1), bid(2, gpu_models=("A100",), max_price=5_000_000)],
+                   occupied=(offer(4, gpu_model="A100", gpus=1, ask=1_000_000),),
+                   running=(RunningJob(trade_id=70, offer_id=4, machine_id=1004, gpus=1, klass="spot", price=1_600_000),))
+    whole = result_to_dict(clear_round(inp))
+    split_anyway(monkeypatch)
+    assert [models_of(p) for p in parts.split(materialised(inp))] == [{"H100"}, {"A100"}]
+    split = result_to_dict(clear_round(inp))
+    assert split["preemptions"] == whole["preemptions"] and [p["trade_id"] for p in split["preemptions"]] == [70]
+    assert split["unmatched"] == whole["unmatched"]
