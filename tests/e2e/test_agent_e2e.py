@@ -191,7 +191,13 @@ def test_a_matched_bid_runs_on_the_winning_agent_and_the_buyer_sees_the_receipt(
         assert trade["price"] <= 3_000_000
         assert (cheap / "jobs" / str(job["trade"]) / "work" / "outputs" / "result.txt").read_text() == "42"
     finally:
-        stop_daemons(daemons)
+        for proc, log in daemons:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            log.close()
 
 
 @pytest.mark.timeout(240)
