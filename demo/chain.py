@@ -14,6 +14,7 @@ Real providers do all of this from `gridbid-agent`; nothing here runs outside th
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import time
@@ -51,7 +52,14 @@ def _require_dev_chain(ctx: ChainContext) -> None:
 def demo_bls_key(user: User) -> BlsKey:
     """The demo provider's BLS key, derived from its custodial Ethereum key."""
     secret = bytes(custodial_signer(custodial_key_get_or_create(user=user)).key)
-    sk = bls.keygen(hashlib.sha256(b"gridbid-demo-bls-v1" + secret).digest())
+    return _bls_key_of(hashlib.sha256(b"gridbid-demo-bls-v1" + secret).digest())
+
+
+@functools.lru_cache(maxsize=64)
+def _bls_key_of(seed: bytes) -> BlsKey:
+    # its public key and proof of possession cost two G1/G2 multiplications (~0.3 s of
+    # py-ecc), which each agents' tick paid again for each provider
+    sk = bls.keygen(seed)
     return BlsKey(sk, bls.public_key(sk), bls.pop_prove(sk))
 
 

@@ -322,12 +322,21 @@ def settle_collect(*, ctx: ChainContext, limit: int = MAX_TRADES) -> SettleBatch
     contract's bounds (contracts/batches.py): at most MAX_TRADES receipts, MAX_SIGNERS
     providers, MAX_BUYERS buyers, MAX_SEGMENTS record batches touched and MAX_FILLERS
     leaves of those batches not settled here; a trade that would break one waits for the
-    next batch (oldest first, so none waits forever)."""
+    next batch (oldest first, so none waits forever).
+
+    A provider still asked to co-sign an earlier batch is left out: its finished trades
+    wait and go together into the batch after it answers. Each signature costs the agent
+    (and the check here) about a second of py-ecc, so a batch every tick asked a slow
+    provider for signatures faster than it could give them, and its backlog, and its
+    trades' settlement, grew without bound. One open request per provider keeps the work
+    to one signature per answer, however many trades it covers, and never holds the others."""
+    unanswered = Cosign.objects.filter(batch__deployment=ctx.deployment, batch__state=BatchState.COLLECTING, signature="")
     candidates = (
         Trade.objects.filter(
             state=TradeState.RECORDED, settle_item__isnull=True, job__state__in=FINISHED_JOBS,
             record_item__batch__state=BatchState.CONFIRMED, record_item__batch__deployment=ctx.deployment,
         )
+        .exclude(provider_id__in=unanswered.values("provider_id"))  # they wait for the batch after its answer
         .select_related("job", "provider", "record_item__batch")
         .order_by("id")[:limit]
     )

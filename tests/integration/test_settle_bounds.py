@@ -15,6 +15,13 @@ from tests.integration.test_ledger_api import _collect, _record, deployment  # n
 pytestmark = [pytest.mark.django_db, pytest.mark.unfunded]
 
 
+def _signed(batch: Any) -> None:
+    """Its providers answered (the signatures are not checked here: settle_collect never reads them)."""
+    from ledger.models import Cosign
+
+    Cosign.objects.filter(batch=batch).update(signature="ab" * 96)
+
+
 def _finished(job: Any, gpu_seconds: int) -> None:
     from market.models import Job
 
@@ -52,6 +59,7 @@ def test_a_trade_whose_record_batch_would_overflow_the_fillers_waits_for_the_nex
     assert first is not None
     assert list(SettleItem.objects.filter(batch=first).values_list("trade_id", flat=True)) == [jobs[0].trade_id]
 
+    _signed(first)
     second = _collect(deployment)
     assert second is not None
     assert list(SettleItem.objects.filter(batch=second).values_list("trade_id", flat=True)) == [jobs[3].trade_id]
@@ -70,8 +78,45 @@ def test_a_settlement_over_the_record_batches_bound_waits_too(registered, make_j
         _finished(job, 3600)
     first = _collect(deployment)
     assert sorted(SettleItem.objects.filter(batch=first).values_list("trade_id", flat=True)) == [j.trade_id for j in jobs[:2]]
+    _signed(first)
     second = _collect(deployment)
     assert list(SettleItem.objects.filter(batch=second).values_list("trade_id", flat=True)) == [jobs[2].trade_id]
+
+
+def test_a_provider_is_asked_to_co_sign_one_batch_at_a_time(registered, other_provider_user, make_job, deployment):  # noqa: F811
+    """A batch every tick asked each provider for a signature every tick (one BLS signature,
+    checked with two pairings: about a second of py-ecc each). A provider slower than the
+    tick (the demo's agents on a loaded box, an agent that was offline) fell further behind
+    with each batch and its trades' settlement waited ever longer (a clean-clone run's
+    browser test waited past 300 s). Now a provider with a request still unanswered is
+    left out of new batches: its finished trades wait and go together into the batch after
+    it answers, so one signature covers them all, and other providers are not held."""
+    from contracts import bls
+    from ledger.models import Cosign, SettleItem
+
+    rival = other_provider_user.provider
+    rival.chain_address = "0x3C44CdDdB6a900fa2b585dd299e03d12FA4293BC"
+    rival.bls_public_key = bls.public_key(bls.keygen(b"settle bounds rival key seed!!!!")).hex()
+    rival.save()
+    mine = [make_job(registered) for _ in range(3)]
+    theirs = [make_job(other_provider_user) for _ in range(2)]
+    _record([j.trade for j in mine + theirs], deployment)
+    _finished(mine[0], 1800)
+    first = _collect(deployment)
+    assert list(SettleItem.objects.filter(batch=first).values_list("trade_id", flat=True)) == [mine[0].trade_id]
+
+    _finished(mine[1], 1800)
+    _finished(theirs[0], 1800)
+    second = _collect(deployment)  # ours waits: first is still unsigned; the rival is not held by it
+    assert second is not None
+    assert list(SettleItem.objects.filter(batch=second).values_list("trade_id", flat=True)) == [theirs[0].trade_id]
+    _finished(mine[2], 1800)
+    assert _collect(deployment) is None, "nothing new but ours, which waits for our answer"
+
+    _signed(first)
+    third = _collect(deployment)  # both of ours, for one signature
+    assert sorted(SettleItem.objects.filter(batch=third).values_list("trade_id", flat=True)) == [mine[1].trade_id, mine[2].trade_id]
+    assert Cosign.objects.filter(batch=third).count() == 1
 
 
 def test_the_python_bounds_are_the_contracts():
