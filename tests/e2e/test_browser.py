@@ -232,9 +232,11 @@ def reload_until(page: Any, selector: str, text: str, timeout_s: float = 60) -> 
 
 
 # A payment settles after the job's receipt, a record batch on chain, a settle batch and every
-# provider's co-signature: the demo's agents sign with py-ecc, about 0.2 s a signature, and on
-# a loaded 2-core box (3 test workers, a browser, other markets) its backlog took past 120 s
-# (clean-clone run of 2026-12-07: "6 of 6 co-signatures missing" 28 s after its batch). A bound
+# provider's co-signature: the demo's agents sign with py-ecc, about a second a co-signature
+# with its check. Settlement used to ask each provider for a signature every 10 s, faster than
+# the demo's agents gave them on a loaded box, and the wait grew past 300 s (clean-clone run of
+# 2026-12-07); a provider now has one request open at a time (ledger.services.settle_collect),
+# and the demo's oldest finished trade settled within 20-40 s beside a running suite. A bound
 # on the wait, not a speed check: speed is the benches'.
 SETTLE_WAIT_MS = 300_000
 
@@ -325,7 +327,7 @@ def test_a_wallet_buyer_links_deposits_and_signs_its_order_in_the_browser_wallet
     base, env = embedded
     rpc_url = f"http://127.0.0.1:{env['GRIDBID_CHAIN_PORT']}"
     inject_wallet(page, rpc_url)
-    sign_up(page, base, "w")
+    buyer = sign_up(page, base, "w")
     page.goto(base + "/wallet/")
     page.wait_for_selector("#browser-wallet[data-wallet='present']")
     page.click("#wallet-link")
@@ -351,7 +353,10 @@ def test_a_wallet_buyer_links_deposits_and_signs_its_order_in_the_browser_wallet
     page.evaluate("document.querySelectorAll('tr[data-order]').forEach((row) => { row.innerHTML = row.innerHTML; })")
     page.wait_for_selector("[data-signed]")
     page.wait_for_selector("tr[data-order] .pill.state-matched", timeout=40_000)
-    page.wait_for_selector("[data-trade-state].state-settled", timeout=SETTLE_WAIT_MS)
+    try:
+        page.wait_for_selector("[data-trade-state].state-settled", timeout=SETTLE_WAIT_MS)
+    except Exception as exc:
+        raise AssertionError(f"the payment never showed settled on the page:\n{settlement_trace(env, buyer)}") from exc
     shot(page, "orders-wallet-settled")
 
     # a wallet buyer's dispute is sent from its wallet
