@@ -48,9 +48,12 @@ class BookChanged(Event):
 
 @dataclass(frozen=True)
 class RoundCleared(Event):
-    """An auction round cleared (its trades, if any, are written)."""
+    """An auction round cleared (its trades, if any, are written); the bids it left open,
+    which its buyers hear about again (their explanations changed). They come with the
+    event: the round's stored result holds them, with every reason, megabytes at 10k bids."""
 
     round_id: int
+    unmatched_bid_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

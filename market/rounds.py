@@ -293,8 +293,8 @@ def _round_clear_locked(*, now: datetime, slot: int | None) -> AuctionRound | No
     # goes out in one batch (issue 39)
     with batched():
         _write(rnd=rnd, inp=inp, result=result, elapsed_ms=elapsed_ms, stage_ms=stages.ms(), set_aside=set_aside, phases=phases)
-    rnd.refresh_from_db()
-    return rnd
+    # its stored input and result (megabytes at 10k orders) load only if a caller reads them
+    return AuctionRound.objects.defer("inputs", "result").get(pk=rnd.pk)
 
 
 @transaction.atomic
@@ -403,7 +403,7 @@ def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundRes
         prices=result_dict["prices"],
         stats=stats,
     )
-    announce(RoundCleared(round_id=rnd.pk))
+    announce(RoundCleared(round_id=rnd.pk, unmatched_bid_ids=tuple(b.pk for b in stale)))
 
 
 @dataclass(frozen=True)

@@ -38,10 +38,10 @@ def round_cleared(event: RoundCleared) -> None:
 
 
 def _round_cleared(event: RoundCleared) -> None:
-    rnd = AuctionRound.objects.defer("inputs").get(pk=event.round_id)
+    rnd = AuctionRound.objects.only(*snapshots.SUMMARY_FIELDS).get(pk=event.round_id)
     publish("rounds", {"round": snapshots.round_summary(rnd)})
     trades = list(Trade.objects.with_round().filter(round=rnd).select_related("bid", "job", "offer", "provider"))
-    unmatched = [u["bid_id"] for u in rnd.result.get("unmatched", [])]
+    unmatched = list(event.unmatched_bid_ids)
     links = snapshots.trade_links([t.bid_id for t in trades] + unmatched)  # one query for every bid below
     for t in trades:
         publish("trades", {"trade": snapshots.trade_public(t)})
