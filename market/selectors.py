@@ -348,8 +348,15 @@ def provider_sales(provider_id: int, *, trade_ids: list[int] | None = None, limi
 
 def sales_by_provider(trade_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
     """``provider_sales`` of these trades, by provider id, in two queries (issue 39)."""
+    return sales_of_trades(list(Trade.objects.with_round().filter(pk__in=trade_ids).select_related("job").defer("job__checkpoint")))
+
+
+def sales_of_trades(trades: list[Trade]) -> dict[int, list[dict[str, Any]]]:
+    """``sales_by_provider`` of trades already loaded with their round (``with_round``) and
+    job: a round's publish has them at hand, and loading its 7,855 trades again took 3 s of
+    a 10k round's publish (issue 39). Newest first, as the sales list shows them."""
     out: dict[int, list[dict[str, Any]]] = {}
-    rows = list(Trade.objects.with_round().filter(pk__in=trade_ids).select_related("job").defer("job__checkpoint").order_by("-id"))
+    rows = sorted(trades, key=lambda t: -t.pk)
     for t, row in zip(rows, _sales(rows), strict=True):
         out.setdefault(t.provider_id, []).append(row)
     return out

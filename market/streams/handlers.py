@@ -56,7 +56,7 @@ def _round_cleared(event: RoundCleared) -> None:
     sold: dict[int, list[int]] = {}
     for t in trades:
         sold.setdefault(t.provider.user_id, []).append(t.pk)
-    _send_sales(sold)  # the winning providers see the sale, and their machines' booked GPUs
+    _send_sales(sold, loaded=trades)  # the winning providers see the sale, and their machines' booked GPUs
     _send_machines(sorted({t.offer.machine_id for t in trades}))
     publish("operator", snapshots.operator())
 
@@ -77,9 +77,10 @@ def jobs_changed(event: JobsChanged) -> None:
     _send_sales(sold)
 
 
-def _send_sales(trades_by_user: dict[int, list[int]]) -> None:
+def _send_sales(trades_by_user: dict[int, list[int]], *, loaded: list[Trade] | None = None) -> None:
+    """``loaded``: those trades, read with their round and job, when the caller has them."""
     providers = dict(Provider.objects.filter(user_id__in=list(trades_by_user)).values_list("user_id", "pk"))
-    sales = snapshots.sales_rows_by_provider([t for ids in trades_by_user.values() for t in ids])
+    sales = snapshots.sales_rows_by_provider([t for ids in trades_by_user.values() for t in ids], loaded=loaded)
     totals_of = snapshots.providers_totals(list(providers.values()))
     for user_id, _ in sorted(trades_by_user.items()):
         provider_id = providers[user_id]

@@ -177,9 +177,11 @@ def sales_rows(provider_id: int, *, trade_ids: list[int] | None = None) -> list[
     return [{**t, "created_at": _iso(t["created_at"])} for t in selectors.provider_sales(provider_id, trade_ids=trade_ids)]
 
 
-def sales_rows_by_provider(trade_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
-    """``sales_rows`` of these trades, by provider id, at once."""
-    return {p: [{**t, "created_at": _iso(t["created_at"])} for t in rows] for p, rows in selectors.sales_by_provider(trade_ids).items()}
+def sales_rows_by_provider(trade_ids: list[int], *, loaded: list[Trade] | None = None) -> dict[int, list[dict[str, Any]]]:
+    """``sales_rows`` of these trades, by provider id, at once; ``loaded``: the trades
+    themselves, with their round and job, when the caller has them."""
+    by_provider = selectors.sales_of_trades(loaded) if loaded is not None else selectors.sales_by_provider(trade_ids)
+    return {p: [{**t, "created_at": _iso(t["created_at"])} for t in rows] for p, rows in by_provider.items()}
 
 
 def provider_totals(provider_id: int) -> dict[str, int]:

@@ -342,6 +342,7 @@ async def test_a_sale_its_jobs_progress_and_the_new_totals_reach_the_provider(bu
     from market.jobs import job_event
     from market.models import Job
     from market.rounds import round_clear
+    from market.streams import snapshots
     from providers.jobs import machine_heartbeat
 
     offer = await sync_to_async(make_offer)(provider_user, price=2_000_000)
@@ -354,6 +355,8 @@ async def test_a_sale_its_jobs_progress_and_the_new_totals_reach_the_provider(bu
     [sold] = await updates(seller, "sales", 1)
     assert (sold["sale"]["gpus"], sold["sale"]["state"], sold["sale"]["job"]["state"]) == (2, "pending", "assigned")
     assert sold["totals"]["sold"] == sold["sale"]["amount"] == 4_000_000 and sold["totals"]["pending"] == 4_000_000
+    # the round's publish builds the sale from the trades it loaded: as the sales list shows it
+    assert [sold["sale"]] == await sync_to_async(snapshots.sales_rows)(provider_user.provider.pk)
     [booked] = await updates(seller, "machines", 1)
     assert (booked["machine"]["busy"], booked["machine"]["booked_pct"]) == (2, 25)
 
