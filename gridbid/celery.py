@@ -29,6 +29,7 @@ class Queue(enum.StrEnum):
 TASK_QUEUES: dict[str, Queue] = {
     "market.tasks.round_run": Queue.ROUNDS,
     "market.tasks.bids_expire": Queue.DEFAULT,
+    "market.tasks.markets_refresh": Queue.DEFAULT,
     "market.tasks.bookings_expire": Queue.DEFAULT,
     "market.tasks.idempotency_prune": Queue.DEFAULT,
     "market.tasks.outputs_expire": Queue.DEFAULT,
@@ -81,6 +82,9 @@ def _schedule(sender: Celery, **_: object) -> None:
         "runtime-refit": {"task": "market.tasks.runtime_refit", "schedule": settings.GRIDBID["RUNTIME_REFIT_S"],
                           "options": {"expires": settings.GRIDBID["RUNTIME_REFIT_S"]}},
         "webhooks-retry": {"task": "market.tasks.webhooks_retry", "schedule": 30.0, "options": {"expires": 60}},
+        # the markets list, computed in a worker before a request would find it due (selectors.market_buckets)
+        **({"markets-refresh": {"task": "market.tasks.markets_refresh", "schedule": markets_s, "options": {"expires": markets_s}}}
+           if (markets_s := settings.GRIDBID.get("MARKETS_CACHE_SECONDS", 0)) else {}),
         # ledger (settlement): all on the chain queue, each idempotent
         "ledger-record": {"task": "ledger.tasks.trades_record", "schedule": 5.0, "options": {"expires": 10}},
         "ledger-settle": {"task": "ledger.tasks.batches_settle", "schedule": 10.0, "options": {"expires": 20}},

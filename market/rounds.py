@@ -40,6 +40,7 @@ from market import (
     grid_carbon,
     predictions,
     repository,
+    selectors,
     states,
 )
 from market import jobs as jobs_
@@ -403,6 +404,10 @@ def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundRes
         prices=result_dict["prices"],
         stats=stats,
     )
+    if settings.GRIDBID.get("MARKETS_CACHE_SECONDS", 0):
+        # the round moved the book: the markets list follows once it commits, before the
+        # publish below reads it for the books (on_commit runs in the order registered)
+        transaction.on_commit(selectors.markets_refresh)
     announce(RoundCleared(round_id=rnd.pk, unmatched_bid_ids=tuple(b.pk for b in stale)))
 
 

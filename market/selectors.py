@@ -115,23 +115,48 @@ def _last_prices(limit_rounds: int = 50) -> dict[tuple[str, str], list[int]]:
 MARKETS_CACHE_KEY = "market:buckets"
 MARKETS_LOCK_KEY = "market:buckets:computing"
 MARKETS_KEEP_S = 60  # how long a computed list may stand in while its successor is computed
+# past MARKETS_CACHE_SECONDS, how much older a list may be before a request computes it: the
+# beat's task (every MARKETS_CACHE_SECONDS) takes this long to compute and store the next one,
+# and beat ticks are not exact; without it, one request in each interval still computed
+MARKETS_SLACK_S = 0.5
+
+
+def markets_refresh() -> list[Bucket]:
+    """Compute the markets list and store it for every reader: the beat's task every
+    MARKETS_CACHE_SECONDS and each round once it commits (it moved the book) call this, in
+    a worker, so that a request finds the list fresh and never walks the book itself. At
+    10k bids the walk takes 0.3-1 s, and the request that did it each second, and the
+    others its thread slowed, were the markets list's p99 (issue 39)."""
+    began = time.time()
+    buckets = _market_buckets_compute()
+    markets_store(began, buckets)
+    return buckets
+
+
+def markets_store(computed_at: float, buckets: list[Bucket]) -> None:
+    """Keep this list unless one computed later is already kept: the beat's computation and
+    a round's may overlap, and the one that began later saw the later book."""
+    cached: tuple[float, list[Bucket]] | None = cache.get(MARKETS_CACHE_KEY)
+    if cached is None or cached[0] <= computed_at:
+        cache.set(MARKETS_CACHE_KEY, (computed_at, buckets), MARKETS_KEEP_S)
 
 
 def market_buckets(*, gpu_model: str | None = None, region: str | None = None) -> list[Bucket]:
     """Every GPU model x region with open offers, with its open bids: at most
-    GRIDBID["MARKETS_CACHE_SECONDS"] old, plus the time one computation takes. Every page
-    view, API call and book snapshot asks for it, so it is computed once per that interval
-    and shared through the cache (Redis in production: shared by all servers). When it is
-    due, one request recomputes it and the others answer from the list it replaces: under
-    ASGI each request has its own thread, and 16 requests recomputing at once made every
-    second's first requests slow. A filter picks from the whole list, so each bucket's
-    figures do not depend on the filter and odd filter values never fill the cache."""
+    GRIDBID["MARKETS_CACHE_SECONDS"] + MARKETS_SLACK_S old. Every page view, API call and
+    book snapshot asks for it, so it is computed once per that interval and shared through
+    the cache (Redis in production: shared by all servers), by the beat's task and after
+    each round (``markets_refresh``). When it is due all the same (no beat running), one
+    request recomputes it and the others answer from the list it replaces: under ASGI each
+    request has its own thread, and 16 requests recomputing at once made every second's
+    first requests slow. A filter picks from the whole list, so each bucket's figures do
+    not depend on the filter and odd filter values never fill the cache."""
     ttl = settings.GRIDBID.get("MARKETS_CACHE_SECONDS", 0)
     if not ttl:
         buckets = _market_buckets_compute()
     else:
         cached: tuple[float, list[Bucket]] | None = cache.get(MARKETS_CACHE_KEY)
-        fresh = cached is not None and time.time() - cached[0] < ttl
+        fresh = cached is not None and time.time() - cached[0] < ttl + MARKETS_SLACK_S
         # due: the first request to take the lock recomputes; the others answer from the old list
         locked = not fresh and cached is not None and cache.add(MARKETS_LOCK_KEY, 1, timeout=MARKETS_KEEP_S)
         if cached is not None and not locked:
@@ -140,7 +165,7 @@ def market_buckets(*, gpu_model: str | None = None, region: str | None = None) -
             computed_at = time.time()
             try:
                 buckets = _market_buckets_compute()
-                cache.set(MARKETS_CACHE_KEY, (computed_at, buckets), MARKETS_KEEP_S)
+                markets_store(computed_at, buckets)
             finally:
                 if locked:
                     cache.delete(MARKETS_LOCK_KEY)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 
 import gridbid.celery  # noqa: F401 - binds the tasks to the configured app (eager in tests), wherever .delay() is called
-from market import bookings, grid_carbon, notify, outputs, predictions, rounds, webhooks
+from market import bookings, grid_carbon, notify, outputs, predictions, rounds, selectors, webhooks
 from market.api import idempotency
 from market.events import EmailsWanted, JobReached, WebhookDeliveriesWritten
 
@@ -15,6 +15,12 @@ def bids_expire() -> int:
     """Open bids past their expires_at, or whose deadline can no longer be met, leave the
     book with the reason (rounds do the same first; this covers a market with no rounds)."""
     return len(rounds.bids_expire())
+
+
+@shared_task(name="market.tasks.markets_refresh", ignore_result=True)
+def markets_refresh() -> int:
+    """Compute the markets list for every reader (beat, every MARKETS_CACHE_SECONDS)."""
+    return len(selectors.markets_refresh())
 
 
 @shared_task(name="market.tasks.bookings_expire")

@@ -108,7 +108,7 @@ def markets_cache(settings: Any) -> int:
 def test_a_placed_bid_shows_on_the_markets_endpoint_within_the_documented_staleness(markets_cache: int, provider_user: Any, buyer: Any,
                                                                                     make_offer: Any, client_for: Any, anon: Any) -> None:
     stale_s = markets_cache
-    assert 0 < stale_s <= 1, "the README promises the markets list is at most a second old"
+    assert 0 < stale_s + selectors.MARKETS_SLACK_S <= 1.5, "the README promises the markets list is at most 1.5 s old"
     make_offer(provider_user, price=2_000_000)
 
     def h100() -> dict[str, Any]:
@@ -119,6 +119,7 @@ def test_a_placed_bid_shows_on_the_markets_endpoint_within_the_documented_stalen
     assert r.status_code == 201, r.json()
     placed_at = time.monotonic()
     seen = h100()
+    stale_s += selectors.MARKETS_SLACK_S  # a request computes the list past this (the beat's task does before)
     while seen["open_bids"] == before["open_bids"] and time.monotonic() - placed_at < stale_s + 1:  # bounded: staleness plus a second
         time.sleep(0.05)
         seen = h100()
@@ -165,6 +166,75 @@ def test_the_home_page_table_is_rendered_once_per_markets_list_and_follows_it(ma
     assert not any("providers_region" in q["sql"] or "providers_gpumodel" in q["sql"] for q in queries.captured_queries), "the cached table needs no catalogue"
     make_offer(provider_user, model="RTX-4090-24GB", region="eu-west", price=400_000, count=2)
     placed_at = time.monotonic()
-    while "RTX-4090-24GB.eu-west" not in page.get("/").content.decode() and time.monotonic() - placed_at < markets_cache + 1:
+    stale_s = markets_cache + selectors.MARKETS_SLACK_S
+    while "RTX-4090-24GB.eu-west" not in page.get("/").content.decode() and time.monotonic() - placed_at < stale_s + 1:
         time.sleep(0.05)
-    assert time.monotonic() - placed_at <= markets_cache + 0.5
+    assert time.monotonic() - placed_at <= stale_s + 0.5
+
+
+def _book_reads(queries: Any) -> list[str]:
+    """The queries that walk the book: open bids or offers (the markets list's computation)."""
+    return [q["sql"] for q in queries.captured_queries if '"market_bid"' in q["sql"] or '"providers_offer"' in q["sql"]]
+
+
+def test_a_round_refreshes_the_markets_list_once_it_commits_and_requests_read_it(markets_cache: int, provider_user: Any, buyer: Any,
+                                                                               make_offer: Any, make_bid: Any, anon: Any,
+                                                                               django_capture_on_commit_callbacks: Any) -> None:
+    """Issue 39: the round, which changed the book, brings the market summary up to date
+    (after its commit, before it publishes its books), so the next requests read the
+    round's figures from it without walking 10k bids themselves."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from market.rounds import round_clear
+
+    make_offer(provider_user, price=2_000_000, count=8)
+    make_bid(buyer, gpus=2, max_price=3_000_000)
+    before = {r["key"]: r for r in anon.get("/api/v1/markets/").json()}["H100-SXM-80GB.us-east"]
+    assert (before["gpus_free"], before["open_bids"], before["last_price"]) == (8, 1, None)
+    with django_capture_on_commit_callbacks(execute=True):
+        rnd = round_clear()
+    assert rnd is not None and rnd.stats["trades"] == 1
+    with CaptureQueriesContext(connection) as queries:
+        after = {r["key"]: r for r in anon.get("/api/v1/markets/").json()}["H100-SXM-80GB.us-east"]
+    assert (after["gpus_free"], after["open_bids"], after["last_price"]) == (6, 0, 2_000_000)
+    assert not _book_reads(queries), _book_reads(queries)
+
+
+def test_the_beat_refreshes_the_markets_list_so_a_request_never_computes_it(markets_cache: int, provider_user: Any, make_offer: Any,
+                                                                             anon: Any) -> None:
+    """Every MARKETS_CACHE_SECONDS the beat's task computes the list in a worker; a request
+    finds it fresh (up to the slack a computation and the beat's jitter take) and never
+    walks the book: one request a second did, and at 10k bids its 0.3-1 s was the p99."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from gridbid.celery import TASK_QUEUES, _schedule, app
+    from market import tasks
+
+    kept = app.conf.beat_schedule
+    try:
+        _schedule(app)  # beat's schedule under these settings (the app's was built under the tests')
+        entry = next(e for e in app.conf.beat_schedule.values() if e["task"] == "market.tasks.markets_refresh")
+    finally:
+        app.conf.beat_schedule = kept
+    assert entry["schedule"] == markets_cache and "market.tasks.markets_refresh" in TASK_QUEUES
+    make_offer(provider_user, price=2_000_000)
+    tasks.markets_refresh.delay()
+    time.sleep(markets_cache)  # a request a whole interval later: the beat's next tick is due about now
+    with CaptureQueriesContext(connection) as queries:
+        listed = anon.get("/api/v1/markets/").json()
+    assert [r["key"] for r in listed] == ["H100-SXM-80GB.us-east"]
+    assert not _book_reads(queries), _book_reads(queries)
+
+
+def test_an_older_computation_never_replaces_a_newer_list(markets_cache: int, provider_user: Any, make_offer: Any) -> None:
+    """The beat's computation and a round's can overlap: the one that began later wins."""
+    from django.core.cache import cache
+
+    make_offer(provider_user, price=2_000_000)
+    newer = selectors.markets_refresh()
+    computed_at, _ = cache.get(selectors.MARKETS_CACHE_KEY)
+    make_offer(provider_user, model="RTX-4090-24GB", region="eu-west", price=400_000, count=2)
+    selectors.markets_store(computed_at - 5, selectors._market_buckets_compute())  # it began before the one stored
+    assert cache.get(selectors.MARKETS_CACHE_KEY) == (computed_at, newer)
