@@ -329,7 +329,7 @@ def main() -> int:
         rest.server_cpu_s = cpu_seconds(pid) - cpu
         wall, stats = one_round(0)
         print_round("round 1 (the whole book)", wall, stats)
-        first_wall = wall
+        first_wall, first_stats = wall, stats
         rng = random.Random(args.seed + 1)
         cpu = cpu_seconds(pid)
         client = measure(base, args, pid)
@@ -355,10 +355,38 @@ def main() -> int:
                 print(f"FAILED: {cell.endpoint} served an empty book: {cell.book}")
     met = first_wall <= TARGET_ROUND_S
     print(f"{'met' if met else 'MISSED'}: the round over {args.bids:,} bids x {args.offers:,} offers took {first_wall:.2f} s (target <= {TARGET_ROUND_S:g})")
+    if not met:
+        print("  in the way: " + in_the_way_of_the_round(first_wall, first_stats))
     met_api = busy.rps >= TARGET_RPS and busy.p99_ms <= TARGET_P99_MS
     print(f"{'met' if met_api else 'MISSED'}: GET /api/v1/markets/ at {args.concurrency} while rounds run: {busy.rps:.0f} req/s "
           f"(target >= {TARGET_RPS:g}), p99 {busy.p99_ms:.1f} ms (target <= {TARGET_P99_MS:g})")
+    if not met_api:
+        print("  in the way: " + in_the_way_of_the_list(rest, busy))
     return 1 if failed or not met or not met_api else 0
+
+
+def in_the_way_of_the_round(wall: float, stats: dict[str, Any]) -> str:
+    """The phases that take the round past its target, largest first, with the engine's stages."""
+    from market.rounds import ROUND_PHASES
+
+    phases = {p: stats.get("round_ms", {}).get(p, 0) / 1000 for p in ROUND_PHASES}
+    phases["commit and publish"] = max(0.0, wall - sum(phases.values()))
+    top = sorted(phases.items(), key=lambda kv: -kv[1])[:3]
+    stages = sorted(stats.get("stage_ms", {}).items(), key=lambda kv: -kv[1])[:2]
+    return (", ".join(f"{p} {v:.2f} s ({100 * v / wall:.0f}%)" for p, v in top)
+            + f"; of the engine, {', '.join(f'{k} {v / 1000:.2f} s' for k, v in stages)}. The engine alone is "
+            + f"{phases['engine'] / TARGET_ROUND_S:.1f}x the whole round's target.")
+
+
+def in_the_way_of_the_list(rest: Cell, busy: Cell) -> str:
+    """What one server process can answer at the CPU a request costs it, against what the target needs."""
+    budget_ms = 1000 / TARGET_RPS
+    ceiling = 1000 / busy.cpu_ms if busy.cpu_ms else float("inf")
+    return (f"the server spent {busy.cpu_ms:.2f} ms of CPU per request while rounds ran ({rest.cpu_ms:.2f} at rest), so one server "
+            f"process answers at most ~{ceiling:.0f} req/s on its one core (Python's GIL); {TARGET_RPS:g} req/s needs at most "
+            f"{budget_ms:.2f} ms a request, or more server processes than this box has cores to spare beside the round. "
+            f"p99 at concurrency {busy.concurrency} is the queue for that core: {busy.concurrency} x {1000 / busy.rps if busy.rps else 0:.1f} ms "
+            f"per request served ~ {busy.concurrency * 1000 / busy.rps if busy.rps else 0:.0f} ms on average.")
 
 
 if __name__ == "__main__":
