@@ -13,6 +13,7 @@ from rest_framework import serializers
 
 from contracts import hours
 from market.engine import limits
+from market.forward import DEFAULT_WINDOWS, MAX_WINDOWS
 from market.jobs import job_access, job_log_tail, job_preemption
 from market.models import (
     ApiToken,
@@ -65,6 +66,34 @@ class MarketSerializer(serializers.Serializer):
     open_bids = serializers.IntegerField()
     last_price = serializers.IntegerField(allow_null=True)
     change_pct = serializers.FloatField(allow_null=True)
+
+
+class ForwardQuerySerializer(serializers.Serializer):
+    step = serializers.ChoiceField(choices=["hour", "day"], default="hour", help_text="How long each window is")
+    count = serializers.IntegerField(min_value=1, required=False,
+                                     help_text="How many windows, from the one under way: 1-168 hours (48 if not given) or 1-60 days (14)")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        step = attrs["step"]
+        attrs.setdefault("count", DEFAULT_WINDOWS[step])
+        if attrs["count"] > MAX_WINDOWS[step]:
+            raise serializers.ValidationError({"count": [f"At most {MAX_WINDOWS[step]} windows of a {step}; ask for fewer, or a longer step."]})
+        return attrs
+
+
+class ForwardWindowSerializer(serializers.Serializer):
+    starts_at = serializers.DateTimeField()
+    ends_at = serializers.DateTimeField()
+    gpus_free = serializers.IntegerField(help_text="GPUs free for the whole window on offers that sell in all of it")
+    offers = serializers.IntegerField(help_text="The offers those GPUs are on")
+    best_ask = serializers.IntegerField(allow_null=True, help_text="The lowest ask among them, token base units per GPU-hour")
+
+
+class ForwardSerializer(serializers.Serializer):
+    key = serializers.CharField(help_text="<gpu_model>.<region>")
+    step = serializers.CharField()
+    last_price = serializers.IntegerField(allow_null=True, help_text="The market's last clearing price (forward bids do not clear yet)")
+    windows = ForwardWindowSerializer(many=True)
 
 
 # --- accounts ------------------------------------------------------------------

@@ -21,6 +21,7 @@ router.register("webhooks", webhooks_api.WebhookViewSet, basename="webhook")
 urlpatterns = [
     path("markets/", views.MarketsView.as_view(), name="markets"),
     path("markets/trades/", views.MarketTradesView.as_view(), name="market-trades"),
+    path("markets/<str:key>/forward/", views.MarketForwardView.as_view(), name="market-forward"),
     path("accounts/signup/", views.SignupView.as_view(), name="signup"),
     path("me/", views.MeView.as_view(), name="me"),
     path("quote/", views.QuoteView.as_view(), name="quote"),

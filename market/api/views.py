@@ -9,6 +9,7 @@ from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIRequest
 from django.db import transaction
 from django.http import FileResponse, StreamingHttpResponse
+from django.utils import timezone
 from django.utils.http import content_disposition_header
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
@@ -19,13 +20,14 @@ from drf_spectacular.utils import (
 )
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound
 from rest_framework.generics import get_object_or_404
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ledger.wallet import wallet_order, wallet_order_sign
-from market import rounds, selectors, services
+from market import forward, rounds, selectors, services
 from market.api import serializers as s
 from market.api.filters import AuditFilter, BidFilter, OfferFilter, RoundFilter, TradeFilter
 from market.api.idempotency import idempotent
@@ -100,6 +102,38 @@ class MarketsView(APIView):
             for b in buckets
         ]
         return Response(data)
+
+
+class MarketForwardView(APIView):
+    """One market's future, window by window: for each hour (or day) from the one under way,
+    the GPUs free for the whole window, the offers they are on and the best ask among them
+    (`market.forward`). `key` is the markets list's `<gpu_model>.<region>`."""
+
+    public_read = True
+
+    @extend_schema(parameters=[s.ForwardQuerySerializer], responses=s.ForwardSerializer)
+    def get(self, request: Request, key: str) -> Response:
+        model, region = market_of_key(key)
+        query = s.ForwardQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        step, count = query.validated_data["step"], query.validated_data["count"]
+        windows = forward.forward_windows(model, region, now=timezone.now(), step=step, count=count)
+        return Response({
+            "key": key, "step": step, "last_price": selectors.market_bucket(model, region).last_price,
+            "windows": [{"starts_at": w.starts_at.isoformat(), "ends_at": w.ends_at.isoformat(), "gpus_free": w.gpus_free,
+                         "offers": w.offers, "best_ask": w.best_ask} for w in windows],
+        })
+
+
+def market_of_key(key: str) -> tuple[str, str]:
+    """`<gpu_model>.<region>` as the markets list names a market: (model, region), or 404
+    saying what is known. Region ids have no dot; a model's may."""
+    model, _, region = key.rpartition(".")
+    if not GpuModel.objects.filter(pk=model).exists() or not Region.objects.filter(pk=region).exists():
+        raise NotFound(f"No market {key!r}: a market is <gpu_model>.<region>, as GET /api/v1/markets/ lists them "
+                       f"(models: {', '.join(GpuModel.objects.order_by('id').values_list('id', flat=True)[:40])}; "
+                       f"regions: {', '.join(Region.objects.order_by('id').values_list('id', flat=True))}).")
+    return model, region
 
 
 class MarketTradesView(APIView):

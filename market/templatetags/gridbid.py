@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
+from typing import Any
 
 from django import template
 from django.utils.html import conditional_escape, format_html, format_html_join
@@ -162,6 +163,36 @@ def sparkline(points: list[int], width: int = 120, height: int = 28) -> SafeStri
     return format_html(
         '<svg class="spark {}" width="{}" height="{}" viewBox="0 0 {} {}" role="img" aria-label="price trend"><polyline fill="none" stroke-width="1.5" points="{}"/></svg>',
         "up" if up else "down", width, height, width, height, coords,
+    )
+
+
+@register.simple_tag
+def forward_calendar(windows: list[Any], width: int = 640, height: int = 120) -> SafeString:
+    """The GPUs free in each window ahead (``market.forward``), one bar each, as an inline
+    SVG; hovering a bar names its window, its GPUs and its best ask. Every sixth window (or
+    every window past a day's) is labelled under the axis."""
+    if not windows:
+        return mark_safe('<p class="empty-inline">Nothing on sale ahead.</p>')
+    top = max(w.gpus_free for w in windows) or 1
+    plot = height - 16  # room for the labels
+    step = width / len(windows)
+    day = (windows[0].ends_at - windows[0].starts_at).total_seconds() >= 86_400
+    bars, labels = [], []
+    for k, w in enumerate(windows):
+        h = w.gpus_free / top * (plot - 2)
+        when = w.starts_at.strftime("%a %d %b" if day else "%a %H:%M") + " UTC"
+        ask = f"from {price(w.best_ask)}/GPU-h" if w.best_ask is not None else "none free"
+        bars.append(format_html(
+            '<rect class="fwd{}" x="{}" y="{}" width="{}" height="{}" data-gpus-free="{}" data-best-ask="{}"><title>{}: {} GPU{} free, {}</title></rect>',
+            "" if w.gpus_free else " fwd-none", f"{k * step + 1:.1f}", f"{plot - h:.1f}", f"{max(step - 2, 1):.1f}", f"{h:.1f}",
+            w.gpus_free, "" if w.best_ask is None else w.best_ask, when, w.gpus_free, "" if w.gpus_free == 1 else "s", ask))
+        if day or k % 6 == 0:
+            labels.append(format_html('<text x="{}" y="{}">{}</text>', f"{k * step + 1:.1f}", height - 3,
+                                      w.starts_at.strftime("%d %b" if day else "%H:%M")))
+    return format_html(
+        '<svg class="forward" id="forward-calendar" width="100%" viewBox="0 0 {} {}" role="img" '
+        'aria-label="GPUs free in each {} ahead, at most {}">{}{}</svg>',
+        width, height, "day" if day else "hour", top, mark_safe("".join(bars)), mark_safe("".join(labels)),
     )
 
 

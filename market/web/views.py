@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from contracts.receipts import job_ports
 from ledger import selectors as ledger_selectors
-from market import money, selectors, services, webhooks
+from market import forward, money, selectors, services, webhooks
 from market.api.errors import _flatten
 from market.api.serializers import BidCreateSerializer, output_download_url
 from market.bookings import ACTIVE_JOB_STATES
@@ -111,10 +111,12 @@ def market_detail(request: HttpRequest, gpu_model: str, region: str) -> HttpResp
     bid_depth = selectors.bucket_bid_depth(model.id, reg.id)
     history = selectors.bucket_price_history(model.id, reg.id)
     recent = Trade.objects.with_round().filter(gpu_model=model, region=reg).order_by("-id")[:20]
+    ahead = forward.forward_windows(model.id, reg.id, now=timezone.now())
     return render(
         request,
         "market/market_detail.html",
-        {"model": model, "region": reg, "offers": offers[:200], "bucket": selectors.market_bucket(model.id, reg.id), "depth": depth, "bid_depth": bid_depth, "history": history, "history_prices": [p for _, p in history], "recent": recent, "min_gpus": min_gpus},
+        {"model": model, "region": reg, "offers": offers[:200], "bucket": selectors.market_bucket(model.id, reg.id), "depth": depth, "bid_depth": bid_depth, "history": history, "history_prices": [p for _, p in history], "recent": recent, "min_gpus": min_gpus,
+         "ahead": ahead, "ahead_max": max((w.gpus_free for w in ahead), default=0)},
     )
 
 

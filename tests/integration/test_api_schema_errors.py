@@ -16,6 +16,7 @@ PUBLIC = {
     ("post", "/api/v1/accounts/signup/"),
     ("get", "/api/v1/markets/"),
     ("get", "/api/v1/markets/trades/"),
+    ("get", "/api/v1/markets/{key}/forward/"),
     ("get", "/api/v1/rounds/"),
     ("get", "/api/v1/rounds/{number}/"),
     ("get", "/api/v1/offers/"),
