@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .types import CLASSES, Bid, Offer, Region, RoundInput
+from .types import CLASSES, Bid, GpuModel, Offer, Region, RoundInput
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -263,6 +263,29 @@ def score_unit(bids: Sequence[Bid]) -> int:
     return 1 << math.ceil(math.log2(top / SCORE_BUDGET))
 
 
+class ModelTable:
+    """The GPU models of a round, in its order, and which of them a bid takes: those it
+    names (any, if none), with its memory, compute and vendor. `build_market`'s model_ok and
+    the sub-markets' joins (`parts`) read the same rows."""
+
+    def __init__(self, models: Sequence[GpuModel]) -> None:
+        self.index = {m.id: i for i, m in enumerate(models)}
+        self.vendor = [m.vendor for m in models]
+        self.mem = np.asarray([m.memory_gib for m in models], dtype=np.int64)
+        self.cu = np.asarray([m.compute_units for m in models], dtype=np.float64)
+
+    def row(self, b: Bid) -> BoolA:
+        if b.gpu_models:
+            row = np.zeros(len(self.vendor), dtype=np.bool_)
+            row[[self.index[m] for m in b.gpu_models]] = True
+        else:
+            row = np.ones(len(self.vendor), dtype=np.bool_)
+        row &= (self.mem >= b.min_memory_gib) & (self.cu >= b.min_compute_units)
+        if b.vendor is not None:
+            row &= np.asarray([v == b.vendor for v in self.vendor], dtype=np.bool_)
+        return row
+
+
 def build_market(inp: RoundInput) -> Market:
     offers = tuple(sorted(inp.offers, key=lambda o: o.id))
     bids = tuple(sorted(inp.bids, key=lambda b: b.id))
@@ -307,24 +330,14 @@ def build_market(inp: RoundInput) -> Market:
         bids_id=ia([b.id for b in bids]),
     )
 
-    m_vendor = [m.vendor for m in models]
-    m_mem = np.asarray([m.memory_gib for m in models], dtype=np.int64)
-    m_cu = np.asarray([m.compute_units for m in models], dtype=np.float64)
+    accepts = ModelTable(models)
     model_ok = np.zeros((nb, nm), dtype=np.bool_)
     region_allowed = np.ones((nb, nr), dtype=np.bool_)
     latency = np.zeros((nb, nr), dtype=np.float64)
     latency_ok = np.ones((nb, nr), dtype=np.bool_)
     pen = np.zeros((nb, nr), dtype=np.float64)
     for i, b in enumerate(bids):
-        if b.gpu_models:
-            row = np.zeros(nm, dtype=np.bool_)
-            row[[mi[m] for m in b.gpu_models]] = True
-        else:
-            row = np.ones(nm, dtype=np.bool_)
-        row &= (m_mem >= b.min_memory_gib) & (m_cu >= b.min_compute_units)
-        if b.vendor is not None:
-            row &= np.asarray([v == b.vendor for v in m_vendor], dtype=np.bool_)
-        model_ok[i] = row
+        model_ok[i] = accepts.row(b)
         if b.allowed_regions:
             region_allowed[i] = False
             region_allowed[i, [ri[r] for r in b.allowed_regions]] = True

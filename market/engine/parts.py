@@ -21,19 +21,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from .types import Bid, GpuModel, Preemption, RoundInput, RoundResult, RoundStats
+import numpy as np
+
+from .market import ModelTable
+from .types import Bid, Preemption, RoundInput, RoundResult, RoundStats
 
 SPLIT_PAIRS = 250_000  # a round of more bid x offer pairs than this clears part by part (clear.FULL_SCAN_PAIRS)
-
-
-def _accepted(bid: Bid, models: Sequence[GpuModel]) -> tuple[int, ...]:
-    """The model indices a bid would take (build_market's ``model_ok`` row)."""
-    named = set(bid.gpu_models)
-    return tuple(
-        i for i, m in enumerate(models)
-        if (not named or m.id in named) and m.memory_gib >= bid.min_memory_gib and m.compute_units >= bid.min_compute_units
-        and (bid.vendor is None or m.vendor == bid.vendor)
-    )
 
 
 def split(inp: RoundInput) -> list[RoundInput]:
@@ -44,6 +37,7 @@ def split(inp: RoundInput) -> list[RoundInput]:
         return [inp]
     models = sorted(inp.gpu_models, key=lambda m: m.id)
     index = {m.id: i for i, m in enumerate(models)}
+    accepts = ModelTable(models)  # build_market's model_ok rows
     offered = {index[o.gpu_model] for o in (*inp.offers, *inp.occupied)}
     parent = list(range(len(models)))
 
@@ -59,7 +53,7 @@ def split(inp: RoundInput) -> list[RoundInput]:
         key = (b.gpu_models, b.min_memory_gib, b.min_compute_units, b.vendor)
         acc = seen.get(key)
         if acc is None:
-            acc = seen[key] = tuple(i for i in _accepted(b, models) if i in offered)
+            acc = seen[key] = tuple(int(i) for i in np.flatnonzero(accepts.row(b)) if i in offered)
             for i in acc[1:]:
                 ra, rb = root(acc[0]), root(i)
                 if ra != rb:

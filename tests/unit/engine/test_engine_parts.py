@@ -28,10 +28,18 @@ def models_of(part: RoundInput) -> set[str]:
 
 
 def takes(inp: RoundInput, b: Any) -> set[str]:
-    """The offered models bid ``b`` would take, by the engine's own reading of it."""
+    """The offered models bid ``b`` would take, as the whole round's market reads it (model_ok)."""
+    from market.engine.market import build_market
+
+    if not _market or _market[0] is not inp:  # one round's market at a time, kept with the round it reads
+        built = build_market(inp)
+        _market[:] = [inp, built, {int(bid): i for i, bid in enumerate(built.bids_id)}]
+    _, market, row_of = _market
     offered = {o.gpu_model for o in (*inp.offers, *inp.occupied)}
-    models = sorted(inp.gpu_models, key=lambda m: m.id)
-    return {models[i].id for i in parts._accepted(b, models)} & offered
+    return {m for m, ok in zip(market.model_ids, market.model_ok[row_of[b.id]], strict=True) if ok} & offered
+
+
+_market: list[Any] = []
 
 
 def test_a_large_round_of_separate_gpu_families_clears_byte_for_byte_alike_with_one_and_two_workers() -> None:
