@@ -231,14 +231,19 @@ def checkpoint_kept(event: CheckpointKept) -> None:
         job_continue(job)
 
 
+def preempt_marked(checkpoint: dict[str, Any] | None, *, reason: str, at: datetime, **by: Any) -> dict[str, Any]:
+    """A job's checkpoint with its preemption asked for: why, when, and by what (`by`: the
+    round and the bid it preempts for, or the operator): what `job_preemption` reads back."""
+    return {**(checkpoint or {}), "preempt_requested": True, "preempt_reason": reason, "preempt_requested_at": at.isoformat(), **by}
+
+
 def job_preempt_request(*, job: Job, reason: str = "", by: dict[str, Any] | None = None) -> Job:
     """Ask the machine's agent to checkpoint and stop this job (it is woken, and sees it on its
     next poll at the latest). ``by`` says what preempted it (a round, for a bid), kept with it."""
     job = Job.objects.select_for_update().get(pk=job.pk)
     if job.state not in ACTIVE_JOB_STATES:
         raise Conflict(f"A job that is {job.state} cannot be preempted.")
-    job.checkpoint = {**(job.checkpoint or {}), "preempt_requested": True, "preempt_reason": reason,
-                      "preempt_requested_at": timezone.now().isoformat(), **(by or {})}
+    job.checkpoint = preempt_marked(job.checkpoint, reason=reason, at=timezone.now(), **(by or {}))
     job.save(update_fields=["checkpoint", "updated_at"])
     machine_wake(job.trade.offer.machine_id, reason="preempt", job_id=job.pk)
     announce(JobsChanged(job_ids=(job.pk,)))
@@ -367,9 +372,8 @@ def round_preempt(*, round_number: int, preemptions: tuple[Any, ...]) -> list[in
         job = jobs.pop(p.trade_id, None)  # popped: a trade listed twice is told once
         if job is None or (job.checkpoint or {}).get("preempt_requested"):
             continue
-        job.checkpoint = {**(job.checkpoint or {}), "preempt_requested": True,
-                          "preempt_reason": f"preempted by round {round_number} for a higher-class bid: {p.reason}",
-                          "preempt_requested_at": now.isoformat(), "preempted_by_round": round_number, "preempted_for_bid": p.for_bid_id}
+        job.checkpoint = preempt_marked(job.checkpoint, reason=f"preempted by round {round_number} for a higher-class bid: {p.reason}",
+                                        at=now, preempted_by_round=round_number, preempted_for_bid=p.for_bid_id)
         job.updated_at = now
         told.append(job)
     bulk.rows_update(told, ["checkpoint", "updated_at"])
