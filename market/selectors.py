@@ -191,8 +191,7 @@ def market_buckets_of(keys: list[tuple[str, str]]) -> dict[tuple[str, str], Buck
         history = _last_prices()
         for key in missing:
             n, best = bids.get(key, (0, None))
-            prices = history.get(key, [])
-            out[key] = Bucket(key[0], key[1], 0, 0, None, best, n, prices[0] if prices else None, prices[1] if len(prices) > 1 else None)
+            out[key] = _bucket(key, offers=0, free=0, ask=None, bid=best, bids=n, history=history)
     return out
 
 
@@ -208,10 +207,16 @@ def _market_buckets_compute() -> list[Bucket]:
         buckets[key]["bids"], buckets[key]["bid"] = n, best
     history = _last_prices()
     out = []
-    for (model, reg), b in sorted(buckets.items()):
-        prices = history.get((model, reg), [])
-        out.append(Bucket(model, reg, int(b["offers"] or 0), int(b["free"] or 0), b["ask"], b["bid"], int(b["bids"] or 0), prices[0] if prices else None, prices[1] if len(prices) > 1 else None))
+    for key, b in sorted(buckets.items()):
+        out.append(_bucket(key, offers=int(b["offers"] or 0), free=int(b["free"] or 0), ask=b["ask"], bid=b["bid"], bids=int(b["bids"] or 0), history=history))
     return out
+
+
+def _bucket(key: tuple[str, str], *, offers: int, free: int, ask: int | None, bid: int | None, bids: int,
+            history: dict[tuple[str, str], list[int]]) -> Bucket:
+    """One market's figures, with its last two clearing prices from ``_last_prices``."""
+    prices = history.get(key, [])
+    return Bucket(key[0], key[1], offers, free, ask, bid, bids, prices[0] if prices else None, prices[1] if len(prices) > 1 else None)
 
 
 # A bid names GPU models and regions by list (an empty list: any); it counts once in each
