@@ -406,8 +406,9 @@ def _write(*, rnd: AuctionRound, inp: engine.RoundInput, result: engine.RoundRes
     )
     if settings.GRIDBID.get("MARKETS_CACHE_SECONDS", 0):
         # the round moved the book: the markets list follows once it commits, before the
-        # publish below reads it for the books (on_commit runs in the order registered)
-        transaction.on_commit(selectors.markets_refresh)
+        # publish below reads it for the books (on_commit runs in the order registered);
+        # robust: a cache that fails here is logged, and never stops the round's publish
+        transaction.on_commit(selectors.markets_refresh, robust=True)
     announce(RoundCleared(round_id=rnd.pk, unmatched_bid_ids=tuple(b.pk for b in stale)))
 
 

@@ -238,3 +238,24 @@ def test_an_older_computation_never_replaces_a_newer_list(markets_cache: int, pr
     make_offer(provider_user, model="RTX-4090-24GB", region="eu-west", price=400_000, count=2)
     selectors.markets_store(computed_at - 5, selectors._market_buckets_compute())  # it began before the one stored
     assert cache.get(selectors.MARKETS_CACHE_KEY) == (computed_at, newer)
+
+
+def test_a_round_whose_markets_refresh_fails_still_clears_and_publishes(markets_cache: int, provider_user: Any, buyer: Any, make_offer: Any,
+                                                                         make_bid: Any, monkeypatch: Any,
+                                                                         django_capture_on_commit_callbacks: Any) -> None:
+    """The refresh runs after the round's commit, before its publish: a cache that fails there
+    is logged, and the round's own publish (the next hook) still runs."""
+    from market.rounds import round_clear
+    from market.streams import handlers
+
+    def broken() -> None:
+        raise ConnectionError("the cache is down")
+
+    published: list[int] = []
+    monkeypatch.setattr(selectors, "markets_refresh", broken)
+    monkeypatch.setattr(handlers, "_round_cleared", lambda event: published.append(event.round_id))
+    make_offer(provider_user, price=2_000_000, count=8)
+    make_bid(buyer, gpus=2, max_price=3_000_000)
+    with django_capture_on_commit_callbacks(execute=True):
+        rnd = round_clear()
+    assert rnd is not None and rnd.state == "cleared" and published == [rnd.pk]
