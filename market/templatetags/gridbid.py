@@ -167,32 +167,59 @@ def sparkline(points: list[int], width: int = 120, height: int = 28) -> SafeStri
 
 
 @register.simple_tag
-def forward_calendar(windows: list[Any], width: int = 640, height: int = 120) -> SafeString:
-    """The GPUs free in each window ahead (``market.forward``), one bar each, as an inline
-    SVG; hovering a bar names its window, its GPUs and its best ask. Every sixth window (or
-    every window past a day's) is labelled under the axis."""
+def forward_calendar(windows: list[Any], last_price: int | None = None, width: int = 640, height: int = 130) -> SafeString:
+    """The market ahead (``market.forward``) as an inline SVG: a bar per window for the GPUs
+    free in all of it (scale on the left), the window's best ask as a line and the last
+    clearing price dashed (scale on the right). Hovering a bar names its window, its GPUs
+    and its ask. Every sixth hour (or every day) is labelled under the axis."""
     if not windows:
         return mark_safe('<p class="empty-inline">Nothing on sale ahead.</p>')
     top = max(w.gpus_free for w in windows) or 1
-    plot = height - 16  # room for the labels
-    step = width / len(windows)
+    left, right, plot = 26, width - 44, height - 16  # room for the scales and the labels
+    step = (right - left) / len(windows)
     day = (windows[0].ends_at - windows[0].starts_at).total_seconds() >= 86_400
-    bars, labels = [], []
+    prices = [w.best_ask for w in windows if w.best_ask is not None] + ([last_price] if last_price is not None else [])
+    lo, hi = (min(prices), max(prices)) if prices else (0, 1)
+    if hi == lo:
+        lo, hi = lo * 0.9, hi * 1.1 or 1
+
+    def price_y(p: int) -> float:
+        return plot - 4 - (p - lo) / (hi - lo) * (plot - 8)
+
+    bars, labels, line, runs = [], [], [], []
     for k, w in enumerate(windows):
+        x = left + k * step
         h = w.gpus_free / top * (plot - 2)
         when = w.starts_at.strftime("%a %d %b" if day else "%a %H:%M") + " UTC"
-        ask = f"from {price(w.best_ask)}/GPU-h" if w.best_ask is not None else "none free"
+        ask = f"from {price(w.best_ask)}" if w.best_ask is not None else "none free"
         bars.append(format_html(
             '<rect class="fwd{}" x="{}" y="{}" width="{}" height="{}" data-gpus-free="{}" data-best-ask="{}"><title>{}: {} GPU{} free, {}</title></rect>',
-            "" if w.gpus_free else " fwd-none", f"{k * step + 1:.1f}", f"{plot - h:.1f}", f"{max(step - 2, 1):.1f}", f"{h:.1f}",
+            "" if w.gpus_free else " fwd-none", f"{x + 1:.1f}", f"{plot - h:.1f}", f"{max(step - 2, 1):.1f}", f"{h:.1f}",
             w.gpus_free, "" if w.best_ask is None else w.best_ask, when, w.gpus_free, "" if w.gpus_free == 1 else "s", ask))
+        if w.best_ask is None:  # no ask: the line breaks
+            if line:
+                runs.append(line)
+            line = []
+        else:
+            line.append(f"{x + step / 2:.1f},{price_y(w.best_ask):.1f}")
         if day or k % 6 == 0:
-            labels.append(format_html('<text x="{}" y="{}">{}</text>', f"{k * step + 1:.1f}", height - 3,
-                                      w.starts_at.strftime("%d %b" if day else "%H:%M")))
+            labels.append(format_html('<text x="{}" y="{}">{}</text>', f"{x + 1:.1f}", height - 3, w.starts_at.strftime("%d %b" if day else "%H:%M")))
+    if line:
+        runs.append(line)
+    asks = "".join(format_html('<polyline class="fwd-ask" points="{}"/>', " ".join(r if len(r) > 1 else r * 2)) for r in runs)
+    scales = [format_html('<text x="0" y="10">{}</text><text x="0" y="{}">0</text>', top, plot)]
+    if prices:
+        scales.append(format_html('<text x="{}" y="{}">{}</text><text x="{}" y="{}">{}</text>', right + 4, f"{price_y(hi) + 4:.1f}",
+                                  m.figure(int(round(hi, -4))), right + 4, f"{price_y(lo) + 4:.1f}", m.figure(int(round(lo, -4)))))
+    last = ""
+    if last_price is not None:
+        last = format_html('<line class="fwd-last" x1="{}" x2="{}" y1="{}" y2="{}"><title>last clearing price {}</title></line>',
+                           left, right, f"{price_y(last_price):.1f}", f"{price_y(last_price):.1f}", price(last_price))
     return format_html(
         '<svg class="forward" id="forward-calendar" width="100%" viewBox="0 0 {} {}" role="img" '
-        'aria-label="GPUs free in each {} ahead, at most {}">{}{}</svg>',
-        width, height, "day" if day else "hour", top, mark_safe("".join(bars)), mark_safe("".join(labels)),
+        'aria-label="GPUs free in each {} ahead, at most {}, with the best ask of each">{}{}{}{}{}</svg>',
+        width, height, "day" if day else "hour", top, mark_safe("".join(bars)), mark_safe(asks), last,
+        mark_safe("".join(scales)), mark_safe("".join(labels)),
     )
 
 
