@@ -212,6 +212,9 @@ def offer_update(*, user: User, offer: Offer, **changes: Any) -> Offer:
     _lent_check(reclaimable=offer.reclaimable, spot_allowed=offer.spot_allowed, reclaim_hours=offer.reclaim_hours)
     if offer.max_duration_s < offer.min_duration_s:
         raise DomainError("max_duration_s is below min_duration_s.", fields={"max_duration_s": ["Must be at least min_duration_s."]})
+    if offer.available_until is not None and offer.available_until <= offer.available_from:
+        raise DomainError("The selling window ends before it starts.", fields={"available_until": [
+            f"Must be after available_from ({offer.available_from.isoformat()}); move both, or set available_until to null to sell with no end."]})
     offer.save()
     capacity_refresh(offer_ids=[offer.pk])
     offer.refresh_from_db(fields=["gpus_free"])

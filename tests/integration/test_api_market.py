@@ -86,6 +86,29 @@ def test_provider_reprices_and_withdraws_its_offer(provider_user, client_for, ma
     assert client.patch(f"/api/v1/offers/{offer.id}/", {"price": 5}, format="json").status_code == 409
 
 
+def test_a_provider_moves_its_offers_selling_window_and_a_window_that_ends_before_it_starts_is_a_400(provider_user, client_for, make_offer, anon):
+    """Offers state the windows in which they sell (issue 40): both ends move with PATCH. A
+    window ending before it starts broke the table's check constraint: a 500."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    offer = make_offer(provider_user)
+    client = client_for(provider_user)
+    start = (timezone.now() + timedelta(days=1)).replace(microsecond=0)
+    r = client.patch(f"/api/v1/offers/{offer.id}/", {"available_from": start.isoformat(), "available_until": (start + timedelta(hours=8)).isoformat()}, format="json")
+    assert r.status_code == 200, r.json()
+    got = anon.get(f"/api/v1/offers/{offer.id}/").json()
+    assert (got["available_from"], got["available_until"]) == (r.json()["available_from"], r.json()["available_until"])
+    assert got["available_from"].startswith(start.strftime("%Y-%m-%dT%H:%M"))
+    r = client.patch(f"/api/v1/offers/{offer.id}/", {"available_until": (start - timedelta(hours=1)).isoformat()}, format="json")
+    assert r.status_code == 400, r.content
+    assert "available_until" in r.json()["error"]["fields"] and "after available_from" in r.content.decode()
+    r = client.patch(f"/api/v1/offers/{offer.id}/", {"available_from": (start + timedelta(hours=9)).isoformat()}, format="json")
+    assert r.status_code == 400 and "available_until" in r.json()["error"]["fields"], r.content
+    assert anon.get(f"/api/v1/offers/{offer.id}/").json()["available_until"] == got["available_until"]  # nothing half-written
+
+
 def test_offers_filter_by_model_region_count_price_and_reliability(anon, provider_user, make_offer):
     make_offer(provider_user, price=2_000_000, count=8)
     make_offer(provider_user, price=3_000_000, count=2)
