@@ -11,6 +11,7 @@ import os
 import re
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +50,38 @@ class PricingRule:
     reclaim_queue_above: float = 0.0
     release_queue_below: float | None = None
     release_after_s: float = 300.0
+    # the window the offer sells in (issue 40), ISO 8601 with a zone: "" is from now, and for ever
+    available_from: str = ""
+    available_until: str = ""
 
     @property
     def release_mark(self) -> float:
         """The queue depth at or below which lent GPUs taken back by the queue go out again."""
         return self.release_queue_below if self.release_queue_below is not None else self.reclaim_queue_above / 2
+
+
+def moment(text: object, name: str) -> datetime | None:
+    """An ISO 8601 time with its zone ("2026-12-14T08:00Z"); "" is None. ValueError saying
+    what to write otherwise."""
+    if text in ("", None):
+        return None
+    if not isinstance(text, str):
+        raise ValueError(f"{name} is text, like 2026-12-14T08:00Z")
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(f"{name} {text!r} is not a time: write it like 2026-12-14T08:00Z") from None
+    if when.tzinfo is None:
+        raise ValueError(f"{name} {text!r} has no zone: add one, like 2026-12-14T08:00Z or 2026-12-14T09:00+01:00")
+    return when.astimezone(UTC)
+
+
+def window_of(rule: PricingRule) -> tuple[datetime | None, datetime | None]:
+    """The rule's selling window (None: from now / for ever); ValueError if it is not one."""
+    start, end = moment(rule.available_from, "available_from"), moment(rule.available_until, "available_until")
+    if start is not None and end is not None and end <= start:
+        raise ValueError(f"available_until ({rule.available_until}) must be after available_from ({rule.available_from})")
+    return start, end
 
 
 @dataclass
@@ -126,6 +154,10 @@ def config_from_dict(raw: dict[str, Any], *, source: str = "config") -> AgentCon
         except (hours.HoursError, AttributeError, TypeError) as exc:
             raise ConfigError(f"{source}: pricing[{i}].reclaim_hours: {exc}; write UTC hours like \"08-20\"") from None
         r = PricingRule(**rule)
+        try:
+            window_of(r)
+        except ValueError as exc:
+            raise ConfigError(f"{source}: pricing[{i}]: {exc}; set it with `gridbid-agent price set MODEL ... --from T --until T`") from None
         number = (int, float)
         if not isinstance(r.reclaim_queue_command, str) or not isinstance(r.reclaim_queue_above, number) \
                 or not isinstance(r.release_after_s, number) or not isinstance(r.release_queue_below, (*number, type(None))):

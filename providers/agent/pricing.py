@@ -15,7 +15,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from contracts import hours
-from providers.agent.config import PricingRule
+from providers.agent.config import PricingRule, moment, window_of
 
 TOKEN_DECIMALS = 6
 
@@ -84,7 +84,22 @@ def validate_rule(rule: PricingRule) -> PricingRule:
             raise PricingError(f"{rule.gpu_model}: --release-after must be 0-86400 seconds")
     elif rule.reclaim_queue_above or rule.release_queue_below is not None:
         raise PricingError(f"{rule.gpu_model}: --reclaim-above and --release-below need --reclaim-queue CMD: the command that prints the queue's depth")
+    try:
+        start, end = window_of(rule)
+    except ValueError as exc:
+        raise PricingError(f"{rule.gpu_model}: {exc}") from None
+    rule.available_from = start.isoformat() if start else ""
+    rule.available_until = end.isoformat() if end else ""
     return rule
+
+
+def window_text(rule: PricingRule) -> str:
+    """The window a rule sells in, in a few words."""
+    start, end = window_of(rule)
+    if start is None and end is None:
+        return "always"
+    fmt = "%Y-%m-%d %H:%M UTC"
+    return f"{'now' if start is None else start.strftime(fmt)} to {'no end' if end is None else end.strftime(fmt)}"
 
 
 def ask_price(rule: PricingRule, utilisation: float) -> int:
@@ -140,13 +155,19 @@ def plan_offers(rules: Iterable[PricingRule], installed: Mapping[str, int], offe
             "reclaimable": rule.reclaimable,
             "reclaim_hours": hours.text(hours.parse(rule.reclaim_hours)),
         }
+        start, end = window_of(rule)
+        window = {"available_until": end.isoformat() if end else None}
+        if start is not None:  # none: it sells from when it is published, and that stays
+            window["available_from"] = start.isoformat()
         offer = live.get(model)
         if offer is None:
-            actions.append(OfferAction("publish", model, None, {"gpus": count, **terms}))
+            actions.append(OfferAction("publish", model, None, {"gpus": count, **terms, **window}))
             continue
         # a market that predates lending says nothing of it: not lent, no reclaim hours
         unsaid = {"reclaimable": False, "reclaim_hours": ""}
         changes = {k: v for k, v in terms.items() if offer.get(k, unsaid.get(k)) != v}
+        # the market writes times its own way ("...Z", microseconds): compared as times
+        changes.update({k: v for k, v in window.items() if moment(offer.get(k) or "", k) != moment(v or "", k)})
         if int(offer["gpus"]) != count:
             changes["gpus"] = count
         if changes:

@@ -131,3 +131,26 @@ def test_the_market_page_draws_the_calendar_with_the_apis_figures(book: dict[str
     assert 'id="forward-calendar"' in page
     bars = [int(x.split('"')[0]) for x in page.split('data-gpus-free="')[1:]]
     assert bars == [w["gpus_free"] for w in api]
+
+
+def test_an_agents_rule_publishes_its_window_and_moves_it_through_the_api(provider_user: Any, make_machine: Any, agent_for: Any) -> None:
+    """The agent's pricing rule says when its GPUs sell (`price set --from --until`): its sync
+    publishes the offer with that window, a second sync finds nothing to change (the market
+    writes the times its own way), a moved rule moves it, and the calendar follows."""
+    from providers.agent.config import PricingRule
+    from providers.agent.offers import offers_sync
+    from providers.agent.pricing import validate_rule
+
+    machine = make_machine(provider_user, model="L4-24GB", count=2, region="us-east")
+    t0 = window_start(timezone.now(), "hour")
+    rule = validate_rule(PricingRule("L4-24GB", price=300_000, available_from=(t0 + 2 * H).isoformat(), available_until=(t0 + 5 * H).isoformat()))
+    agent = agent_for(provider_user, machine, pricing=[rule])
+    assert [a.kind for a in offers_sync(agent.client, agent.config, agent.inventory)] == ["publish"]
+    offer = Offer.objects.get(machine=machine)
+    assert (offer.available_from, offer.available_until) == (t0 + 2 * H, t0 + 5 * H)
+    assert offers_sync(agent.client, agent.config, agent.inventory) == []
+    agent.config.pricing = [validate_rule(PricingRule("L4-24GB", price=300_000, available_from=(t0 + H).isoformat(), available_until=(t0 + 3 * H).isoformat()))]
+    [moved] = offers_sync(agent.client, agent.config, agent.inventory)
+    assert moved.kind == "update" and set(moved.changes or {}) == {"available_from", "available_until"}
+    got = forward_windows("L4-24GB", "us-east", now=t0 + timedelta(minutes=1), count=5)
+    assert [w.gpus_free for w in got] == [0, 2, 2, 0, 0]

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import click
@@ -30,9 +31,11 @@ def command() -> None:
 @option("--reclaim-above", type=float, default=0.0, help="With --reclaim-queue: take them back when the depth is above this.")
 @option("--release-below", type=float, default=None, help="With --reclaim-queue: lend them again at or below this depth (default: half of --reclaim-above).")
 @option("--release-after", type=float, default=300.0, show_default=True, help="With --reclaim-queue: ... held this many seconds.")
+@option("--from", "available_from", default="", help="Sell from this time on (ISO 8601 with a zone, e.g. 2026-12-14T08:00Z); default: now.")
+@option("--until", "available_until", default="", help="Sell until this time (ISO 8601 with a zone); default: no end.")
 @option("--publish/--no-publish", default=True, show_default=True, help="Publish the offers now.")
 @click.pass_context
-def set_(ctx: click.Context, gpu_model: str, fixed: str | None, floor: str | None, premium: str, exponent: float, min_duration: int, max_duration: int, spot: bool, lend: bool, reclaim_hours: str, reclaim_queue: str, reclaim_above: float, release_below: float | None, release_after: float, publish: bool) -> None:
+def set_(ctx: click.Context, gpu_model: str, fixed: str | None, floor: str | None, premium: str, exponent: float, min_duration: int, max_duration: int, spot: bool, lend: bool, reclaim_hours: str, reclaim_queue: str, reclaim_above: float, release_below: float | None, release_after: float, available_from: str, available_until: str, publish: bool) -> None:
     """Set the pricing rule for GPU_MODEL (a catalogue id)."""
     from providers import catalogue
     from providers.agent.commands import home_of, load
@@ -43,15 +46,25 @@ def set_(ctx: click.Context, gpu_model: str, fixed: str | None, floor: str | Non
         fail(f"{gpu_model!r} is not a catalogue model id (see `gridbid-agent detect --list-models`)", 2)
     if (fixed is None) == (floor is None):
         fail("Give either --fixed PRICE or --floor PRICE [--premium AMOUNT].", 2)
+    from providers.agent.config import moment
+
+    try:
+        for text, name in ((available_from, "--from"), (available_until, "--until")):
+            moment(text, name)  # worded as the options are; the rule's check below names the config's keys
+    except ValueError as exc:
+        fail(str(exc), 2)
     try:
         lent = {"reclaim_hours": reclaim_hours, "reclaim_queue_command": reclaim_queue, "reclaim_queue_above": reclaim_above,
-                "release_queue_below": release_below, "release_after_s": release_after}
+                "release_queue_below": release_below, "release_after_s": release_after,
+                "available_from": available_from, "available_until": available_until}
         if fixed is not None:
             rule = PricingRule(gpu_model, "fixed", parse_amount(fixed), 0, 1.0, min_duration, max_duration, spot, lend, **lent)
         else:
             rule = PricingRule(gpu_model, "utilisation", parse_amount(floor), parse_amount(premium), exponent,  # type: ignore[arg-type]
                                min_duration, max_duration, spot, lend, **lent)
         validate_rule(rule)
+        if rule.available_until and datetime.fromisoformat(rule.available_until) <= datetime.now(UTC):
+            raise PricingError(f"{gpu_model}: --until {available_until} has passed: the offer would never sell")
     except PricingError as exc:
         fail(str(exc), 2)
     config = load(ctx)
@@ -97,13 +110,13 @@ def show(ctx: click.Context) -> None:
     from rich.table import Table
 
     from providers.agent.commands import console, load
-    from providers.agent.pricing import ask_price, format_amount
+    from providers.agent.pricing import ask_price, format_amount, window_text
 
     config = load(ctx)
-    t = Table("GPU model", "kind", "floor / price", "premium", "ask idle", "ask full", "duration", "spot", "lent", title="Pricing (per GPU-hour)")
+    t = Table("GPU model", "kind", "floor / price", "premium", "ask idle", "ask full", "duration", "spot", "lent", "sells", title="Pricing (per GPU-hour)")
     for r in config.pricing:
         t.add_row(r.gpu_model, r.kind, format_amount(r.price), format_amount(r.premium), format_amount(ask_price(r, 0)), format_amount(ask_price(r, 1)), f"{r.min_duration_s}-{r.max_duration_s}s", "yes" if r.spot_allowed else "no",
-                  lent_terms(r))
+                  lent_terms(r), window_text(r))
     console().print(t)
 
 

@@ -105,11 +105,27 @@ def test_price_set_saves_a_rule_and_show_prints_its_asks(tmp_path):
     assert "2.00" in r.output and "3.00" in r.output
 
 
-@pytest.mark.parametrize("args,msg", [(["NOPE-GPU", "--fixed", "1"], "not a catalogue model"), (["L4-24GB"], "either --fixed"), (["L4-24GB", "--fixed", "abc"], "not an amount")])
+def test_price_set_saves_the_window_the_offer_sells_in(tmp_path):
+    write_config(tmp_path)
+    r = CliRunner().invoke(main, ["--home", str(tmp_path), "price", "set", "L4-24GB", "--fixed", "0.30", "--from", "2099-01-05T08:00Z",
+                                  "--until", "2099-01-09T18:00+01:00", "--no-publish"])
+    assert r.exit_code == 0, r.output
+    from providers.agent.config import load_config
+
+    (rule,) = load_config(tmp_path).pricing
+    assert (rule.available_from, rule.available_until) == ("2099-01-05T08:00:00+00:00", "2099-01-09T17:00:00+00:00")
+    r = CliRunner().invoke(main, ["--home", str(tmp_path), "price", "show"], env={"COLUMNS": "250"})
+    assert "2099-01-05 08:00 UTC to 2099-01-09 17:00 UTC" in r.output, r.output
+
+
+@pytest.mark.parametrize("args,msg", [(["NOPE-GPU", "--fixed", "1"], "not a catalogue model"), (["L4-24GB"], "either --fixed"), (["L4-24GB", "--fixed", "abc"], "not an amount"),
+                                      (["L4-24GB", "--fixed", "1", "--until", "2020-01-01T00:00Z"], "has passed"),
+                                      (["L4-24GB", "--fixed", "1", "--from", "next week"], "--from 'next week' is not a time: write it like 2026-12-14T08:00Z"),
+                                      (["L4-24GB", "--fixed", "1", "--from", "2099-01-02T00:00Z", "--until", "2099-01-01T00:00Z"], "must be after available_from")])
 def test_bad_price_commands_say_why(tmp_path, args, msg):
     write_config(tmp_path)
     r = CliRunner().invoke(main, ["--home", str(tmp_path), "price", "set", *args, "--no-publish"])
-    assert r.exit_code == 2 and msg in r.output
+    assert r.exit_code == 2 and msg in " ".join(r.output.split()), r.output
 
 
 def test_commands_without_a_config_say_to_run_init(tmp_path):

@@ -70,3 +70,44 @@ def test_plan_is_empty_when_offers_already_match():
     rules = [PricingRule("L4-24GB", price=300_000)]
     offers = [{"id": 1, "gpu_model": "L4-24GB", "state": "open", "gpus": 2, "gpus_free": 2, "price": 300_000, "min_duration_s": 60, "max_duration_s": 30 * 24 * 3600, "spot_allowed": True}]
     assert plan_offers(rules, {"L4-24GB": 2}, offers) == []
+
+
+def test_a_rule_sells_in_its_window_and_the_plan_moves_an_offers_window_to_it():
+    """Offers state the windows in which they sell (issue 40): published with the rule's, moved
+    when the rule's changes, and left alone when the market writes the same time its own way."""
+    from providers.agent.pricing import validate_rule, window_text
+
+    rule = validate_rule(PricingRule("L4-24GB", price=300_000, available_from="2026-12-14T09:00+01:00", available_until="2026-12-18T18:00Z"))
+    assert (rule.available_from, rule.available_until) == ("2026-12-14T08:00:00+00:00", "2026-12-18T18:00:00+00:00")  # in UTC
+    assert window_text(rule) == "2026-12-14 08:00 UTC to 2026-12-18 18:00 UTC"
+    [publish] = plan_offers([rule], {"L4-24GB": 2}, [])
+    assert publish.changes is not None
+    assert (publish.changes["available_from"], publish.changes["available_until"]) == (rule.available_from, rule.available_until)
+    live = {"id": 1, "gpu_model": "L4-24GB", "state": "open", "gpus": 2, "gpus_free": 2, "price": 300_000, "min_duration_s": 60,
+            "max_duration_s": 30 * 24 * 3600, "spot_allowed": True, "available_from": "2026-12-14T08:00:00Z", "available_until": "2026-12-18T18:00:00Z"}
+    assert plan_offers([rule], {"L4-24GB": 2}, [live]) == []
+    later = validate_rule(PricingRule("L4-24GB", price=300_000, available_from="2026-12-14T08:00Z", available_until="2026-12-19T18:00Z"))
+    [move] = plan_offers([later], {"L4-24GB": 2}, [live])
+    assert move.kind == "update" and move.changes == {"available_until": "2026-12-19T18:00:00+00:00"}
+    always = validate_rule(PricingRule("L4-24GB", price=300_000))
+    assert window_text(always) == "always"
+    [open_ended] = plan_offers([always], {"L4-24GB": 2}, [live])
+    assert open_ended.changes == {"available_until": None}  # no end: its start stays when it was published
+
+
+@pytest.mark.parametrize("start, end, says", [
+    ("tomorrow", "", "is not a time"),
+    ("2026-12-14T08:00", "", "has no zone"),
+    ("2026-12-14T08:00Z", "2026-12-14T07:00Z", "must be after available_from"),
+    ("", 20261214, "is text"),
+])
+def test_a_window_that_is_not_one_is_refused_saying_what_to_write(start, end, says):
+    from providers.agent.config import ConfigError, config_from_dict
+    from providers.agent.pricing import PricingError, validate_rule
+
+    with pytest.raises(PricingError, match=says):
+        validate_rule(PricingRule("L4-24GB", price=300_000, available_from=start, available_until=end))
+    raw = {"market_url": "http://127.0.0.1:8000", "token": "gb_x", "machine_name": "m",
+           "pricing": [{"gpu_model": "L4-24GB", "price": 300_000, "available_from": start, "available_until": end}]}
+    with pytest.raises(ConfigError, match=f"pricing\\[0\\].*{says}.*gridbid-agent price set"):
+        config_from_dict(raw)
