@@ -166,6 +166,22 @@ def sparkline(points: list[int], width: int = 120, height: int = 28) -> SafeStri
     )
 
 
+@register.filter
+def selling_window(offer: Any) -> str:
+    """When an offer sells, if not from now on for ever: 'sells from 14 Dec 08:00 until 18 Dec
+    18:00 UTC' (issue 40: offers state their windows, and a buyer sees them)."""
+    from django.utils import timezone
+
+    start, end = getattr(offer, "available_from", None), getattr(offer, "available_until", None)
+    fmt = "%d %b %H:%M"
+    words = []
+    if start is not None and start > timezone.now():
+        words.append(f"from {start.astimezone(dt.UTC).strftime(fmt)}")
+    if end is not None:
+        words.append(f"until {end.astimezone(dt.UTC).strftime(fmt)}")
+    return f"sells {' '.join(words)} UTC" if words else ""
+
+
 @register.simple_tag
 def forward_calendar(windows: list[Any], last_price: int | None = None, width: int = 640, height: int = 130) -> SafeString:
     """The market ahead (``market.forward``) as an inline SVG: a bar per window for the GPUs

@@ -154,3 +154,14 @@ def test_an_agents_rule_publishes_its_window_and_moves_it_through_the_api(provid
     assert moved.kind == "update" and set(moved.changes or {}) == {"available_from", "available_until"}
     got = forward_windows("L4-24GB", "us-east", now=t0 + timedelta(minutes=1), count=5)
     assert [w.gpus_free for w in got] == [0, 2, 2, 0, 0]
+
+
+def test_a_buyer_sees_when_an_offer_sells_on_the_offers_and_market_pages(book: dict[str, Any]) -> None:
+    from django.test import Client
+
+    b = Offer.objects.get(price=1_500_000)  # B: from t0+2h until t0+6h
+    fmt = "%d %b %H:%M"
+    says = f"sells from {(book['t0'] + 2 * H).strftime(fmt)} until {(book['t0'] + 6 * H).strftime(fmt)} UTC"
+    for url in ("/offers/?gpu_model=H100-SXM-80GB", "/markets/H100-SXM-80GB/us-east/"):
+        page = Client().get(url).content.decode()
+        assert page.count('data-field="window"') == 1 and says in page, (url, b.pk)
