@@ -277,6 +277,23 @@ def test_a_job_that_ended_without_output_does_not_say_nothing_yet(buyer, provide
     assert "(nothing yet)" not in page and "wrote nothing to stdout or stderr" in page
 
 
+def test_an_offer_with_no_gpu_free_lists_as_fully_booked_without_rent_this(buyer, provider_user, make_offer):
+    """A full offer's *Rent this* only led to "has no GPU free now": in the living demo the
+    cheapest offers, listed first, are often full, and a browser test clicked three of them
+    in a row (a clean-clone run of this stop). It is listed, and says it is booked."""
+    from market.models import Offer
+
+    full = make_offer(provider_user, model="A100-SXM-80GB", region="eu-west", count=4, price=1_000_000)
+    free = make_offer(provider_user, model="A100-SXM-80GB", region="us-east", count=2, price=1_500_000)
+    Offer.objects.filter(pk=full.pk).update(gpus_free=0)
+    c = Client()
+    c.force_login(buyer)
+    listed = c.get("/offers/?gpu_model=A100-SXM-80GB").content.decode()
+    assert f'data-rent="{full.pk}"' not in listed and f'data-booked="{full.pk}"' in listed and "fully booked" in listed
+    assert f'data-rent="{free.pk}"' in listed
+    assert listed.index(f'data-booked="{full.pk}"') < listed.index(f'data-rent="{free.pk}"'), "still listed by price"
+
+
 def test_rent_this_starts_the_bid_form_from_the_offer_with_its_region_preferred(buyer, provider_user, make_offer):
     # issue 32, features 3 and 5: *Rent this* on an offer, and job templates on the bid form
     import json
