@@ -229,13 +229,7 @@ def test_a_matched_bid_runs_on_the_winning_agent_and_the_buyer_sees_the_receipt(
         assert trade["price"] <= 3_000_000
         assert (cheap / "jobs" / str(job["trade"]) / "work" / "outputs" / "result.txt").read_text() == "42"
     finally:
-        for proc, log in daemons:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            log.close()
+        stop_daemons(daemons)
 
 
 # --- on the market's dev chain -------------------------------------------------------------
@@ -244,6 +238,14 @@ def start_daemon(home: Path, seconds: int = 150) -> tuple[subprocess.Popen[bytes
     proc = subprocess.Popen([sys.executable, "-m", "providers.agent", "run", "--poll-seconds", "0.5", "--heartbeat-seconds", "1", "--max-seconds", str(seconds)],
                             cwd=ROOT, env=agent_env(home), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return proc, log
+
+
+def agent_funding(rpc: Any, chain: dict[str, Any]) -> Any:
+    """`join_market`'s `fund`: gas and 150 test tokens for the agent's own address, from its keystore."""
+    def funds(home: Path) -> None:
+        fund(rpc, chain, json.loads((home / "keys" / "eth-keystore.json").read_text())["address"], 150 * TOKENS)
+
+    return funds
 
 
 def stop_daemons(daemons: list[tuple[subprocess.Popen[bytes], Any]]) -> None:
@@ -261,8 +263,7 @@ def test_two_agents_stake_on_chain_run_a_job_cosign_its_settlement_and_withdraw_
     rpc, chain = chain_rpc(server)
     tokens = make_tokens(SERVER_ENV, north=("provider", ("read", "provide")), south=("provider", ("read", "provide")))
 
-    def funds(home: Path) -> None:
-        fund(rpc, chain, json.loads((home / "keys" / "eth-keystore.json").read_text())["address"], 150 * TOKENS)
+    funds = agent_funding(rpc, chain)
 
     # L40S machines, so no bid of the other tests (H100) can land here
     l40s = ("NVIDIA L40S", 46068, "L40S-48GB")
@@ -533,8 +534,7 @@ def test_a_round_preempts_a_spot_job_for_an_on_demand_bid_it_resumes_on_another_
     rpc, chain = chain_rpc(server)
     tokens = make_tokens(SERVER_ENV, tidea=("provider", ("read", "provide")), tideb=("provider", ("read", "provide")))
 
-    def funds(home: Path) -> None:
-        fund(rpc, chain, json.loads((home / "keys" / "eth-keystore.json").read_text())["address"], 150 * TOKENS)
+    funds = agent_funding(rpc, chain)
 
     l4 = ("NVIDIA L4", 23034, "L4-24GB")  # no other test bids for L4s
     home_a, machine_a = join_market(server, tmp_path, "tidea", tokens["tidea"], region="eu-west", price="1.00", gpu=l4, states="recorded", chain=True, fund=funds)
